@@ -1,0 +1,63 @@
+"""The `onnxsample` command line: one module per command, errors printed in one place (:func:`main`)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from onnxsample.cli import _options as opt
+from onnxsample.cli._ui import err
+from onnxsample.cli.export import export
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="onnxsample",
+    help="LLM sampling inside the ONNX graph: export a model, compose a sampler chain after its "
+    "logits, run it with ONNX Runtime, inspect the result.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(verbose: opt.Verbose = False) -> None:
+    if verbose:
+        from rich.logging import RichHandler
+
+        logging.basicConfig(
+            level=logging.INFO,
+            format="%(message)s",
+            handlers=[RichHandler(console=err, show_path=False)],
+        )
+
+
+app.command(no_args_is_help=False)(export)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run a command; any error a user can cause becomes one line and exit status 1."""
+    from onnxsample.errors import OnnxSampleError
+
+    try:
+        code = app(args=argv, prog_name="onnxsample", standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.TyperException as exc:  # usage errors: unknown option, bad value, ...
+        _error(exc.format_message())
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
+    except OnnxSampleError as exc:
+        _error(str(exc))
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _error(message: str) -> None:
+    """The one place errors reach the user: `error: <one line>` on stderr, exit status 1."""
+    line = " ".join(message.split())
+    err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
+    sys.exit(1)

@@ -1,0 +1,48 @@
+"""Terminal output shared by the commands: consoles, stage progress, sizes."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+# Results go to stdout; progress, logs and errors to stderr so that stdout stays parseable.
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def human_bytes(n: int | float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+@contextlib.contextmanager
+def stages(labels: dict[str, str]) -> Iterator:
+    """A progress display with one spinner line per stage; yields the `progress(stage)` callback."""
+    progress = Progress(
+        SpinnerColumn(finished_text="[green]✓"),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    )
+    current: list[TaskID] = []
+
+    def advance(stage: str) -> None:
+        if current:
+            progress.update(current[-1], total=1, completed=1)
+        current.append(progress.add_task(labels.get(stage, stage), total=None))
+
+    with progress:
+        try:
+            yield advance
+        except BaseException:
+            progress.live.transient = True  # the error line that follows is all the user needs
+            raise
+        if current:
+            progress.update(current[-1], total=1, completed=1)

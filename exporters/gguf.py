@@ -1,0 +1,148 @@
+"""GGUF files: check what is inside, then de-quantise to fp32 through transformers into an HF folder.
+
+The folder is what optimum's exporter reads. GGUF metadata is authoritative for the tokenizer's
+special tokens: transformers' GGUF tokenizer conversion maps EOS to `<|im_start|>` and prepends BOS to
+every prompt for models (SmolLM2 among them) whose GGUF says `tokenizer.ggml.add_bos_token = false`, so
+prompts would no longer tokenise as the original model's do. :func:`gguf_to_hf` puts both right.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onnxsample.errors import ExportError
+
+__all__ = ["GGUFInfo", "gguf_to_hf", "inspect_gguf"]
+
+log = logging.getLogger(__name__)
+
+# Float types transformers reads directly; the quantised ones are those gguf can de-quantise.
+_FLOAT_TYPES = {"F32", "F16", "BF16"}
+_TOKEN_KEYS = {
+    "bos": "tokenizer.ggml.bos_token_id",
+    "eos": "tokenizer.ggml.eos_token_id",
+    "unk": "tokenizer.ggml.unknown_token_id",
+    "pad": "tokenizer.ggml.padding_token_id",
+}
+# End-of-generation tokens besides EOS, as llama.cpp's vocabulary reads them.
+_EOG_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+@dataclass
+class GGUFInfo:
+    """What :func:`inspect_gguf` read from a GGUF file's header."""
+
+    architecture: str
+    tensor_types: Counter
+    n_params: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def token_id(self, key: str) -> int | None:
+        value = self.metadata.get(_TOKEN_KEYS[key])
+        return None if value is None else int(value)
+
+    def eog_ids(self) -> list[int]:
+        ids = [self.token_id("eos")] + [self.metadata.get(k) for k in _EOG_KEYS]
+        return sorted({int(i) for i in ids if i is not None})
+
+
+def _supported_types() -> set[str]:
+    import gguf.quants
+
+    # gguf has no public list of the types its numpy de-quantiser implements.
+    return _FLOAT_TYPES | {t.name for t in gguf.quants._type_traits}
+
+
+def _scalar(field_) -> Any:
+    try:
+        value = field_.contents()
+    except Exception:  # a field gguf cannot decode is not one we need
+        return None
+    return value if isinstance(value, (int, float, str, bool)) else None
+
+
+def inspect_gguf(path: Path) -> GGUFInfo:
+    """Read a GGUF header and tensor table, and refuse what the exporter cannot convert."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:
+        raise ExportError(f"cannot read GGUF file {path}: {exc}") from exc
+    metadata = {
+        name: _scalar(f)
+        for name, f in reader.fields.items()
+        if not name.startswith("tokenizer.ggml.t")
+    }
+    metadata = {k: v for k, v in metadata.items() if v is not None}
+    architecture = str(metadata.get("general.architecture", ""))
+    types = Counter(t.tensor_type.name for t in reader.tensors)
+    info = GGUFInfo(architecture, types, sum(int(t.n_elements) for t in reader.tensors), metadata)
+    _check(info, path)
+    return info
+
+
+def _check(info: GGUFInfo, path: Path) -> None:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    from onnxsample.exporters.hf import check_model_type
+
+    if not info.architecture:
+        raise ExportError(f"{path} has no general.architecture: not a model GGUF")
+    if info.architecture not in GGUF_SUPPORTED_ARCHITECTURES:
+        raise ExportError(
+            f"GGUF architecture {info.architecture!r} is not supported; supported: "
+            + ", ".join(
+                sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+            )
+        )
+    check_model_type(info.architecture, f"GGUF architecture {info.architecture!r}")
+    unsupported = sorted(set(info.tensor_types) - _supported_types())
+    if unsupported:
+        raise ExportError(
+            f"{path.name} holds tensors of type {', '.join(unsupported)}, which cannot be de-quantised; "
+            "supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants and the IQ types"
+        )
+
+
+def gguf_to_hf(path: Path, info: GGUFInfo, hf_dir: Path):
+    """De-quantise a GGUF to an fp32 HF folder at `hf_dir`; returns the loaded (model, tokenizer)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from onnxsample.exporters.hf import quiet
+
+    kwargs = {"gguf_file": path.name}
+    try:
+        with quiet():
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
+    except Exception as exc:
+        raise ExportError(f"transformers cannot load {path.name}: {exc}") from exc
+    _fix_special_tokens(tokenizer, info)
+    model.generation_config = GenerationConfig(
+        bos_token_id=info.token_id("bos"),
+        eos_token_id=info.eog_ids() or None,
+        pad_token_id=info.token_id("pad"),
+    )
+    model.save_pretrained(hf_dir)
+    tokenizer.save_pretrained(hf_dir)
+    return model, tokenizer
+
+
+def _fix_special_tokens(tokenizer, info: GGUFInfo) -> None:
+    for key in _TOKEN_KEYS:
+        token_id = info.token_id(key)
+        if token_id is not None and token_id < len(tokenizer):
+            setattr(tokenizer, f"{key}_token", tokenizer.convert_ids_to_tokens(token_id))
+    add_bos = info.metadata.get("tokenizer.ggml.add_bos_token")
+    if add_bos is not None and hasattr(tokenizer, "add_bos_token"):
+        tokenizer.add_bos_token = bool(add_bos)
+    add_eos = info.metadata.get("tokenizer.ggml.add_eos_token")
+    if add_eos is not None and hasattr(tokenizer, "add_eos_token"):
+        tokenizer.add_eos_token = bool(add_eos)
+    log.debug("tokenizer special tokens set from GGUF metadata: %s", tokenizer.special_tokens_map)

@@ -1,0 +1,1 @@
+"""Sampler subgraphs written in onnxscript, one sampler per module."""

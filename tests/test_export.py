@@ -1,0 +1,179 @@
+"""The exporter on the tiny random Llama: layout, manifest, greedy parity, reuse and safe writes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+
+from onnxsample.errors import ExportError, InvalidParameter
+from onnxsample.exporters import MANIFEST_NAME, export, read_manifest
+from onnxsample.exporters._verify import ort_greedy, prompt_ids, torch_greedy
+from onnxsample.exporters.hf import load_hf
+
+
+def _names(values) -> list[str]:
+    return [v["name"] for v in values]
+
+
+def test_io_names_follow_the_optimum_layout(tiny_export):
+    io = tiny_export.manifest["io"]
+    layers = range(2)
+    assert _names(io["inputs"]) == ["input_ids", "attention_mask", "position_ids"] + [
+        f"past_key_values.{i}.{kv}" for i in layers for kv in ("key", "value")
+    ]
+    assert _names(io["outputs"]) == ["logits"] + [
+        f"present.{i}.{kv}" for i in layers for kv in ("key", "value")
+    ]
+    logits = io["outputs"][0]
+    assert logits["dtype"] == "float" and logits["shape"][2] == 49152
+    model = onnx.load(str(tiny_export.model_path), load_external_data=False)
+    assert [i.name for i in model.graph.input] == _names(io["inputs"])
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (("format_version",), 1),
+        (("precision",), "fp32"),
+        (("source", "kind"), "hf"),
+        (("model", "vocab_size"), 49152),
+        (("model", "num_layers"), 2),
+        (("model", "num_key_value_heads"), 2),
+        (("io", "kv_cache", "num_layers"), 2),
+        (("io", "kv_cache", "num_kv_heads"), 2),
+        (("io", "kv_cache", "head_dim"), 16),
+        (("tokens", "eos_token_ids"), [2]),
+        (("tokens", "chat_template"), True),
+        (("files", "model"), "model.onnx"),
+        (("verify", "ok"), True),
+    ],
+)
+def test_manifest(tiny_export, path, expected):
+    value = read_manifest(tiny_export.output)
+    for key in path:
+        value = value[key]
+    assert value == expected
+
+
+def test_manifest_records_source_hash_and_exporter_stack(tiny_export, tiny_hf):
+    from onnxsample.exporters import resolve_source
+
+    manifest = tiny_export.manifest
+    assert manifest["source_sha256"] == resolve_source(tiny_hf).digest()
+    assert set(manifest["exporter"]) >= {"torch", "transformers", "optimum", "optimum-onnx", "onnx"}
+
+
+def test_export_folder_has_tokenizer_and_configs(tiny_export):
+    names = {p.name for p in tiny_export.output.iterdir()}
+    assert {
+        "model.onnx",
+        MANIFEST_NAME,
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+        "generation_config.json",
+        "chat_template.jinja",
+    } <= names
+    assert not any(n.endswith(".partial") for n in names)
+
+
+def test_tokenizer_adds_no_bos(tiny_export):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_export.output)
+    assert tokenizer("Hello world").input_ids == [19556, 905]
+    assert tokenizer.eos_token_id == 2
+
+
+def test_greedy_matches_transformers_on_16_tokens(tiny_export, tiny_hf):
+    model, tokenizer = load_hf(tiny_hf)
+    ids = prompt_ids(tokenizer, "Tell me a story about a dragon.")
+    reference = torch_greedy(model, ids, 16)
+    assert ort_greedy(tiny_export.model_path, ids, 16) == reference
+    assert len(set(reference)) > 1, "a constant sequence would not tell the engines apart"
+
+
+def test_matching_export_is_reused(tiny_export, tiny_hf):
+    before = tiny_export.model_path.stat().st_mtime_ns
+    again = export(tiny_hf, tiny_export.output)
+    assert again.reused
+    assert again.model_path.stat().st_mtime_ns == before
+
+
+@pytest.fixture
+def copied_export(tiny_export, tmp_path) -> Path:
+    target = tmp_path / "export"
+    shutil.copytree(tiny_export.output, target)
+    return target
+
+
+def test_different_export_in_the_folder_is_an_error(copied_export, tiny_hf):
+    with pytest.raises(ExportError, match=r"holds a different export.*--force"):
+        export(tiny_hf, copied_export, precision="fp16")
+
+
+def test_stale_exporter_versions_are_a_different_export(copied_export, tiny_hf):
+    manifest = json.loads((copied_export / MANIFEST_NAME).read_text())
+    manifest["exporter"]["optimum"] = "0.0.1"
+    (copied_export / MANIFEST_NAME).write_text(json.dumps(manifest))
+    with pytest.raises(ExportError, match="different export"):
+        export(tiny_hf, copied_export)
+
+
+def test_folder_without_manifest_is_not_overwritten(tmp_path, tiny_hf):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="holds no onnxsample export"):
+        export(tiny_hf, tmp_path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_force_replaces_the_folder_with_an_fp16_export(tmp_path, tiny_hf):
+    target = tmp_path / "fp16"
+    target.mkdir()
+    (target / "junk.txt").write_text("old")
+    result = export(tiny_hf, target, precision="fp16", force=True, verify_tokens=4)
+    assert not (target / "junk.txt").exists()
+    assert result.manifest["precision"] == "fp16"
+    assert result.manifest["io"]["kv_cache"]["dtype"] == "float16"
+    # The CPU provider may lack fp16 kernels: then the verify step says so instead of passing.
+    verify = result.manifest["verify"]
+    assert verify["ok"] is True or (verify["ok"] is None and verify["note"])
+    assert not list(tmp_path.glob(".*partial"))
+
+
+def test_failed_export_leaves_nothing_behind(tmp_path, tiny_hf):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_hf, broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match="cannot load"):
+        export(broken, out)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["broken"]
+
+
+def test_not_enough_disk_is_refused_before_writing(tmp_path, tiny_hf, monkeypatch):
+    from onnxsample.exporters import _fs
+
+    monkeypatch.setattr(_fs, "free_bytes", lambda _path: 1000)
+    with pytest.raises(
+        ExportError, match=r"not enough disk space .* needs about .* GB, 0\.0 GB are free"
+    ):
+        export(tiny_hf, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"precision": "int3"}, "precision must be one of fp32, fp16, got 'int3'"),
+        ({"verify_tokens": -1}, "verify_tokens must be >= 0, got -1"),
+    ],
+)
+def test_invalid_options(tmp_path, tiny_hf, kwargs, message):
+    with pytest.raises(InvalidParameter, match=message):
+        export(tiny_hf, tmp_path / "out", **kwargs)
