@@ -8,8 +8,11 @@ prompts would no longer tokenise as the original model's do. :func:`gguf_to_hf` 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +121,7 @@ def gguf_to_hf(path: Path, info: GGUFInfo, hf_dir: Path):
 
     kwargs = {"gguf_file": path.name}
     try:
-        with quiet():
+        with quiet(), _no_dequantise_bar():
             tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
     except Exception as exc:
@@ -132,6 +135,19 @@ def gguf_to_hf(path: Path, info: GGUFInfo, hf_dir: Path):
     model.save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _no_dequantise_bar() -> Iterator[None]:
+    """transformers draws its own tqdm bar while de-quantising; our stage progress replaces it."""
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(original, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 def _fix_special_tokens(tokenizer, info: GGUFInfo) -> None:
