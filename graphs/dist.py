@@ -1,0 +1,117 @@
+"""The draw: inverse CDF in vocabulary order with one host-made uniform per slot.
+
+A slot whose kept set lies inside its candidates draws from them, put back in id order. Otherwise it
+draws from the whole row with a two-level cumulative sum, so that no step walks the vocabulary
+sequentially: the sums of blocks of ``BLOCK`` consecutive ids first, then the ids inside the one
+block the target falls in.
+"""
+
+from onnxscript import BOOL, FLOAT, INT64, script
+from onnxscript import opset18 as op
+
+from onnxsample.graphs._common import NEG_INF, T_BOOL, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs.candidates import Contained, Truncate
+
+BLOCK = 256
+
+
+@script(onnxsample)
+def InverseCdf(weights: FLOAT["S", "N"], target: FLOAT["S", 1]) -> FLOAT["S", 1]:
+    """c = cumsum(w); the first position with c > target, clamped to the last position with w > 0
+    (as FLOAT: counts are exact in float32 up to 2^24).
+
+    weights: FLOAT["S", "N"] ≥ 0; target: FLOAT["S", 1] → FLOAT["S", 1].
+    """
+    axis = op.Constant(value_ints=[1])
+    cum_axis = op.Constant(value_int=1)
+    last = op.Constant(value_ints=[-1])
+    cum = op.CumSum(weights, cum_axis)
+    first = op.ReduceSum(op.Cast(op.LessOrEqual(cum, target), to=T_FLOAT), axis, keepdims=1)
+    total = op.Gather(cum, last, axis=1)
+    last_kept = op.ReduceSum(op.Cast(op.Less(cum, total), to=T_FLOAT), axis, keepdims=1)
+    return op.Min(first, last_kept)
+
+
+@script(onnxsample)
+def RowDraw(z: FLOAT["S", "V"], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
+    """Draw from whole rows: w = exp(z − max z); block sums, then the ids inside the chosen block.
+
+    z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); uniform: FLOAT["S", 1] → INT64["S", 1].
+    """
+    axis = op.Constant(value_ints=[1])
+    axis2 = op.Constant(value_ints=[2])
+    cum_axis = op.Constant(value_int=1)
+    last = op.Constant(value_ints=[-1])
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    block = op.Constant(value_ints=[BLOCK])
+    rows = op.Shape(z, start=0, end=1)
+    vocab = op.Shape(z, start=1, end=2)
+    blocks = op.Div(op.Sub(op.Add(vocab, block), one), block)
+    pad = op.Sub(op.Mul(blocks, block), vocab)
+    top = op.ReduceMax(z, axis, keepdims=1)
+    weights = op.Pad(op.Exp(op.Sub(z, top)), op.Concat(zero, zero, zero, pad, axis=0))
+    grid = op.Reshape(weights, op.Concat(rows, blocks, block, axis=0))
+    block_sums = op.ReduceSum(grid, axis2, keepdims=0)
+    target = op.Mul(uniform, op.Gather(op.CumSum(block_sums, cum_axis), last, axis=1))
+    chosen = op.Cast(InverseCdf(block_sums, target), to=T_INT64)
+    before = op.CumSum(block_sums, cum_axis, exclusive=1)
+    local = op.Sub(target, op.GatherElements(before, chosen, axis=1))
+    index = op.Expand(op.Unsqueeze(chosen, axis2), op.Concat(rows, one, block, axis=0))
+    picked = op.Reshape(op.GatherElements(grid, index, axis=1), op.Concat(rows, block, axis=0))
+    offset = op.Cast(InverseCdf(picked, local), to=T_INT64)
+    return op.Add(op.Mul(chosen, block), offset)
+
+
+@script(onnxsample)
+def Dist(
+    z: FLOAT["S", "V"],
+    candidates: FLOAT["S", "C"],
+    candidate_ids: INT64["S", "C"],
+    top: FLOAT["S", 1],
+    floor: FLOAT["S", 1],
+    whole_rows: BOOL["S", 1],
+    uniform: FLOAT["S"],
+) -> INT64["S"]:
+    """Kept tokens: z ≥ floor (and not −inf). w = exp(z − max z); token = the first id, in
+    vocabulary order, whose cumulative w exceeds u · Σw, clamped to the last id with w > 0. No
+    vocabulary sort; the token depends only on the kept set and u.
+
+    z: FLOAT["S", "V"] (typical-p already applied); candidates, candidate_ids: [S, C] (descending);
+    top, floor: FLOAT["S", 1]; whole_rows: BOOL["S", 1] (slots that must draw from the whole row, e.g.
+    typical-p, whose kept set is not a floor); uniform: FLOAT["S"] in [0, 1) → INT64["S"].
+    """
+    axis = op.Constant(value_ints=[1])
+    zero_f = op.Constant(value_float=0.0)
+    last = op.Constant(value_ints=[-1])
+    u = op.Unsqueeze(uniform, axis)
+    inside = op.And(Contained(z, candidates, floor), op.Not(whole_rows))
+    count = op.Shape(candidates, start=1, end=2)
+    _, by_id = op.TopK(op.Neg(op.Cast(candidate_ids, to=T_FLOAT)), count, axis=1, sorted=1)
+    ids = op.GatherElements(candidate_ids, by_id, axis=1)
+    values = op.GatherElements(candidates, by_id, axis=1)
+    weights = op.Where(op.GreaterOrEqual(values, floor), op.Exp(op.Sub(values, top)), zero_f)
+    total = op.Gather(op.CumSum(weights, op.Constant(value_int=1)), last, axis=1)
+    position = op.Cast(InverseCdf(weights, op.Mul(u, total)), to=T_INT64)
+    token = op.GatherElements(ids, position, axis=1)
+    if op.Cast(op.ReduceMin(op.Cast(inside, to=T_INT64), keepdims=0), to=T_BOOL):
+        drawn = op.Identity(token)
+    else:
+        cut = op.And(op.Not(inside), op.Greater(floor, op.Constant(value_float=NEG_INF)))
+        if op.Cast(op.ReduceMax(op.Cast(cut, to=T_INT64), keepdims=0), to=T_BOOL):
+            row = Truncate(z, floor)
+        else:
+            row = op.Identity(z)
+        drawn = op.Where(inside, token, RowDraw(row, u))
+    return op.Squeeze(drawn, axis)
+
+
+@script(onnxsample)
+def DistRows(z: FLOAT["S", "V"], uniform: FLOAT["S"]) -> INT64["S"]:
+    """The draw of a chain with no top-k / top-p / min-p: every slot draws from its whole row
+    (``RowDraw``), with the same rule as ``Dist``.
+
+    z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); uniform: FLOAT["S"] in [0, 1) → INT64["S"].
+    """
+    axis = op.Constant(value_ints=[1])
+    return op.Squeeze(RowDraw(z, op.Unsqueeze(uniform, axis)), axis)

@@ -1,0 +1,69 @@
+"""Repetition, frequency and presence penalties, and the output-count state they read.
+
+Repetition follows transformers' ``RepetitionPenaltyLogitsProcessor`` and vLLM: over every token seen
+in the prompt or the output, a positive logit is divided by the penalty and a non-positive one
+multiplied by it. Frequency and presence follow the OpenAI rule over output tokens only:
+``logit −= count · frequency_penalty + (count > 0) · presence_penalty``.
+"""
+
+from onnxscript import BOOL, FLOAT, INT32, INT64, script
+from onnxscript import opset18 as op
+
+from onnxsample.graphs._common import T_BOOL, T_FLOAT, T_INT32, T_INT64, onnxsample
+
+
+@script(onnxsample)
+def Penalties(
+    x: FLOAT["S", "V"],
+    prompt_mask: BOOL["S", "V"],
+    output_counts: INT32["S", "V"],
+    repetition_penalty: FLOAT["S"],
+    presence_penalty: FLOAT["S"],
+    frequency_penalty: FLOAT["S"],
+) -> FLOAT["S", "V"]:
+    """seen = prompt_mask ∨ (count > 0);
+    x' = seen ? (x > 0 ? x / r : x · r) : x;  x'' = x' − (count · f + (count > 0) · p).
+
+    x: FLOAT["S", "V"]; prompt_mask: BOOL["S", "V"]; output_counts: INT32["S", "V"] (≥ 0); the three penalties
+    FLOAT["S"]. Each rule runs only when some slot sets it; neutral values r = 1, p = f = 0 leave x
+    bit for bit.
+    """
+    axis = op.Constant(value_ints=[1])
+    zero_f = op.Constant(value_float=0.0)
+    one_f = op.Constant(value_float=1.0)
+    r = op.Unsqueeze(repetition_penalty, axis)
+    repeat = op.Cast(op.Not(op.Equal(repetition_penalty, one_f)), to=T_INT64)
+    if op.Cast(op.ReduceMax(repeat, keepdims=0), to=T_BOOL):
+        seen = op.Or(prompt_mask, op.Cast(output_counts, to=T_BOOL))
+        repeated = op.Where(op.Greater(x, zero_f), op.Div(x, r), op.Mul(x, r))
+        x1 = op.Where(seen, repeated, x)
+    else:
+        x1 = op.Identity(x)
+    additive = op.Or(
+        op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
+    )
+    if op.Cast(op.ReduceMax(op.Cast(additive, to=T_INT64), keepdims=0), to=T_BOOL):
+        count = op.Cast(output_counts, to=T_FLOAT)
+        f = op.Unsqueeze(frequency_penalty, axis)
+        p = op.Unsqueeze(presence_penalty, axis)
+        penalty = op.Add(op.Mul(count, f), op.Mul(op.Min(count, one_f), p))
+        x2 = op.Sub(x1, penalty)
+    else:
+        x2 = op.Identity(x1)
+    return x2
+
+
+@script(onnxsample)
+def UpdateCounts(
+    output_counts: INT32["S", "V"], token: INT64["S"], row_index: INT64["S"]
+) -> INT32["S", "V"]:
+    """State update: counts_out[s, token[s]] += 1 for active slots (row_index ≠ 0) only.
+
+    output_counts: INT32["S", "V"]; token, row_index: INT64["S"] → INT32["S", "V"].
+    """
+    axis = op.Constant(value_ints=[1])
+    zero_i = op.Constant(value_int=0)
+    active = op.Cast(op.Unsqueeze(op.Not(op.Equal(row_index, zero_i)), axis), to=T_INT32)
+    return op.ScatterElements(
+        output_counts, op.Unsqueeze(token, axis), active, axis=1, reduction="add"
+    )

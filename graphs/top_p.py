@@ -1,0 +1,100 @@
+"""Top-p (nucleus), exact over every token the earlier filters left."""
+
+from onnxscript import DOUBLE, FLOAT, script
+from onnxscript import opset18 as op
+
+from onnxsample.graphs._common import T_BOOL, T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained
+
+
+@script(onnxsample)
+def NucleusFloor(
+    sorted_z: FLOAT["S", "N"],
+    top: FLOAT["S", 1],
+    floor: FLOAT["S", 1],
+    total: DOUBLE["S", 1],
+    mass: FLOAT["S", 1],
+) -> tuple[FLOAT["S", 1], FLOAT["S", 1]]:
+    """Over the N logits ``sorted_z`` (descending): p = [z ≥ floor] · exp(z − top) / total;
+    c = cumsum(p) accumulated in float64 and compared in float32; m = #{c < mass} clamped to
+    N − 1. Returns (the logit at m, c[N − 1]).
+
+    A token is kept when the mass before it is < mass, i.e. the prefix up to the first position
+    where c reaches the mass; every token whose logit equals that of position m is kept with it.
+    Accumulating in float64 keeps the boundary exact over 10^5 tokens (a float32 running sum drifts
+    by ~10^-4 there, which moves a top_p = 0.999 boundary by dozens of tokens).
+    """
+    axis = op.Constant(value_ints=[1])
+    cum_axis = op.Constant(value_int=1)
+    last = op.Constant(value_ints=[-1])
+    one = op.Constant(value_ints=[1])
+    zero_f = op.Constant(value_float=0.0)
+    kept = op.GreaterOrEqual(sorted_z, floor)
+    weights = op.Where(kept, op.Exp(op.Sub(sorted_z, top)), zero_f)
+    cum = op.Cast(op.CumSum(op.Div(op.Cast(weights, to=T_DOUBLE), total), cum_axis), to=T_FLOAT)
+    below = op.ReduceSum(op.Cast(op.Less(cum, mass), to=T_INT64), axis, keepdims=1)
+    end = op.Sub(op.Shape(sorted_z, start=1, end=2), one)
+    return op.GatherElements(sorted_z, op.Min(below, end), axis=1), op.Gather(cum, last, axis=1)
+
+
+@script(onnxsample)
+def TopP(
+    z: FLOAT["S", "V"],
+    candidates: FLOAT["S", "C"],
+    top: FLOAT["S", 1],
+    floor: FLOAT["S", 1],
+    top_p: FLOAT["S"],
+) -> FLOAT["S", 1]:
+    """p = softmax over the tokens with z ≥ floor; keep the smallest descending prefix whose mass
+    ≥ top_p: a token is kept when the mass before it is < top_p (the crossing token is kept, and the
+    tokens tied with it). top_p ≥ 1 is off. Exact over every surviving token:
+
+    - the normaliser is summed (in float64) over the candidates when the kept set lies inside
+      them, else over the whole row;
+    - the prefix mass is summed in float32 in descending order, as llama.cpp does, over the
+      candidates when they reach top_p, else over the ``WIDER_CANDIDATES`` largest, else over the
+      whole row sorted (the leading prefix sums are the same numbers on every path, so the kept set
+      does not depend on the path).
+
+    z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; top: FLOAT["S", 1] (row maximum); floor: FLOAT["S", 1]
+    (what the earlier filters left); top_p: FLOAT["S"] in (0, 1] → the new floor FLOAT["S", 1].
+    """
+    axis = op.Constant(value_ints=[1])
+    one_f = op.Constant(value_float=1.0)
+    zero_f = op.Constant(value_float=0.0)
+    mass = op.Unsqueeze(top_p, axis)
+    off = op.GreaterOrEqual(mass, one_f)
+    if op.Cast(op.ReduceMax(op.Cast(op.Not(off), to=T_INT64), keepdims=0), to=T_BOOL):
+        inside = Contained(z, candidates, floor)
+        weights = op.Where(
+            op.GreaterOrEqual(candidates, floor), op.Exp(op.Sub(candidates, top)), zero_f
+        )
+        candidate_total = op.ReduceSum(op.Cast(weights, to=T_DOUBLE), axis, keepdims=1)
+        outside = op.Cast(op.Not(op.Or(inside, off)), to=T_INT64)
+        if op.Cast(op.ReduceMax(outside, keepdims=0), to=T_BOOL):
+            row = op.Where(op.GreaterOrEqual(z, floor), op.Exp(op.Sub(z, top)), zero_f)
+            row_total = op.ReduceSum(op.Cast(row, to=T_DOUBLE), axis, keepdims=1)
+            total = op.Where(inside, candidate_total, row_total)
+        else:
+            total = op.Identity(candidate_total)
+        nucleus, reached_mass = NucleusFloor(candidates, top, floor, total, mass)
+        missed = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
+        if op.Cast(op.ReduceMax(op.Cast(missed, to=T_INT64), keepdims=0), to=T_BOOL):
+            vocab = op.Shape(z, start=1, end=2)
+            wider = op.Min(op.Constant(value_ints=[WIDER_CANDIDATES]), vocab)
+            wide_z, _ = op.TopK(z, wider, axis=1, largest=1, sorted=1)
+            wide, wide_mass = NucleusFloor(wide_z, top, floor, total, mass)
+            still = op.Not(op.Or(op.GreaterOrEqual(wide_mass, mass), off))
+            if op.Cast(op.ReduceMax(op.Cast(still, to=T_INT64), keepdims=0), to=T_BOOL):
+                sorted_z, _ = op.TopK(z, vocab, axis=1, largest=1, sorted=1)
+                exact, _ = NucleusFloor(sorted_z, top, floor, total, mass)
+                beyond = op.Where(still, exact, wide)
+            else:
+                beyond = op.Identity(wide)
+            threshold = op.Where(missed, beyond, nucleus)
+        else:
+            threshold = op.Identity(nucleus)
+        out = op.Where(off, floor, op.Max(floor, threshold))
+    else:
+        out = op.Identity(floor)
+    return out

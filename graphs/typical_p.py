@@ -1,0 +1,39 @@
+"""Locally typical sampling, as transformers' ``TypicalLogitsWarper``."""
+
+from onnxscript import BOOL, FLOAT, script
+from onnxscript import opset18 as op
+
+from onnxsample.graphs._common import NEG_INF, T_BOOL, T_INT64, onnxsample
+from onnxsample.graphs.candidates import Truncate
+from onnxsample.graphs.mass import MassThreshold
+
+
+@script(onnxsample)
+def TypicalP(
+    z: FLOAT["S", "V"], floor: FLOAT["S", 1], typical_p: FLOAT["S"]
+) -> tuple[FLOAT["S", "V"], BOOL["S", 1]]:
+    """H = −Σ p log p; d = |−log p − H|; sort tokens by d ascending and keep the smallest prefix whose
+    mass reaches typical_p, plus every token with the same d as the crossing one; typical_p ≥ 1 is off.
+
+    z: FLOAT["S", "V"]; floor: FLOAT["S", 1] (tokens below it were dropped by earlier filters); typical_p: FLOAT["S"] in (0, 1] → (FLOAT["S", "V"], the slots
+    where it is on BOOL["S", 1]: their kept set is not a floor, so they draw from the whole row).
+    """
+    axis = op.Constant(value_ints=[1])
+    zero_f = op.Constant(value_float=0.0)
+    one_f = op.Constant(value_float=1.0)
+    ninf = op.Constant(value_float=NEG_INF)
+    mass = op.Unsqueeze(typical_p, axis)
+    off = op.GreaterOrEqual(mass, one_f)
+    on = op.Cast(op.Not(off), to=T_INT64)
+    if op.Cast(op.ReduceMax(on, keepdims=0), to=T_BOOL):
+        kept = Truncate(z, floor)
+        logp = op.LogSoftmax(kept, axis=1)
+        p = op.Exp(logp)
+        plogp = op.Mul(logp, p)
+        entropy = op.Neg(op.ReduceSum(op.Where(op.IsNaN(plogp), zero_f, plogp), axis, keepdims=1))
+        key = op.Neg(op.Abs(op.Sub(op.Neg(logp), entropy)))
+        threshold = op.Where(off, ninf, MassThreshold(key, p, mass, off))
+        out = op.Where(op.GreaterOrEqual(key, threshold), kept, ninf)
+    else:
+        out = op.Identity(z)
+    return out, op.Not(off)

@@ -1,0 +1,211 @@
+"""Per-request sampling parameters and their packing into the graph's per-slot ``sampler.*`` inputs.
+
+:class:`SamplingParams` carries what a request of vLLM or the OpenAI API carries;
+:meth:`SamplingParams.validate` checks it on the host, with vLLM's wording, so that the graph never
+sees an invalid value. :func:`pack_sampling_params` turns one ``SamplingParams`` (or ``None`` for an
+inactive slot) per slot into the arrays that a graph built for a given chain reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxsample.chain import SamplerChain
+from onnxsample.errors import InvalidParameter
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "pack_sampling_params"]
+
+MAX_TOP_LOGPROBS = 20
+_PREFIX = "sampler."
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclass
+class SamplingParams:
+    """The sampling parameters of one request. Every default is the neutral value: the defaults
+    sample from the model's distribution at temperature 1.
+
+    ``temperature`` 0 is greedy decoding. ``top_k`` 0, ``top_p`` 1, ``min_p`` 0, ``typical_p`` 1,
+    ``repetition_penalty`` 1 and ``presence_penalty`` / ``frequency_penalty`` 0 are off.
+    ``logit_bias`` maps token ids to values added to their logits. ``seed`` seeds the slot's own
+    generator (the runtime draws one uniform per step from it); ``logprobs`` / ``top_logprobs`` ask
+    for the chosen token's logprob and the ``top_logprobs`` most likely tokens.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    def validate(self, vocab_size: int | None = None) -> SamplingParams:
+        """Raise :class:`InvalidParameter` for the first value outside its range; return ``self``.
+
+        Token ids of ``logit_bias`` are checked against ``vocab_size`` when it is given.
+        """
+        _check_range("temperature", self.temperature, 0.0, math.inf, "finite and >= 0")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise InvalidParameter(f"top_k must be an integer >= 0 (0 disables), got {self.top_k}")
+        _check_range("top_p", self.top_p, 0.0, 1.0, "in (0, 1]", low_open=True)
+        _check_range("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
+        _check_range("typical_p", self.typical_p, 0.0, 1.0, "in (0, 1]", low_open=True)
+        _check_range(
+            "repetition_penalty", self.repetition_penalty, 0.0, math.inf, "finite and > 0", True
+        )
+        _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
+        _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
+        if not isinstance(self.logit_bias, dict):
+            raise InvalidParameter(
+                f"logit_bias must be a dict of token id to value, got {type(self.logit_bias).__name__}"
+            )
+        for token, value in self.logit_bias.items():
+            if not _is_int(token) or token < 0 or (vocab_size is not None and token >= vocab_size):
+                bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
+                raise InvalidParameter(f"logit_bias token id must be in {bound}, got {token!r}")
+            _check_range(f"logit_bias[{token}]", value, -100.0, 100.0, "in [-100, 100]")
+        if self.seed is not None and not _is_int(self.seed):
+            raise InvalidParameter(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.logprobs, (bool, np.bool_)):
+            raise InvalidParameter(f"logprobs must be a bool, got {self.logprobs!r}")
+        top = self.top_logprobs
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidParameter(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+        return self
+
+
+def _check_range(
+    name: str, value: object, low: float, high: float, rule: str, low_open: bool = False
+) -> None:
+    ok = _is_number(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+    if ok:
+        number = float(value)  # type: ignore[arg-type]
+        ok = (low < number if low_open else low <= number) and number <= high
+    if not ok:
+        raise InvalidParameter(f"{name} must be {rule}, got {value}")
+
+
+def pack_sampling_params(
+    slots: Sequence[SamplingParams | None],
+    chain: SamplerChain | str,
+    max_slots: int,
+    *,
+    max_bias: int = 0,
+    vocab_size: int | None = None,
+    top_logprobs: int | None = None,
+) -> dict[str, np.ndarray]:
+    """The per-slot parameter inputs (``sampler.temperature``, ``sampler.top_k``, …) of a graph built
+    for ``chain``, ``max_slots`` and ``max_bias``; ``None`` (or a missing trailing slot) is an
+    inactive slot and gets neutral values.
+
+    Each ``SamplingParams`` is validated. A slot that sets a sampler the chain lacks to a non-neutral
+    value (``top_k=40`` on a chain without ``top_k``), more logit-bias entries than ``max_bias``, or
+    more ``top_logprobs`` than the graph's ``top_logprobs`` raises :class:`InvalidParameter`.
+    The uniforms, row indices, prompt mask and output counts are runtime state, not packed here.
+    """
+    chain = SamplerChain(chain)
+    if len(slots) > max_slots:
+        raise InvalidParameter(f"{len(slots)} slots given, more than max_slots={max_slots}")
+    bias_on = "logit_bias" in chain and max_bias > 0
+    arrays = _neutral_arrays(chain, max_slots, max_bias if bias_on else 0)
+    for s, params in enumerate(slots):
+        if params is None:
+            continue
+        params.validate(vocab_size)
+        _check_chain_supports(params, chain, max_bias if bias_on else 0, top_logprobs)
+        for name in _SCALARS:
+            key = _PREFIX + name
+            if key in arrays:
+                arrays[key][s] = getattr(params, name)
+        if bias_on:
+            for j, (token, value) in enumerate(sorted(params.logit_bias.items())):
+                arrays[_PREFIX + "bias_ids"][s, j] = token
+                arrays[_PREFIX + "bias_values"][s, j] = value
+    return arrays
+
+
+_NEUTRAL = {
+    "temperature": 1.0,
+    "top_k": 0,
+    "top_p": 1.0,
+    "min_p": 0.0,
+    "typical_p": 1.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
+_SCALARS = tuple(_NEUTRAL)
+_OWNER = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typical_p": "typical_p",
+    "repetition_penalty": "penalties",
+    "presence_penalty": "penalties",
+    "frequency_penalty": "penalties",
+}
+
+
+def _neutral_arrays(chain: SamplerChain, max_slots: int, max_bias: int) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    for name, neutral in _NEUTRAL.items():
+        if _OWNER[name] in chain:
+            dtype = np.int64 if name == "top_k" else np.float32
+            arrays[_PREFIX + name] = np.full(max_slots, neutral, dtype=dtype)
+    if max_bias > 0:
+        arrays[_PREFIX + "bias_ids"] = np.full((max_slots, max_bias), -1, dtype=np.int64)
+        arrays[_PREFIX + "bias_values"] = np.zeros((max_slots, max_bias), dtype=np.float32)
+    return arrays
+
+
+def _check_chain_supports(
+    params: SamplingParams, chain: SamplerChain, max_bias: int, top_logprobs: int | None
+) -> None:
+    if not chain.samples and params.temperature != 0:
+        raise InvalidParameter(
+            f"temperature={params.temperature} needs the dist sampler: the chain {str(chain)!r} "
+            "decodes greedily; use temperature=0 or add dist to the chain"
+        )
+    for name, neutral in _NEUTRAL.items():
+        if name == "temperature" and not chain.samples:
+            continue
+        value = getattr(params, name)
+        if _OWNER[name] not in chain and value != neutral:
+            raise InvalidParameter(
+                f"{name}={value} needs the {_OWNER[name]} sampler, which the chain "
+                f"{str(chain)!r} does not contain"
+            )
+    if len(params.logit_bias) > max_bias:
+        if "logit_bias" not in chain or max_bias == 0:
+            raise InvalidParameter(
+                f"logit_bias needs the logit_bias sampler with max_bias >= 1; the chain "
+                f"{str(chain)!r} was built with max_bias={max_bias}"
+            )
+        raise InvalidParameter(
+            f"logit_bias has {len(params.logit_bias)} entries, more than max_bias={max_bias}"
+        )
+    if top_logprobs is not None and params.top_logprobs > top_logprobs:
+        raise InvalidParameter(
+            f"top_logprobs={params.top_logprobs} is more than the graph returns ({top_logprobs})"
+        )

@@ -1,0 +1,206 @@
+"""The standalone sampler model: ``logits`` in, the contract's ``sampler.*`` outputs out.
+
+The model's graph holds one ``onnxsample.SamplerChain`` node whose function calls the sampler
+functions of :mod:`onnxsample.graphs`, all carried in ``model.functions`` (domain ``onnxsample``).
+Its value names are the composed graph's: ``logits`` then the ``sampler.*`` inputs, and the
+``sampler.*`` outputs, so the composer can merge this graph after a model's logits (onnx-ir or
+``onnx.compose.merge_models``). With ``gather_rows=False`` the ``logits`` input is already one row
+per slot (``float32[S, V]``), for a composer that gathers the slots' hidden states before the LM head.
+
+The output-count state (``sampler.prompt_mask``, ``sampler.output_counts`` in,
+``sampler.output_counts_out`` out) exists only when the chain contains ``penalties``: nothing else
+reads it, and a graph without it has no state to carry between steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from onnxsample.chain import SamplerChain
+from onnxsample.errors import InvalidParameter
+from onnxsample.graphs.chain import (
+    CHAIN_FUNCTION,
+    DOMAIN,
+    ChainConfig,
+    build_chain_function,
+    chain_inputs,
+    chain_outputs,
+    used_functions,
+)
+from onnxsample.params import MAX_TOP_LOGPROBS, SamplingParams, pack_sampling_params
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["IR_VERSION", "OPSET", "build_sampler_model", "sampler_config", "sampler_feeds"]
+
+OPSET = 18
+IR_VERSION = 10  # opset 18 needs IR >= 8; onnxruntime 1.31 loads IR <= 11
+ROWS_DIM = "rows"
+
+
+def sampler_config(
+    chain: SamplerChain | str,
+    vocab_size: int,
+    max_slots: int,
+    *,
+    top_logprobs: int = 0,
+    max_bias: int = 0,
+    output_probs: bool = False,
+    output_candidates: int = 0,
+    gather_rows: bool = True,
+) -> ChainConfig:
+    """Check the build options and return the graph configuration they describe."""
+    chain = SamplerChain(chain)
+    for name, value, low in (("vocab_size", vocab_size, 1), ("max_slots", max_slots, 1)):
+        if not isinstance(value, int) or value < low:
+            raise InvalidParameter(f"{name} must be an integer >= {low}, got {value!r}")
+    if not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidParameter(
+            f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}"
+        )
+    if top_logprobs > vocab_size:
+        raise InvalidParameter(
+            f"top_logprobs must be <= vocab_size ({vocab_size}), got {top_logprobs}"
+        )
+    if not isinstance(max_bias, int) or max_bias < 0:
+        raise InvalidParameter(f"max_bias must be an integer >= 0, got {max_bias!r}")
+    if max_bias > 0 and "logit_bias" not in chain:
+        raise InvalidParameter(f"max_bias={max_bias} needs logit_bias in the chain {str(chain)!r}")
+    if not isinstance(output_candidates, int) or not 0 <= output_candidates <= vocab_size:
+        raise InvalidParameter(
+            f"output_candidates must be in [0, {vocab_size}], got {output_candidates!r}"
+        )
+    if "logit_bias" in chain and max_bias == 0:
+        logger.info("max_bias=0: the logit_bias sampler has no table and is left out of the graph")
+    return ChainConfig(
+        samplers=chain.names,
+        top_logprobs=top_logprobs,
+        max_bias=max_bias,
+        output_probs=bool(output_probs),
+        output_candidates=output_candidates,
+        gather_rows=bool(gather_rows),
+    )
+
+
+def build_sampler_model(
+    chain: SamplerChain | str,
+    vocab_size: int,
+    max_slots: int,
+    *,
+    top_logprobs: int = 0,
+    max_bias: int = 0,
+    output_probs: bool = False,
+    output_candidates: int = 0,
+    gather_rows: bool = True,
+) -> onnx.ModelProto:
+    """Build the standalone sampler model for ``chain``.
+
+    Inputs: ``logits`` float32[R, V] (R padded rows, row 0 the dummy row; float32[S, V] with
+    ``gather_rows=False``), then the ``sampler.*`` inputs the chain reads. Outputs:
+    ``sampler.next_token``, ``sampler.logprob``, then as configured ``sampler.top_logprob_ids`` /
+    ``sampler.top_logprobs`` [S, L], ``sampler.output_counts_out`` (with ``penalties``),
+    ``sampler.probs`` [S, V], ``sampler.candidate_ids`` / ``sampler.candidate_logits`` [S, K].
+    ``logit_bias`` takes effect only with ``max_bias`` > 0 (the table's width NB).
+    """
+    config = sampler_config(
+        chain,
+        vocab_size,
+        max_slots,
+        top_logprobs=top_logprobs,
+        max_bias=max_bias,
+        output_probs=output_probs,
+        output_candidates=output_candidates,
+        gather_rows=gather_rows,
+    )
+    dims = {
+        "S": max_slots,
+        "V": vocab_size,
+        "NB": max_bias,
+        "L": top_logprobs,
+        "K": output_candidates,
+    }
+    logits_dims = [ROWS_DIM if gather_rows else max_slots, vocab_size]
+    inputs = [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, logits_dims)]
+    inputs += [
+        helper.make_tensor_value_info(name, elem, [dims[d] for d in shape])
+        for name, elem, shape in chain_inputs(config)
+    ]
+    outputs = [
+        helper.make_tensor_value_info(name, elem, [dims[d] for d in shape])
+        for name, elem, shape in chain_outputs(config)
+    ]
+    chain_fn = build_chain_function(config)
+    node = helper.make_node(
+        CHAIN_FUNCTION,
+        [v.name for v in inputs],
+        [v.name for v in outputs],
+        domain=DOMAIN,
+        name="sampler",
+    )
+    graph = helper.make_graph([node], "onnxsample_sampler", inputs, outputs)
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
+        functions=used_functions(chain_fn),
+        ir_version=IR_VERSION,
+        producer_name="onnxsample",
+        doc_string=f"onnxsample sampler: {','.join(config.samplers) or 'greedy'}",
+    )
+    meta = {
+        "onnxsample.chain": ",".join(s for s in config.samplers if config.has(s)),
+        "onnxsample.max_slots": str(max_slots),
+        "onnxsample.vocab_size": str(vocab_size),
+        "onnxsample.top_logprobs": str(top_logprobs),
+        "onnxsample.max_bias": str(max_bias),
+    }
+    helper.set_model_props(model, meta)
+    logger.debug(
+        "built sampler model %s (S=%d, V=%d)", meta["onnxsample.chain"], max_slots, vocab_size
+    )
+    return model
+
+
+def sampler_feeds(
+    chain: SamplerChain | str,
+    logits: np.ndarray,
+    slots: Sequence[SamplingParams | None],
+    *,
+    max_slots: int | None = None,
+    uniform: np.ndarray | Sequence[float] | None = None,
+    row_index: np.ndarray | Sequence[int] | None = None,
+    prompt_mask: np.ndarray | None = None,
+    output_counts: np.ndarray | None = None,
+    max_bias: int = 0,
+) -> dict[str, np.ndarray]:
+    """The inputs of the standalone sampler model for ``slots`` (``None`` = inactive slot).
+
+    By default active slot s samples row s + 1 of ``logits`` (row 0 is the dummy row) and inactive
+    slots row 0; the uniforms default to 0.5, the prompt mask to empty and the counts to zero.
+    """
+    chain = SamplerChain(chain)
+    logits = np.asarray(logits, dtype=np.float32)
+    vocab = logits.shape[1]
+    size = max_slots if max_slots is not None else len(slots)
+    feeds = {"logits": logits}
+    feeds.update(pack_sampling_params(slots, chain, size, max_bias=max_bias, vocab_size=vocab))
+    if row_index is None:
+        rows = np.zeros(size, dtype=np.int64)
+        for s, params in enumerate(slots):
+            rows[s] = 0 if params is None else s + 1
+    else:
+        rows = np.asarray(row_index, dtype=np.int64)
+    feeds["sampler.row_index"] = rows
+    if "dist" in chain:
+        u = np.full(size, 0.5) if uniform is None else np.asarray(uniform)
+        feeds["sampler.uniform"] = u.astype(np.float32)
+    if "penalties" in chain:
+        empty = np.zeros((size, vocab), dtype=bool)
+        feeds["sampler.prompt_mask"] = empty if prompt_mask is None else prompt_mask.astype(bool)
+        counts = np.zeros((size, vocab), dtype=np.int32) if output_counts is None else output_counts
+        feeds["sampler.output_counts"] = counts.astype(np.int32)
+    return feeds

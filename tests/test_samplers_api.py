@@ -1,0 +1,195 @@
+"""SamplerChain, SamplingParams validation and parameter packing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxsample import (
+    InvalidParameter,
+    SamplerChain,
+    SamplingParams,
+    build_sampler_model,
+    pack_sampling_params,
+)
+
+FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            "penalties,temperature,top_k,top_p,min_p,dist",
+            "penalties,temperature,top_k,top_p,min_p,dist",
+        ),
+        ("dist,top_p,temperature", "temperature,top_p,dist"),
+        (" top_k , dist ", "top_k,dist"),
+        (["min_p", "top_k", "dist"], "top_k,min_p,dist"),
+        ("", ""),
+        (FULL, FULL),
+    ],
+)
+def test_chain_is_canonical_and_round_trips(spec, expected):
+    chain = SamplerChain(spec)
+    assert str(chain) == expected
+    assert SamplerChain(str(chain)) == chain
+    assert list(chain) == [n for n in expected.split(",") if n]
+
+
+def test_default_chain_is_full():
+    assert SamplerChain() == SamplerChain.full()
+    assert str(SamplerChain.full()) == FULL
+    assert not SamplerChain.greedy().samples
+    assert SamplerChain.full().samples
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("top_k,topp", "unknown sampler 'topp'"),
+        ("greedy", "unknown sampler 'greedy'"),
+        ("top_k,dist,top_k", "sampler 'top_k' is listed twice"),
+    ],
+)
+def test_chain_rejects_bad_names_and_lists_valid_ones(spec, message):
+    with pytest.raises(InvalidParameter) as err:
+        SamplerChain(spec)
+    assert message in str(err.value)
+    assert "valid samplers: " + FULL.replace(",", ", ") in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("temperature", -0.1, "temperature must be finite and >= 0, got -0.1"),
+        ("temperature", float("inf"), "temperature must be finite and >= 0, got inf"),
+        ("temperature", float("nan"), "temperature must be finite and >= 0, got nan"),
+        ("top_k", -1, "top_k must be an integer >= 0 (0 disables), got -1"),
+        ("top_k", 2.5, "top_k must be an integer >= 0 (0 disables), got 2.5"),
+        ("top_p", 1.5, "top_p must be in (0, 1], got 1.5"),
+        ("top_p", 0.0, "top_p must be in (0, 1], got 0.0"),
+        ("min_p", -0.01, "min_p must be in [0, 1], got -0.01"),
+        ("min_p", 1.01, "min_p must be in [0, 1], got 1.01"),
+        ("typical_p", 0.0, "typical_p must be in (0, 1], got 0.0"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be finite and > 0, got 0.0"),
+        ("presence_penalty", 2.5, "presence_penalty must be in [-2, 2], got 2.5"),
+        ("frequency_penalty", -2.01, "frequency_penalty must be in [-2, 2], got -2.01"),
+        ("top_logprobs", 21, "top_logprobs must be in [0, 20], got 21"),
+        ("logit_bias", {5: 101.0}, "logit_bias[5] must be in [-100, 100], got 101.0"),
+        ("logit_bias", {100: 1.0}, "logit_bias token id must be in [0, 100), got 100"),
+        ("logit_bias", {-1: 1.0}, "logit_bias token id must be in [0, 100), got -1"),
+        ("seed", "abc", "seed must be an integer or None, got 'abc'"),
+    ],
+)
+def test_validate_rejects_with_vllm_style_message(field, value, message):
+    with pytest.raises(InvalidParameter) as err:
+        SamplingParams(**{field: value}).validate(vocab_size=100)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(),
+        SamplingParams(temperature=0.0, top_k=1, top_p=1.0, min_p=1.0, typical_p=1.0),
+        SamplingParams(top_p=1e-6, min_p=0.0, repetition_penalty=1e-3, presence_penalty=-2.0),
+        SamplingParams(frequency_penalty=2.0, logit_bias={0: -100.0, 99: 100.0}, top_logprobs=20),
+        SamplingParams(seed=123, logprobs=True),
+    ],
+)
+def test_validate_accepts_the_range_ends(params):
+    assert params.validate(vocab_size=100) is params
+
+
+def test_pack_neutral_values_for_inactive_slots():
+    arrays = pack_sampling_params([None, SamplingParams(top_k=5, top_p=0.5)], FULL, 3, max_bias=2)
+    assert arrays["sampler.temperature"].tolist() == [1.0, 1.0, 1.0]
+    assert arrays["sampler.top_k"].tolist() == [0, 5, 0]
+    assert arrays["sampler.top_k"].dtype == np.int64
+    assert arrays["sampler.top_p"].tolist() == [1.0, 0.5, 1.0]
+    assert arrays["sampler.min_p"].tolist() == [0.0] * 3
+    assert arrays["sampler.typical_p"].tolist() == [1.0] * 3
+    assert arrays["sampler.repetition_penalty"].tolist() == [1.0] * 3
+    assert arrays["sampler.bias_ids"].tolist() == [[-1, -1]] * 3
+    assert arrays["sampler.bias_values"].dtype == np.float32
+
+
+def test_pack_only_the_chains_inputs():
+    arrays = pack_sampling_params([SamplingParams(top_k=3)], "top_k,dist", 2)
+    assert sorted(arrays) == ["sampler.top_k"]
+
+
+def test_pack_bias_table():
+    arrays = pack_sampling_params(
+        [SamplingParams(logit_bias={7: 2.5, 3: -1.0})], FULL, 1, max_bias=3
+    )
+    assert arrays["sampler.bias_ids"].tolist() == [[3, 7, -1]]
+    assert arrays["sampler.bias_values"].tolist() == [[-1.0, 2.5, 0.0]]
+
+
+@pytest.mark.parametrize(
+    ("chain", "params", "kwargs", "message"),
+    [
+        ("temperature,dist", SamplingParams(top_k=40), {}, "top_k=40 needs the top_k sampler"),
+        (
+            "top_k,dist",
+            SamplingParams(temperature=0.0),
+            {},
+            "temperature=0.0 needs the temperature",
+        ),
+        ("dist", SamplingParams(repetition_penalty=1.2), {}, "needs the penalties sampler"),
+        ("top_k,dist", SamplingParams(typical_p=0.9), {}, "typical_p=0.9 needs the typical_p"),
+        ("top_k", SamplingParams(), {}, "needs the dist sampler"),
+        (
+            "dist",
+            SamplingParams(logit_bias={1: 1.0}),
+            {},
+            "logit_bias needs the logit_bias sampler",
+        ),
+        (
+            FULL,
+            SamplingParams(logit_bias={1: 1.0, 2: 2.0}),
+            {"max_bias": 1},
+            "more than max_bias=1",
+        ),
+        (FULL, SamplingParams(top_logprobs=5), {"top_logprobs": 2}, "top_logprobs=5 is more"),
+        (FULL, SamplingParams(top_p=2.0), {}, "top_p must be in (0, 1], got 2.0"),
+    ],
+)
+def test_pack_rejects_what_the_graph_cannot_do(chain, params, kwargs, message):
+    with pytest.raises(InvalidParameter) as err:
+        pack_sampling_params([params], chain, 2, **kwargs)
+    assert message in str(err.value)
+
+
+def test_pack_rejects_too_many_slots():
+    with pytest.raises(InvalidParameter, match="more than max_slots=1"):
+        pack_sampling_params([None, None], "dist", 1)
+
+
+def test_greedy_chain_accepts_temperature_zero():
+    assert (
+        pack_sampling_params([SamplingParams(temperature=0.0)], "top_k", 1)["sampler.top_k"][0] == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"vocab_size": 0}, "vocab_size must be an integer >= 1"),
+        ({"max_slots": 0}, "max_slots must be an integer >= 1"),
+        ({"top_logprobs": 21}, "top_logprobs must be in [0, 20]"),
+        ({"top_logprobs": 9, "vocab_size": 8}, "top_logprobs must be <= vocab_size"),
+        ({"max_bias": -1}, "max_bias must be an integer >= 0"),
+        ({"output_candidates": 9, "vocab_size": 8}, "output_candidates must be in [0, 8]"),
+        ({"chain": "dist", "max_bias": 2}, "max_bias=2 needs logit_bias in the chain"),
+        ({"chain": "dist,dist"}, "listed twice"),
+    ],
+)
+def test_build_rejects_bad_options(kwargs, message):
+    options = {"chain": FULL, "vocab_size": 8, "max_slots": 2, **kwargs}
+    chain, vocab, slots = options.pop("chain"), options.pop("vocab_size"), options.pop("max_slots")
+    with pytest.raises(InvalidParameter) as err:
+        build_sampler_model(chain, vocab, slots, **options)
+    assert message in str(err.value)
