@@ -48,3 +48,52 @@ Verbose = Annotated[
     bool,
     typer.Option("--verbose", "-v", help="Log what the library does (to stderr)."),
 ]
+Chain = Annotated[
+    str | None,
+    typer.Option(
+        "--chain",
+        help="Samplers in the graph, comma-separated: logit_bias, penalties, temperature, top_k, top_p, "
+        "min_p, typical_p, dist. Applied in the canonical order whatever order you list. "
+        "Default: all of them.",
+        show_default=False,
+    ),
+]
+MaxSlots = Annotated[
+    int,
+    typer.Option("--max-slots", help="Sequences the graph samples at once (its fixed slot count)."),
+]
+TopLogprobs = Annotated[
+    int,
+    typer.Option(
+        "--top-logprobs", help="L: how many top logprobs per slot the graph returns (0-20)."
+    ),
+]
+MaxBias = Annotated[
+    int,
+    typer.Option("--max-bias", help="NB: logit-bias entries per slot (0 leaves logit bias out)."),
+]
+OutputProbs = Annotated[
+    bool,
+    typer.Option(
+        "--output-probs", help="Also return sampler.probs [S, V], the distribution the draw uses."
+    ),
+]
+Candidates = Annotated[
+    int,
+    typer.Option(
+        "--candidates", help="K > 0 also returns the filtered candidates [S, K] (ids and logits)."
+    ),
+]
+Inline = Annotated[
+    bool,
+    typer.Option(
+        "--inline", help="Inline the sampler functions, for hosts without local-function support."
+    ),
+]
+Gather = Annotated[
+    str,
+    typer.Option(
+        "--gather",
+        help="Where the slot rows are picked: auto (before the LM head when verified), lm_head, or logits.",
+    ),
+]

@@ -1,0 +1,72 @@
+"""`onnxsample compose`: splice a sampler chain after an exported model's logits."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from onnxsample.cli import _options as opt
+from onnxsample.cli._ui import out, stages
+from onnxsample.cli.inspect import render_summary
+
+_LABELS = {
+    "load": "Loading and checking the model",
+    "splice": "Splicing the sampler chain after the logits",
+    "verify": "Checking the gather before the LM head against the full logits",
+    "save": "Saving and checking the composed model",
+}
+
+
+def compose(
+    model: Annotated[
+        Path,
+        typer.Argument(
+            help="An export folder (its model.onnx) or an .onnx file.", show_default=False
+        ),
+    ],
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            help="The .onnx file to write. Default: composed.onnx beside the model.",
+            show_default=False,
+        ),
+    ] = None,
+    chain: opt.Chain = None,
+    max_slots: opt.MaxSlots = 8,
+    top_logprobs: opt.TopLogprobs = 0,
+    max_bias: opt.MaxBias = 0,
+    output_probs: opt.OutputProbs = False,
+    candidates: opt.Candidates = 0,
+    inline: opt.Inline = False,
+    gather: opt.Gather = "auto",
+) -> None:
+    """Write model + sampler chain as one ONNX file whose sampler parameters are runtime inputs.
+
+    Every slot gets its own temperature, top_k, top_p, ... as input tensors (sampler.*), so one file
+    serves every request. Open the result with `onnxsample inspect FILE --netron`.
+    """
+    from onnxsample.composer import compose as run_compose
+    from onnxsample.inspection import inspect_model
+
+    start = time.perf_counter()
+    with stages(_LABELS) as progress:
+        path = run_compose(
+            model,
+            chain,
+            output,
+            max_slots=max_slots,
+            top_logprobs=top_logprobs,
+            max_bias=max_bias,
+            output_probs=output_probs,
+            output_candidates=candidates,
+            inline=inline,
+            gather=gather,
+            progress=progress,
+        )
+    render_summary(inspect_model(path), brief=True)
+    out.print(f"composed in {time.perf_counter() - start:.1f} s")

@@ -1,0 +1,143 @@
+"""`onnxsample inspect`: what an ONNX file holds; `--netron` serves it to a browser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from onnxsample.cli._ui import human_bytes, out
+
+
+def inspect(
+    file: Annotated[
+        Path, typer.Argument(help="An .onnx file or an export folder.", show_default=False)
+    ],
+    netron: Annotated[
+        bool,
+        typer.Option(
+            "--netron", help="Serve the model with Netron on localhost and print the URL."
+        ),
+    ] = False,
+    port: Annotated[
+        int, typer.Option("--port", help="Port for --netron.", min=1, max=65535)
+    ] = 8080,
+    no_browser: Annotated[
+        bool, typer.Option("--no-browser", help="With --netron, do not open a browser.")
+    ] = False,
+) -> None:
+    """Summarise a model: inputs and outputs, sampler chain and slots, op counts, size, metadata."""
+    from onnxsample.inspection import inspect_model
+
+    summary = inspect_model(file)
+    render_summary(summary)
+    if netron:
+        _serve(summary.path, port, browse=not no_browser)
+
+
+def render_summary(s, *, brief: bool = False) -> None:
+    """Print a :class:`~onnxsample.inspection.ModelSummary` (also used after `compose`)."""
+    head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("file", str(s.path))
+    size = human_bytes(s.size_bytes)
+    if s.external_data:
+        size += "  (external data: " + ", ".join(p.name for p in s.external_data) + ")"
+    head.add_row("size", size)
+    head.add_row(
+        "versions",
+        f"IR {s.ir_version}, opsets " + ", ".join(f"{d} {v}" for d, v in s.opsets.items()),
+    )
+    if s.composed:
+        m = s.sampler
+        head.add_row("sampler chain", m.get("chain", "") or "greedy only")
+        head.add_row(
+            "slots",
+            f"{m.get('max_slots')} (top logprobs {m.get('top_logprobs')}, logit bias entries "
+            f"{m.get('max_bias')}, gather before {'the LM head' if m.get('gather') == 'lm_head' else 'sampling'})",
+        )
+        if s.chain_ops:
+            head.add_row("chain ops", ", ".join(f"{op} {n}" for op, n in s.chain_ops.most_common()))
+    else:
+        head.add_row("sampler chain", "none (not a composed model)")
+    nodes = sum(s.op_counts.values())
+    head.add_row(
+        "nodes", f"{nodes}: " + ", ".join(f"{op} {n}" for op, n in s.op_counts.most_common(8))
+    )
+    out.print(head)
+    if brief:
+        sampler_io = [v for v in s.inputs + s.outputs if v.name.startswith("sampler.")]
+        out.print("sampler I/O: " + ", ".join(f"{v.name} {v.dtype}{v.shape}" for v in sampler_io))
+        return
+    for title, values in (("inputs", s.inputs), ("outputs", s.outputs)):
+        rows = _collapse_kv(values)
+        table = Table(title=title, title_justify="left", show_edge=False)
+        table.add_column(
+            "name", no_wrap=True, min_width=max((len(v.name) for v in rows), default=4)
+        )
+        table.add_column("dtype", no_wrap=True, min_width=7)
+        table.add_column("shape", overflow="fold", ratio=1)
+        table.add_column("meaning", overflow="fold", ratio=1)
+        for v in rows:
+            shape = Text("[" + ", ".join(map(str, v.shape)) + "]")
+            table.add_row(Text(v.name), v.dtype, shape, Text(v.doc))
+        out.print(table)
+    other = {k: v for k, v in s.metadata.items() if not k.startswith("onnxsample.")}
+    if other or s.sampler:
+        out.print(
+            "metadata: "
+            + ", ".join(
+                f"{k}={v}"
+                for k, v in {
+                    **other,
+                    **{f"onnxsample.{k}": v for k, v in s.sampler.items()},
+                }.items()
+            )
+        )
+
+
+def _collapse_kv(values):
+    """Show the KV cache as one row per kind instead of one per layer."""
+    from onnxsample.inspection import ValueSummary
+
+    shown, cache = [], {}
+    for v in values:
+        parts = v.name.split(".")
+        if parts[0] in ("past_key_values", "present") and len(parts) == 3 and parts[1].isdigit():
+            key = (parts[0], parts[2])
+            if key not in cache:
+                cache[key] = [v, 0]
+                shown.append(key)
+            cache[key][1] += 1
+        else:
+            shown.append(v)
+    rows = []
+    for item in shown:
+        if isinstance(item, tuple):
+            v, n = cache[item]
+            rows.append(
+                ValueSummary(f"{item[0]}.0..{n - 1}.{item[1]}", v.dtype, v.shape, f"{n} layers")
+            )
+        else:
+            rows.append(item)
+    return rows
+
+
+def _serve(path: Path, port: int, *, browse: bool) -> None:
+    import netron
+
+    address = netron.start(str(path), address=("localhost", port), browse=browse)
+    host, bound = address if isinstance(address, tuple) else ("localhost", port)
+    out.print(
+        f"Netron is serving {path.name} at http://{host}:{bound}  (Ctrl-C stops it)", soft_wrap=True
+    )
+    try:
+        netron.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        netron.stop(address)

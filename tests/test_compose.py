@@ -1,0 +1,347 @@
+"""The composer on the tiny model: greedy parity, slots, the moved gather, and bad models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from onnxsample.chain import SamplerChain
+from onnxsample.composer import compose, composed_metadata
+from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.params import SamplingParams, pack_sampling_params
+
+SLOTS = 4
+BATCH, SEQ = 2, 5
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _model_feeds(session: ort.InferenceSession, ids: np.ndarray) -> dict[str, np.ndarray]:
+    """Prefill feeds for an optimum-layout decoder: the prompt, an empty KV cache."""
+    batch, seq = ids.shape
+    feeds = {
+        "input_ids": ids,
+        "attention_mask": np.ones((batch, seq), np.int64),
+        "position_ids": np.tile(np.arange(seq, dtype=np.int64), (batch, 1)),
+    }
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            feeds[i.name] = np.zeros((batch, i.shape[1], 0, i.shape[3]), np.float32)
+    return feeds
+
+
+def _sampler_feeds(session, params, rows, vocab, *, counts=None, max_bias=0, seed=0):
+    chain = SamplerChain(
+        composed_metadata(onnx.load(session._model_path, load_external_data=False))["chain"]
+    )
+    feeds = pack_sampling_params(params, chain, SLOTS, max_bias=max_bias, vocab_size=vocab)
+    feeds["sampler.row_index"] = np.asarray(rows, np.int64)
+    feeds["sampler.uniform"] = np.random.default_rng(seed).random(SLOTS, dtype=np.float32)
+    names = {i.name for i in session.get_inputs()}
+    if "sampler.prompt_mask" in names:
+        feeds["sampler.prompt_mask"] = np.zeros((SLOTS, vocab), bool)
+        feeds["sampler.output_counts"] = (
+            np.zeros((SLOTS, vocab), np.int32) if counts is None else counts
+        )
+    return {k: v for k, v in feeds.items() if k in names}
+
+
+@pytest.fixture(scope="session")
+def prompt_ids() -> np.ndarray:
+    return np.random.default_rng(7).integers(3, 49152, (BATCH, SEQ), dtype=np.int64)
+
+
+@pytest.fixture(scope="session")
+def plain_logits(tiny_export, prompt_ids) -> np.ndarray:
+    session = _session(tiny_export.model_path)
+    logits = session.run(["logits"], _model_feeds(session, prompt_ids))[0]
+    return logits.reshape(BATCH * SEQ, -1)
+
+
+@pytest.fixture(scope="session", params=["lm_head", "logits"])
+def composed(request, tiny_export, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("composed") / f"{request.param}.onnx"
+    return compose(
+        tiny_export.output,
+        None,
+        out,
+        max_slots=SLOTS,
+        top_logprobs=3,
+        max_bias=2,
+        gather=request.param,
+    )
+
+
+def _run(path: Path, ids, params, rows, *, counts=None, outputs=None):
+    session = _session(path)
+    session._model_path = str(path)
+    feeds = _model_feeds(session, ids) | _sampler_feeds(
+        session, params, rows, 49152, counts=counts, max_bias=2
+    )
+    names = outputs or [o.name for o in session.get_outputs() if o.name.startswith("sampler.")]
+    return dict(zip(names, session.run(names, feeds), strict=True))
+
+
+def _log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64)
+    shifted = row - row.max()
+    return shifted - np.log(np.exp(shifted).sum())
+
+
+def test_composed_model_passes_the_checker(composed):
+    onnx.checker.check_model(str(composed), full_check=True)
+
+
+def test_gather_layout_is_recorded(composed):
+    meta = composed_metadata(onnx.load(str(composed), load_external_data=False))
+    assert meta["gather"] == composed.stem
+    assert (
+        meta["max_slots"] == str(SLOTS) and meta["top_logprobs"] == "3" and meta["max_bias"] == "2"
+    )
+    assert meta["chain"] == str(SamplerChain.full())
+    assert meta["contract"] == "1"
+
+
+@pytest.mark.parametrize("rows", [[5, 10, 1, 6], [1, 2, 3, 4], [10, 0, 0, 7]])
+def test_greedy_slots_return_the_plain_models_argmax(composed, prompt_ids, plain_logits, rows):
+    greedy = [SamplingParams(temperature=0.0) if r else None for r in rows]
+    out = _run(composed, prompt_ids, greedy, rows)
+    for slot, row in enumerate(rows):
+        if row == 0:
+            continue
+        expected = plain_logits[row - 1]
+        assert out["sampler.next_token"][slot] == int(np.argmax(expected))
+        ref = _log_softmax(expected)
+        np.testing.assert_allclose(out["sampler.logprob"][slot], ref.max(), atol=1e-4)
+        top = np.argsort(-ref, kind="stable")[:3]
+        np.testing.assert_array_equal(out["sampler.top_logprob_ids"][slot], top)
+        np.testing.assert_allclose(out["sampler.top_logprobs"][slot], ref[top], atol=1e-4)
+
+
+def test_slots_with_different_parameters_in_one_batch(composed, prompt_ids, plain_logits):
+    rows = [5, 10, 3, 0]
+    params = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.8, top_k=5, seed=1),
+        SamplingParams(temperature=1.0, logit_bias={123: 100.0}),
+        None,
+    ]
+    for seed in range(5):
+        session = _session(composed)
+        session._model_path = str(composed)
+        feeds = _model_feeds(session, prompt_ids) | _sampler_feeds(
+            session, params, rows, 49152, max_bias=2, seed=seed
+        )
+        tokens = session.run(["sampler.next_token"], feeds)[0]
+        assert tokens[0] == np.argmax(plain_logits[4])
+        assert tokens[1] in np.argsort(-plain_logits[9])[:5]
+        assert tokens[2] == 123  # a +100 bias dominates a random model's logits
+        assert 0 <= tokens[3] < 49152
+
+
+def test_inactive_slot_keeps_its_state(composed, prompt_ids):
+    counts = np.zeros((SLOTS, 49152), np.int32)
+    counts[3, [5, 9]] = [2, 1]
+    counts[0, 7] = 4
+    rows = [2, 4, 6, 0]
+    params = [SamplingParams(temperature=0.0)] * 3 + [None]
+    out = _run(composed, prompt_ids, params, rows, counts=counts)
+    new = out["sampler.output_counts_out"]
+    np.testing.assert_array_equal(new[3], counts[3])
+    for slot in range(3):
+        expected = counts[slot].copy()
+        expected[out["sampler.next_token"][slot]] += 1
+        np.testing.assert_array_equal(new[slot], expected)
+
+
+def test_moved_gather_matches_the_full_logits(tiny_export, tmp_path, prompt_ids):
+    kwargs = dict(max_slots=SLOTS, top_logprobs=3, output_probs=True)
+    moved = compose(
+        tiny_export.output,
+        "temperature,top_k,dist",
+        tmp_path / "m.onnx",
+        gather="lm_head",
+        **kwargs,
+    )
+    full = compose(
+        tiny_export.output, "temperature,top_k,dist", tmp_path / "f.onnx", gather="logits", **kwargs
+    )
+    rows = [10, 1, 6, 3]
+    params = [SamplingParams(temperature=0.7, top_k=50, seed=s) for s in range(SLOTS)]
+    a = _run(moved, prompt_ids, params, rows)
+    b = _run(full, prompt_ids, params, rows)
+    np.testing.assert_array_equal(a["sampler.next_token"], b["sampler.next_token"])
+    np.testing.assert_allclose(a["sampler.probs"], b["sampler.probs"], atol=1e-6)
+    np.testing.assert_allclose(a["sampler.top_logprobs"], b["sampler.top_logprobs"], atol=1e-5)
+
+
+def test_moved_gather_drops_the_full_logits(tiny_export, tmp_path):
+    moved = onnx.load(str(compose(tiny_export.output, None, tmp_path / "m.onnx", gather="lm_head")))
+    assert "logits" not in [o.name for o in moved.graph.output]
+    matmuls = [n for n in moved.graph.node if n.op_type == "MatMul" and n.output[0] == "logits"]
+    assert not matmuls, "the [B, T, V] LM head should be gone"
+
+
+def test_chain_is_a_local_function_and_inline_removes_it(tiny_export, tmp_path, prompt_ids):
+    functions = onnx.load(
+        str(compose(tiny_export.output, None, tmp_path / "f.onnx", max_slots=SLOTS))
+    )
+    assert any(
+        n.op_type == "SamplerChain" and n.domain == "onnxsample" for n in functions.graph.node
+    )
+    assert {f.domain for f in functions.functions} == {"onnxsample"}
+    inlined_path = compose(
+        tiny_export.output, None, tmp_path / "i.onnx", max_slots=SLOTS, inline=True
+    )
+    inlined = onnx.load(str(inlined_path))
+    assert not inlined.functions
+    assert all(n.domain in ("", "ai.onnx") for n in inlined.graph.node)
+    rows = [5, 10, 0, 0]
+    params = [SamplingParams(temperature=0.0)] * 2 + [None, None]
+    a = _run(tmp_path / "f.onnx", prompt_ids, params, rows)
+    b = _run(inlined_path, prompt_ids, params, rows)
+    np.testing.assert_array_equal(a["sampler.next_token"], b["sampler.next_token"])
+
+
+def test_added_inputs_carry_doc_strings(composed):
+    model = onnx.load(str(composed), load_external_data=False)
+    docs = {i.name: i.doc_string for i in model.graph.input if i.name.startswith("sampler.")}
+    assert docs and all(docs.values()), docs
+
+
+# ---- bad models -------------------------------------------------------------------------------
+
+
+def _tiny_graph(
+    output_name="logits",
+    dtype=TensorProto.FLOAT,
+    rank=3,
+    input_name="x",
+    opset=18,
+    initializer=None,
+) -> onnx.ModelProto:
+    shape = ["b", "t", 8][:rank] if rank <= 3 else ["b", "t", 8, 1]
+    x = helper.make_tensor_value_info(input_name, dtype, shape)
+    y = helper.make_tensor_value_info(output_name, dtype, shape)
+    inits = [initializer] if initializer is not None else []
+    nodes = [helper.make_node("Identity", [input_name], [output_name])]
+    graph = helper.make_graph(nodes, "g", [x], [y], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+def _external(folder: Path, location: str, *, offset=0, length=32) -> onnx.ModelProto:
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[8])
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        w.external_data.add(key=key, value=value)
+    return _tiny_graph(initializer=w)
+
+
+def _write(folder: Path, model: onnx.ModelProto, name="model.onnx") -> Path:
+    path = folder / name
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _case_truncated(tmp: Path, composed_file: Path) -> Path:
+    data = composed_file.read_bytes()
+    path = tmp / "cut.onnx"
+    path.write_bytes(data[: len(data) // 3])
+    return path
+
+
+def _case_symlink(tmp: Path, _composed: Path) -> Path:
+    (tmp / "real.bin").write_bytes(bytes(64))
+    os.symlink(tmp / "real.bin", tmp / "w.bin")
+    return _write(tmp, _external(tmp, "w.bin"))
+
+
+def _case_hardlink(tmp: Path, _composed: Path) -> Path:
+    (tmp / "real.bin").write_bytes(bytes(64))
+    os.link(tmp / "real.bin", tmp / "w.bin")
+    return _write(tmp, _external(tmp, "w.bin"))
+
+
+def _case_beyond_end(tmp: Path, _composed: Path) -> Path:
+    (tmp / "w.bin").write_bytes(bytes(16))
+    return _write(tmp, _external(tmp, "w.bin", offset=8, length=32))
+
+
+BAD_MODELS = {
+    "no logits": (
+        lambda t, c: _write(t, _tiny_graph(output_name="scores")),
+        "has no 'logits' output",
+    ),
+    "integer logits": (
+        lambda t, c: _write(t, _tiny_graph(dtype=TensorProto.INT64)),
+        "'logits' must be a float tensor",
+    ),
+    "rank-2 logits": (lambda t, c: _write(t, _tiny_graph(rank=2)), "'logits' must have rank 3"),
+    "old opset": (
+        lambda t, c: _write(t, _tiny_graph(opset=13)),
+        "opset 13; the samplers need opset >= 18",
+    ),
+    "truncated file": (_case_truncated, "not a readable ONNX model"),
+    "not a model": (
+        lambda t, c: _write(t, onnx.ModelProto(), "empty.onnx"),
+        "fails the ONNX checker",
+    ),
+    "external data with ..": (
+        lambda t, c: _write(t, _external(t, "../secret.bin")),
+        "'..' is refused",
+    ),
+    "external data absolute": (
+        lambda t, c: _write(t, _external(t, "/etc/passwd")),
+        "absolute paths are refused",
+    ),
+    "external data symlink": (_case_symlink, "is a symbolic link"),
+    "external data hardlink": (_case_hardlink, "is hard-linked"),
+    "external data beyond end": (_case_beyond_end, "lie beyond the file's end"),
+    "external data missing": (lambda t, c: _write(t, _external(t, "gone.bin")), "does not exist"),
+    "name collision": (
+        lambda t, c: _write(t, _tiny_graph(input_name="sampler.temperature")),
+        "already has a value named 'sampler.temperature'",
+    ),
+    "composed twice": (lambda t, c: c, "is composed already (sampler chain temperature,dist)"),
+    "missing file": (lambda t, c: t / "nope.onnx", "no such model file"),
+    "folder without model": (lambda t, c: t, "holds no model.onnx"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODELS))
+def test_bad_models_are_refused_clearly(case, tmp_path, tiny_export):
+    make, message = BAD_MODELS[case]
+    composed_file = tmp_path / "composed_once.onnx"
+    if case in ("composed twice", "truncated file"):
+        compose(tiny_export.output, "temperature,dist", composed_file, max_slots=2)
+    (tmp_path / "work").mkdir()
+    path = make(tmp_path / "work", composed_file)
+    with pytest.raises(ModelError, match=None) as info:
+        compose(path, None, tmp_path / "out.onnx")
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "out.onnx").exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gather": "middle"}, "gather must be one of auto, lm_head, logits, got 'middle'"),
+        ({"chain": "top_k,bogus"}, "bogus"),
+        ({"max_slots": 0}, "max_slots must be"),
+        ({"top_logprobs": 21}, "top_logprobs must be in [0, 20], got 21"),
+    ],
+)
+def test_invalid_options(tiny_export, tmp_path, kwargs, message):
+    chain = kwargs.pop("chain", None)
+    with pytest.raises(InvalidParameter) as info:
+        compose(tiny_export.output, chain, tmp_path / "x.onnx", **kwargs)
+    assert message in str(info.value)
