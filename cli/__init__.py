@@ -9,7 +9,10 @@ import typer
 
 from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import err
+from onnxsample.cli.compose import compose
 from onnxsample.cli.export import export
+from onnxsample.cli.inspect import inspect
+from onnxsample.cli.run import run
 
 __all__ = ["app", "main"]
 
@@ -36,6 +39,9 @@ def _root(verbose: opt.Verbose = False) -> None:
 
 
 app.command(no_args_is_help=False)(export)
+app.command(no_args_is_help=True)(compose)
+app.command(no_args_is_help=True)(inspect)
+app.command(no_args_is_help=True)(run)
 
 
 def main(argv: list[str] | None = None) -> None:

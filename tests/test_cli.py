@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -132,3 +133,263 @@ def test_export_command_writes_summary(tiny_export, tiny_hf, capsys):
     assert "reused" in out
     assert "greedy tokens match transformers" in out
     assert "Checking the source" in err
+
+
+# ---- compose and inspect ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def cli_composed(tiny_export, tmp_path_factory) -> Path:
+    from onnxsample.composer import compose
+
+    return compose(tiny_export.output, None, tmp_path_factory.mktemp("cli") / "c.onnx", max_slots=2)
+
+
+def test_compose_command_writes_and_summarises(tiny_export, tmp_path, capsys):
+    target = tmp_path / "out.onnx"
+    code, out, err = run_cli(
+        capsys,
+        "compose",
+        str(tiny_export.output),
+        "-o",
+        str(target),
+        "--chain",
+        "top_k,temperature,dist",
+        "--max-slots",
+        "3",
+        "--top-logprobs",
+        "2",
+    )
+    assert code == 0, err
+    assert target.is_file()
+    assert "temperature,top_k,dist" in out  # canonical order, whatever order was typed
+    assert "sampler.top_logprobs" in out
+    assert "Splicing the sampler chain" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compose", "/nonexistent/model.onnx"], "no such model file or folder"),
+        (["compose", "{export}", "--chain", "top_k,nucleus"], "nucleus"),
+        (
+            ["compose", "{export}", "--gather", "middle"],
+            "gather must be one of auto, lm_head, logits",
+        ),
+        (
+            ["compose", "{export}", "--top-logprobs", "50"],
+            "top_logprobs must be in [0, 20], got 50",
+        ),
+        (["compose", "{export}", "-o", "{export}/model.onnx"], "would overwrite its source"),
+        (["inspect", "/nonexistent.onnx"], "no such model file"),
+    ],
+)
+def test_compose_and_inspect_errors(argv, message, tiny_export, capsys):
+    argv = [a.replace("{export}", str(tiny_export.output)) for a in argv]
+    code, _out, err = run_cli(capsys, *argv)
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_inspect_shows_chain_slots_and_io(cli_composed, capsys):
+    code, out, _ = run_cli(capsys, "inspect", str(cli_composed))
+    assert code == 0
+    for text in (
+        "sampler chain",
+        "penalties,temperature,top_k,top_p,min_p,typical_p,dist",
+        "sampler.row_index",
+        "sampler.next_token",
+        "TopK",
+        "past_key_values.0..1.key",
+        "2 layers",
+        "IR ",
+    ):
+        assert text in out, text
+
+
+def test_inspect_plain_export(tiny_export, capsys):
+    code, out, _ = run_cli(capsys, "inspect", str(tiny_export.model_path))
+    assert code == 0
+    assert "none (not a composed model)" in out
+    assert "logits" in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def netron_server(cli_composed):
+    """`onnxsample inspect --netron` in a subprocess; yields its URL, stops it afterwards."""
+    import signal
+    import time
+    import urllib.request
+
+    exe = shutil.which("onnxsample", path=os.path.dirname(sys.executable))
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exe, "inspect", str(cli_composed), "--netron", "--port", str(port), "--no-browser"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://localhost:{port}/"
+    try:
+        for _ in range(300):  # the server is up when it answers; give up after about a minute
+            try:
+                urllib.request.urlopen(url, timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None:
+                    pytest.fail(f"netron exited early: {proc.stdout.read()}")
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            output = proc.communicate(timeout=30)[0]
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output = proc.communicate()[0]
+        assert f"Netron is serving c.onnx at {url.rstrip('/')}" in output, output
+
+
+def test_netron_serves_the_model(netron_server):
+    import urllib.request
+
+    with urllib.request.urlopen(netron_server, timeout=10) as response:
+        page = response.read().decode("utf-8", "replace")
+    assert response.status == 200
+    assert "netron" in page.lower()
+
+
+@pytest.mark.skipif(
+    shutil.which("chromium") is None or shutil.which("chromedriver") is None,
+    reason="Debian's chromium and chromium-driver are not installed",
+)
+def test_netron_page_renders_the_chain_in_headless_chromium(netron_server, tmp_path):
+    from PIL import Image
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    try:
+        driver.get(netron_server)
+        driver.add_cookie({"name": "consent", "value": "1"})  # skip Netron's cookie banner
+        driver.get(netron_server)
+        WebDriverWait(driver, 120).until(
+            lambda d: d.find_elements(By.CSS_SELECTOR, "#canvas g.node")
+        )
+        assert "SamplerChain" in driver.page_source
+        shot = tmp_path / "netron.png"
+        driver.save_screenshot(str(shot))
+    finally:
+        driver.quit()
+    colours = len(set(Image.open(shot).convert("L").getdata()))
+    assert colours > 8, "the page rendered blank"
+
+
+# ---- run ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def run_folder(tiny_export, tmp_path_factory) -> Path:
+    """A copy of the tiny export that `run` may compose into (composed.onnx beside model.onnx)."""
+    target = tmp_path_factory.mktemp("run") / "tiny"
+    shutil.copytree(tiny_export.output, target)
+    return target
+
+
+def test_run_composes_an_export_folder_and_prints_json(run_folder, capsys):
+    code, out, err = run_cli(
+        capsys,
+        "run",
+        str(run_folder),
+        "-p",
+        "Hello",
+        "-p",
+        "Bonjour",
+        "--seed",
+        "7",
+        "-n",
+        "5",
+        "--no-chat",
+        "--json",
+        "--logprobs",
+        "2",
+        "--threads",
+        "1",
+    )
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert [line["index"] for line in lines] == [0, 1]
+    for line in lines:
+        assert {"text", "token_ids", "finish_reason", "logprobs", "top_logprobs", "timings"} <= set(
+            line
+        )
+        assert line["finish_reason"] in ("length", "eos", "stop") and line["seed"] == 7
+        assert len(line["top_logprobs"][0]) == 2
+    assert (run_folder / "composed.onnx").is_file()
+    assert "prompt " in err and "tok/s" in err and "first token" in err
+
+
+def test_run_streams_one_prompt(run_folder, capsys):
+    code, out, err = run_cli(
+        capsys, "run", str(run_folder), "-p", "Hi", "-n", "6", "--temperature", "0", "--no-chat"
+    )
+    assert code == 0, err
+    assert out.strip()
+    assert "decode " in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+        (["--temperature", "-0.5"], "temperature must be"),
+        (["--min-p", "2"], "min_p must be in [0, 1], got 2"),
+        (["--presence-penalty", "3"], "presence_penalty must be in [-2, 2], got 3"),
+        (["--repetition-penalty", "0"], "repetition_penalty must be"),
+        (["--logit-bias", "42"], "--logit-bias takes ID=VALUE"),
+        (["--logit-bias", "42=500"], "logit_bias"),
+        (["--logprobs", "50"], "logprobs must be in [0, 20], got 50"),
+        (["--provider", "tpu"], "provider must be one of auto, cpu, cuda, got 'tpu'"),
+        (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1, got 0"),
+        (["-p", "word " * 700], "does not fit the model's context of 512 tokens"),
+        (["--threads", "0"], "--threads"),
+    ],
+)
+def test_run_errors(argv, message, run_folder, capsys):
+    if "-p" not in argv:
+        argv = [*argv, "-p", "Hello"]
+    code, _out, err = run_cli(capsys, "run", str(run_folder), "--no-chat", *argv)
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("✓")]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def test_run_needs_a_prompt(run_folder, capsys):
+    code, _out, err = run_cli(capsys, "run", str(run_folder))
+    assert code == 1 and "give at least one prompt" in err

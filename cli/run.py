@@ -1,0 +1,193 @@
+"""`onnxsample run`: generate text with sampling inside the graph."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from onnxsample.cli._ui import err, out, stages
+from onnxsample.errors import InvalidParameter
+
+_LABELS = {
+    "check": "Checking the embedded model",
+    "load": "Loading weights (GGUF sources are de-quantised to fp32)",
+    "export": "Exporting to ONNX with a KV cache (optimum)",
+    "verify": "Verifying greedy tokens against transformers",
+    "splice": "Composing: splicing the sampler chain after the logits",
+    "save": "Saving and checking the composed model",
+    "session": "Loading the model into ONNX Runtime",
+}
+_SAMPLING = "Sampling (defaults as llama.cpp's; 0 or 1 turns a filter off)"
+
+
+def _bias(values: list[str]) -> dict[int, float]:
+    table = {}
+    for item in values:
+        token, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            table[int(token)] = float(value)
+        except ValueError:
+            raise InvalidParameter(
+                f"--logit-bias takes ID=VALUE (e.g. 42=-100), got {item!r}"
+            ) from None
+    return table
+
+
+def run(
+    model: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A composed .onnx file, an export folder (composed on first use), or nothing for the "
+            "embedded SmolLM2-135M-Instruct (exported and composed on first use, then cached).",
+            show_default=False,
+        ),
+    ] = None,
+    prompt: Annotated[
+        list[str],
+        typer.Option("--prompt", "-p", help="A prompt; repeat -p to run several as one batch."),
+    ] = (),
+    temperature: Annotated[
+        float, typer.Option(help="0 = greedy.", rich_help_panel=_SAMPLING)
+    ] = 0.8,
+    top_k: Annotated[
+        int, typer.Option(help="Keep the k most likely tokens.", rich_help_panel=_SAMPLING)
+    ] = 40,
+    top_p: Annotated[
+        float, typer.Option(help="Nucleus mass, in (0, 1].", rich_help_panel=_SAMPLING)
+    ] = 0.95,
+    min_p: Annotated[
+        float, typer.Option(help="Drop p < min_p * p_max.", rich_help_panel=_SAMPLING)
+    ] = 0.05,
+    typical_p: Annotated[
+        float, typer.Option(help="Locally typical mass.", rich_help_panel=_SAMPLING)
+    ] = 1.0,
+    repetition_penalty: Annotated[
+        float,
+        typer.Option(help="> 1 discourages prompt and output tokens.", rich_help_panel=_SAMPLING),
+    ] = 1.0,
+    presence_penalty: Annotated[
+        float, typer.Option(help="OpenAI's, in [-2, 2].", rich_help_panel=_SAMPLING)
+    ] = 0.0,
+    frequency_penalty: Annotated[
+        float, typer.Option(help="OpenAI's, in [-2, 2].", rich_help_panel=_SAMPLING)
+    ] = 0.0,
+    logit_bias: Annotated[
+        list[str],
+        typer.Option(help="ID=VALUE, VALUE in [-100, 100]; repeatable.", rich_help_panel=_SAMPLING),
+    ] = (),
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of every prompt's own generator.", rich_help_panel=_SAMPLING),
+    ] = None,
+    max_new_tokens: Annotated[
+        int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")
+    ] = 256,
+    stop: Annotated[list[str], typer.Option(help="Stop string (not printed); repeatable.")] = (),
+    system: Annotated[str | None, typer.Option(help="System prompt (chat mode).")] = None,
+    chat: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat/--no-chat",
+            help="Use the model's chat template (default: when it has one).",
+            show_default=False,
+        ),
+    ] = None,
+    logprobs: Annotated[
+        int, typer.Option(help="Report each token's logprob and the top N alternatives (0-20).")
+    ] = 0,
+    stream: Annotated[
+        bool, typer.Option("--stream/--no-stream", help="Print text as it is decoded.")
+    ] = True,
+    json_output: Annotated[
+        bool, typer.Option("--json", help="One JSON object per prompt and line.")
+    ] = False,
+    provider: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    threads: Annotated[
+        int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)
+    ] = None,
+) -> None:
+    """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt."""
+    from onnxsample.generator import Generator
+    from onnxsample.params import SamplingParams
+    from onnxsample.prepare import prepare
+
+    if not prompt:
+        raise InvalidParameter("give at least one prompt with -p TEXT")
+    if not 0 <= logprobs <= 20:
+        raise InvalidParameter(f"logprobs must be in [0, 20], got {logprobs}")
+    params = SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        typical_p=typical_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        logit_bias=_bias(logit_bias),
+        seed=seed,
+        logprobs=logprobs > 0,
+        top_logprobs=logprobs,
+    )
+    params.validate()
+    with stages(_LABELS) as progress:
+        composed = prepare(model, progress=progress)
+        progress("session")
+        generator = Generator(composed, provider=provider, threads=threads)
+    kwargs = dict(max_new_tokens=max_new_tokens, stop=list(stop), chat=chat, system=system)
+    streaming = stream and not json_output and len(prompt) == 1
+    if streaming:
+        completions = []
+        for event in generator.stream(list(prompt), params, **kwargs):
+            out.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
+            if event.completion is not None:
+                completions.append(event.completion)
+        out.print()
+    else:
+        completions = generator.generate(list(prompt), params, **kwargs)
+    for c in completions:
+        if json_output:
+            out.print(
+                json.dumps(c.to_json(), ensure_ascii=False),
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+        elif not streaming:
+            header = f"[{c.index}] " if len(prompt) > 1 else ""
+            out.print(header + c.text, markup=False, highlight=False, soft_wrap=True)
+        if logprobs and not json_output:
+            _print_logprobs(generator.tokenizer, c)
+    _print_timings(generator, completions)
+
+
+def _print_logprobs(tokenizer, completion) -> None:
+    for token, lp, top in zip(
+        completion.token_ids, completion.logprobs or [], completion.top_logprobs or [], strict=False
+    ):
+        alternatives = "  ".join(f"{tokenizer.decode([t])!r} {v:.3f}" for t, v in top)
+        err.print(
+            f"{tokenizer.decode([token])!r:>14} {lp:8.3f}   {alternatives}",
+            markup=False,
+            highlight=False,
+        )
+
+
+def _print_timings(generator, completions) -> None:
+    t = generator.last_timings
+    reasons = ", ".join(sorted({c.finish_reason for c in completions}))
+    err.print(
+        f"prompt {t.prompt_tokens} tokens in {t.prefill_s * 1000:.0f} ms ({t.prompt_tps:.1f} tok/s) | "
+        f"decode {t.generated_tokens - t.sequences} tokens in {t.decode_s * 1000:.0f} ms "
+        f"({t.decode_tps:.1f} tok/s) | first token {t.ttft_s * 1000:.0f} ms | {len(completions)} "
+        f"sequence(s), finished: {reasons} | {generator.device}, "
+        f"{generator.threads or 'default'} threads",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )

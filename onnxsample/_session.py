@@ -1,0 +1,104 @@
+"""ONNX Runtime sessions: provider choice, thread settings, and an honest report of what loaded.
+
+onnxruntime-gpu falls back to the CPU when the CUDA provider's libraries are missing, logging the
+reason where nobody looks. We check `session.get_providers()` after creating a session: asking for
+``cuda`` and not getting it is an error naming the library that failed to load; ``auto`` falls back
+and logs that once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+from onnxsample.errors import InvalidParameter, ModelError, RuntimeUnavailable
+
+__all__ = ["PROVIDERS", "create_session"]
+
+log = logging.getLogger(__name__)
+
+PROVIDERS = ("auto", "cpu", "cuda")
+_CUDA = "CUDAExecutionProvider"
+_CPU = "CPUExecutionProvider"
+_warned_fallback = False
+
+
+def _cuda_load_error() -> str:
+    """Why the CUDA provider library does not load here, in the loader's own words."""
+    import onnxruntime as ort
+
+    library = Path(ort.__file__).parent / "capi" / "libonnxruntime_providers_cuda.so"
+    if not library.is_file():
+        return "this onnxruntime build has no CUDA provider (install onnxsample[gpu] in place of onnxsample[cpu])"
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        return str(exc)
+    return "the CUDA provider loaded but the session did not use it (no usable GPU?)"
+
+
+def create_session(
+    path: str | Path,
+    provider: str = "auto",
+    *,
+    threads: int | None = None,
+    optimization: str = "all",
+):
+    """An InferenceSession on the requested provider; returns (session, device) with device 'cuda'/'cpu'."""
+    import onnxruntime as ort
+
+    global _warned_fallback
+    if provider not in PROVIDERS:
+        raise InvalidParameter(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise InvalidParameter(f"threads must be an integer >= 1, got {threads!r}")
+    levels = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }
+    if optimization not in levels:
+        raise InvalidParameter(
+            f"optimization must be one of {', '.join(levels)}, got {optimization!r}"
+        )
+    available = ort.get_available_providers()
+    if provider == "cuda" and _CUDA not in available:
+        raise RuntimeUnavailable(
+            f"provider 'cuda' is not available: onnxruntime {ort.__version__} offers only "
+            f"{', '.join(available)}; install onnxsample[gpu] in place of onnxsample[cpu]"
+        )
+    want_cuda = provider == "cuda" or (provider == "auto" and _CUDA in available)
+    providers = [_CUDA, _CPU] if want_cuda else [_CPU]
+    options = ort.SessionOptions()
+    options.graph_optimization_level = levels[optimization]
+    options.log_severity_level = 3  # errors only: ORT's warnings about our If subgraphs are noise
+    if threads:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    if want_cuda and hasattr(ort, "preload_dlls"):
+        try:
+            ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* pip packages, when present
+        except Exception as exc:  # the check below reports what is missing
+            log.debug("preload_dlls: %s", exc)
+    try:
+        session = ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as exc:
+        raise ModelError(
+            f"ONNX Runtime cannot load {Path(path).name}: {str(exc).splitlines()[0]}"
+        ) from exc
+    used = session.get_providers()
+    if want_cuda and used[0] != _CUDA:
+        reason = _cuda_load_error()
+        if provider == "cuda":
+            raise RuntimeUnavailable(
+                f"CUDA did not load, so the session would run on the CPU: {reason}"
+            )
+        if not _warned_fallback:
+            log.warning("CUDA is not usable (%s); running on the CPU", reason)
+            _warned_fallback = True
+    device = "cuda" if used[0] == _CUDA else "cpu"
+    log.info("session on %s (%s threads)", device, threads or os.cpu_count())
+    return session, device

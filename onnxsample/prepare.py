@@ -1,0 +1,80 @@
+"""From what a user names (nothing, an export folder, an .onnx file) to a composed model to run.
+
+Nothing means the embedded SmolLM2: exported into the user cache on first use. An export folder or a
+plain model is composed on the fly with the full chain and room for every run option (top logprobs,
+logit bias); an existing, up-to-date `composed.onnx` beside the model is used as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import onnx
+
+from onnxsample.composer import CONTRACT_VERSION, compose, composed_metadata
+from onnxsample.errors import ModelError
+
+__all__ = ["RUN_COMPOSE_OPTIONS", "cache_dir", "prepare"]
+
+log = logging.getLogger(__name__)
+
+# One graph for every request `onnxsample run` can make: 8 sequences, up to 20 top logprobs, and
+# 16 logit-bias entries per sequence.
+RUN_COMPOSE_OPTIONS = {"max_slots": 8, "top_logprobs": 20, "max_bias": 16}
+
+
+def cache_dir() -> Path:
+    """Where `run` keeps the embedded model's export: $ONNXSAMPLE_CACHE, else the user cache."""
+    if os.environ.get("ONNXSAMPLE_CACHE"):
+        return Path(os.environ["ONNXSAMPLE_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "onnxsample"
+
+
+def _composed(path: Path) -> dict[str, str]:
+    return composed_metadata(onnx.load(str(path), load_external_data=False))
+
+
+def _up_to_date(composed: Path, model: Path) -> bool:
+    if not composed.is_file():
+        return False
+    if model.is_file() and composed.stat().st_mtime < model.stat().st_mtime:
+        return False
+    return _composed(composed).get("contract") == CONTRACT_VERSION
+
+
+def prepare(
+    model: str | Path | None = None, *, progress: Callable[[str], None] | None = None
+) -> Path:
+    """The composed model to run for `model`, exporting and composing it first when needed."""
+    if model is None:
+        from onnxsample.exporters import export
+        from onnxsample.exporters.embedded import EMBEDDED_NAME
+
+        folder = cache_dir() / EMBEDDED_NAME
+        export(None, folder, progress=progress)
+    else:
+        path = Path(model)
+        if path.is_file():
+            if path.suffix != ".onnx":
+                raise ModelError(f"{path} is not an .onnx file or an export folder")
+            if _composed(path):
+                return path
+            folder = path.parent
+            if path.name != "model.onnx":
+                target = path.with_name(f"{path.stem}.composed.onnx")
+                if _up_to_date(target, path):
+                    return target
+                return compose(path, None, target, progress=progress, **RUN_COMPOSE_OPTIONS)
+        elif path.is_dir():
+            folder = path
+        else:
+            raise ModelError(f"no such model file or folder: {path}")
+    target = folder / "composed.onnx"
+    if _up_to_date(target, folder / "model.onnx"):
+        log.info("using %s", target)
+        return target
+    return compose(folder, None, target, progress=progress, **RUN_COMPOSE_OPTIONS)

@@ -1,0 +1,301 @@
+"""The runtime on the tiny model: greedy parity, seeds, batching, penalties, stops and streaming."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from onnxsample._text import Detokenizer, StopMatcher
+from onnxsample.composer import compose
+from onnxsample.errors import InvalidParameter, RuntimeUnavailable
+from onnxsample.generator import Generator
+from onnxsample.params import SamplingParams
+
+PROMPTS = [
+    "Once upon a time",
+    "The weather today is",
+    "def fibonacci(n):",
+    "Paris is the capital of",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_composed(tiny_export, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny-composed")
+    return compose(
+        tiny_export.output, None, folder / "composed.onnx", max_slots=4, top_logprobs=3, max_bias=2
+    )
+
+
+@pytest.fixture(scope="session")
+def generator(tiny_composed, tiny_export) -> Generator:
+    return Generator(tiny_composed, tokenizer=tiny_export.output, threads=1)
+
+
+@pytest.fixture(scope="session")
+def two_slot_generator(tiny_export, tmp_path_factory) -> Generator:
+    path = compose(tiny_export.output, None, tmp_path_factory.mktemp("two") / "c.onnx", max_slots=2)
+    return Generator(path, tokenizer=tiny_export.output, threads=1)
+
+
+def _plain_greedy(model_path, ids: list[int], n: int, eos: set[int], adjust=None) -> list[int]:
+    """Greedy decoding of the plain export on the host; `adjust(logits, generated)` edits logits."""
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    pasts = {
+        i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values.")
+    }
+    names = [o.name for o in session.get_outputs()]
+    step, total, out = np.asarray([ids], np.int64), len(ids), []
+    for _ in range(n):
+        feeds = {
+            "input_ids": step,
+            "attention_mask": np.ones((1, total), np.int64),
+            "position_ids": np.arange(total - step.shape[1], total, dtype=np.int64)[None],
+            **pasts,
+        }
+        result = dict(zip(names, session.run(names, feeds), strict=True))
+        logits = result["logits"][0, -1].astype(np.float64)
+        if adjust is not None:
+            logits = adjust(logits, out)
+        token = int(np.argmax(logits))
+        if token in eos:
+            break
+        out.append(token)
+        pasts = {k: result[k.replace("past_key_values.", "present.")] for k in pasts}
+        step, total = np.asarray([[token]], np.int64), total + 1
+    return out
+
+
+def test_greedy_matches_the_plain_model(generator, tiny_export):
+    [done] = generator.generate(
+        PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=20, chat=False
+    )
+    ids = generator.tokenizer(PROMPTS[0]).input_ids
+    assert done.token_ids == _plain_greedy(tiny_export.model_path, ids, 20, generator.eos_ids)
+    assert done.finish_reason in ("length", "eos")
+
+
+def test_prompts_of_different_lengths_batch_like_alone(generator):
+    greedy = SamplingParams(temperature=0)
+    batch = generator.generate(PROMPTS, greedy, max_new_tokens=12, chat=False)
+    for prompt, together in zip(PROMPTS, batch, strict=True):
+        [alone] = generator.generate(prompt, greedy, max_new_tokens=12, chat=False)
+        assert together.token_ids == alone.token_ids, prompt
+
+
+def test_seeded_sampling_repeats_alone_and_in_a_batch(generator):
+    mine = SamplingParams(temperature=1.0, top_k=50, seed=1234)
+    [first] = generator.generate(PROMPTS[1], mine, max_new_tokens=16, chat=False)
+    [again] = generator.generate(PROMPTS[1], mine, max_new_tokens=16, chat=False)
+    others = [SamplingParams(temperature=0.7, seed=s, top_p=0.9) for s in (1, 2, 3)]
+    batch = generator.generate(
+        [PROMPTS[0], PROMPTS[1], PROMPTS[2], PROMPTS[3]],
+        [others[0], mine, others[1], others[2]],
+        max_new_tokens=16,
+        chat=False,
+    )
+    assert first.token_ids == again.token_ids == batch[1].token_ids
+    assert first.seed == 1234
+    different = generator.generate(
+        PROMPTS[1],
+        SamplingParams(temperature=1.0, top_k=50, seed=99),
+        max_new_tokens=16,
+        chat=False,
+    )
+    assert different[0].token_ids != first.token_ids, "another seed should draw another sequence"
+
+
+def test_different_parameters_per_prompt(generator):
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(top_k=1, seed=5),
+        SamplingParams(temperature=0.9, seed=6),
+    ]
+    out = generator.generate(PROMPTS[:3], params, max_new_tokens=10, chat=False)
+    [greedy_0] = generator.generate(
+        PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=10, chat=False
+    )
+    [greedy_1] = generator.generate(
+        PROMPTS[1], SamplingParams(temperature=0), max_new_tokens=10, chat=False
+    )
+    assert out[0].token_ids == greedy_0.token_ids
+    assert out[1].token_ids == greedy_1.token_ids  # top_k=1 is greedy whatever the seed
+
+
+def test_finished_sequences_free_slots_for_waiting_ones(two_slot_generator):
+    """Six prompts through two slots: each waits, joins, leaves, and draws as it would alone."""
+    prompts = [PROMPTS[i % 4] for i in range(6)]
+    params = [SamplingParams(temperature=0.9, seed=100 + i) for i in range(6)]
+    lengths = [3, 9, 5, 12, 4, 7]
+    together = {}
+    for event in _stream_with_lengths(two_slot_generator, prompts, params, lengths):
+        together[event.index] = event.completion
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        [alone] = two_slot_generator.generate(prompt, p, max_new_tokens=lengths[i], chat=False)
+        assert together[i].token_ids == alone.token_ids, i
+        assert len(alone.token_ids) == lengths[i] or alone.finish_reason == "eos"
+
+
+def _stream_with_lengths(generator, prompts, params, lengths):
+    """Each prompt with its own max_new_tokens, all submitted at once."""
+    sequences = []
+    for i, (prompt, p, n) in enumerate(zip(prompts, params, lengths, strict=True)):
+        [seq] = generator._prepare([prompt], [p], n, None, False, None)
+        seq.index = i
+        sequences.append(seq)
+    generator._prepare = lambda *args: sequences  # one run, per-prompt limits
+    try:
+        yield from (e for e in generator.stream(prompts, params, chat=False) if e.completion)
+    finally:
+        del generator._prepare
+
+
+@pytest.mark.parametrize(
+    "penalties",
+    [
+        {"frequency_penalty": 2.0},
+        {"presence_penalty": 2.0},
+        {"frequency_penalty": 1.0, "presence_penalty": -1.0},
+        {"repetition_penalty": 1.8},
+    ],
+)
+def test_penalties_follow_the_formula_step_by_step(generator, tiny_export, penalties):
+    """The state the graph carries (output counts, prompt mask) gives the host reference's tokens."""
+    ids = generator.tokenizer(PROMPTS[2]).input_ids
+    p = SamplingParams(temperature=0, **penalties)
+
+    def adjust(logits, generated):
+        counts = np.bincount(generated, minlength=logits.size).astype(np.float64)
+        if p.repetition_penalty != 1.0:
+            seen = counts > 0
+            seen[ids] = True
+            logits = np.where(
+                seen,
+                np.where(logits > 0, logits / p.repetition_penalty, logits * p.repetition_penalty),
+                logits,
+            )
+        return logits - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
+
+    [done] = generator.generate(PROMPTS[2], p, max_new_tokens=24, chat=False)
+    assert done.token_ids == _plain_greedy(
+        tiny_export.model_path, ids, 24, generator.eos_ids, adjust
+    )
+    [plain] = generator.generate(
+        PROMPTS[2], SamplingParams(temperature=0), max_new_tokens=24, chat=False
+    )
+    if len(set(plain.token_ids)) < len(plain.token_ids):  # repeats exist for the penalty to act on
+        assert done.token_ids != plain.token_ids
+
+
+def test_logprobs_are_the_raw_distributions(generator, tiny_export):
+    [done] = generator.generate(
+        PROMPTS[3],
+        SamplingParams(temperature=0, logprobs=True, top_logprobs=3),
+        max_new_tokens=6,
+        chat=False,
+    )
+    assert len(done.logprobs) == len(done.token_ids) == len(done.top_logprobs)
+    for token, lp, top in zip(done.token_ids, done.logprobs, done.top_logprobs, strict=True):
+        assert top[0] == (token, pytest.approx(lp, abs=1e-5))  # greedy takes the most likely token
+        assert lp <= 0 and [t[1] for t in top] == sorted((t[1] for t in top), reverse=True)
+
+
+def test_stop_strings_end_the_text_before_them(generator):
+    [full] = generator.generate(
+        PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=24, chat=False
+    )
+    text = full.text
+    assert len(text) > 6
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    [stopped] = generator.generate(
+        PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=24, chat=False, stop=[stop]
+    )
+    assert stopped.finish_reason == "stop"
+    assert stopped.text == text[: text.index(stop)]
+    pieces = [
+        e.text
+        for e in generator.stream(
+            PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=24, chat=False, stop=[stop]
+        )
+    ]
+    assert "".join(pieces) == stopped.text
+
+
+@pytest.mark.parametrize("text", ["naïve café", "日本語のテキスト", "emoji 🙂🚀 end", "Ωμέγα"])
+def test_detokenizer_never_splits_a_character(generator, text):
+    ids = generator.tokenizer(text).input_ids
+    detok = Detokenizer(generator.tokenizer)
+    pieces = [detok.add(i) for i in ids] + [detok.flush()]
+    assert all("\ufffd" not in piece for piece in pieces)
+    assert "".join(pieces) == generator.tokenizer.decode(ids)
+    splits = ["\ufffd" in generator.tokenizer.decode([i]) for i in ids]
+    if any(splits):  # some token ends inside a character: its piece must wait for the next token
+        assert any(split and piece == "" for split, piece in zip(splits, pieces, strict=False))
+
+
+@pytest.mark.parametrize(
+    ("stops", "pieces", "shown", "final"),
+    [
+        (["END"], ["abc E", "N", "D tail"], ["abc ", "", ""], "abc "),
+        (["END"], ["abc E", "x"], ["abc ", "Ex"], "abc Ex"),
+        (["\n\n", "###"], ["a\n", "b#", "##c"], ["a", "\nb", ""], "a\nb"),
+        ([], ["plain"], ["plain"], "plain"),
+    ],
+)
+def test_stop_matcher_holds_back_possible_stops(stops, pieces, shown, final):
+    matcher = StopMatcher(stops)
+    assert [matcher.add(p) for p in pieces] == shown
+    assert matcher.text == final
+
+
+def test_streamed_pieces_add_up_to_the_completion(generator):
+    events = list(
+        generator.stream(
+            PROMPTS[:2], SamplingParams(temperature=0.8, seed=3), max_new_tokens=20, chat=False
+        )
+    )
+    for index in range(2):
+        mine = [e for e in events if e.index == index]
+        assert "".join(e.text for e in mine) == mine[-1].completion.text
+        assert all("\ufffd" not in e.text for e in mine)
+
+
+def test_timings_are_reported(generator):
+    [done] = generator.generate(
+        PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=8, chat=False
+    )
+    t = done.timings
+    assert t.prompt_tokens == len(done.prompt_token_ids) and t.ttft_s > 0 and t.prefill_s > 0
+    run = generator.last_timings
+    assert run.prompt_tps > 0 and (run.decode_tps > 0 or done.finish_reason == "eos")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"params": SamplingParams(top_p=1.5)}, "top_p must be in (0, 1], got 1.5"),
+        ({"params": SamplingParams(temperature=-1)}, "temperature must be"),
+        ({"params": SamplingParams(top_logprobs=5)}, "top_logprobs"),
+        ({"params": SamplingParams(logit_bias={1: 1, 2: 1, 3: 1})}, "bias"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+        ({"prompts": ["word " * 700]}, "does not fit the model's context of 512 tokens"),
+        ({"prompts": []}, "at least one prompt"),
+    ],
+)
+def test_bad_requests_fail_before_any_work(generator, kwargs, message):
+    prompts = kwargs.pop("prompts", PROMPTS[0])
+    with pytest.raises(InvalidParameter) as info:
+        generator.generate(prompts, kwargs.pop("params", None), chat=False, **kwargs)
+    assert message in str(info.value)
+
+
+def test_cuda_without_cuda_is_a_clear_error(tiny_composed, tiny_export):
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this machine has the CUDA provider")
+    with pytest.raises(
+        RuntimeUnavailable, match=r"provider 'cuda' is not available.*onnxsample\[gpu\]"
+    ):
+        Generator(tiny_composed, tokenizer=tiny_export.output, provider="cuda")
