@@ -13,9 +13,9 @@ from onnxsample.cli._ui import out, stages
 from onnxsample.cli.inspect import render_summary
 
 _LABELS = {
-    "load": "Loading and checking the model",
+    "read": "Loading and checking the model",
     "splice": "Splicing the sampler chain after the logits",
-    "verify": "Checking the gather before the LM head against the full logits",
+    "check-gather": "Checking the gather before the LM head against the full logits",
     "save": "Saving and checking the composed model",
 }
 

@@ -16,8 +16,10 @@ _LABELS = {
     "load": "Loading weights (GGUF sources are de-quantised to fp32)",
     "export": "Exporting to ONNX with a KV cache (optimum)",
     "verify": "Verifying greedy tokens against transformers",
+    "read": "Composing: loading and checking the model",
     "splice": "Composing: splicing the sampler chain after the logits",
-    "save": "Saving and checking the composed model",
+    "check-gather": "Composing: checking the gather before the LM head",
+    "save": "Composing: saving and checking the composed model",
     "session": "Loading the model into ONNX Runtime",
 }
 _SAMPLING = "Sampling (defaults as llama.cpp's; 0 or 1 turns a filter off)"

@@ -31,7 +31,7 @@ from onnxsample.loading import check_model, load_model
 from onnxsample.params import SamplingParams, pack_sampling_params
 from onnxsample.sampler_model import IR_VERSION, OPSET, build_sampler_model
 
-__all__ = ["CONTRACT_VERSION", "GATHER_MODES", "compose", "composed_metadata"]
+__all__ = ["CONTRACT_VERSION", "GATHER_MODES", "STAGES", "compose", "composed_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ GATHER_MODES = ("auto", "lm_head", "logits")
 _PREFIX = "sampler."
 _META = "onnxsample."
 _TWO_GB = 2**31 - 2**26  # protobuf's limit, with room for the graph itself
-_STAGES = ("load", "splice", "verify", "save")
+STAGES = ("read", "splice", "check-gather", "save")
 
 _DOCS = {
     "sampler.row_index": "int64[S]: padded logits row each slot samples; 0 = inactive slot (dummy row), "
@@ -98,7 +98,7 @@ def compose(
     if out.suffix != ".onnx":
         raise InvalidParameter(f"output must be an .onnx file, got {out.name}")
 
-    stage("load")
+    stage("read")
     base = load_model(source)
     _fix_constant_shapes(base)
     _check_names(base)
@@ -121,7 +121,7 @@ def compose(
         raise ModelError(
             f"{source.name}: logits do not come from an LM-head MatMul; use gather=logits"
         )
-    stage("verify")
+    stage("check-gather")
     if composed is not None:
         problem = _verify_lm_head(composed, chain, vocab, max_slots, max_bias, _head_size(source))
         if problem:
@@ -353,6 +353,19 @@ def _head_size(source: Path) -> int | None:
         return None
 
 
+def _kv_head_size(model: ir.Model, source: Path) -> int | None:
+    """The KV cache's head size, from the past inputs' shape or, when symbolic, genai's config."""
+    for value in model.graph.inputs:
+        if (
+            value.name.startswith("past_key_values.")
+            and value.shape is not None
+            and len(value.shape) == 4
+        ):
+            size = value.shape[3]
+            return size if isinstance(size, int) else _head_size(source)
+    return None
+
+
 def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=None) -> dict | None:
     """Small inputs (batch 2, 3 tokens, empty KV cache) for a decoder in optimum's or genai's layout."""
     rng = np.random.default_rng(0)
@@ -438,6 +451,9 @@ def _finish(
         "contract": CONTRACT_VERSION,
         "source": source.name,
     }
+    head_size = _kv_head_size(model, source)
+    if head_size:
+        meta["kv_head_size"] = str(head_size)
     for package in ("onnxsample", "onnx", "onnxscript", "onnx-ir"):
         meta[f"version.{package}"] = importlib.metadata.version(package)
     model.metadata_props.update({_META + k: v for k, v in meta.items()})

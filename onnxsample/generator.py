@@ -177,6 +177,7 @@ class Generator:
         self.vocab_size = int(meta["vocab_size"])
         self.top_logprobs = int(meta["top_logprobs"])
         self.max_bias = int(meta["max_bias"])
+        self._head_size = int(meta["kv_head_size"]) if meta.get("kv_head_size") else None
         folder = Path(tokenizer) if tokenizer is not None else self.path.parent
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -193,6 +194,11 @@ class Generator:
         self._inputs = set(inputs)
         self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
         self._outputs = [o.name for o in self.session.get_outputs()]
+        # Left-padded batches need explicit positions (optimum's layout). GroupQueryAttention graphs
+        # (onnxruntime-genai's builder) derive positions from the mask, so they run one at a time.
+        self.concurrency = self.max_slots if "position_ids" in self._inputs else 1
+        if self.concurrency == 1 and self.max_slots > 1:
+            log.info("%s has no position_ids input: sequences run one at a time", self.path.name)
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.last_timings = Timings()
 
@@ -232,7 +238,7 @@ class Generator:
         run = Timings(prompt_tokens=sum(len(s.prompt) for s in sequences), sequences=len(sequences))
         began = time.perf_counter()
         waiting, batch = deque(sequences), KVBatch(self.device)
-        free = list(range(self.max_slots))
+        free = list(range(self.concurrency))
         self._reset_state()
         while waiting or batch.rows:
             admitted = []
@@ -414,7 +420,8 @@ class Generator:
         positions = np.maximum(mask.cumsum(axis=1) - 1, 0)
         pasts = {
             name: np.zeros(
-                (len(sequences), i.shape[1], 0, i.shape[3]), _ORT_DTYPES.get(i.type, np.float32)
+                (len(sequences), i.shape[1], 0, self._head_size or i.shape[3]),
+                _ORT_DTYPES.get(i.type, np.float32),
             )
             for name, i in self._pasts.items()
         }

@@ -34,8 +34,6 @@ GREEDY_STEPS = 8
 ORT_OPS_IN_ONNX_DOMAIN = frozenset({"SimplifiedLayerNormalization"})
 
 
-# What the composer's checker gate refuses in genai's graph today: that op, and the builder's value_info
-# that declares the Constant `/model/constants/INT64/[1]` a scalar while it holds shape [1].
 def _session(path: Path):
     import onnxruntime as ort
 
@@ -288,3 +286,27 @@ def test_greedy_decode_matches_the_plain_model(composed, plain, head_dim, prompt
     ids = prompt_ids[:n_prompts]
     expected = _greedy_plain(plain, ids, head_dim, GREEDY_STEPS)
     assert _greedy_composed(session, ids, head_dim, GREEDY_STEPS) == expected
+
+
+def test_generator_runs_the_genai_layout_one_sequence_at_a_time(
+    composed, plain, head_dim, prompt_ids, embedded_export
+):
+    """No position_ids: the runtime must not left-pad a batch, and each prompt decodes as alone."""
+    from onnxsample.generator import Generator
+    from onnxsample.params import SamplingParams
+
+    path, _ = composed
+    # genai's folder holds a transformers-5 tokenizer; ours is the same vocabulary, readable here.
+    generator = Generator(path, tokenizer=embedded_export.output, threads=1)
+    assert generator.concurrency == 1
+    prompts = [generator.tokenizer.decode(list(ids)) for ids in prompt_ids]
+    done = generator.generate(
+        prompts, SamplingParams(temperature=0), max_new_tokens=GREEDY_STEPS, chat=False
+    )
+    for completion, ids in zip(done, prompt_ids, strict=True):
+        assert completion.prompt_token_ids == list(ids)
+        expected = _greedy_plain(plain, ids[None], head_dim, GREEDY_STEPS)[0]
+        n = len(completion.token_ids)
+        assert completion.token_ids == expected[:n] and (
+            n == GREEDY_STEPS or completion.finish_reason == "eos"
+        )
