@@ -24,8 +24,9 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from onnxsample import SamplingParams, build_sampler_model, sampler_feeds
+from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.reference import run_chain
+from onnxsample.sampler_model import sampler_session
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 CHAINS = {
@@ -97,14 +98,8 @@ def _feeds(name: str, slots: int, vocab: int) -> dict[str, np.ndarray]:
 
 def _ort_call(name: str, slots: int, vocab: int, threads: int, feeds) -> Callable[[], object]:
     chain = CHAINS[name][0]
-    model = build_sampler_model(chain, vocab, slots, max_bias=4 if "logit_bias" in chain else 0)
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    session = ort.InferenceSession(
-        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    max_bias = 4 if "logit_bias" in chain else 0
+    session = sampler_session(chain, vocab, slots, threads=threads, check=False, max_bias=max_bias)
     return lambda: session.run(None, feeds)
 
 

@@ -204,3 +204,30 @@ def sampler_feeds(
         counts = np.zeros((size, vocab), dtype=np.int32) if output_counts is None else output_counts
         feeds["sampler.output_counts"] = counts.astype(np.int32)
     return feeds
+
+
+def sampler_session(
+    chain: SamplerChain | str,
+    vocab_size: int,
+    max_slots: int,
+    *,
+    threads: int = 1,
+    check: bool = True,
+    **options,
+):
+    """The standalone sampler model in an ONNX Runtime CPU session (tests, benchmarks, host use).
+
+    `options` are :func:`build_sampler_model`'s keywords; `check` runs the ONNX checker first.
+    """
+    import onnxruntime as ort
+
+    model = build_sampler_model(chain, vocab_size, max_slots, **options)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    session_options = ort.SessionOptions()
+    session_options.intra_op_num_threads = threads
+    session_options.inter_op_num_threads = 1
+    session_options.log_severity_level = 3
+    return ort.InferenceSession(
+        model.SerializeToString(), session_options, providers=["CPUExecutionProvider"]
+    )

@@ -7,29 +7,22 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import onnx
-import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from onnxsample import InvalidParameter, SamplingParams, build_sampler_model, sampler_feeds
+from onnxsample import InvalidParameter, SamplingParams, sampler_feeds
 from onnxsample.graphs import CANDIDATES
 from onnxsample.reference import run_chain
+from onnxsample.sampler_model import sampler_session
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 CHI2_LIMIT = 40.5  # df 7, α = 1e-6
 DRAWS = 100_000
 
 
-@functools.cache
-def _session(chain: str, vocab: int, slots: int, **options) -> ort.InferenceSession:
-    model = build_sampler_model(chain, vocab, slots, **options)
-    onnx.checker.check_model(model, full_check=True)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+# One checked, single-threaded session per chain and options, shared by the tests.
+_session = functools.cache(sampler_session)
 
 
 def _run(chain: str, feeds: dict, slots: int, **options) -> dict[str, np.ndarray]:
