@@ -113,7 +113,10 @@ def run(
         int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)
     ] = None,
 ) -> None:
-    """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt."""
+    """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt.
+
+    Example: onnxsample run -p "Why is the sky blue?" --seed 1   (the embedded model, streamed)
+    """
     from onnxsample.generator import Generator
     from onnxsample.params import SamplingParams
     from onnxsample.prepare import prepare
