@@ -31,11 +31,21 @@ from onnxsample.loading import check_model, load_model
 from onnxsample.params import SamplingParams, pack_sampling_params
 from onnxsample.sampler_model import IR_VERSION, OPSET, build_sampler_model
 
-__all__ = ["CONTRACT_VERSION", "GATHER_MODES", "STAGES", "compose", "composed_metadata"]
+__all__ = [
+    "COMPOSER_REVISION",
+    "CONTRACT_VERSION",
+    "GATHER_MODES",
+    "STAGES",
+    "compose",
+    "composed_metadata",
+]
 
 log = logging.getLogger(__name__)
 
 CONTRACT_VERSION = "1"
+# Bumped when the composed graph's internals change (not its inputs and outputs), so that cached
+# composed models are rebuilt. 2: the chain runs on the active slots only.
+COMPOSER_REVISION = "2"
 GATHER_MODES = ("auto", "lm_head", "logits")
 _PREFIX = "sampler."
 _META = "onnxsample."
@@ -271,8 +281,72 @@ def _to_float(graph: ir.Graph, value: ir.Value, tag: str) -> ir.Value:
     return _op(graph, "Cast", [value], f"{tag}_float", to=ir.DataType.FLOAT)
 
 
+def _active_slots(graph: ir.Graph, row_index: ir.Value) -> ir.Value:
+    """Indices of the slots with a row to sample (row_index > 0); [0] when there are none.
+
+    The chain then runs on the active slots only, so a batch of one in an 8-slot graph pays for one
+    row of LM head and sampling, not eight. Slot 0 stands in when nothing is active, so that no
+    tensor is ever empty; its row is the dummy row and its state does not change.
+    """
+    zero = _const(graph, "sampler/zero_i64", np.array([0], np.int64))
+    active = _op(graph, "Greater", [row_index, zero], "is_active")
+    found = _op(graph, "NonZero", [active], "active_2d")
+    found = _op(
+        graph, "Reshape", [found, _const(graph, "sampler/flat", np.array([-1]))], "active_found"
+    )
+    count = _op(
+        graph,
+        "Max",
+        [_op(graph, "Shape", [found], "active_count"), _const(graph, "sampler/one", np.array([1]))],
+        "active_n",
+    )
+    padded = _op(graph, "Concat", [found, zero], "active_or_first", axis=0)
+    return _op(graph, "Slice", [padded, zero, count], "active")
+
+
+def _scatter_slots(
+    graph: ir.Graph,
+    active: ir.Value,
+    rows: ir.Value,
+    base: ir.Value | None,
+    slots: ir.Value,
+    name: str,
+) -> ir.Value:
+    """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); the rest from `base`, or zeros."""
+    if base is None:
+        trailing = _op(
+            graph,
+            "Slice",
+            [
+                _op(graph, "Shape", [rows], f"{name}_shape"),
+                _const(graph, f"sampler/{name}_from", np.array([1])),
+                _const(graph, f"sampler/{name}_to", np.array([2**62])),
+            ],
+            f"{name}_trailing",
+        )
+        shape = _op(graph, "Concat", [slots, trailing], f"{name}_full_shape", axis=0)
+        base = _op(
+            graph,
+            "ConstantOfShape",
+            [shape],
+            f"{name}_zeros",
+            value=ir.tensor(np.zeros(1, dtype=rows.dtype.numpy())),
+        )
+    indices = _op(
+        graph,
+        "Unsqueeze",
+        [active, _const(graph, f"sampler/{name}_axis", np.array([-1]))],
+        f"{name}_indices",
+    )
+    return _op(graph, "ScatterND", [base, indices, rows], f"{name}_scattered")
+
+
 def _splice(base: ir.Model, chain, vocab, max_slots, options, *, lm_head: bool) -> ir.Model:
-    """Add the sampler inputs, the row selection and the chain node to `base` (in place)."""
+    """Add the sampler inputs, the row selection and the chain node to `base` (in place).
+
+    The chain runs on the active slots only (:func:`_active_slots`); its per-slot inputs are gathered
+    to those slots and its outputs scattered back to all S, inactive slots keeping their state.
+    """
     sampler = ir.from_proto(
         build_sampler_model(chain, vocab, max_slots, gather_rows=not lm_head, **options)
     )
@@ -284,18 +358,21 @@ def _splice(base: ir.Model, chain, vocab, max_slots, options, *, lm_head: bool) 
         value.doc_string = _DOCS.get(template.name, "")
         graph.inputs.append(value)
         new_inputs[value.name] = value
+    active = _active_slots(graph, new_inputs["sampler.row_index"])
+    slots = _op(graph, "Shape", [new_inputs["sampler.row_index"]], "slots")
+    picked = {
+        name: _op(graph, "Gather", [value, active], f"{name[len(_PREFIX) :]}_active", axis=0)
+        for name, value in new_inputs.items()
+    }
     if lm_head:
         hidden, weight = _lm_head(logits)
         width = hidden.shape[2]
         padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
-        rows = _op(
-            graph, "Gather", [padded, new_inputs["sampler.row_index"]], "hidden_rows", axis=0
-        )
+        rows = _op(graph, "Gather", [padded, picked["sampler.row_index"]], "hidden_rows", axis=0)
         rows = _to_float(graph, _op(graph, "MatMul", [rows, weight], "lm_head"), "logits")
-        chain_inputs = [rows] + [new_inputs[v.name] for v in sampler.graph.inputs[1:]]
     else:
         rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
-        chain_inputs = [rows] + [new_inputs[v.name] for v in sampler.graph.inputs[1:]]
+    chain_inputs = [rows] + [picked[v.name] for v in sampler.graph.inputs[1:]]
     node = ir.node(
         CHAIN_FUNCTION,
         chain_inputs,
@@ -306,8 +383,12 @@ def _splice(base: ir.Model, chain, vocab, max_slots, options, *, lm_head: bool) 
     )
     graph.append(node)
     for value, template in zip(node.outputs, sampler.graph.outputs, strict=True):
-        value.name, value.type, value.shape = template.name, template.type, template.shape
-        graph.outputs.append(value)
+        tag = template.name[len(_PREFIX) :]
+        value.name, value.type = f"sampler/{tag}_active_out", template.type
+        state = new_inputs.get("sampler.output_counts") if tag == "output_counts_out" else None
+        out = _scatter_slots(graph, active, value, state, slots, tag)
+        out.name, out.type, out.shape = template.name, template.type, template.shape
+        graph.outputs.append(out)
     for key, function in sampler.functions.items():
         base.functions[key] = function
     base.opset_imports[DOMAIN] = 1
@@ -449,6 +530,7 @@ def _finish(
         "gather": mode,
         "inline": str(inline).lower(),
         "contract": CONTRACT_VERSION,
+        "composer_revision": COMPOSER_REVISION,
         "source": source.name,
     }
     head_size = _kv_head_size(model, source)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 
-from onnxsample.composer import CONTRACT_VERSION, compose, composed_metadata
+from onnxsample.composer import COMPOSER_REVISION, CONTRACT_VERSION, compose, composed_metadata
 from onnxsample.errors import ModelError
 
 __all__ = ["RUN_COMPOSE_OPTIONS", "cache_dir", "prepare"]
@@ -43,7 +43,11 @@ def _up_to_date(composed: Path, model: Path) -> bool:
         return False
     if model.is_file() and composed.stat().st_mtime < model.stat().st_mtime:
         return False
-    return _composed(composed).get("contract") == CONTRACT_VERSION
+    meta = _composed(composed)
+    return (
+        meta.get("contract") == CONTRACT_VERSION
+        and meta.get("composer_revision") == COMPOSER_REVISION
+    )
 
 
 def prepare(

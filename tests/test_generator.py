@@ -299,3 +299,32 @@ def test_cuda_without_cuda_is_a_clear_error(tiny_composed, tiny_export):
         RuntimeUnavailable, match=r"provider 'cuda' is not available.*onnxsample\[gpu\]"
     ):
         Generator(tiny_composed, tokenizer=tiny_export.output, provider="cuda")
+
+
+def test_prepare_reuses_an_up_to_date_composed_model_and_rebuilds_a_stale_one(
+    tiny_export, tmp_path
+):
+    import shutil
+
+    import onnx
+
+    from onnxsample.composer import COMPOSER_REVISION, composed_metadata
+    from onnxsample.prepare import prepare
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export.output, folder)
+    composed = prepare(folder)
+    assert composed == folder / "composed.onnx"
+    written = composed.stat().st_mtime_ns
+    assert prepare(folder).stat().st_mtime_ns == written
+    assert prepare(composed) == composed  # a composed file is used as it is
+    model = onnx.load(str(composed))
+    for prop in model.metadata_props:
+        if prop.key == "onnxsample.composer_revision":
+            prop.value = "1"  # as written by an older composer
+    onnx.save(model, str(composed))
+    rebuilt = prepare(folder)
+    assert (
+        composed_metadata(onnx.load(str(rebuilt), load_external_data=False))["composer_revision"]
+        == COMPOSER_REVISION
+    )
