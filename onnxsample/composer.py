@@ -28,7 +28,7 @@ from onnxsample.chain import SamplerChain
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.graphs.chain import CHAIN_FUNCTION, DOMAIN
 from onnxsample.loading import check_model, load_model
-from onnxsample.params import SamplingParams, pack_sampling_params
+from onnxsample.params import pack_sampling_params
 from onnxsample.sampler_model import IR_VERSION, OPSET, build_sampler_model
 
 __all__ = [
@@ -451,11 +451,9 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
     """Small inputs (batch 2, 3 tokens, empty KV cache) for a decoder in optimum's or genai's layout."""
     rng = np.random.default_rng(0)
     batch, seq = 2, 3
+    # Neutral values for every slot: valid for any chain, greedy-only included.
     params = pack_sampling_params(
-        [SamplingParams()] * max_slots,
-        chain,
-        max_slots,
-        max_bias=max_bias if "logit_bias" in chain else 0,
+        [], chain, max_slots, max_bias=max_bias if "logit_bias" in chain else 0
     )
     feeds: dict[str, np.ndarray] = {}
     for value in model.graph.inputs:

@@ -28,7 +28,6 @@ from onnxsample._batch import KVBatch, _ortvalue
 from onnxsample._session import create_session
 from onnxsample._text import Detokenizer, StopMatcher
 from onnxsample.chain import SamplerChain
-from onnxsample.composer import composed_metadata
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.params import SamplingParams, pack_sampling_params
 
@@ -161,13 +160,21 @@ class Generator:
         tokenizer: str | Path | None = None,
         optimization: str = "all",
     ) -> None:
-        import onnx
         from transformers import AutoTokenizer
 
         self.path = Path(model)
         if not self.path.is_file():
             raise ModelError(f"no such composed model: {self.path}")
-        meta = composed_metadata(onnx.load(str(self.path), load_external_data=False))
+        self.threads = threads
+        self.session, self.device = create_session(
+            self.path, provider, threads=threads, optimization=optimization
+        )
+        # The metadata from the session: no second read of a file that holds all the weights.
+        meta = {
+            k[len("onnxsample.") :]: v
+            for k, v in self.session.get_modelmeta().custom_metadata_map.items()
+            if k.startswith("onnxsample.")
+        }
         if not meta:
             raise ModelError(
                 f"{self.path.name} is not a composed model: run `onnxsample compose` on it first"
@@ -186,10 +193,6 @@ class Generator:
                 f"no tokenizer in {folder}: pass tokenizer= the export folder ({exc})"
             ) from exc
         self.eos_ids, self.context_length = _stop_ids_and_context(folder, self.tokenizer)
-        self.threads = threads
-        self.session, self.device = create_session(
-            self.path, provider, threads=threads, optimization=optimization
-        )
         inputs = {i.name: i for i in self.session.get_inputs()}
         self._inputs = set(inputs)
         self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}

@@ -345,3 +345,15 @@ def test_invalid_options(tiny_export, tmp_path, kwargs, message):
     with pytest.raises(InvalidParameter) as info:
         compose(tiny_export.output, chain, tmp_path / "x.onnx", **kwargs)
     assert message in str(info.value)
+
+
+def test_greedy_only_chain_composes_and_returns_the_argmax(
+    tiny_export, tmp_path, prompt_ids, plain_logits
+):
+    path = compose(tiny_export.output, "", tmp_path / "greedy.onnx", max_slots=SLOTS)
+    assert composed_metadata(onnx.load(str(path), load_external_data=False))["gather"] == "lm_head"
+    rows = [5, 10, 0, 1]
+    out = _run(path, prompt_ids, [None] * SLOTS, rows)  # a greedy chain has no parameters
+    for slot, row in enumerate(rows):
+        if row:
+            assert out["sampler.next_token"][slot] == int(np.argmax(plain_logits[row - 1]))
