@@ -9,6 +9,7 @@ import typer
 
 from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import err
+from onnxsample.cli.bench import bench
 from onnxsample.cli.compose import compose
 from onnxsample.cli.export import export
 from onnxsample.cli.inspect import inspect
@@ -42,6 +43,7 @@ app.command(no_args_is_help=False)(export)
 app.command(no_args_is_help=True)(compose)
 app.command(no_args_is_help=True)(inspect)
 app.command(no_args_is_help=True)(run)
+app.command(no_args_is_help=False)(bench)
 
 
 def main(argv: list[str] | None = None) -> None:

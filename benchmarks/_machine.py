@@ -1,0 +1,86 @@
+"""What every benchmark records beside its numbers: the machine, the load, package versions, memory.
+
+Standard library only: the engine workers import it from other virtual environments.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import resource
+import sys
+from pathlib import Path
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages, rounded."""
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict:
+    """CPU, core count, memory, OS and Python of this machine."""
+    mem_gb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gb = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    return {
+        "cpu": cpu_model(),
+        "cpus": os.cpu_count(),
+        "memory_gb": mem_gb,
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+
+
+def versions(*names: str) -> dict[str, str]:
+    """Installed versions of the named distributions (missing ones are left out)."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = md.version(name)
+        except md.PackageNotFoundError:
+            continue
+    return found
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size: VmHWM, the high-water mark of its own address space.
+
+    ``getrusage(RUSAGE_SELF).ru_maxrss`` would carry over the parent's peak through fork + exec
+    (Linux keeps it in the signal struct), so a lean worker started by a 400 MB orchestrator would
+    report 400 MB; it is used only where /proc is missing.
+    """
+    value = _status_kb("VmHWM:")
+    if value is None:
+        value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(value / 1024, 1)
+
+
+def _status_kb(key: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss_mb() -> float:
+    """This process's current resident set size."""
+    value = _status_kb("VmRSS:")
+    return round(value / 1024, 1) if value is not None else 0.0
