@@ -84,3 +84,16 @@ def rss_mb() -> float:
     """This process's current resident set size."""
     value = _status_kb("VmRSS:")
     return round(value / 1024, 1) if value is not None else 0.0
+
+
+def emit(report: dict, output: str | Path | None, tag: str) -> None:
+    """Print a benchmark's JSON report to stdout and, when asked, keep it in `output` too."""
+    import json
+
+    text = json.dumps(report, indent=1)
+    print(text)
+    if output:
+        out = Path(output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
+        print(f"[{tag}] wrote {out}", file=sys.stderr, flush=True)

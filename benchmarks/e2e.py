@@ -36,7 +36,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _machine import load_average, machine, versions  # noqa: E402
+from _machine import emit, load_average, machine, versions  # noqa: E402
 
 ENGINES = ("onnxsample", "onnxsample-gqa", "optimum", "genai", "transformers", "llamacpp")
 MODES = ("greedy", "sampled")
@@ -348,13 +348,7 @@ def main(argv: list[str] | None = None) -> dict:
         "results": aggregate(runs),
         "runs": runs,
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-        log(f"wrote {out}")
+    emit(report, args.output, "e2e")
     return report
 
 

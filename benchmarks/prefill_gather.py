@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from _machine import emit  # benchmarks/ is on the path when run as a script
 
 from onnxsample.composer import compose
 from onnxsample.params import SamplingParams, pack_sampling_params
@@ -119,11 +120,7 @@ def main(argv: list[str] | None = None) -> None:
         "cpus": os.cpu_count(),
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit(report, args.out, "prefill_gather")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import onnxruntime as ort
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _machine import load_average, machine, versions  # noqa: E402
+from _machine import emit, load_average, machine, versions  # noqa: E402
 
 from onnxsample import (  # noqa: E402
     SamplerChain,
@@ -363,13 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "results": rows,
     }
-    text = json.dumps(report, indent=1)
-    print(text)
-    if args.output:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text + "\n")
-        log(f"wrote {out}")
+    emit(report, args.output, "sampling_overhead")
     return report
 
 
