@@ -8,7 +8,7 @@ VENV    ?= .venv
 RUNTIME ?= cpu
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed-$(RUNTIME)
-MODEL   ?= artifacts/smollm2-135m-instruct
+MODEL   ?= artifacts/smollm2-135m-instruct-gqa-gguf-a4
 PROMPT  ?= Explain in a few sentences why the sky is blue.
 
 .PHONY: setup run test lint format clean genai-model
@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml Makefile
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-# The main job: export the embedded SmolLM2 (reused once written), compose the sampler chain after
-# its logits (on first use), and stream a sampled chat answer with timings.
+# The main job: export the embedded SmolLM2 (our GroupQueryAttention graph on the GGUF's own Q4_1/Q8_0
+# blocks; reused once written), compose the sampler chain after its logits (on first use), and stream
+# a sampled chat answer with timings.
 run: setup
 	$(VENV)/bin/onnxsample export -o $(MODEL)
 	$(VENV)/bin/onnxsample run $(MODEL) -p "$(PROMPT)" --max-new-tokens 200

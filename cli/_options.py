@@ -22,11 +22,30 @@ Force = Annotated[
         "--force", "-f", help="Overwrite what the output folder holds instead of reusing it."
     ),
 ]
+Layout = Annotated[
+    str,
+    typer.Option(
+        "--layout",
+        help="Graph layout: gqa (our GroupQueryAttention graph for Llama-family models: fastest, "
+        "shared KV buffer), optimum (optimum's export, any supported architecture) or auto "
+        "(gqa where it applies).",
+    ),
+]
 Precision = Annotated[
     str,
     typer.Option(
         "--precision",
-        help="Weight precision of the ONNX model: fp32 (CPU and GPU) or fp16 (for GPU use).",
+        help="Weights: fp32, fp16 (for GPU use), int8 or int4 (ORT's block quantiser, gqa only), "
+        "gguf (the GGUF file's own Q4_0/Q4_1/Q8_0 blocks, exactly) or auto (gguf for a GGUF "
+        "whose blocks can be transplanted, else fp32).",
+    ),
+]
+AccuracyLevel = Annotated[
+    int,
+    typer.Option(
+        "--accuracy-level",
+        help="For quantised weights: 4 computes with int8 activations, as llama.cpp does (fastest "
+        "on CPUs); 0 computes in float (exact for gguf).",
     ),
 ]
 VerifyTokens = Annotated[

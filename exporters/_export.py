@@ -13,14 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from onnxsample.errors import ExportError, InvalidParameter
-from onnxsample.exporters import _fs, _manifest, gguf, hf
+from onnxsample.exporters import _fs, _gguf_quant, _llama, _manifest, gguf, hf
 from onnxsample.exporters._source import Source, resolve_source
 from onnxsample.exporters._verify import VerifyResult, verify_export
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "fp16")
+LAYOUTS = ("auto", "gqa", "optimum")
+PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4", "gguf")
+ACCURACY_LEVELS = (0, 4)
 STAGES = ("check", "load", "export", "verify")
+_QUANTISED = ("int8", "int4", "gguf")
 _KEEP_FROM_HF = (
     "config.json",
     "generation_config.json",
@@ -52,74 +55,192 @@ class ExportResult:
         return self.manifest.get("verify", {})
 
 
-def default_output(source: Source, precision: str) -> Path:
-    name = source.name if precision == "fp32" else f"{source.name}-{precision}"
-    return Path("artifacts") / name
+def export_name(name: str, layout: str, precision: str, accuracy_level: int) -> str:
+    """Folder name of an export: the source's name, plus what is not the optimum fp32 default."""
+    if (layout, precision) == ("optimum", "fp32"):
+        return name
+    suffix = f"-{layout}-{precision}"
+    return name + suffix + (f"-a{accuracy_level}" if precision in _QUANTISED else "")
+
+
+def resolve_options(
+    src: Source, info: gguf.GGUFInfo | None, layout: str, precision: str
+) -> tuple[str, str]:
+    """(layout, precision) with ``auto`` decided for this source; refuse what cannot be combined.
+
+    ``auto`` layout is ``gqa`` for Llama-family models and ``optimum`` otherwise; ``auto`` precision
+    is ``gguf`` (the file's own blocks) for a GGUF whose weights are all transplantable, else fp32.
+    """
+    _check_choices(layout, precision)
+    llama = (
+        info.architecture in _llama.LLAMA_GGUF_ARCHITECTURES
+        if info is not None
+        else hf.check_hf_folder(src.path).get("model_type") in _llama.LLAMA_HF_TYPES
+    )
+    if layout == "auto":
+        layout = "gqa" if llama else "optimum"
+    elif layout == "gqa" and not llama:
+        what = info.architecture if info is not None else src.name
+        raise ExportError(
+            f"the gqa layout is for Llama-family models, not {what}; use --layout optimum"
+        )
+    transplantable = info is not None and not _untransplantable(info)
+    if precision == "auto":
+        precision = "gguf" if layout == "gqa" and transplantable else "fp32"
+    if layout == "optimum" and precision not in ("fp32", "fp16"):
+        raise ExportError(f"precision {precision} needs --layout gqa (optimum: fp32, fp16)")
+    if precision == "gguf":
+        if info is None:
+            raise ExportError(
+                "precision gguf transplants a GGUF file's own blocks: give a .gguf source"
+            )
+        other = _untransplantable(info)
+        if other:
+            raise ExportError(
+                f"{src.path.name} holds {', '.join(other)} tensors, which precision gguf cannot "
+                f"transplant (supported: {', '.join(_gguf_quant.TRANSPLANTABLE)}, F16, F32); "
+                "use --precision fp32, int8 or int4"
+            )
+    return layout, precision
+
+
+def _check_choices(layout: str, precision: str) -> None:
+    if layout not in LAYOUTS:
+        raise InvalidParameter(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if precision not in PRECISIONS:
+        raise InvalidParameter(
+            f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+        )
+
+
+def _untransplantable(info: gguf.GGUFInfo) -> list[str]:
+    """GGUF tensor types that precision gguf cannot carry over as they are."""
+    return sorted(set(info.tensor_types) - {*_gguf_quant.TRANSPLANTABLE, "F32", "F16"})
+
+
+def default_output(source: Source, layout: str, precision: str, accuracy_level: int) -> Path:
+    return Path("artifacts") / export_name(source.name, layout, precision, accuracy_level)
 
 
 def export(
     source: str | Path | None = None,
     output: str | Path | None = None,
     *,
-    precision: str = "fp32",
+    layout: str = "auto",
+    precision: str = "auto",
+    accuracy_level: int = 4,
     force: bool = False,
     verify_tokens: int = 8,
     keep_hf: bool = False,
     progress: ProgressFn | None = None,
 ) -> ExportResult:
-    """Export a model source to `output/model.onnx` (optimum's decoder layout with a KV cache).
+    """Export a model source to `output/model.onnx`: a decoder with a KV cache.
 
-    `source` is a Hugging Face model folder, a `.gguf` file, or None for the embedded SmolLM2. An
-    existing export with the same source, precision and exporter versions is reused unless `force`;
-    a different one is an error. `progress(stage)` is called as each of :data:`STAGES` starts.
+    `source` is a Hugging Face model folder, a `.gguf` file, or None for the embedded SmolLM2.
+    `layout` is ``gqa`` (our GroupQueryAttention graph, Llama family), ``optimum`` (optimum's export)
+    or ``auto``; `precision` is fp32/fp16, int8/int4 (ORT's block quantiser, gqa only), ``gguf``
+    (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, exactly) or ``auto`` (see :func:`resolve_options`).
+    `accuracy_level` 4 lets quantised MatMuls use int8 activations (faster), 0 computes in float.
+    An existing export with the same request and exporter versions is reused unless `force`; a
+    different one is an error. `progress(stage)` is called as each of :data:`STAGES` starts.
     """
-    if precision not in PRECISIONS:
-        raise InvalidParameter(
-            f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
-        )
+    if accuracy_level not in ACCURACY_LEVELS:
+        raise InvalidParameter(f"accuracy_level must be 0 or 4, got {accuracy_level!r}")
     if verify_tokens < 0:
         raise InvalidParameter(f"verify_tokens must be >= 0, got {verify_tokens}")
+    _check_choices(layout, precision)
     start = time.perf_counter()
     stage = progress or (lambda _name: None)
 
     stage("check")
     src = resolve_source(source)
-    out = Path(output) if output is not None else default_output(src, precision)
-    out = out.expanduser().absolute()
-    _fs.check_output(out)
     info = gguf.inspect_gguf(src.path) if src.kind != "hf" else None
     if src.kind == "hf":
         hf.check_hf_folder(src.path)
-    key = _manifest.request_key(src.digest(), precision)
+    layout, precision = resolve_options(src, info, layout, precision)
+    if precision not in _QUANTISED:
+        accuracy_level = 0
+    out = (
+        Path(output)
+        if output is not None
+        else default_output(src, layout, precision, accuracy_level)
+    )
+    out = out.expanduser().absolute()
+    _fs.check_output(out)
+    key = _manifest.request_key(src.digest(), layout, precision, accuracy_level)
     reused = _reuse(out, key, force)
     if reused is not None:
         return ExportResult(out, reused, True, time.perf_counter() - start, _peak_rss())
     _fs.check_disk(out, _disk_needed(src, info, precision, keep_hf))
 
     with _fs.staged_folder(out) as tmp:
-        stage("load")
-        if info is not None:
-            hf_dir = tmp / "hf"
-            model, tokenizer = gguf.gguf_to_hf(src.path, info, hf_dir)
+        if layout == "gqa":
+            config, generation, tokenizer, model = _export_gqa(
+                src, info, tmp, precision, accuracy_level, verify_tokens, stage
+            )
         else:
-            hf_dir = src.path
-            model, tokenizer = hf.load_hf(hf_dir)
-        stage("export")
-        hf.optimum_export(hf_dir, tmp, precision)
-        for name in _KEEP_FROM_HF:
-            if (hf_dir / name).is_file() and not (tmp / name).is_file():
-                shutil.copy2(hf_dir / name, tmp / name)
+            config, generation, tokenizer, model = _export_optimum(
+                src, info, tmp, precision, keep_hf, stage
+            )
         stage("verify")
         if verify_tokens:
             checked = verify_export(tmp / "model.onnx", model, tokenizer, verify_tokens)
         else:
             checked = VerifyResult(0, None, note="skipped (verify_tokens=0)")
         if info is not None and not keep_hf:
-            shutil.rmtree(hf_dir)
-        manifest = _build_manifest(key, src, tmp, model, tokenizer, info, checked, start)
+            shutil.rmtree(tmp / "hf", ignore_errors=True)
+        manifest = _build_manifest(
+            key, src, tmp, config, generation, tokenizer, info, checked, start
+        )
         _manifest.write_manifest(tmp, manifest)
     log.info("exported %s to %s in %.1f s", src.name, out, manifest["export_seconds"])
     return ExportResult(out, manifest, False, time.perf_counter() - start, _peak_rss())
+
+
+def _export_optimum(src: Source, info, tmp: Path, precision: str, keep_hf: bool, stage):
+    stage("load")
+    if info is not None:
+        hf_dir = tmp / "hf"
+        model, tokenizer = gguf.gguf_to_hf(src.path, info, hf_dir)
+    else:
+        hf_dir = src.path
+        model, tokenizer = hf.load_hf(hf_dir)
+    stage("export")
+    hf.optimum_export(hf_dir, tmp, precision)
+    _copy_hf_files(hf_dir, tmp)
+    return model.config, model.generation_config, tokenizer, model
+
+
+def _export_gqa(src: Source, info, tmp: Path, precision, accuracy_level, verify_tokens, stage):
+    """Our GroupQueryAttention graph; transformers only reads the tokenizer (and the reference
+    model for the verify step)."""
+    from onnxsample.exporters import gqa
+
+    stage("load")
+    if info is not None:
+        tokenizer = gguf.gguf_tokenizer(src.path, info)
+        config, generation = gguf.gguf_config(src.path), gguf.gguf_generation_config(info)
+        spec, weights = _llama.read_gguf(src.path, quantized=precision == "gguf")
+        tokenizer.save_pretrained(tmp)
+        config.save_pretrained(tmp)
+        generation.save_pretrained(tmp)
+    else:
+        tokenizer, config, generation = hf.load_hf_config(src.path)
+        spec, weights = _llama.read_hf(src.path)
+        _copy_hf_files(src.path, tmp)
+    stage("export")
+    gqa.write_gqa(spec, weights, tmp / "model.onnx", precision, accuracy_level)
+    del weights
+    model = None
+    if verify_tokens:
+        model = gguf.gguf_model(src.path, info) if info is not None else hf.load_hf(src.path)[0]
+    return config, generation, tokenizer, model
+
+
+def _copy_hf_files(hf_dir: Path, tmp: Path) -> None:
+    for name in _KEEP_FROM_HF:
+        if (hf_dir / name).is_file() and not (tmp / name).is_file():
+            shutil.copy2(hf_dir / name, tmp / name)
 
 
 def _reuse(out: Path, key: dict[str, Any], force: bool) -> dict[str, Any] | None:
@@ -134,14 +255,21 @@ def _reuse(out: Path, key: dict[str, Any], force: bool) -> dict[str, Any] | None
     if _manifest.manifest_matches(existing, key) and (out / existing["files"]["model"]).is_file():
         log.info("reusing the export in %s", out)
         return existing
-    what = f"{existing.get('source', {}).get('name', '?')}, {existing.get('precision', '?')}"
+    what = ", ".join(
+        str(v)
+        for v in (
+            existing.get("source", {}).get("name", "?"),
+            existing.get("layout", "optimum"),
+            existing.get("precision", "?"),
+        )
+    )
     raise ExportError(
-        f"{out} holds a different export ({what}, other source or exporter versions); pass --force to overwrite it"
+        f"{out} holds a different export ({what}, other request or exporter versions); pass --force to overwrite it"
     )
 
 
 def _disk_needed(src: Source, info: gguf.GGUFInfo | None, precision: str, keep_hf: bool) -> int:
-    out_bytes = 2 if precision == "fp16" else 4
+    out_bytes = 2 if precision == "fp16" else 4  # quantised exports keep a float embedding table
     if info is not None:
         n_params = info.n_params
         hf_bytes = 4 * n_params  # de-quantised safetensors, staged then removed unless kept
@@ -155,11 +283,11 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _eos_ids(model, tokenizer, info: gguf.GGUFInfo | None) -> list[int]:
+def _eos_ids(config, generation, tokenizer, info: gguf.GGUFInfo | None) -> list[int]:
     ids: set[int] = set(info.eog_ids()) if info is not None else set()
     for value in (
-        model.generation_config.eos_token_id,
-        model.config.eos_token_id,
+        generation.eos_token_id,
+        config.eos_token_id,
         tokenizer.eos_token_id,
     ):
         if isinstance(value, int):
@@ -170,9 +298,8 @@ def _eos_ids(model, tokenizer, info: gguf.GGUFInfo | None) -> list[int]:
 
 
 def _build_manifest(
-    key, src: Source, folder: Path, model, tokenizer, info, checked, start
+    key, src: Source, folder: Path, config, generation, tokenizer, info, checked, start
 ) -> dict[str, Any]:
-    config = model.config
     files = sorted(
         p.name
         for p in folder.iterdir()
@@ -199,7 +326,7 @@ def _build_manifest(
         },
         "tokens": {
             "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_ids": _eos_ids(model, tokenizer, info),
+            "eos_token_ids": _eos_ids(config, generation, tokenizer, info),
             "pad_token_id": tokenizer.pad_token_id,
             "chat_template": bool(getattr(tokenizer, "chat_template", None)),
             "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),

@@ -41,7 +41,8 @@ def describe_io(model_path: Path) -> dict[str, Any]:
     outputs = [_value_info(v) for v in model.graph.output]
     pasts = [i for i in inputs if i["name"].startswith("past_key_values.")]
     layers = sorted({int(i["name"].split(".")[1]) for i in pasts})
-    kv: dict[str, Any] = {"layout": "optimum", "num_layers": len(layers)}
+    gqa = any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+    kv: dict[str, Any] = {"layout": "gqa" if gqa else "optimum", "num_layers": len(layers)}
     if pasts:
         first = pasts[0]
         kv.update(
@@ -56,12 +57,16 @@ def describe_io(model_path: Path) -> dict[str, Any]:
     return {"inputs": inputs, "outputs": outputs, "kv_cache": kv, "opset": opset}
 
 
-def request_key(source_digest: str, precision: str) -> dict[str, Any]:
+def request_key(
+    source_digest: str, layout: str, precision: str, accuracy_level: int
+) -> dict[str, Any]:
     """The part of a manifest that decides whether an existing export can be reused."""
     return {
         "format_version": FORMAT_VERSION,
         "source_sha256": source_digest,
+        "layout": layout,
         "precision": precision,
+        "accuracy_level": accuracy_level,
         "exporter": stack_versions(),
     }
 

@@ -28,6 +28,9 @@ class VerifyResult:
     reference: list[int] = field(default_factory=list)
     onnx: list[int] = field(default_factory=list)
     note: str = ""
+    # Quality: mean log-probability of the reference's greedy tokens under each engine.
+    reference_logprob: float | None = None
+    onnx_logprob: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -54,11 +57,7 @@ def ort_greedy(
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    pasts = {}
-    for name, info in inputs.items():
-        if name.startswith("past_key_values."):
-            _, heads, _, head_dim = info.shape
-            pasts[name] = np.zeros((1, heads, 0, head_dim), dtype=_ORT_DTYPES[info.type])
+    pasts = _empty_pasts(session)
     step_ids = np.asarray([ids], dtype=np.int64)
     total, tokens = len(ids), []
     for _ in range(n):
@@ -73,6 +72,53 @@ def ort_greedy(
         step_ids = np.asarray([[token]], dtype=np.int64)
         total += 1
     return tokens
+
+
+def _empty_pasts(session, batch: int = 1) -> dict[str, np.ndarray]:
+    return {
+        i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=_ORT_DTYPES[i.type])
+        for i in session.get_inputs()
+        if i.name.startswith("past_key_values.")
+    }
+
+
+def mean_logprob(
+    model_path: Path, ids: list[int], tokens: list[int], *, threads: int | None = None
+) -> float:
+    """Mean log-probability an export assigns to `tokens` after the prompt `ids` (teacher forced).
+
+    The quality score of a quantised export: how likely it finds the tokens that the fp32 model
+    chose greedily (higher is better; an exact transplant scores what fp32 scores).
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    seq = np.asarray([list(ids) + list(tokens[:-1])], dtype=np.int64)
+    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq), **_empty_pasts(session)}
+    if "position_ids" in names:
+        feed["position_ids"] = np.arange(seq.shape[1], dtype=np.int64)[None]
+    logits = session.run(["logits"], feed)[0][0, len(ids) - 1 :].astype(np.float64)
+    return _mean_logprob(logits, tokens)
+
+
+def _mean_logprob(logits: np.ndarray, tokens: list[int]) -> float:
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return float(logprobs[np.arange(len(tokens)), tokens].mean())
+
+
+def torch_mean_logprob(model, ids: list[int], tokens: list[int]) -> float:
+    """:func:`mean_logprob` of a transformers model."""
+    import torch
+
+    seq = torch.tensor([list(ids) + list(tokens[:-1])], dtype=torch.long)
+    with torch.no_grad():
+        logits = model(input_ids=seq).logits[0, len(ids) - 1 :].double().numpy()
+    return _mean_logprob(logits, tokens)
 
 
 def torch_greedy(model, ids: list[int], n: int) -> list[int]:
@@ -105,6 +151,8 @@ def verify_export(model_path: Path, model, tokenizer, n: int) -> VerifyResult:
         (i for i, (a, b) in enumerate(zip(reference, onnx_tokens, strict=True)) if a != b), n
     )
     result = VerifyResult(n, matched == n, matched, reference, onnx_tokens)
+    result.reference_logprob = round(torch_mean_logprob(model, ids, reference), 4)
+    result.onnx_logprob = round(mean_logprob(model_path, ids, reference), 4)
     if not result.ok:
         result.note = f"greedy tokens diverge at position {matched}"
         log.warning("verify: %s (transformers %s, onnx %s)", result.note, reference, onnx_tokens)

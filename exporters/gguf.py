@@ -19,7 +19,15 @@ from typing import Any
 
 from onnxsample.errors import ExportError
 
-__all__ = ["GGUFInfo", "gguf_to_hf", "inspect_gguf"]
+__all__ = [
+    "GGUFInfo",
+    "gguf_config",
+    "gguf_generation_config",
+    "gguf_model",
+    "gguf_to_hf",
+    "gguf_tokenizer",
+    "inspect_gguf",
+]
 
 log = logging.getLogger(__name__)
 
@@ -112,26 +120,66 @@ def _check(info: GGUFInfo, path: Path) -> None:
         )
 
 
-def gguf_to_hf(path: Path, info: GGUFInfo, hf_dir: Path):
-    """De-quantise a GGUF to an fp32 HF folder at `hf_dir`; returns the loaded (model, tokenizer)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+def gguf_tokenizer(path: Path, info: GGUFInfo):
+    """The GGUF's tokenizer through transformers, its special tokens set from the GGUF metadata."""
+    from transformers import AutoTokenizer
 
     from onnxsample.exporters.hf import quiet
 
-    kwargs = {"gguf_file": path.name}
     try:
-        with quiet(), _no_dequantise_bar():
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
+        with quiet():
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:
-        raise ExportError(f"transformers cannot load {path.name}: {exc}") from exc
+        raise ExportError(f"transformers cannot read the tokenizer of {path.name}: {exc}") from exc
     _fix_special_tokens(tokenizer, info)
-    model.generation_config = GenerationConfig(
+    return tokenizer
+
+
+def gguf_generation_config(info: GGUFInfo):
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
         bos_token_id=info.token_id("bos"),
         eos_token_id=info.eog_ids() or None,
         pad_token_id=info.token_id("pad"),
     )
+
+
+def gguf_config(path: Path):
+    """The transformers config of a GGUF model (no weights read)."""
+    from transformers import AutoConfig
+
+    from onnxsample.exporters.hf import quiet
+
+    try:
+        with quiet():
+            return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as exc:
+        raise ExportError(f"transformers cannot read the config of {path.name}: {exc}") from exc
+
+
+def gguf_model(path: Path, info: GGUFInfo):
+    """The GGUF de-quantised to an fp32 transformers model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from onnxsample.exporters.hf import quiet
+
+    try:
+        with quiet(), _no_dequantise_bar():
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, dtype=torch.float32, gguf_file=path.name
+            )
+    except Exception as exc:
+        raise ExportError(f"transformers cannot load {path.name}: {exc}") from exc
+    model.generation_config = gguf_generation_config(info)
+    return model.eval()
+
+
+def gguf_to_hf(path: Path, info: GGUFInfo, hf_dir: Path):
+    """De-quantise a GGUF to an fp32 HF folder at `hf_dir`; returns the loaded (model, tokenizer)."""
+    tokenizer = gguf_tokenizer(path, info)
+    model = gguf_model(path, info)
     model.save_pretrained(hf_dir)
     tokenizer.save_pretrained(hf_dir)
     return model, tokenizer

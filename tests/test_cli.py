@@ -75,8 +75,17 @@ ERROR_CASES = {
     ),
     "invalid precision": (
         lambda t: ["export", "--precision", "int3", "-o", str(t / "o")],
-        "precision must be one of fp32, fp16, got 'int3'",
+        "precision must be one of auto, fp32, fp16, int8, int4, gguf, got 'int3'",
     ),
+    "invalid layout": (
+        lambda t: ["export", "--layout", "paged", "-o", str(t / "o")],
+        "layout must be one of auto, gqa, optimum, got 'paged'",
+    ),
+    "invalid accuracy level": (
+        lambda t: ["export", "--accuracy-level", "2", "-o", str(t / "o")],
+        "accuracy_level must be 0 or 4, got 2",
+    ),
+    "max-len below 2": (lambda t: ["run", "-p", "hi", "--max-len", "1"], "--max-len"),
     "negative verify tokens": (lambda t: ["export", "--verify-tokens", "-2"], "--verify-tokens"),
     "output is a file": (
         lambda t: ["export", "-o", _case_file(t, "out")],
@@ -112,7 +121,15 @@ def test_help(argv, capsys):
     assert code == 0
     assert "Usage" in out
     if argv[0] == "export":
-        for option in ("--output", "--precision", "--force", "--verify-tokens", "--keep-hf"):
+        for option in (
+            "--output",
+            "--layout",
+            "--precision",
+            "--accuracy-level",
+            "--force",
+            "--verify-tokens",
+            "--keep-hf",
+        ):
             assert option in out
 
 
@@ -127,10 +144,11 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_export_command_writes_summary(tiny_export, tiny_hf, capsys):
-    code, out, err = run_cli(capsys, "export", str(tiny_hf), "-o", str(tiny_export.output))
+def test_export_command_writes_summary(tiny_gqa_export, tiny_hf, capsys):
+    code, out, err = run_cli(capsys, "export", str(tiny_hf), "-o", str(tiny_gqa_export.output))
     assert code == 0
     assert "reused" in out
+    assert "gqa layout, fp32" in out
     assert "greedy tokens match transformers" in out
     assert "Checking the source" in err
 

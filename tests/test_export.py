@@ -99,7 +99,7 @@ def test_greedy_matches_transformers_on_16_tokens(tiny_export, tiny_hf):
 
 def test_matching_export_is_reused(tiny_export, tiny_hf):
     before = tiny_export.model_path.stat().st_mtime_ns
-    again = export(tiny_hf, tiny_export.output)
+    again = export(tiny_hf, tiny_export.output, layout="optimum", precision="fp32")
     assert again.reused
     assert again.model_path.stat().st_mtime_ns == before
 
@@ -121,7 +121,7 @@ def test_stale_exporter_versions_are_a_different_export(copied_export, tiny_hf):
     manifest["exporter"]["optimum"] = "0.0.1"
     (copied_export / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(ExportError, match="different export"):
-        export(tiny_hf, copied_export)
+        export(tiny_hf, copied_export, layout="optimum", precision="fp32")
 
 
 def test_folder_without_manifest_is_not_overwritten(tmp_path, tiny_hf):
@@ -145,13 +145,14 @@ def test_force_replaces_the_folder_with_an_fp16_export(tmp_path, tiny_hf):
     assert not list(tmp_path.glob(".*partial"))
 
 
-def test_failed_export_leaves_nothing_behind(tmp_path, tiny_hf):
+@pytest.mark.parametrize("layout", ["optimum", "gqa"])
+def test_failed_export_leaves_nothing_behind(tmp_path, tiny_hf, layout):
     broken = tmp_path / "broken"
     shutil.copytree(tiny_hf, broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     out = tmp_path / "out"
     with pytest.raises(ExportError, match="cannot load"):
-        export(broken, out)
+        export(broken, out, layout=layout)
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["broken"]
 
@@ -170,7 +171,10 @@ def test_not_enough_disk_is_refused_before_writing(tmp_path, tiny_hf, monkeypatc
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"precision": "int3"}, "precision must be one of fp32, fp16, got 'int3'"),
+        (
+            {"precision": "int3"},
+            "precision must be one of auto, fp32, fp16, int8, int4, gguf, got 'int3'",
+        ),
         ({"verify_tokens": -1}, "verify_tokens must be >= 0, got -1"),
     ],
 )

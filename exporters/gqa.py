@@ -1,0 +1,272 @@
+"""Our own GroupQueryAttention layout for Llama-family decoders, written with onnx-ir.
+
+The graph (about 11 nodes per layer) is the layout onnxruntime-genai's builder writes: packed QKV
+projection, rotary embedding inside ``com.microsoft.GroupQueryAttention``, ``SkipSimplified-
+LayerNormalization`` for the residual adds, and one LM-head ``MatMul`` (or ``MatMulNBits``) at the end,
+which the composer can move its row gather in front of.
+
+Inputs and outputs (the graph contract of a ``gqa`` export)::
+
+    input_ids                    int64 [batch, sequence]
+    attention_mask               int64 [batch, total_sequence]   1 = real token, right-padded
+    past_key_values.{i}.key      T [batch, kv_heads, past_sequence, head_dim]   (and .value)
+    logits                       float32 [batch, sequence, vocab]
+    present.{i}.key              T [batch, kv_heads, present_sequence, head_dim] (and .value)
+
+Positions come from the mask (GroupQueryAttention's ``seqlens_k``), so there is no ``position_ids``.
+A past buffer of fixed length can be bound as past and present at once (shared-buffer mode).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnx_ir import tape as ir_tape
+
+from onnxsample.exporters import _gguf_quant
+from onnxsample.exporters._llama import LlamaSpec
+
+__all__ = ["OPSET", "build_gqa_model", "write_gqa"]
+
+log = logging.getLogger(__name__)
+
+OPSET = 21
+IR_VERSION = 10
+MS = "com.microsoft"
+_DTYPES = {"fp32": (ir.DataType.FLOAT, np.float32), "fp16": (ir.DataType.FLOAT16, np.float16)}
+
+
+class _Graph:
+    """A tape with named initializers and one float type for activations and weights."""
+
+    def __init__(self, precision: str, accuracy_level: int) -> None:
+        self.tape = ir_tape.Tape()
+        self.dtype, self.np_dtype = _DTYPES[precision]
+        self.accuracy_level = accuracy_level
+
+    def const(self, name: str, array: np.ndarray) -> ir.Value:
+        return self.tape.initializer(ir.tensor(np.ascontiguousarray(array), name=name), name=name)
+
+    def op(self, op_type: str, inputs, name: str, domain: str = "", **attributes) -> ir.Value:
+        out = self.tape.op(op_type, inputs, attributes or None, domain=domain, name=name)
+        out.name = name
+        return out
+
+    def ops(self, op_type, inputs, name, num_outputs, domain="", **attributes) -> list[ir.Value]:
+        outs = self.tape.op_multi_out(
+            op_type, inputs, attributes or None, num_outputs=num_outputs, domain=domain, name=name
+        )
+        for i, value in enumerate(outs):
+            value.name = f"{name}/out{i}"
+        return list(outs)
+
+    def linear(self, x: ir.Value, weight: Any, name: str) -> ir.Value:
+        """x @ weight.T for a float [N, K] array or a GGUF-transplanted quantised weight."""
+        if isinstance(weight, _gguf_quant.QuantizedWeight) and (
+            weight.bits == 4 or self.accuracy_level == 4
+        ):
+            return _gguf_quant.linear_nodes(
+                self.tape, x, weight, name, self.accuracy_level, self.const
+            )
+        if isinstance(weight, _gguf_quant.QuantizedWeight):
+            # ORT's 8-bit MatMulNBits is ~20x slower than 4-bit below accuracy level 4; the float
+            # matrix holds the same values.
+            weight = weight.dequantize()
+        w = self.const(f"{name}.weight", np.asarray(weight, self.np_dtype).T)
+        return self.op("MatMul", [x, w], f"{name}/MatMul")
+
+
+def _concat(weights: list[Any]) -> Any:
+    if all(isinstance(w, _gguf_quant.QuantizedWeight) for w in weights):
+        try:
+            return _gguf_quant.concat_rows(weights)
+        except ValueError:  # mixed GGUF types: de-quantise this projection exactly
+            return np.concatenate([w.dequantize() for w in weights])
+    return np.concatenate(
+        [w.dequantize() if isinstance(w, _gguf_quant.QuantizedWeight) else w for w in weights]
+    )
+
+
+def build_gqa_model(
+    spec: LlamaSpec,
+    weights: dict[str, Any],
+    *,
+    precision: str = "fp32",
+    accuracy_level: int = 0,
+) -> ir.Model:
+    """The decoder as an onnx-ir model (weights as in-memory initializers; save it with ir.save).
+
+    `weights` maps ``embed``, ``norm``, ``lm_head`` and ``layers.{i}.{q,k,v,o,gate,up,down,
+    attn_norm,ffn_norm}`` to float [N, K] arrays or quantised weights (see :mod:`._llama`).
+    `precision` is the float type of activations, KV cache and float weights (``fp32``/``fp16``).
+    """
+    g = _Graph(precision, accuracy_level)
+    T = g.dtype
+    batch, seq, total = "batch_size", "sequence_length", "total_sequence_length"
+    input_ids = ir.Value(
+        name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([batch, seq])
+    )
+    mask = ir.Value(
+        name="attention_mask", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([batch, total])
+    )
+    kv_shape = [batch, spec.num_kv_heads, "past_sequence_length", spec.head_dim]
+    present_shape = [batch, spec.num_kv_heads, "present_sequence_length", spec.head_dim]
+    inputs, outputs, pasts = [input_ids, mask], [], []
+    for i in range(spec.num_layers):
+        pair = []
+        for kind in ("key", "value"):
+            value = ir.Value(
+                name=f"past_key_values.{i}.{kind}", type=ir.TensorType(T), shape=ir.Shape(kv_shape)
+            )
+            inputs.append(value)
+            pair.append(value)
+        pasts.append(pair)
+
+    # Lengths for GroupQueryAttention: seqlens_k = real tokens - 1 per row; total = mask width.
+    one = g.const("const/one", np.array([1], np.int64))
+    lengths = g.op("ReduceSum", [mask, one], "lengths", keepdims=0)
+    seqlens_k = g.op(
+        "Cast",
+        [g.op("Sub", [lengths, one], "lengths_minus_one")],
+        "seqlens_k",
+        to=ir.DataType.INT32,
+    )
+    width = g.op("Gather", [g.op("Shape", [mask], "mask_shape"), one], "mask_width", axis=0)
+    total_len = g.op("Cast", [width], "total_sequence_length", to=ir.DataType.INT32)
+    cos, sin = spec.rotary_caches()
+    cos_cache = g.const("rotary.cos_cache", cos.astype(g.np_dtype))
+    sin_cache = g.const("rotary.sin_cache", sin.astype(g.np_dtype))
+
+    embed = g.const("model.embed_tokens.weight", np.asarray(weights["embed"], g.np_dtype))
+    hidden = g.op("Gather", [embed, input_ids], "embed", axis=0)
+    eps = float(spec.rms_norm_eps)
+    x = g.op(
+        "SimplifiedLayerNormalization",
+        [hidden, g.const("layers.0.attn_norm.weight", _norm(weights, "layers.0.attn_norm", g))],
+        "layers.0/attn_norm",
+        axis=-1,
+        epsilon=eps,
+    )
+    residual = hidden
+    for i in range(spec.num_layers):
+        p = f"layers.{i}"
+        qkv = g.linear(x, _concat([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj")
+        attn, present_k, present_v = g.ops(
+            "GroupQueryAttention",
+            [qkv, None, None, pasts[i][0], pasts[i][1], seqlens_k, total_len, cos_cache, sin_cache],
+            f"{p}/attn",
+            3,
+            domain=MS,
+            num_heads=spec.num_heads,
+            kv_num_heads=spec.num_kv_heads,
+            do_rotary=1,
+            rotary_interleaved=0,
+            scale=float(spec.head_dim**-0.5),
+        )
+        for value, kind in ((present_k, "key"), (present_v, "value")):
+            value.name = f"present.{i}.{kind}"
+            value.type, value.shape = ir.TensorType(T), ir.Shape(present_shape)
+            outputs.append(value)
+        o = g.linear(attn, weights[f"{p}.o"], f"{p}.o_proj")
+        x, _, _, residual = g.ops(
+            "SkipSimplifiedLayerNormalization",
+            [o, residual, g.const(f"{p}.ffn_norm.weight", _norm(weights, f"{p}.ffn_norm", g))],
+            f"{p}/ffn_norm",
+            4,
+            domain=MS,
+            epsilon=eps,
+        )
+        gate_up = g.linear(
+            x, _concat([weights[f"{p}.gate"], weights[f"{p}.up"]]), f"{p}.gate_up_proj"
+        )
+        gate, up = g.ops(
+            "Split",
+            [gate_up, g.const(f"{p}.split", np.array([spec.intermediate_size] * 2, np.int64))],
+            f"{p}/split",
+            2,
+            axis=-1,
+        )
+        act = g.op(
+            "Mul",
+            [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/sigmoid")], f"{p}/silu"), up],
+            f"{p}/act",
+        )
+        down = g.linear(act, weights[f"{p}.down"], f"{p}.down_proj")
+        last = i == spec.num_layers - 1
+        norm_name = "norm" if last else f"layers.{i + 1}.attn_norm"
+        x, _, _, residual = g.ops(
+            "SkipSimplifiedLayerNormalization",
+            [down, residual, g.const(f"{norm_name}.weight", _norm(weights, norm_name, g))],
+            "final_norm" if last else f"layers.{i + 1}/attn_norm",
+            4,
+            domain=MS,
+            epsilon=eps,
+        )
+    # Shape inference does not know the contrib ops: annotate what the composer looks for.
+    x.type, x.shape = ir.TensorType(T), ir.Shape([batch, seq, spec.hidden_size])
+    logits = g.linear(x, weights["lm_head"], "lm_head")
+    if T != ir.DataType.FLOAT:
+        logits = g.op("Cast", [logits], "logits_fp32", to=ir.DataType.FLOAT)
+    logits.name = "logits"
+    logits.type = ir.TensorType(ir.DataType.FLOAT)
+    logits.shape = ir.Shape([batch, seq, spec.vocab_size])
+    graph = ir.Graph(
+        inputs,
+        [logits, *outputs],
+        nodes=g.tape.nodes,
+        initializers=g.tape.initializers,
+        opset_imports={"": OPSET, MS: 1},
+        name="onnxsample-gqa-llama",
+    )
+    return ir.Model(graph, ir_version=IR_VERSION, producer_name="onnxsample")
+
+
+def _norm(weights: dict[str, Any], key: str, g: _Graph) -> np.ndarray:
+    return np.asarray(weights[key], g.np_dtype).reshape(-1)
+
+
+def write_gqa(
+    spec: LlamaSpec,
+    weights: dict[str, Any],
+    path: Path,
+    precision: str = "fp32",
+    accuracy_level: int = 0,
+) -> None:
+    """Build the decoder and save it as `path` with its weights in `path`.data.
+
+    ``int8``/``int4`` build the fp32 graph, then ORT's MatMulNBits quantiser turns every MatMul with
+    a constant weight into 4- or 8-bit blocks of 32 (symmetric), the LM head included (it is a
+    materialised matrix here, also for tied embeddings).
+    """
+    float_precision = "fp16" if precision == "fp16" else "fp32"
+    model = build_gqa_model(spec, weights, precision=float_precision, accuracy_level=accuracy_level)
+    if precision in ("int8", "int4"):
+        model = _ort_quantise(model, 8 if precision == "int8" else 4, accuracy_level)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ir.save(model, path, external_data=f"{path.name}.data")
+    log.info("wrote %s (%d nodes, %s)", path, len(model.graph), precision)
+
+
+def _ort_quantise(model: ir.Model, bits: int, accuracy_level: int) -> ir.Model:
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    config = DefaultWeightOnlyQuantConfig(
+        block_size=32, is_symmetric=True, accuracy_level=accuracy_level, bits=bits
+    )
+    quantizer = MatMulNBitsQuantizer(
+        ir.to_proto(model),
+        bits=bits,
+        block_size=32,
+        is_symmetric=True,
+        accuracy_level=accuracy_level,
+        algo_config=config,
+    )
+    quantizer.process()
+    return ir.from_proto(quantizer.model.model)

@@ -1,0 +1,181 @@
+"""Our GroupQueryAttention exporter on the tiny random Llama: layout, precisions, parity, errors."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxsample.errors import ExportError, InvalidParameter
+from onnxsample.exporters import export
+from onnxsample.exporters._verify import mean_logprob, ort_greedy, torch_greedy
+from onnxsample.loading import check_model
+
+PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
+
+
+def _ops(path: Path) -> Counter:
+    model = onnx.load(str(path), load_external_data=False)
+    return Counter(node.op_type for node in model.graph.node)
+
+
+def _logits(path: Path, ids: list[int]) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    seq = np.asarray([ids], np.int64)
+    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            dtype = np.float16 if "float16" in i.type else np.float32
+            feed[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), dtype)
+    return session.run(["logits"], feed)[0][0]
+
+
+@pytest.fixture(scope="module")
+def torch_model(tiny_hf):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_hf, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module", params=["fp16", "int8", "int4"])
+def other_precision(request, tiny_hf, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"gqa-{request.param}")
+    return request.param, export(
+        tiny_hf, out, layout="gqa", precision=request.param, accuracy_level=0, verify_tokens=8
+    )
+
+
+def test_io_follows_the_gqa_contract(tiny_gqa_export):
+    io = tiny_gqa_export.manifest["io"]
+    names = [i["name"] for i in io["inputs"]]
+    assert names[:2] == ["input_ids", "attention_mask"]
+    assert "position_ids" not in names
+    assert names[2:4] == ["past_key_values.0.key", "past_key_values.0.value"]
+    assert [o["name"] for o in io["outputs"]][:3] == ["logits", "present.0.key", "present.0.value"]
+    assert io["kv_cache"]["layout"] == "gqa"
+    assert io["kv_cache"]["shape"][1:] == [2, "past_sequence_length", 16]
+
+
+def test_graph_is_small_and_fused(tiny_gqa_export):
+    ops = _ops(tiny_gqa_export.model_path)
+    layers = tiny_gqa_export.manifest["model"]["num_layers"]
+    assert ops["GroupQueryAttention"] == layers
+    assert ops["SkipSimplifiedLayerNormalization"] == 2 * layers
+    assert ops["MatMul"] == 4 * layers + 1  # qkv, o, gate_up, down; the LM head
+    assert sum(ops.values()) <= 12 * layers + 12
+
+
+def test_export_passes_the_checker(tiny_gqa_export):
+    check_model(tiny_gqa_export.model_path)
+
+
+def test_auto_layout_is_gqa_for_llama(tiny_gqa_export, tiny_hf, tmp_path):
+    result = export(tiny_hf, tmp_path / "auto", verify_tokens=0)
+    assert (result.manifest["layout"], result.manifest["precision"]) == ("gqa", "fp32")
+
+
+def test_fp32_greedy_matches_transformers(tiny_gqa_export, torch_model):
+    assert tiny_gqa_export.verify["ok"] is True
+    assert ort_greedy(tiny_gqa_export.model_path, PROMPT, 24) == torch_greedy(
+        torch_model, PROMPT, 24
+    )
+
+
+def test_fp32_logits_match_transformers(tiny_gqa_export, torch_model):
+    import torch
+
+    with torch.no_grad():
+        ref = torch_model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+    np.testing.assert_allclose(_logits(tiny_gqa_export.model_path, PROMPT), ref, atol=1e-4)
+
+
+def test_other_precisions(other_precision, tiny_gqa_export):
+    precision, result = other_precision
+    ops = _ops(result.model_path)
+    layers = result.manifest["model"]["num_layers"]
+    if precision == "fp16":
+        assert result.manifest["io"]["kv_cache"]["dtype"] == "float16"
+        tolerance = 2e-2
+    else:
+        assert ops["MatMulNBits"] == 4 * layers + 1  # the (tied) LM head is quantised too
+        tolerance = {"int8": 0.05, "int4": 0.6}[precision]
+    ref = _logits(tiny_gqa_export.model_path, PROMPT)
+    got = _logits(result.model_path, PROMPT)
+    assert np.abs(got - ref).max() < tolerance * np.abs(ref).max()
+
+
+def test_quality_score_is_recorded(other_precision):
+    from transformers import AutoTokenizer
+
+    from onnxsample.exporters._verify import prompt_ids
+
+    _, result = other_precision
+    verify = result.verify
+    assert verify["reference_logprob"] < 0 and verify["onnx_logprob"] < 0
+    ids = prompt_ids(AutoTokenizer.from_pretrained(result.output))
+    score = mean_logprob(result.model_path, ids, verify["reference"])
+    assert verify["onnx_logprob"] == pytest.approx(score, abs=1e-3)
+
+
+def test_request_is_part_of_the_reuse_key(tiny_gqa_export, tiny_hf):
+    with pytest.raises(ExportError, match="holds a different export"):
+        export(tiny_hf, tiny_gqa_export.output, layout="gqa", precision="int4")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"layout": "paged"}, InvalidParameter, "layout must be one of auto, gqa, optimum"),
+        ({"accuracy_level": 2}, InvalidParameter, "accuracy_level must be 0 or 4, got 2"),
+        ({"precision": "gguf"}, ExportError, "give a .gguf source"),
+        (
+            {"layout": "optimum", "precision": "int4"},
+            ExportError,
+            r"precision int4 needs --layout gqa \(optimum: fp32, fp16\)",
+        ),
+    ],
+)
+def test_invalid_combinations(tmp_path, tiny_hf, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        export(tiny_hf, tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_non_llama_models_are_refused_by_the_gqa_layout(tmp_path, tiny_hf):
+    import json
+    import shutil
+
+    folder = tmp_path / "mistral"
+    shutil.copytree(tiny_hf, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "mistral"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="the gqa layout is for Llama-family models"):
+        export(folder, tmp_path / "out", layout="gqa")
+
+
+def _composed_meta(result, tmp_path) -> dict:
+    import onnx
+
+    from onnxsample import compose
+    from onnxsample.composer import composed_metadata
+
+    out = compose(result.output, None, tmp_path / "c.onnx", max_slots=2, gather="lm_head")
+    return composed_metadata(onnx.load(str(out), load_external_data=False))
+
+
+def test_composer_moves_the_gather_before_the_fp32_lm_head(tiny_gqa_export, tmp_path):
+    meta = _composed_meta(tiny_gqa_export, tmp_path)
+    assert (meta["gather"], meta["kv_layout"]) == ("lm_head", "gqa")
+
+
+def test_composer_moves_the_gather_before_other_lm_heads(other_precision, tmp_path):
+    """MatMulNBits heads (int8, int4) and fp16's MatMul + Cast take the gathered rows only."""
+    meta = _composed_meta(other_precision[1], tmp_path)
+    assert (meta["gather"], meta["kv_layout"]) == ("lm_head", "gqa")
