@@ -112,6 +112,15 @@ def run(
     threads: Annotated[
         int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)
     ] = None,
+    max_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-len",
+            help="KV buffer length for GroupQueryAttention models (default: the model's context).",
+            min=2,
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt.
 
@@ -143,7 +152,7 @@ def run(
     with stages(_LABELS) as progress:
         composed = prepare(model, progress=progress)
         progress("session")
-        generator = Generator(composed, provider=provider, threads=threads)
+        generator = Generator(composed, provider=provider, threads=threads, max_len=max_len)
     kwargs = dict(max_new_tokens=max_new_tokens, stop=list(stop), chat=chat, system=system)
     streaming = stream and not json_output and len(prompt) == 1
     if streaming:

@@ -9,7 +9,10 @@ same tokens whatever else is in the batch. Sequences wait for a free slot, are p
 Per step the host sends token ids, the attention mask, positions, row indices and one uniform per
 slot, and gets back token ids (and logprobs). The KV cache (``present.*``) and the penalty state
 (``sampler.output_counts_out``) stay bound to device OrtValues and are fed back as the next step's
-inputs.
+inputs. Two cache layouts (composed metadata ``kv_layout``): ``concat`` (optimum: explicit positions,
+left padding, the cache grows by concatenation; :mod:`onnxsample._batch`) and ``gqa``
+(GroupQueryAttention: one preallocated buffer per layer, right padding, written in place;
+:mod:`onnxsample._kv`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ from pathlib import Path
 import numpy as np
 
 from onnxsample._batch import KVBatch, _ortvalue
+from onnxsample._kv import (
+    _ORT_DTYPES,
+    SharedKV,
+    SlotBatch,
+    buffer_length,
+    contiguous_runs,
+    kv_specs,
+)
 from onnxsample._session import create_session
 from onnxsample._text import Detokenizer, StopMatcher
 from onnxsample.chain import SamplerChain
@@ -48,7 +59,6 @@ _HOST_OUTPUTS = (
     "sampler.top_logprobs",
 )
 _U_MAX = np.nextafter(np.float32(1), np.float32(0))
-_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
 @dataclass
@@ -148,7 +158,8 @@ class Generator:
 
     `model` is a composed ``.onnx`` file; the tokenizer, generation config and export manifest are
     read from `tokenizer` (default: the model's folder). `provider` is ``auto``, ``cpu`` or ``cuda``;
-    `threads` sets ONNX Runtime's intra-op threads (default: its own choice).
+    `threads` sets ONNX Runtime's intra-op threads (default: its own choice). `max_len` bounds the KV
+    buffer of GroupQueryAttention models in positions, prompt included (default: the context).
     """
 
     def __init__(
@@ -159,9 +170,15 @@ class Generator:
         threads: int | None = None,
         tokenizer: str | Path | None = None,
         optimization: str = "all",
+        max_len: int | None = None,
     ) -> None:
         from transformers import AutoTokenizer
 
+        if max_len is not None and (
+            not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 2
+        ):
+            raise InvalidParameter(f"max_len must be an integer >= 2, got {max_len!r}")
+        self.max_len = max_len
         self.path = Path(model)
         if not self.path.is_file():
             raise ModelError(f"no such composed model: {self.path}")
@@ -197,11 +214,24 @@ class Generator:
         self._inputs = set(inputs)
         self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
         self._outputs = [o.name for o in self.session.get_outputs()]
-        # Left-padded batches need explicit positions (optimum's layout). GroupQueryAttention graphs
-        # (onnxruntime-genai's builder) derive positions from the mask, so they run one at a time.
-        self.concurrency = self.max_slots if "position_ids" in self._inputs else 1
-        if self.concurrency == 1 and self.max_slots > 1:
-            log.info("%s has no position_ids input: sequences run one at a time", self.path.name)
+        # Older composed models carry no kv_layout: GQA graphs are those without position_ids.
+        default = "concat" if "position_ids" in self._inputs else "gqa"
+        self.kv_layout = meta.get("kv_layout") or default
+        self._limit = self.context_length
+        if self.kv_layout == "gqa":
+            self.concurrency = self.max_slots
+            self._kv = SharedKV(kv_specs(self._pasts, self._head_size, self.path.name), self.device)
+            limits = [x for x in (self.context_length, max_len) if x]
+            self._limit = min(limits) if limits else None
+        else:
+            # Left-padded batches need explicit positions (optimum's layout).
+            self.concurrency = self.max_slots if "position_ids" in self._inputs else 1
+            if self.concurrency == 1 and self.max_slots > 1:
+                log.info(
+                    "%s has no position_ids input: sequences run one at a time", self.path.name
+                )
+            if max_len is not None:
+                log.info("max_len applies to GroupQueryAttention models only: ignored")
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.last_timings = Timings()
 
@@ -240,9 +270,13 @@ class Generator:
         sequences = self._prepare(prompts, params, max_new_tokens, stop, chat, system)
         run = Timings(prompt_tokens=sum(len(s.prompt) for s in sequences), sequences=len(sequences))
         began = time.perf_counter()
-        waiting, batch = deque(sequences), KVBatch(self.device)
-        free = list(range(self.concurrency))
+        waiting, batch = deque(sequences), self._new_batch(sequences)
+        free = list(range(min(self.concurrency, len(sequences))))
         self._reset_state()
+        shared = isinstance(batch, SlotBatch)
+        prefill, decode = (
+            (self._prefill_slots, self._decode_slots) if shared else (self._prefill, self._decode)
+        )
         while waiting or batch.rows:
             admitted = []
             while waiting and free:
@@ -251,7 +285,7 @@ class Generator:
                 admitted.append(seq)
             start = time.perf_counter()
             if admitted:
-                events = self._prefill(admitted, batch)
+                events = prefill(admitted, batch)
                 elapsed = time.perf_counter() - start
                 run.prefill_s += elapsed
                 for seq in admitted:
@@ -259,7 +293,7 @@ class Generator:
                     seq.timings.ttft_s = time.perf_counter() - seq.submitted
                 run.ttft_s = run.ttft_s or time.perf_counter() - began
             else:
-                events = self._decode(batch)
+                events = decode(batch)
                 elapsed = time.perf_counter() - start
                 run.decode_s += elapsed
                 for seq in batch.rows:
@@ -307,10 +341,15 @@ class Generator:
             ids = self._tokenize(prompt, use_chat, system)
             if not ids:
                 raise InvalidParameter(f"prompt {index} is empty after tokenisation")
-            if self.context_length and len(ids) >= self.context_length:
+            if self._limit and len(ids) >= self._limit:
+                room = (
+                    f"the model's context of {self._limit} tokens"
+                    if self._limit == self.context_length
+                    else f"max_len={self._limit}"
+                )
                 raise InvalidParameter(
-                    f"prompt {index} is {len(ids)} tokens, which does not fit the model's context of "
-                    f"{self.context_length} tokens (it must be at most {self.context_length - 1})"
+                    f"prompt {index} is {len(ids)} tokens, which does not fit {room} "
+                    f"(it must be at most {self._limit - 1})"
                 )
             seed = p.seed if p.seed is not None else int(np.random.SeedSequence().entropy % 2**63)
             sequences.append(
@@ -342,6 +381,16 @@ class Generator:
                 raise InvalidParameter("a system prompt needs chat mode")
             ids = self.tokenizer(prompt).input_ids
         return [int(i) for i in ids]
+
+    # ---- KV cache -------------------------------------------------------------------------------
+
+    def _new_batch(self, sequences: list[_Sequence]) -> KVBatch | SlotBatch:
+        """An empty running batch; for GQA, shared buffers with a row per slot and room for all."""
+        if self.kv_layout != "gqa":
+            return KVBatch(self.device)
+        need = max(len(s.prompt) + s.max_new_tokens for s in sequences)
+        self._kv.ensure(min(self.concurrency, len(sequences)), buffer_length(need, self._limit))
+        return SlotBatch(self._kv, self._pad, self.max_slots)
 
     # ---- sampler state ----------------------------------------------------------------------------
 
@@ -391,21 +440,27 @@ class Generator:
         binding.bind_cpu_input("attention_mask", mask)
         if "position_ids" in self._inputs:
             binding.bind_cpu_input("position_ids", positions)
-        for name, value in pasts.items():
-            if isinstance(value, np.ndarray):
-                binding.bind_cpu_input(name, value)
-            else:
-                binding.bind_ortvalue_input(name, value)
+        kv_outputs = []
+        if callable(pasts):  # GQA: shared buffers bound as past and present alike
+            kv_outputs = pasts(binding)
+        else:
+            for name, value in pasts.items():
+                if isinstance(value, np.ndarray):
+                    binding.bind_cpu_input(name, value)
+                else:
+                    binding.bind_ortvalue_input(name, value)
         for name, value in self._static.items():
             binding.bind_ortvalue_input(name, value)
         if self._counts is not None:
             binding.bind_ortvalue_input(_COUNTS, self._counts)
         binding.bind_cpu_input("sampler.row_index", row_index)
         binding.bind_cpu_input("sampler.uniform", uniform)
-        for name in self._outputs:
+        outputs = [name for name in self._outputs if name not in kv_outputs]
+        for name in outputs:
             binding.bind_output(name, "cpu" if name in _HOST_OUTPUTS else self.device)
         self.session.run_with_iobinding(binding)
-        out = dict(zip(self._outputs, binding.get_outputs(), strict=True))
+        # Outputs come back in the order they were first bound.
+        out = dict(zip(kv_outputs + outputs, binding.get_outputs(), strict=True))
         if self._counts is not None:
             self._counts = out[_COUNTS_OUT]
         presents = {name: out["present." + name[len(_PAST) :]] for name in self._pasts}
@@ -448,6 +503,20 @@ class Generator:
         batch.advance(presents)
         return [self._accept(seq, host) for seq in batch.rows]
 
+    def _prefill_slots(self, sequences: list[_Sequence], batch: SlotBatch) -> list[StreamEvent]:
+        """GQA: one call per run of consecutive slots, written into those rows of the buffers."""
+        self._assign(sequences)
+        events = []
+        for run in contiguous_runs(sequences):
+            host, _ = self._run(*batch.prefill(run), self._uniforms(run))
+            events += [self._accept(seq, host) for seq in run]
+        return events
+
+    def _decode_slots(self, batch: SlotBatch) -> list[StreamEvent]:
+        host, _ = self._run(*batch.decode(), self._uniforms(batch.rows))
+        batch.advance()
+        return [self._accept(seq, host) for seq in batch.rows]
+
     def _accept(self, seq: _Sequence, host: dict) -> StreamEvent:
         """Record the slot's sampled token; decide whether the sequence is finished."""
         token = int(host["sampler.next_token"][seq.slot])
@@ -469,7 +538,7 @@ class Generator:
         if seq.stops.stopped:
             seq.finish = "stop"
         elif len(seq.ids) >= seq.max_new_tokens or (
-            self.context_length and len(seq.prompt) + len(seq.ids) >= self.context_length
+            self._limit and len(seq.prompt) + len(seq.ids) >= self._limit
         ):
             seq.finish = "length"
             piece += seq.stops.add(seq.detok.flush()) + seq.stops.flush()

@@ -288,17 +288,17 @@ def test_greedy_decode_matches_the_plain_model(composed, plain, head_dim, prompt
     assert _greedy_composed(session, ids, head_dim, GREEDY_STEPS) == expected
 
 
-def test_generator_runs_the_genai_layout_one_sequence_at_a_time(
-    composed, plain, head_dim, prompt_ids, embedded_export
-):
-    """No position_ids: the runtime must not left-pad a batch, and each prompt decodes as alone."""
+def test_generator_batches_the_genai_layout(composed, plain, head_dim, prompt_ids, embedded_export):
+    """GroupQueryAttention: the prompts run as one batch in a shared, right-padded KV buffer, and
+    each decodes as the plain model does (tests/test_generator_gqa.py covers the runtime itself)."""
     from onnxsample.generator import Generator
     from onnxsample.params import SamplingParams
 
     path, _ = composed
     # genai's folder holds a transformers-5 tokenizer; ours is the same vocabulary, readable here.
     generator = Generator(path, tokenizer=embedded_export.output, threads=1)
-    assert generator.concurrency == 1
+    assert generator.kv_layout == "gqa"
+    assert generator.concurrency == MAX_SLOTS
     prompts = [generator.tokenizer.decode(list(ids)) for ids in prompt_ids]
     done = generator.generate(
         prompts, SamplingParams(temperature=0), max_new_tokens=GREEDY_STEPS, chat=False

@@ -1,0 +1,303 @@
+"""The Generator on GroupQueryAttention graphs: a shared, right-padded KV buffer, written in place.
+
+The model comes from the `gqa_model` fixture: our own export of the tiny random Llama, and
+onnxruntime-genai's build of the embedded SmolLM2 (`make genai-model`; those tests skip without it). Its reference is the plain, uncomposed graph run by a
+simple loop that feeds each step's ``present.*`` back as the next ``past_key_values.*`` (the cache
+grows by concatenation, batch of one): an independent check of the shared buffer, the right padding
+and the in-place writes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from onnxsample._kv import buffer_length, contiguous_runs
+from onnxsample.composer import compose
+from onnxsample.errors import InvalidParameter
+from onnxsample.generator import Generator
+from onnxsample.params import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+GENAI_MODEL = ROOT / "artifacts" / "cache" / "genai-smollm2-fp32" / "model.onnx"
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n <= 1:\n        return n\n    return",
+    "Once upon a time there was a little",
+    "The three primary colors are",
+    "import numpy as np\n",
+]
+GREEDY = SamplingParams(temperature=0)
+STEPS = 10
+
+
+@dataclass(frozen=True)
+class GQAModel:
+    source: Path  # the plain GQA graph
+    composed: Path  # composed with max_slots=4
+    tokenizer: Path  # a folder with its tokenizer and onnxsample.json (context length)
+
+
+@pytest.fixture(scope="session", params=["tiny", "genai"])
+def gqa_model(request, tmp_path_factory) -> GQAModel:
+    """A GQA model composed once per session: our tiny random Llama export, and genai's SmolLM2."""
+    if request.param == "tiny":
+        export = request.getfixturevalue("tiny_gqa_export")
+        source, tokenizer = export.model_path, export.output
+    else:
+        if not GENAI_MODEL.is_file():
+            pytest.skip(
+                f"no onnxruntime-genai model at {GENAI_MODEL.relative_to(ROOT)}: "
+                "build it with `make genai-model`"
+            )
+        # genai's folder holds a transformers-5 tokenizer; the optimum export's is the same vocabulary.
+        source, tokenizer = GENAI_MODEL, request.getfixturevalue("embedded_export").output
+    out = compose(source, None, tmp_path_factory.mktemp("gqa") / "c.onnx", max_slots=4)
+    yield GQAModel(source, out, tokenizer)
+    out.unlink(missing_ok=True)  # hundreds of MB; pytest keeps its last three temporary folders
+
+
+@pytest.fixture(scope="module")
+def generator(gqa_model) -> Generator:
+    return Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1)
+
+
+@pytest.fixture(scope="module")
+def two_slots(gqa_model, tmp_path_factory):
+    out = compose(gqa_model.source, None, tmp_path_factory.mktemp("gqa2") / "c.onnx", max_slots=2)
+    yield Generator(out, tokenizer=gqa_model.tokenizer, threads=1)
+    out.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(gqa_model, generator):
+    """Greedy tokens of the plain graph: numpy loop, batch of one, past = the last present."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(
+        str(gqa_model.source), options, providers=["CPUExecutionProvider"]
+    )
+    names = [o.name for o in session.get_outputs()]
+    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    config = gqa_model.source.parent / "genai_config.json"
+    head_size = pasts[0].shape[3]
+    if not isinstance(head_size, int):
+        head_size = json.loads(config.read_text())["model"]["decoder"]["head_size"]
+
+    def run(ids: list[int], n: int) -> list[int]:
+        past = {i.name: np.zeros((1, i.shape[1], 0, head_size), np.float32) for i in pasts}
+        step, tokens = np.asarray([ids], np.int64), []
+        for _ in range(n):
+            total = len(ids) + len(tokens)
+            feeds = {"input_ids": step, "attention_mask": np.ones((1, total), np.int64), **past}
+            out = dict(zip(names, session.run(names, feeds), strict=True))
+            token = int(out["logits"][0, -1].argmax())
+            if token in generator.eos_ids:
+                break
+            tokens.append(token)
+            past = {k: out["present." + k.removeprefix("past_key_values.")] for k in past}
+            step = np.asarray([[token]], np.int64)
+        return tokens
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def greedy_batch(generator):
+    return generator.generate(PROMPTS[:3], GREEDY, max_new_tokens=STEPS, chat=False)
+
+
+def _stream_with_lengths(generator, prompts, params, lengths):
+    """Each prompt with its own max_new_tokens, all submitted at once: finishes at different steps."""
+    sequences = []
+    for i, (prompt, p, n) in enumerate(zip(prompts, params, lengths, strict=True)):
+        [seq] = generator._prepare([prompt], [p], n, None, False, None)
+        seq.index = i
+        sequences.append(seq)
+    generator._prepare = lambda *args: sequences
+    try:
+        return {
+            e.index: e.completion
+            for e in generator.stream(prompts, params, chat=False)
+            if e.completion
+        }
+    finally:
+        del generator._prepare
+
+
+@pytest.mark.parametrize(
+    ("need", "limit", "expected"),
+    [
+        (1, None, 64),
+        (64, 8192, 64),
+        (65, 8192, 128),
+        (300, 8192, 320),
+        (300, 100, 100),  # max_len (or the context) caps the rounding
+        (9000, 8192, 8192),
+        (130, 150, 150),
+    ],
+)
+def test_buffer_length(need, limit, expected):
+    assert buffer_length(need, limit) == expected
+
+
+@dataclass
+class _Seq:
+    slot: int
+
+
+@pytest.mark.parametrize(
+    ("slots", "runs"),
+    [
+        ([0, 1, 2], [[0, 1, 2]]),
+        ([2, 0], [[0], [2]]),
+        ([1, 3, 4, 6], [[1], [3, 4], [6]]),
+        ([5], [[5]]),
+    ],
+)
+def test_contiguous_runs(slots, runs):
+    got = contiguous_runs([_Seq(s) for s in slots])
+    assert [[s.slot for s in run] for run in got] == runs
+
+
+def test_the_layout_is_gqa_with_every_slot(generator):
+    assert generator.kv_layout == "gqa"
+    assert generator.concurrency == generator.max_slots == 4
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_greedy_alone_in_a_batch_and_in_the_plain_graph_agree(
+    generator, greedy_batch, plain_greedy, index
+):
+    """Three prompts of different lengths (right padding), each as alone and as the plain graph."""
+    [alone] = generator.generate(PROMPTS[index], GREEDY, max_new_tokens=STEPS, chat=False)
+    assert greedy_batch[index].prompt_token_ids == alone.prompt_token_ids
+    assert greedy_batch[index].token_ids == alone.token_ids
+    assert alone.token_ids == plain_greedy(alone.prompt_token_ids, STEPS)
+    assert len(alone.token_ids) == STEPS or alone.finish_reason == "eos"
+
+
+def test_prompts_have_different_lengths(greedy_batch):
+    assert len({len(c.prompt_token_ids) for c in greedy_batch}) == 3
+
+
+def test_presents_are_the_shared_buffers(generator, monkeypatch):
+    """ORT writes in place: every call's present.* is the buffer itself (rows from 0 here)."""
+    seen = []
+    run = generator.session.run_with_iobinding
+
+    def spy(binding, *args):
+        run(binding, *args)
+        seen.append([(v.data_ptr(), v.shape()) for v in binding.get_outputs()])
+
+    monkeypatch.setattr(generator.session, "run_with_iobinding", spy)
+    generator.generate(PROMPTS[:3], GREEDY, max_new_tokens=4, chat=False)
+    kv = generator._kv
+    buffers = list(kv.buffers.values())
+    assert len(seen) >= 2  # one prefill, then decodes
+    for outputs in seen:
+        presents = outputs[: len(buffers)]  # bound first
+        assert [ptr for ptr, _ in presents] == [b.data_ptr() for b in buffers]
+        assert all(shape[2] == kv.length for _, shape in presents)
+
+
+@pytest.mark.parametrize(
+    ("mode", "lengths"),
+    [
+        # slot 0 frees first, then slot 1; at the end slot 1 runs alone (an idle row below it)
+        ("greedy", [9, 3, 5, 12, 4]),
+        ("seeded", [9, 3, 5, 12, 4]),
+        ("seeded", [2, 2, 6, 1, 7]),
+    ],
+)
+def test_continuous_batching_matches_alone(two_slots, mode, lengths):
+    """Five prompts through two slots: each waits, reuses a freed row, and decodes as alone."""
+    if mode == "greedy":
+        params = [GREEDY] * 5
+    else:
+        params = [SamplingParams(temperature=0.9, top_k=40, seed=100 + i) for i in range(5)]
+    together = _stream_with_lengths(two_slots, PROMPTS, params, lengths)
+    assert two_slots._kv.rows == 2
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        [alone] = two_slots.generate(prompt, p, max_new_tokens=lengths[i], chat=False)
+        assert together[i].token_ids == alone.token_ids, i
+        assert len(alone.token_ids) == lengths[i] or alone.finish_reason == "eos"
+
+
+def test_seeded_sampling_alone_and_in_a_batch(generator):
+    mine = SamplingParams(temperature=1.0, top_k=50, seed=1234)
+    [alone] = generator.generate(PROMPTS[1], mine, max_new_tokens=12, chat=False)
+    others = [SamplingParams(temperature=0.7, top_p=0.9, seed=s) for s in (1, 2, 3)]
+    batch = generator.generate(
+        PROMPTS[:4], [others[0], mine, others[1], others[2]], max_new_tokens=12, chat=False
+    )
+    assert batch[1].token_ids == alone.token_ids
+    [other_seed] = generator.generate(
+        PROMPTS[1],
+        SamplingParams(temperature=1.0, top_k=50, seed=99),
+        max_new_tokens=12,
+        chat=False,
+    )
+    assert other_seed.token_ids != alone.token_ids
+
+
+# Calls in order: (prompts, max_new_tokens) -> buffer (rows, positions), and whether it is new.
+BUFFER_CALLS = [
+    ((3, 10), (3, 64), True),  # the longest prompt + 10 new tokens, rounded up to 64
+    ((2, 10), (3, 64), False),  # smaller needs reuse the buffers
+    ((1, 100), (1, 128), True),  # more positions: new buffers, sized for this call
+    ((1, 50), (1, 128), False),
+    ((4, 10), (4, 64), True),  # more rows
+]
+
+
+def test_buffers_are_sized_by_the_call_and_reused(generator):
+    from onnxsample._kv import SharedKV
+
+    generator._kv = kv = SharedKV(generator._kv.specs, generator.device)
+    before: list = []  # kept alive, so that new buffers are new objects
+    for (prompts, max_new_tokens), size, new in BUFFER_CALLS:
+        generator.generate(PROMPTS[:prompts], GREEDY, max_new_tokens=max_new_tokens, chat=False)
+        assert (kv.rows, kv.length) == size, (prompts, max_new_tokens)
+        now = list(kv.buffers.values())
+        same = len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
+        assert same != new, (prompts, max_new_tokens)
+        before = now
+
+
+@pytest.mark.parametrize("bad", [0, 1, -5, 2.5, "64", True])
+def test_max_len_must_be_an_integer_of_at_least_2(gqa_model, bad):
+    with pytest.raises(InvalidParameter, match="max_len must be an integer >= 2"):
+        Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, max_len=bad)
+
+
+@pytest.fixture(scope="module")
+def short(gqa_model) -> Generator:
+    return Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1, max_len=24)
+
+
+def test_a_prompt_longer_than_max_len_is_refused(short):
+    long = "one two three four five six seven eight nine ten " * 3
+    assert len(short.tokenizer(long).input_ids) >= 24
+    with pytest.raises(
+        InvalidParameter, match=r"does not fit max_len=24 \(it must be at most 23\)"
+    ):
+        short.generate([PROMPTS[0], long], GREEDY, max_new_tokens=4, chat=False)
+
+
+@pytest.mark.parametrize("prompts", [[0], [0, 2, 1]])
+def test_generation_stops_with_length_at_max_len(short, generator, prompts):
+    texts = [PROMPTS[i] for i in prompts]
+    done = short.generate(texts, GREEDY, max_new_tokens=100, chat=False)
+    assert short._kv.length == 24  # max_len caps the buffer: no rounding past it
+    for c, text in zip(done, texts, strict=True):
+        [full] = generator.generate(text, GREEDY, max_new_tokens=30, chat=False)
+        room = 24 - len(c.prompt_token_ids)
+        assert c.token_ids == full.token_ids[:room]
+        if len(full.token_ids) >= room:
+            assert c.finish_reason == "length" and len(c.token_ids) == room
