@@ -1,24 +1,42 @@
 """End-to-end decode against the peers: same prompt, same machine, same run, engines alternated.
 
     python benchmarks/e2e.py                                   # the issue's matrix, 3 repeats
-    python benchmarks/e2e.py --engines onnxsample,genai --batch 1 --threads 2 --repeats 5
-    python benchmarks/e2e.py --new-tokens 16 --repeats 1       # a quick smoke run
+    python benchmarks/e2e.py --engines onnxsample-gguf-a4,llamacpp --batch 1 --threads 2
+    python benchmarks/e2e.py --new-tokens 16 --repeats 1 --output /tmp/e2e.json   # a quick smoke run
 
-Engines (each in its own worker process, see ``benchmarks/e2e_worker.py``, loaded once):
-``onnxsample`` (composed model, IOBinding, sampling in the graph), ``onnxsample-gqa`` (the same
-runtime on genai's builder model, composed like ``onnxsample run``'s; batch 1 only: the Generator runs
-that layout one sequence at a time), ``optimum`` (the same export through
-``ORTModelForCausalLM.generate``, sampling on the host), ``genai`` (onnxruntime-genai, its builder's
-fp32 model, from ``.venv-genai``), ``transformers`` (``generate`` on torch CPU, fp32), ``llamacpp``
-(llama-cpp-python on the original Q4_1 GGUF, from ``.venv-llamacpp``; skipped with the reason when
-absent). An engine that cannot start is recorded as skipped, with its error, and the others go on.
+Engines (each in its own worker process, see ``benchmarks/e2e_worker.py``, loaded once). Our runtime,
+``onnxsample.Generator`` (composed model with ``onnxsample run``'s options: 8 slots, IOBinding,
+sampling in the graph), on four exports of the embedded SmolLM2-135M-Instruct GGUF, made here on
+first use into ``--cache`` (``export()`` reuses an up-to-date one; composing likewise):
+
+- ``onnxsample``: optimum's layout, fp32 (attention as plain ops, the cache grown by concatenation);
+- ``onnxsample-gqa-fp32``: our GroupQueryAttention layout, fp32 (one shared KV buffer);
+- ``onnxsample-gguf-a0`` / ``onnxsample-gguf-a4``: the gqa layout with the GGUF's own Q4_1/Q8_0
+  blocks transplanted (MatMulNBits), accuracy level 0 (float compute, exact) / 4 (int8 activations,
+  like llama.cpp);
+- ``onnxsample-genai-graph``: the same runtime on onnxruntime-genai's builder model (fp32 GQA), to
+  separate the runtime from the graph (``onnxsample-gqa`` is accepted as its old name).
+
+Peers: ``optimum`` (the fp32 optimum export through ``ORTModelForCausalLM.generate``, sampling on the
+host), ``genai`` (onnxruntime-genai, its builder's fp32 model, from ``.venv-genai``),
+``transformers`` (``generate`` on torch CPU, fp32), ``llamacpp`` (llama-cpp-python on the original
+Q4_1 GGUF, from ``.venv-llamacpp``). An engine that cannot start (or whose model cannot be exported)
+is recorded as skipped, with its error, and the others go on; a batch size an engine refuses is
+recorded as unavailable.
 
 For each thread count all workers are started, warmed up (one short request per batch size), then
 every repetition runs every (batch, mode) configuration on every engine, the engine order rotating
 from one repetition to the next. Results: the median and the min-max spread over the repetitions of
 decode tokens/s (all sequences' tokens after the first / decode time), prefill tokens/s (batch ×
 prompt tokens / time to first token), time to first token, and the worker's peak RSS (which includes
-loading the model; VmHWM). The JSON goes to stdout and to ``benchmarks/results/e2e.json``.
+loading the model; VmHWM).
+
+Quality, per engine: the mean log-probability its model gives the fp32 reference's greedy tokens
+(``--quality-tokens``, 64) after the benchmark prompt, teacher forced; the reference is the fp32 gqa
+export, decoded greedily by ONNX Runtime. ONNX models are scored here, before any worker starts (the
+plain ``model.onnx`` of each export; genai's builder model for genai); transformers and llama.cpp
+(a second ``Llama`` with ``logits_all=True``) score in their worker after their timed runs.
+The JSON goes to stdout and to ``--output`` (``benchmarks/results/e2e.json``).
 """
 
 from __future__ import annotations
@@ -38,7 +56,18 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from _machine import emit, load_average, machine, versions  # noqa: E402
 
-ENGINES = ("onnxsample", "onnxsample-gqa", "optimum", "genai", "transformers", "llamacpp")
+# Our exports of the embedded model: engine -> (folder under --cache, export() options).
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "onnxsample": ("fp32-optimum", {"layout": "optimum", "precision": "fp32"}),
+    "onnxsample-gqa-fp32": ("gqa-fp32", {"layout": "gqa", "precision": "fp32"}),
+    "onnxsample-gguf-a0": ("gguf-a0", {"layout": "gqa", "precision": "gguf", "accuracy_level": 0}),
+    "onnxsample-gguf-a4": ("gguf-a4", {"layout": "gqa", "precision": "gguf", "accuracy_level": 4}),
+}
+GENAI_GRAPH = "onnxsample-genai-graph"
+ENGINES = (*VARIANTS, GENAI_GRAPH, "optimum", "genai", "transformers", "llamacpp")
+ALIASES = {"onnxsample-gqa": GENAI_GRAPH}  # old names still accepted by --engines
+RUNTIME = (*VARIANTS, GENAI_GRAPH)  # the engines that run onnxsample.Generator
+REFERENCE = "onnxsample-gqa-fp32"  # its export gives the prompt's ids and the quality reference
 MODES = ("greedy", "sampled")
 MESSAGE = (
     "Explain in a few short paragraphs how a refrigerator keeps food cold, "
@@ -54,6 +83,11 @@ EOS_DOC = (
     "(logit_bias), transformers and optimum pass min_new_tokens, genai min_length, llama.cpp a "
     "logits processor that sets the EOS logit to -inf"
 )
+QUALITY_DOC = (
+    "mean log-probability (natural log, per token) that the engine's model assigns to the fp32 "
+    "reference's greedy continuation of the benchmark prompt, teacher forced in one pass; higher "
+    "is better, and delta_vs_fp32 is the difference to the reference model's own score"
+)
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -66,14 +100,17 @@ def _ints(text: str, what: str) -> list[int]:
     return values
 
 
-def _names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+def _names(
+    text: str, allowed: tuple[str, ...], what: str, aliases: dict[str, str] | None = None
+) -> list[str]:
+    aliases = aliases or {}
     names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in allowed]
+    bad = [n for n in names if n not in allowed and n not in aliases]
     if not names or bad:
         raise SystemExit(
             f"--{what} takes a comma-separated subset of {','.join(allowed)}, got {text!r}"
         )
-    return names
+    return list(dict.fromkeys(aliases.get(n, n) for n in names))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,25 +123,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=128, help="tokens generated per sequence")
     p.add_argument("--warmup-tokens", type=int, default=8, help="tokens of each warm-up request")
     p.add_argument("--message", default=MESSAGE, help="the user message (chat template applied)")
-    p.add_argument("--model", default=str(ROOT / "artifacts/smollm2-135m-instruct"))
+    p.add_argument(
+        "--cache",
+        default=str(ROOT / "artifacts/cache/bench-e2e"),
+        help="where the exports (one folder per variant) and composed models are kept",
+    )
     p.add_argument("--hf", default=str(ROOT / "artifacts/cache/smollm2-hf-export/hf"))
     p.add_argument("--genai-model", default=str(ROOT / "artifacts/cache/genai-smollm2-fp32"))
     p.add_argument("--genai-python", default=str(ROOT / ".venv-genai/bin/python"))
     p.add_argument("--llamacpp-python", default=str(ROOT / ".venv-llamacpp/bin/python"))
     p.add_argument("--gguf", default=None, help="default: the embedded model's GGUF")
+    p.add_argument(
+        "--quality-tokens",
+        type=int,
+        default=64,
+        help="greedy fp32 tokens the quality score is computed on (0: no quality scores)",
+    )
     p.add_argument("--output", default=str(HERE / "results/e2e.json"), help="'' to write nothing")
     p.add_argument("--note", default="", help="a remark stored with the results")
     args = p.parse_args(argv)
-    args.engines = _names(args.engines, ENGINES, "engines")
+    args.engines = _names(args.engines, ENGINES, "engines", ALIASES)
     args.batch = _ints(args.batch, "batch")
     args.threads = _ints(args.threads, "threads")
     args.modes = _names(args.modes, MODES, "modes")
     if args.repeats < 1 or args.new_tokens < 2 or args.warmup_tokens < 2:
         raise SystemExit("--repeats must be >= 1, --new-tokens and --warmup-tokens >= 2")
+    if args.quality_tokens < 0:
+        raise SystemExit("--quality-tokens must be >= 0")
     return args
 
 
-def prompt_ids(model: str, message: str) -> list[int]:
+def prompt_ids(model: str | Path, message: str) -> list[int]:
     """The embedded model's chat template applied to the message: what every engine is given."""
     from transformers import AutoTokenizer
 
@@ -117,14 +166,194 @@ def prompt_ids(model: str, message: str) -> list[int]:
     return [int(i) for i in ids]
 
 
+# ---- models: exports, composed graphs ---------------------------------------------------------
+
+
+def export_variant(engine: str, cache: Path, log) -> tuple[Path, dict]:
+    """Export (or reuse) `engine`'s variant of the embedded model; (folder, what was done)."""
+    from onnxsample.errors import ExportError
+    from onnxsample.exporters import export
+
+    name, options = VARIANTS[engine]
+    folder = cache / name
+    try:
+        result = export(None, folder, verify_tokens=0, **options)
+    except ExportError as exc:  # our own cache folder, holding an export of older code: redo it
+        log(f"{engine}: re-exporting into {folder} ({str(exc).splitlines()[0]})")
+        result = export(None, folder, verify_tokens=0, force=True, **options)
+    m = result.manifest
+    info = {
+        "folder": str(folder),
+        "layout": m.get("layout"),
+        "precision": m.get("precision"),
+        "accuracy_level": m.get("accuracy_level"),
+        "reused": result.reused,
+        "seconds": round(result.seconds, 1),
+        "bytes": m.get("files", {}).get("bytes"),
+    }
+    return folder, info
+
+
+def compose_genai_graph(genai_model: str, cache: Path) -> Path:
+    """onnxruntime-genai's builder model composed with ``onnxsample run``'s options, kept in
+    `cache` (recomposed only when the model or the composer changed, as prepare() decides)."""
+    import onnxsample
+    from onnxsample.prepare import RUN_COMPOSE_OPTIONS, _up_to_date
+
+    out = cache / "genai-composed.onnx"
+    source = Path(genai_model) / "model.onnx"
+    if not _up_to_date(out, source):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        onnxsample.compose(source, None, out, **RUN_COMPOSE_OPTIONS)
+    return out
+
+
+def prepare_models(args: argparse.Namespace, engines: dict, log) -> dict[str, dict]:
+    """Export and compose what the engines run, here rather than in the workers (whose peak RSS
+    would show it). Returns engine -> {"model", "tokenizer", "scored"}; an engine whose model cannot
+    be made is entered in `engines` as skipped. The reference export is always made."""
+    cache = Path(args.cache)
+    models: dict[str, dict] = {}
+    exported: dict[str, tuple[Path, dict]] = {}
+    wanted = [REFERENCE] + [e for e in args.engines if e in VARIANTS and e != REFERENCE]
+    if "optimum" in args.engines and "onnxsample" not in wanted:
+        wanted.append("onnxsample")
+    for engine in wanted:
+        log(f"{engine}: exporting into {cache / VARIANTS[engine][0]} (reused when up to date)")
+        try:
+            exported[engine] = export_variant(engine, cache, log)
+        except Exception as exc:
+            if engine == REFERENCE:
+                raise SystemExit(f"the reference export ({engine}) failed: {exc}") from exc
+            engines[engine] = {"status": "skipped", "reason": f"export failed: {exc}"}
+            log(f"{engine}: skipped: export failed: {exc}")
+    reference = exported[REFERENCE][0]
+    for engine in args.engines:
+        if engine in engines:
+            continue
+        try:
+            if engine in VARIANTS:
+                from onnxsample import prepare
+
+                folder, info = exported[engine]
+                model = prepare(folder)
+                models[engine] = {"model": model, "tokenizer": folder, "export": info}
+                models[engine]["scored"] = folder / "model.onnx"
+            elif engine == GENAI_GRAPH and Path(args.genai_model, "genai_config.json").is_file():
+                model = compose_genai_graph(args.genai_model, cache)
+                models[engine] = {"model": model, "tokenizer": reference}
+                models[engine]["scored"] = Path(args.genai_model) / "model.onnx"
+            elif engine == "optimum" and "onnxsample" in exported:
+                folder, info = exported["onnxsample"]
+                models[engine] = {"model": folder, "tokenizer": folder, "export": info}
+                models[engine]["scored"] = folder / "model.onnx"
+            elif engine == "genai":
+                model = Path(args.genai_model)
+                models[engine] = {"model": model, "tokenizer": reference}
+                models[engine]["scored"] = model / "model.onnx"
+            elif engine in ("transformers", "llamacpp"):
+                models[engine] = {"model": None, "tokenizer": reference, "scored": None}
+            elif engine == GENAI_GRAPH:
+                raise RuntimeError(f"no genai model in {args.genai_model}: run `make genai-model`")
+            else:  # optimum without the fp32 optimum export
+                raise RuntimeError("the fp32 optimum export failed (see onnxsample)")
+        except Exception as exc:
+            engines[engine] = {"status": "skipped", "reason": f"{type(exc).__name__}: {exc}"}
+            log(f"{engine}: skipped: {exc}")
+    models["__reference__"] = {"model": reference / "model.onnx", "tokenizer": reference}
+    return models
+
+
+# ---- quality ----------------------------------------------------------------------------------
+
+
+def reference_tokens(model: Path, ids: list[int], n: int, threads: int) -> list[int]:
+    """The fp32 reference's `n` greedy tokens after the prompt (EOS not suppressed: the score
+    is defined whatever the tokens are)."""
+    from onnxsample.exporters._verify import ort_greedy
+
+    return ort_greedy(model, ids, n, threads=threads)
+
+
+def score_onnx(
+    models: dict[str, dict], ids: list[int], tokens: list[int], threads: int, log
+) -> dict[str, dict]:
+    """engine -> {"mean_logprob", "scored_on"} (or a null score and the reason) for every engine
+    whose model is an ONNX file scored here; each file is scored once."""
+    from onnxsample.exporters._verify import mean_logprob
+
+    def score(path: Path) -> float:
+        if (path.parent / "genai_config.json").is_file():
+            return genai_mean_logprob(path, ids, tokens, threads)
+        return mean_logprob(path, ids, tokens, threads=threads)
+
+    by_path: dict[str, dict] = {}
+    scores = {}
+    for engine, entry in models.items():
+        path = entry.get("scored")
+        if engine.startswith("__") or path is None:
+            continue
+        key = str(path)
+        if key not in by_path:
+            try:
+                value = score(Path(path))
+                by_path[key] = {"mean_logprob": round(value, 4), "scored_on": key}
+            except Exception as exc:
+                by_path[key] = {
+                    "mean_logprob": None,
+                    "scored_on": key,
+                    "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}",
+                }
+            log(f"quality: {engine}: {by_path[key]}")
+        scores[engine] = dict(by_path[key])
+    return scores
+
+
+def genai_mean_logprob(path: Path, ids: list[int], tokens: list[int], threads: int) -> float:
+    """``mean_logprob`` for onnxruntime-genai's builder model, whose past inputs leave the head size
+    symbolic (``kv_cache_dim``): it is read from the ``genai_config.json`` beside the model."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from onnxsample.exporters._verify import _mean_logprob
+
+    decoder = json.loads((path.parent / "genai_config.json").read_text())["model"]["decoder"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    seq = np.asarray([list(ids) + list(tokens[:-1])], dtype=np.int64)
+    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            heads = i.shape[1] if isinstance(i.shape[1], int) else decoder["num_key_value_heads"]
+            size = i.shape[3] if isinstance(i.shape[3], int) else decoder["head_size"]
+            feed[i.name] = np.zeros((1, heads, 0, size), dtype=np.float32)
+    logits = session.run(["logits"], feed)[0][0, len(ids) - 1 :].astype(np.float64)
+    return _mean_logprob(logits, tokens)
+
+
+def _with_delta(score: dict, reference: float | None) -> dict:
+    value = score.get("mean_logprob")
+    if value is not None and reference is not None:
+        score["delta_vs_fp32"] = round(value - reference, 4)
+    return score
+
+
+# ---- workers ----------------------------------------------------------------------------------
+
+
 class Worker:
     """One engine's process; requests go in as JSON lines, results come back the same way."""
 
-    def __init__(self, engine: str, python: str, threads: int, args: argparse.Namespace) -> None:
+    def __init__(
+        self, engine: str, python: str, threads: int, args: argparse.Namespace, model: dict
+    ) -> None:
         self.engine, self.threads = engine, threads
         cmd = [python, str(HERE / "e2e_worker.py"), engine, "--threads", str(threads)]
-        cmd += ["--model", args.model, "--hf", args.hf, "--genai", args.genai_model]
-        cmd += ["--gguf", args.gguf, "--cache", str(ROOT / "artifacts/cache/bench-e2e")]
+        if model.get("model") is not None:
+            cmd += ["--model", str(model["model"])]
+        cmd += ["--tokenizer", str(model["tokenizer"]), "--hf", args.hf]
+        cmd += ["--genai", args.genai_model, "--gguf", args.gguf]
         env = {
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
@@ -169,7 +398,7 @@ def _python_for(engine: str, args: argparse.Namespace) -> tuple[str | None, str]
     if engine == "genai" and not Path(args.genai_python).is_file():
         return None, f"no {args.genai_python}: run `make genai-model` (builds .venv-genai)"
     has_model = Path(args.genai_model, "genai_config.json").is_file()
-    if engine in ("genai", "onnxsample-gqa") and not has_model:
+    if engine in ("genai", GENAI_GRAPH) and not has_model:
         return None, f"no genai model in {args.genai_model}: run `make genai-model`"
     if engine == "llamacpp":
         if not Path(args.llamacpp_python).is_file():
@@ -225,20 +454,31 @@ def _derive(run: dict) -> dict:
     return run
 
 
-def measure(args: argparse.Namespace, ids: list[int], log) -> tuple[list[dict], dict]:
+def measure(
+    args: argparse.Namespace,
+    ids: list[int],
+    log,
+    models: dict[str, dict],
+    engines: dict[str, dict],
+    quality: dict[str, dict],
+    tokens: list[int],
+) -> list[dict]:
+    """Run every configuration; fills `engines` (status, load, versions) and, from the workers of
+    the first thread count after their timed runs, the `quality` scores no ONNX file gave."""
     runs: list[dict] = []
-    engines: dict[str, dict] = {}
     configs = [(b, m) for b in args.batch for m in args.modes]
-    for threads in args.threads:
+    for round_, threads in enumerate(args.threads):
         workers: list[Worker] = []
         for engine in args.engines:
+            if engines.get(engine, {}).get("status") == "skipped":
+                continue
             python, reason = _python_for(engine, args)
             if python is None:
                 engines[engine] = {"status": "skipped", "reason": reason}
                 log(f"{engine}: skipped: {reason}")
                 continue
             log(f"{engine}: loading (threads {threads}) {reason}".rstrip())
-            worker = Worker(engine, python, threads, args)
+            worker = Worker(engine, python, threads, args, models[engine])
             if not worker.info.get("ready"):
                 engines[engine] = {"status": "skipped", "reason": worker.info.get("error")}
                 log(f"{engine}: skipped: {worker.info.get('error')}")
@@ -249,6 +489,8 @@ def measure(args: argparse.Namespace, ids: list[int], log) -> tuple[list[dict], 
             entry["load"][str(threads)] = {
                 k: worker.info.get(k) for k in ("load_s", "rss_mb", "peak_rss_mb")
             }
+            if "export" in models[engine]:
+                entry["export"] = models[engine]["export"]
             if "use_io_binding" in worker.info:
                 entry["use_io_binding"] = worker.info["use_io_binding"]
             workers.append(worker)
@@ -277,15 +519,36 @@ def measure(args: argparse.Namespace, ids: list[int], log) -> tuple[list[dict], 
                         if result.get("ok"):
                             _derive(run)
                             log(
-                                f"t{threads} b{batch} {mode:7s} rep {rep}: {worker.engine:12s} "
+                                f"t{threads} b{batch} {mode:7s} rep {rep}: {worker.engine:22s} "
                                 f"{run['decode_tps']:7.1f} tok/s decode, ttft "
                                 f"{run['ttft_s'] * 1000:6.0f} ms"
                             )
+                        else:
+                            log(
+                                f"t{threads} b{batch} {mode} rep {rep}: {worker.engine} failed: "
+                                f"{result.get('error')}"
+                            )
                         runs.append(run)
+            if round_ == 0 and tokens:  # after the timed runs: they are not disturbed by it
+                for worker in workers:
+                    if worker.engine in quality:
+                        continue
+                    result = worker.request({"score": {"prompt_ids": ids, "tokens": tokens}})
+                    if result.get("ok"):
+                        quality[worker.engine] = {
+                            "mean_logprob": round(result["mean_logprob"], 4),
+                            "scored_on": result.get("scored_on", "the engine's own model"),
+                        }
+                    else:
+                        quality[worker.engine] = {
+                            "mean_logprob": None,
+                            "reason": result.get("error", "no score"),
+                        }
+                    log(f"quality: {worker.engine}: {quality[worker.engine]}")
         finally:
             for worker in workers:
                 worker.close()
-    return runs, engines
+    return runs
 
 
 def _req(ids: list[int], args, batch: int, mode: str, new: int, seed: int) -> dict:
@@ -307,23 +570,40 @@ def main(argv: list[str] | None = None) -> dict:
     def log(msg: str) -> None:
         print(f"[e2e] {msg}", file=sys.stderr, flush=True)
 
-    if not Path(args.model, "model.onnx").is_file():
-        raise SystemExit(
-            f"no export at {args.model}: run `make run` (or `.venv/bin/onnxsample export -o "
-            "artifacts/smollm2-135m-instruct`) first"
-        )
-    ids = prompt_ids(args.model, args.message)
-    if "onnxsample" in args.engines:  # compose here, not in a worker, whose peak RSS would show it
-        from onnxsample import prepare
+    began = time.time()
+    engines: dict[str, dict] = {}
+    models = prepare_models(args, engines, log)
+    reference = models["__reference__"]
+    ids = prompt_ids(reference["tokenizer"], args.message)
+    quality: dict[str, dict] = {}
+    tokens: list[int] = []
+    ref_score = None
+    if args.quality_tokens:
+        threads = max(args.threads)
+        log(f"quality: {args.quality_tokens} greedy tokens of {reference['model']}")
+        tokens = reference_tokens(reference["model"], ids, args.quality_tokens, threads)
+        from onnxsample.exporters._verify import mean_logprob
 
-        prepare(args.model)
+        ref_score = round(mean_logprob(reference["model"], ids, tokens, threads=threads), 4)
+        quality.update(score_onnx(models, ids, tokens, threads, log))
+    prepared_s = round(time.time() - began, 1)
     load_before = load_average()
     began = time.time()
-    runs, engines = measure(args, ids, log)
+    runs = measure(args, ids, log, models, engines, quality, tokens)
+    for engine in args.engines:
+        entry = engines.setdefault(engine, {"status": "skipped", "reason": "not started"})
+        if not args.quality_tokens:
+            continue
+        score = quality.get(engine)
+        if score is None:
+            why = entry.get("reason") if entry["status"] != "ok" else "not scored"
+            score = {"mean_logprob": None, "reason": f"engine skipped: {why}"}
+        entry["quality"] = _with_delta(score, ref_score)
     report = {
         "benchmark": "e2e",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(time.time() - began, 1),
+        "prepare_s": prepared_s,
         "machine": machine(),
         "load_average_before": load_before,
         "load_average_after": load_average(),
@@ -344,6 +624,15 @@ def main(argv: list[str] | None = None) -> dict:
             "order": "engines alternate within each repetition; the order rotates per repetition",
             "note": args.note,
         },
+        "quality": {
+            "method": QUALITY_DOC,
+            "reference": REFERENCE,
+            "reference_model": str(reference["model"]),
+            "tokens": tokens,
+            "reference_logprob": ref_score,
+        }
+        if args.quality_tokens
+        else None,
         "engines": engines,
         "results": aggregate(runs),
         "runs": runs,

@@ -1,16 +1,23 @@
 """One engine of the end-to-end benchmark, in its own process: load the model once, then serve requests.
 
-    python benchmarks/e2e_worker.py ENGINE --threads N --model FOLDER [--hf DIR] [--genai DIR] [--gguf F]
+    python benchmarks/e2e_worker.py ENGINE --threads N [--model PATH] [--tokenizer DIR] [--hf DIR]
+        [--genai DIR] [--gguf F]
 
 Started by ``benchmarks/e2e.py`` (with the engine's own interpreter: onnxruntime-genai runs from
-``.venv-genai``, llama.cpp from ``.venv-llamacpp``). Protocol, one JSON object per line:
+``.venv-genai``, llama.cpp from ``.venv-llamacpp``), which exports and composes the models first:
+``--model`` is the composed ``.onnx`` for the onnxsample engines (all of them run
+``onnxsample.Generator``; the variant is the model) and the fp32 optimum export folder for optimum.
+Protocol, one JSON object per line:
 
 - stdout, once loaded: ``{"ready": true, "load_s", "rss_mb", "peak_rss_mb", "versions"}`` or
   ``{"ready": false, "error"}``;
 - stdin: ``{"prompt_ids": [...], "message": str, "batch": B, "mode": "greedy"|"sampled",
   "new_tokens": N, "seed": S}`` (or ``{"quit": true}``); stdout: ``{"ok": true, "prompt_tokens",
   "tokens": [per sequence], "ttft_s", "prefill_s", "decode_s", "total_s", "rss_mb", "peak_rss_mb"}``
-  or ``{"ok": false, "error"}``.
+  or ``{"ok": false, "error"}``;
+- stdin: ``{"score": {"prompt_ids": [...], "tokens": [...]}}``; stdout: ``{"ok": true,
+  "mean_logprob", "scored_on"}``: the mean log-probability of `tokens` after the prompt under the
+  engine's own model (transformers, llama.cpp; the others are scored by the orchestrator).
 
 Every engine gets the same prompt token ids (the embedded model's chat template applied to the same
 user message), the batch is the same prompt B times (sequence i seeded with seed + i), and every
@@ -55,9 +62,24 @@ class Engine:
     def run(self, req: dict) -> dict:
         raise NotImplementedError
 
+    def score(self, prompt_ids: list[int], tokens: list[int]) -> float:
+        """Mean log-probability of `tokens` after `prompt_ids` (teacher forced)."""
+        raise NotImplementedError("this engine's model is scored by the orchestrator")
+
+
+def _mean_logprob(logits, tokens: list[int]) -> float:
+    """Mean log-softmax of `tokens` in `logits` [len(tokens), vocab], in float64 (numpy)."""
+    import numpy as np
+
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    logprobs = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return float(logprobs[np.arange(len(tokens)), tokens].mean())
+
 
 class OnnxsampleEngine(Engine):
-    """The composed model (full chain, 8 slots) through ``onnxsample.Generator`` with IOBinding."""
+    """A composed model (full chain, 8 slots) through ``onnxsample.Generator`` with IOBinding: every
+    onnxsample variant, the variant being the model the orchestrator exported and composed."""
 
     packages = ("onnxsample", "onnxruntime", "onnx", "onnxscript", "numpy")
 
@@ -66,7 +88,9 @@ class OnnxsampleEngine(Engine):
         import onnxsample
 
         self.osx = onnxsample
-        self.gen = onnxsample.Generator(onnxsample.prepare(args.model), threads=args.threads)
+        self.gen = onnxsample.Generator(
+            onnxsample.prepare(args.model), tokenizer=args.tokenizer, threads=args.threads
+        )
 
     def run(self, req: dict) -> dict:
         osx, batch = self.osx, req["batch"]
@@ -93,35 +117,6 @@ class OnnxsampleEngine(Engine):
             "decode_s": t.decode_s,
             "total_s": total,
         }
-
-
-class OnnxsampleGqaEngine(OnnxsampleEngine):
-    """onnxsample on onnxruntime-genai's builder model (GroupQueryAttention): the graph genai runs,
-    composed with ``onnxsample run``'s options but one slot, sampled in the graph. The Generator runs
-    this layout one sequence at a time (no ``position_ids``), so batch 1 only."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        Engine.__init__(self, args)
-        import onnxsample
-        from onnxsample.prepare import RUN_COMPOSE_OPTIONS, _up_to_date
-
-        self.osx = onnxsample
-        # One slot: the Generator runs this layout one sequence at a time, and every slot costs a
-        # row of the LM head at each step.
-        options = {**RUN_COMPOSE_OPTIONS, "max_slots": 1}
-        out = Path(args.cache) / "genai-composed-s1.onnx"
-        source = Path(args.genai) / "model.onnx"
-        if not _up_to_date(out, source):  # prepare()'s check: newer, same composer revision
-            out.parent.mkdir(parents=True, exist_ok=True)
-            onnxsample.compose(source, None, out, **options)
-        self.gen = onnxsample.Generator(out, tokenizer=args.model, threads=args.threads)
-
-    def run(self, req: dict) -> dict:
-        if req["batch"] != 1:
-            raise NotImplementedError(
-                "onnxsample runs GroupQueryAttention models one sequence at a time"
-            )
-        return super().run(req)
 
 
 class _FirstToken:
@@ -223,6 +218,14 @@ class TransformersEngine(Engine):
 
     def run(self, req: dict) -> dict:
         return _hf_generate(self.model, req)
+
+    def score(self, prompt_ids: list[int], tokens: list[int]) -> float:
+        import torch
+
+        seq = torch.tensor([list(prompt_ids) + list(tokens[:-1])], dtype=torch.long)
+        with torch.inference_mode():
+            logits = self.model(input_ids=seq).logits[0, len(prompt_ids) - 1 :]
+        return _mean_logprob(logits.double().numpy(), tokens)
 
 
 class GenaiEngine(Engine):
@@ -345,10 +348,36 @@ class LlamaCppEngine(Engine):
             "total_s": end - start,
         }
 
+    def score(self, prompt_ids: list[int], tokens: list[int]) -> float:
+        """On a second ``Llama`` of the same file with ``logits_all=True`` (the timed one keeps
+        the last row only), evaluated once over prompt + tokens and then released."""
+        seq = list(prompt_ids) + list(tokens[:-1])
+        model = self.llama_cpp.Llama(
+            model_path=self.args.gguf,
+            n_ctx=max(1024, len(seq) + 1),
+            n_batch=512,
+            n_threads=self.threads,
+            n_threads_batch=self.threads,
+            logits_all=True,
+            verbose=False,
+        )
+        try:
+            model.eval(seq)
+            start = len(prompt_ids) - 1
+            logits = model.scores[start : start + len(tokens)]
+            return _mean_logprob(logits, tokens)
+        finally:
+            close = getattr(model, "close", None)  # llama-cpp-python >= 0.2.72
+            if close is not None:
+                close()
+
 
 ENGINES: dict[str, type[Engine]] = {
-    "onnxsample": OnnxsampleEngine,
-    "onnxsample-gqa": OnnxsampleGqaEngine,
+    "onnxsample": OnnxsampleEngine,  # optimum layout, fp32
+    "onnxsample-gqa-fp32": OnnxsampleEngine,
+    "onnxsample-gguf-a0": OnnxsampleEngine,
+    "onnxsample-gguf-a4": OnnxsampleEngine,
+    "onnxsample-genai-graph": OnnxsampleEngine,
     "optimum": OptimumEngine,
     "genai": GenaiEngine,
     "transformers": TransformersEngine,
@@ -380,6 +409,9 @@ def serve(engine_name: str, args: argparse.Namespace, reply) -> None:
         req = json.loads(line)
         if req.get("quit"):
             break
+        if "score" in req:
+            send(_score(engine, req["score"]))
+            continue
         try:
             result = {"ok": True, "prompt_tokens": len(req["prompt_ids"]), **engine.run(req)}
         except NotImplementedError as exc:
@@ -391,15 +423,31 @@ def serve(engine_name: str, args: argparse.Namespace, reply) -> None:
         send(result)
 
 
+def _score(engine: Engine, req: dict) -> dict:
+    try:
+        value = engine.score(req["prompt_ids"], req["tokens"])
+    except NotImplementedError as exc:
+        return {"ok": False, "unsupported": True, "error": str(exc)}
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    args = engine.args
+    has_hf = args.hf and Path(args.hf, "config.json").is_file()
+    source = args.hf if has_hf and not isinstance(engine, LlamaCppEngine) else args.gguf
+    return {"ok": True, "mean_logprob": value, "scored_on": source}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("engine", choices=sorted(ENGINES))
     parser.add_argument("--threads", type=int, required=True)
-    parser.add_argument("--model", help="the onnxsample export folder (optimum layout)")
+    parser.add_argument(
+        "--model", help="the composed .onnx (onnxsample engines) or export folder (optimum)"
+    )
+    parser.add_argument("--tokenizer", help="a folder with the embedded model's tokenizer")
     parser.add_argument("--hf", help="the embedded model's de-quantised HF folder")
     parser.add_argument("--genai", help="onnxruntime-genai's builder output folder")
     parser.add_argument("--gguf", help="the original GGUF file")
-    parser.add_argument("--cache", help="where composed models are kept (onnxsample-gqa)")
     args = parser.parse_args()
     # The protocol owns the real stdout; whatever the libraries print goes to stderr.
     reply = os.fdopen(os.dup(1), "w")

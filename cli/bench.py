@@ -15,7 +15,18 @@ import typer
 
 from onnxsample.errors import InvalidParameter, OnnxSampleError
 
-ENGINES = ("onnxsample", "onnxsample-gqa", "optimum", "genai", "transformers", "llamacpp")
+# The engines of benchmarks/e2e.py (kept in step by tests/test_bench.py).
+ENGINES = (
+    "onnxsample",
+    "onnxsample-gqa-fp32",
+    "onnxsample-gguf-a0",
+    "onnxsample-gguf-a4",
+    "onnxsample-genai-graph",
+    "optimum",
+    "genai",
+    "transformers",
+    "llamacpp",
+)
 MODES = ("greedy", "sampled")
 
 

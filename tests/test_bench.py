@@ -35,13 +35,29 @@ def _stat(value: float) -> dict:
     return {"median": value, "min": value * 0.9, "max": value * 1.1, "n": 3}
 
 
+def _score(value: float, delta: float) -> dict:
+    return {"mean_logprob": value, "delta_vs_fp32": delta, "scored_on": "/x/model.onnx"}
+
+
 MACHINE = {"cpu": "Test CPU", "cpus": 2, "memory_gb": 24, "platform": "Linux", "python": "3.11"}
+
+
+ENGINE_TPS = (
+    ("onnxsample", 20.0),
+    ("onnxsample-gguf-a4", 40.0),
+    ("onnxsample-gguf-a0", 24.0),
+    ("genai", 25.0),
+    ("optimum", 10.0),
+    ("llamacpp", 32.0),
+)
 
 
 def _e2e() -> dict:
     results = []
-    for engine, tps in (("onnxsample", 20.0), ("genai", 25.0), ("optimum", 10.0)):
+    for engine, tps in ENGINE_TPS:
         for batch in (1, 8):
+            if engine == "llamacpp" and batch == 8:
+                continue
             results.append(
                 {
                     "engine": engine,
@@ -77,11 +93,36 @@ def _e2e() -> dict:
             "order": "alternated",
             "note": "",
         },
+        "quality": {
+            "method": "mean log-probability of the reference's greedy tokens",
+            "reference": "onnxsample-gqa-fp32",
+            "reference_model": "/x/gqa-fp32/model.onnx",
+            "tokens": [1] * 64,
+            "reference_logprob": -0.5,
+        },
         "engines": {
-            "onnxsample": {"status": "ok", "versions": {"onnxruntime": "1.31.1"}},
+            "onnxsample": {
+                "status": "ok",
+                "versions": {"onnxruntime": "1.31.1"},
+                "quality": _score(-0.501, -0.001),
+            },
+            "onnxsample-gguf-a4": {
+                "status": "ok",
+                "versions": {},
+                "export": {"layout": "gqa", "precision": "gguf", "accuracy_level": 4},
+                "quality": _score(-0.55, -0.05),
+            },
+            "onnxsample-gguf-a0": {
+                "status": "ok",
+                "versions": {},
+                "quality": _score(-0.52, -0.02),
+                "unavailable": {"8": "boom"},
+            },
+            "onnxsample-gqa-fp32": {"status": "skipped", "reason": "export failed: disk full"},
             "genai": {"status": "ok", "versions": {"onnxruntime-genai": "0.18.0"}},
             "optimum": {"status": "ok", "versions": {}, "use_io_binding": False},
-            "llamacpp": {"status": "skipped", "reason": "llama-cpp-python is not installed"},
+            "llamacpp": {"status": "ok", "versions": {}, "quality": _score(-0.53, -0.03)},
+            "transformers": {"status": "skipped", "reason": "torch is not installed"},
         },
         "results": results,
         "runs": [],
@@ -148,9 +189,150 @@ def test_report_writes_markdown_and_chart(tmp_path: Path) -> None:
     assert "Test CPU" in text and "0.3/0.4/0.5" in text
     # onnxsample / genai = 20/25, onnxsample / optimum = 20/10
     assert "| 1 | 1 | sampled | 0.80× ❌ | 2.00× ✅ |" in text
-    assert "| 1 | 8 | sampled | genai | 200.0 (180.0–220.0) | 1.25× |" in text
-    assert "**skipped** — llama-cpp-python is not installed" in text
+    assert "| 1 | 8 | sampled | genai | 200.0 (180.0–220.0) | 1.25× | — | — |" in text
+    assert "**skipped** — torch is not installed" in text
+    assert "onnxsample fp32-gqa: **skipped** — export failed: disk full" in text
     assert "0.50% of a decode step ✅" in text
+
+
+def test_report_renders_variants_quality_and_llamacpp_target() -> None:
+    report = _module("report")
+    text = report.render(_e2e(), None, None)
+    # the main table: vs onnxsample (20), vs llama.cpp (32), quality with its delta
+    assert (
+        "| 1 | 1 | sampled | onnxsample-gguf-a4 | 40.0 (36.0–44.0) | 2.00× | 1.25× "
+        "| -0.550 (-0.050) |" in text
+    )
+    assert "| 1 | 8 | sampled | onnxsample-gguf-a4 | 320.0 (288.0–352.0) | 2.00× | — |" in text
+    assert "| onnxsample-gguf-a0 | -0.5200 | -0.0200 | /x/model.onnx |" in text
+    assert "scoring -0.5000 itself" in text
+    assert "export gqa/gguf accuracy 4" in text and "not run at batch 8: boom" in text
+    # the target at batch 1: >= llama.cpp's decode, |quality delta| <= 0.03
+    assert "| 1 | sampled | onnxsample-gguf-a4 | 40.0 | 1.25× | -0.0500 | ❌ quality |" in text
+    assert "| 1 | sampled | onnxsample-gguf-a0 | 24.0 | 0.75× | -0.0200 | ❌ slower |" in text
+    assert "| 1 | sampled | onnxsample | 20.0 | 0.62× | -0.0010 | ❌ slower |" in text
+    data = _e2e()
+    data["engines"]["onnxsample-gguf-a4"]["quality"]["delta_vs_fp32"] = -0.01
+    assert "| 1.25× | -0.0100 | ✅ |" in report.render(data, None, None)
+    del data["engines"]["onnxsample-gguf-a4"]["quality"]
+    assert "| 1.25× | — | ❌ no quality score |" in report.render(data, None, None)
+
+
+def test_report_reads_old_engine_names(tmp_path: Path) -> None:
+    report = _module("report")
+    data = _e2e()
+    data["results"][0]["engine"] = "onnxsample-gqa"
+    data["engines"]["onnxsample-gqa"] = {"status": "ok", "versions": {}}
+    del data["quality"]
+    text = report.render(report.normalise(data), None, None)
+    assert "| 1 | 1 | sampled | onnxsample-genai-graph |" in text
+    assert "onnxsample on genai's builder graph" in text
+
+
+def test_engine_names_agree_across_the_scripts() -> None:
+    e2e, worker, report = _module("e2e"), _module("e2e_worker"), _module("report")
+    assert set(e2e.ENGINES) == set(worker.ENGINES) == set(report.ENGINE_LABELS)
+    assert set(e2e.ENGINES) == set(importlib.import_module("onnxsample.cli.bench").ENGINES)
+    assert set(e2e.ALIASES.values()) <= set(e2e.ENGINES)
+    assert report.ALIASES == e2e.ALIASES
+    assert set(e2e.VARIANTS) | {e2e.GENAI_GRAPH} == set(report.OURS)
+    assert e2e.REFERENCE in e2e.VARIANTS
+    assert e2e.VARIANTS[e2e.REFERENCE][1]["precision"] == "fp32"
+
+
+def test_e2e_engine_flag_takes_variants_and_old_names() -> None:
+    e2e = _module("e2e")
+    args = e2e.parse_args(
+        ["--engines", "onnxsample-gguf-a4, llamacpp,onnxsample-gqa,onnxsample-genai-graph"]
+    )
+    assert args.engines == ["onnxsample-gguf-a4", "llamacpp", "onnxsample-genai-graph"]
+    assert args.quality_tokens == 64 and args.cache.endswith("bench-e2e")
+    assert e2e.parse_args([]).engines == list(e2e.ENGINES)
+    with pytest.raises(SystemExit, match="--quality-tokens"):
+        e2e.parse_args(["--quality-tokens", "-1"])
+
+
+def test_e2e_scores_each_onnx_file_once(monkeypatch) -> None:
+    e2e = _module("e2e")
+    verify = importlib.import_module("onnxsample.exporters._verify")
+    calls = []
+
+    def fake(path, ids, tokens, threads=None):
+        calls.append(Path(path).name)
+        if Path(path).name == "bad.onnx":
+            raise RuntimeError("no such input\nmore")
+        return -0.123456
+
+    monkeypatch.setattr(verify, "mean_logprob", fake)
+    models = {
+        "onnxsample": {"scored": Path("/a/model.onnx")},
+        "optimum": {"scored": Path("/a/model.onnx")},
+        "genai": {"scored": Path("/g/bad.onnx")},
+        "llamacpp": {"scored": None},
+        "__reference__": {"model": Path("/r/model.onnx")},
+    }
+    scores = e2e.score_onnx(models, [1, 2], [3, 4], 1, lambda _msg: None)
+    assert calls == ["model.onnx", "bad.onnx"]
+    assert (
+        scores["onnxsample"]
+        == scores["optimum"]
+        == {
+            "mean_logprob": -0.1235,
+            "scored_on": "/a/model.onnx",
+        }
+    )
+    assert scores["genai"]["mean_logprob"] is None
+    assert scores["genai"]["reason"] == "RuntimeError: no such input"
+    assert "llamacpp" not in scores
+    assert e2e._with_delta(dict(scores["onnxsample"]), -0.1)["delta_vs_fp32"] == -0.0235
+
+
+def test_worker_log_softmax_matches_the_exporters() -> None:
+    import numpy as np
+
+    worker = _module("e2e_worker")
+    verify = importlib.import_module("onnxsample.exporters._verify")
+    logits = np.random.default_rng(0).normal(size=(5, 11)).astype(np.float32) * 10
+    tokens = [0, 3, 10, 3, 7]
+    assert worker._mean_logprob(logits, tokens) == pytest.approx(
+        verify._mean_logprob(logits.astype(np.float64), tokens)
+    )
+
+
+def test_worker_serves_score_requests(monkeypatch) -> None:
+    import io
+
+    worker = _module("e2e_worker")
+
+    class Fake(worker.Engine):
+        def run(self, req: dict) -> dict:
+            return {"tokens": [req["new_tokens"]], "ttft_s": 0.1, "decode_s": 0.2}
+
+        def score(self, prompt_ids, tokens) -> float:
+            return -float(len(prompt_ids) + len(tokens))
+
+    class Unscored(Fake):
+        score = worker.Engine.score
+
+    monkeypatch.setitem(worker.ENGINES, "fake", Fake)
+    monkeypatch.setitem(worker.ENGINES, "unscored", Unscored)
+    requests = [
+        {"prompt_ids": [1, 2], "batch": 1, "mode": "greedy", "new_tokens": 4, "seed": 0},
+        {"score": {"prompt_ids": [1, 2], "tokens": [3, 4, 5]}},
+        {"quit": True},
+    ]
+    args = worker.argparse.Namespace(threads=1, hf="", gguf="/m.gguf")
+    replies = []
+    for name in ("fake", "unscored"):
+        lines = "".join(json.dumps(r) + "\n" for r in requests)
+        monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
+        out = io.StringIO()
+        worker.serve(name, args, out)
+        replies.append([json.loads(line) for line in out.getvalue().splitlines()])
+    ready, run, score = replies[0]
+    assert ready["ready"] and run["ok"] and run["tokens"] == [4] and run["prompt_tokens"] == 2
+    assert score == {"ok": True, "mean_logprob": -5.0, "scored_on": "/m.gguf"}
+    assert replies[1][2]["ok"] is False and replies[1][2]["unsupported"] is True
 
 
 def test_report_without_results(tmp_path: Path) -> None:
@@ -220,5 +402,6 @@ def test_report_marks_disturbed_repetitions() -> None:
     data["results"][0]["decode_tokens_per_s"]["min"] = 5.0  # onnxsample, batch 1: one slow repeat
     text = report.render(data, None, None)
     assert "| 1 | 1 | sampled | onnxsample | 20.0 (5.0–22.0) ⚠ |" in text
+    assert "| 1 | sampled | onnxsample | 20.0 | 0.62× | -0.0010 | ❌ slower ⚠ |" in text
     assert "| 1 | 1 | sampled | 0.80× ❌ ⚠ | 2.00× ✅ ⚠ |" in text
     assert "| 1 | 8 | sampled | 0.80× ❌ | 2.00× ✅ |" in text
