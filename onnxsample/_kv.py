@@ -81,6 +81,7 @@ class SharedKV:
         self.device = device
         self.rows = 0
         self.length = 0
+        self.generation = 0  # bumped whenever the buffers are replaced
         self.buffers: dict[str, Any] = {}
 
     def ensure(self, rows: int, length: int) -> None:
@@ -95,6 +96,7 @@ class SharedKV:
             value.update_inplace(np.zeros(shape, dtype))  # never uninitialised memory (NaN)
             self.buffers[name] = value
         self.rows, self.length = rows, length
+        self.generation += 1
         total = sum(_row_bytes(spec, length) for spec in self.specs.values()) * rows
         log.info(
             "KV buffers: %d rows x %d positions, %d tensors, %.1f MiB on %s",
@@ -184,3 +186,82 @@ class SlotBatch:
 
     def keep(self, keep: list[int]) -> None:
         self.rows = [self.rows[i] for i in keep]
+
+
+class DecodeBinding:
+    """One IOBinding reused across GQA decode steps.
+
+    A decode step of a shared-buffer graph binds the same KV rows, the same sampler parameters and
+    the same outputs as the one before; building all of that anew every step costs Python time
+    comparable to the sampler itself. Here the binding is rebuilt only when the rows, the buffers or
+    the parameters change; each step rebinds the token ids, the mask, the row index and the uniforms,
+    and swaps two preallocated penalty-count buffers. Host outputs land in preallocated arrays.
+    """
+
+    _HOST = (
+        "sampler.next_token",
+        "sampler.logprob",
+        "sampler.top_logprob_ids",
+        "sampler.top_logprobs",
+    )
+    _COUNTS, _COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
+
+    def __init__(self, session, device: str, host: dict[str, np.ndarray]) -> None:
+        self.session, self.device, self.host = session, device, host
+        self.inputs = {i.name for i in session.get_inputs()}
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.binding = None
+        self.key: tuple | None = None
+        self.spare = None  # the penalty-count buffer the next step writes
+
+    @classmethod
+    def for_session(cls, session, device: str) -> DecodeBinding | None:
+        """None when a host output has a symbolic shape (then every step binds from scratch)."""
+        types = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+        host = {}
+        for out in session.get_outputs():
+            if out.name in cls._HOST:
+                if not all(isinstance(d, int) for d in out.shape) or out.type not in types:
+                    return None
+                host[out.name] = np.zeros(out.shape, types[out.type])
+        return cls(session, device, host)
+
+    def invalidate(self) -> None:
+        self.key = None
+
+    def run(self, step: Step, uniform: np.ndarray, gen) -> dict[str, np.ndarray]:
+        """Run one decode step; `gen` is the Generator (its static inputs and penalty counts)."""
+        import onnxruntime as ort
+
+        rows = step.input_ids.shape[0]
+        key = (rows, gen._kv.generation)
+        if key != self.key:
+            self.binding = self.session.io_binding()
+            kv_outputs = step.bind(self.binding)
+            for name, value in gen._static.items():
+                self.binding.bind_ortvalue_input(name, value)
+            for name in self.outputs:
+                if name in self.host:
+                    value = ort.OrtValue.ortvalue_from_numpy(self.host[name])
+                    self.binding.bind_ortvalue_output(name, value)
+                elif name not in kv_outputs and name != self._COUNTS_OUT:
+                    self.binding.bind_output(name, self.device)
+            self.key = key
+        b = self.binding
+        b.bind_cpu_input("input_ids", step.input_ids)
+        b.bind_cpu_input("attention_mask", step.mask)
+        if "position_ids" in self.inputs:
+            b.bind_cpu_input("position_ids", step.positions)
+        b.bind_cpu_input("sampler.row_index", step.row_index)
+        b.bind_cpu_input("sampler.uniform", uniform)
+        if gen._counts is not None:
+            if self.spare is None or self.spare.shape() != gen._counts.shape():
+                self.spare = ort.OrtValue.ortvalue_from_shape_and_type(
+                    gen._counts.shape(), np.int32, self.device, 0
+                )
+            b.bind_ortvalue_input(self._COUNTS, gen._counts)
+            b.bind_ortvalue_output(self._COUNTS_OUT, self.spare)
+        self.session.run_with_iobinding(b)
+        if gen._counts is not None:
+            gen._counts, self.spare = self.spare, gen._counts
+        return self.host

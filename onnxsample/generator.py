@@ -30,6 +30,7 @@ import numpy as np
 from onnxsample._batch import KVBatch, _ortvalue
 from onnxsample._kv import (
     _ORT_DTYPES,
+    DecodeBinding,
     SharedKV,
     SlotBatch,
     buffer_length,
@@ -234,6 +235,12 @@ class Generator:
                 log.info("max_len applies to GroupQueryAttention models only: ignored")
         self._pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.last_timings = Timings()
+        # GQA decode steps reuse one IOBinding: only ids, mask and the per-step sampler inputs change.
+        self._fast = (
+            DecodeBinding.for_session(self.session, self.device)
+            if self.kv_layout == "gqa"
+            else None
+        )
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -420,6 +427,8 @@ class Generator:
         self._static = {
             k: _ortvalue(v, self.device) for k, v in arrays.items() if k in self._inputs
         }
+        if self._fast is not None:
+            self._fast.invalidate()
         if self._counts is not None:
             counts = self._counts.numpy().copy()
             counts[[s.slot for s in sequences]] = 0
@@ -513,7 +522,12 @@ class Generator:
         return events
 
     def _decode_slots(self, batch: SlotBatch) -> list[StreamEvent]:
-        host, _ = self._run(*batch.decode(), self._uniforms(batch.rows))
+        step = batch.decode()
+        uniform = self._uniforms(batch.rows)
+        if self._fast is None:
+            host, _ = self._run(*step, uniform)
+        else:
+            host = self._fast.run(step, uniform, self)
         batch.advance()
         return [self._accept(seq, host) for seq in batch.rows]
 

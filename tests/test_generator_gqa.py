@@ -229,6 +229,24 @@ def test_continuous_batching_matches_alone(two_slots, mode, lengths):
         assert len(alone.token_ids) == lengths[i] or alone.finish_reason == "eos"
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, repetition_penalty=1.3, logprobs=True),
+        SamplingParams(temperature=0.9, presence_penalty=1.5, frequency_penalty=1.0, seed=5),
+    ],
+)
+def test_reused_decode_binding_matches_binding_every_step(generator, monkeypatch, params):
+    """Decode steps reuse one IOBinding (penalty counts double-buffered): same tokens, logprobs."""
+    assert generator._fast is not None
+    fast = generator.generate(PROMPTS[:3], params, max_new_tokens=12, chat=False)
+    monkeypatch.setattr(generator, "_fast", None)
+    slow = generator.generate(PROMPTS[:3], params, max_new_tokens=12, chat=False)
+    for a, b in zip(fast, slow, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == b.logprobs and a.top_logprobs == b.top_logprobs
+
+
 def test_seeded_sampling_alone_and_in_a_batch(generator):
     mine = SamplingParams(temperature=1.0, top_k=50, seed=1234)
     [alone] = generator.generate(PROMPTS[1], mine, max_new_tokens=12, chat=False)
