@@ -125,32 +125,12 @@ def test_different_parameters_per_prompt(generator):
     assert out[1].token_ids == greedy_1.token_ids  # top_k=1 is greedy whatever the seed
 
 
-def test_finished_sequences_free_slots_for_waiting_ones(two_slot_generator):
+def test_finished_sequences_free_slots_for_waiting_ones(two_slot_generator, batched_as_alone):
     """Six prompts through two slots: each waits, joins, leaves, and draws as it would alone."""
     prompts = [PROMPTS[i % 4] for i in range(6)]
     params = [SamplingParams(temperature=0.9, seed=100 + i) for i in range(6)]
     lengths = [3, 9, 5, 12, 4, 7]
-    together = {}
-    for event in _stream_with_lengths(two_slot_generator, prompts, params, lengths):
-        together[event.index] = event.completion
-    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-        [alone] = two_slot_generator.generate(prompt, p, max_new_tokens=lengths[i], chat=False)
-        assert together[i].token_ids == alone.token_ids, i
-        assert len(alone.token_ids) == lengths[i] or alone.finish_reason == "eos"
-
-
-def _stream_with_lengths(generator, prompts, params, lengths):
-    """Each prompt with its own max_new_tokens, all submitted at once."""
-    sequences = []
-    for i, (prompt, p, n) in enumerate(zip(prompts, params, lengths, strict=True)):
-        [seq] = generator._prepare([prompt], [p], n, None, False, None)
-        seq.index = i
-        sequences.append(seq)
-    generator._prepare = lambda *args: sequences  # one run, per-prompt limits
-    try:
-        yield from (e for e in generator.stream(prompts, params, chat=False) if e.completion)
-    finally:
-        del generator._prepare
+    batched_as_alone(two_slot_generator, prompts, params, lengths)
 
 
 @pytest.mark.parametrize(

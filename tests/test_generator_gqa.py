@@ -112,24 +112,6 @@ def greedy_batch(generator):
     return generator.generate(PROMPTS[:3], GREEDY, max_new_tokens=STEPS, chat=False)
 
 
-def _stream_with_lengths(generator, prompts, params, lengths):
-    """Each prompt with its own max_new_tokens, all submitted at once: finishes at different steps."""
-    sequences = []
-    for i, (prompt, p, n) in enumerate(zip(prompts, params, lengths, strict=True)):
-        [seq] = generator._prepare([prompt], [p], n, None, False, None)
-        seq.index = i
-        sequences.append(seq)
-    generator._prepare = lambda *args: sequences
-    try:
-        return {
-            e.index: e.completion
-            for e in generator.stream(prompts, params, chat=False)
-            if e.completion
-        }
-    finally:
-        del generator._prepare
-
-
 @pytest.mark.parametrize(
     ("need", "limit", "expected"),
     [
@@ -215,18 +197,14 @@ def test_presents_are_the_shared_buffers(generator, monkeypatch):
         ("seeded", [2, 2, 6, 1, 7]),
     ],
 )
-def test_continuous_batching_matches_alone(two_slots, mode, lengths):
+def test_continuous_batching_matches_alone(two_slots, mode, lengths, batched_as_alone):
     """Five prompts through two slots: each waits, reuses a freed row, and decodes as alone."""
     if mode == "greedy":
         params = [GREEDY] * 5
     else:
         params = [SamplingParams(temperature=0.9, top_k=40, seed=100 + i) for i in range(5)]
-    together = _stream_with_lengths(two_slots, PROMPTS, params, lengths)
+    batched_as_alone(two_slots, PROMPTS, params, lengths)
     assert two_slots._kv.rows == 2
-    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
-        [alone] = two_slots.generate(prompt, p, max_new_tokens=lengths[i], chat=False)
-        assert together[i].token_ids == alone.token_ids, i
-        assert len(alone.token_ids) == lengths[i] or alone.finish_reason == "eos"
 
 
 @pytest.mark.parametrize(
