@@ -104,6 +104,15 @@ def resolve_options(
     return layout, precision
 
 
+def _lossy(precision: str, accuracy_level: int) -> str:
+    """Why an export does not compute what transformers computes ('' when it should)."""
+    if precision in ("int8", "int4"):
+        return "re-quantised weights"
+    if precision == "gguf" and accuracy_level == 4:
+        return "int8 activations"
+    return ""
+
+
 def _check_choices(layout: str, precision: str) -> None:
     if layout not in LAYOUTS:
         raise InvalidParameter(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
@@ -184,7 +193,13 @@ def export(
             )
         stage("verify")
         if verify_tokens:
-            checked = verify_export(tmp / "model.onnx", model, tokenizer, verify_tokens)
+            checked = verify_export(
+                tmp / "model.onnx",
+                model,
+                tokenizer,
+                verify_tokens,
+                lossy=_lossy(precision, accuracy_level),
+            )
         else:
             checked = VerifyResult(0, None, note="skipped (verify_tokens=0)")
         if info is not None and not keep_hf:
