@@ -64,25 +64,22 @@ def export_name(name: str, layout: str, precision: str, accuracy_level: int) -> 
 
 
 def resolve_options(
-    src: Source, info: gguf.GGUFInfo | None, layout: str, precision: str
+    src: Source, info: gguf.GGUFInfo | None, model_type: str, layout: str, precision: str
 ) -> tuple[str, str]:
     """(layout, precision) with ``auto`` decided for this source; refuse what cannot be combined.
 
-    ``auto`` layout is ``gqa`` for Llama-family models and ``optimum`` otherwise; ``auto`` precision
-    is ``gguf`` (the file's own blocks) for a GGUF whose weights are all transplantable, else fp32.
+    `model_type` is the HF config's (for a GGUF: its architecture). ``auto`` layout is ``gqa`` for
+    Llama-family models and ``optimum`` otherwise; ``auto`` precision is ``gguf`` (the file's own
+    blocks) for a GGUF whose weights are all transplantable, else fp32.
     """
     _check_choices(layout, precision)
-    llama = (
-        info.architecture in _llama.LLAMA_GGUF_ARCHITECTURES
-        if info is not None
-        else hf.check_hf_folder(src.path).get("model_type") in _llama.LLAMA_HF_TYPES
-    )
+    families = _llama.LLAMA_GGUF_ARCHITECTURES if info is not None else _llama.LLAMA_HF_TYPES
+    llama = model_type in families
     if layout == "auto":
         layout = "gqa" if llama else "optimum"
     elif layout == "gqa" and not llama:
-        what = info.architecture if info is not None else src.name
         raise ExportError(
-            f"the gqa layout is for Llama-family models, not {what}; use --layout optimum"
+            f"the gqa layout is for Llama-family models, not {model_type}; use --layout optimum"
         )
     transplantable = info is not None and not _untransplantable(info)
     if precision == "auto":
@@ -164,9 +161,10 @@ def export(
     stage("check")
     src = resolve_source(source)
     info = gguf.inspect_gguf(src.path) if src.kind != "hf" else None
-    if src.kind == "hf":
-        hf.check_hf_folder(src.path)
-    layout, precision = resolve_options(src, info, layout, precision)
+    model_type = (
+        info.architecture if info is not None else hf.check_hf_folder(src.path)["model_type"]
+    )
+    layout, precision = resolve_options(src, info, model_type, layout, precision)
     if precision not in _QUANTISED:
         accuracy_level = 0
     out = (
@@ -235,7 +233,7 @@ def _export_gqa(src: Source, info, tmp: Path, precision, accuracy_level, verify_
     if info is not None:
         tokenizer = gguf.gguf_tokenizer(src.path, info)
         config, generation = gguf.gguf_config(src.path), gguf.gguf_generation_config(info)
-        spec, weights = _llama.read_gguf(src.path, quantized=precision == "gguf")
+        spec, weights = _llama.read_gguf(src.path, info.metadata, quantized=precision == "gguf")
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
         generation.save_pretrained(tmp)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,6 @@ log = logging.getLogger(__name__)
 LLAMA_HF_TYPES = ("llama",)
 LLAMA_GGUF_ARCHITECTURES = ("llama",)
 _ROPE_TYPES = (None, "default", "llama3")
-_LAYER_KEYS = ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "ffn_norm")
 
 
 @dataclass(frozen=True)
@@ -210,8 +208,12 @@ def _unpermute_order(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, -1, 2).transpose(0, 2, 1).reshape(-1)
 
 
-def read_gguf(path: Path, *, quantized: bool) -> tuple[LlamaSpec, dict[str, Any]]:
+def read_gguf(
+    path: Path, metadata: dict[str, Any], *, quantized: bool
+) -> tuple[LlamaSpec, dict[str, Any]]:
     """Spec and weights of a GGUF Llama: float32 arrays, or the file's own blocks when `quantized`.
+
+    `metadata` is the header :func:`~onnxsample.exporters.gguf.inspect_gguf` read already.
 
     Norm weights and the token embedding's lookup table are always float32; with `quantized` every
     linear weight (the LM head included) keeps its GGUF type, which must be transplantable.
@@ -222,14 +224,6 @@ def read_gguf(path: Path, *, quantized: bool) -> tuple[LlamaSpec, dict[str, Any]
 
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
-    metadata = {}
-    for name, field in reader.fields.items():
-        if name.startswith("tokenizer."):
-            continue
-        try:
-            metadata[name] = field.contents()
-        except Exception:  # a field gguf cannot decode is not one we need
-            continue
     spec = gguf_spec(metadata, set(tensors), path.name)
 
     def load(name: str, *, linear: bool):
@@ -271,7 +265,3 @@ def _float(data: np.ndarray, qtype, name: str) -> np.ndarray:
         raise ExportError(
             f"tensor {name} has type {qtype.name}, which cannot be de-quantised"
         ) from exc
-
-
-def layer_keys() -> Iterator[str]:
-    yield from _LAYER_KEYS

@@ -188,27 +188,41 @@ class SlotBatch:
         self.rows = [self.rows[i] for i in keep]
 
 
+# Outputs of a composed graph that come back to the host, and the penalty state fed back each step.
+HOST_OUTPUTS = (
+    "sampler.next_token",
+    "sampler.logprob",
+    "sampler.top_logprob_ids",
+    "sampler.top_logprobs",
+)
+COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
+
+
+def bind_step(
+    binding, input_ids, mask, positions, row_index, uniform, with_positions: bool
+) -> None:
+    """Bind what changes every step, for either KV layout: ids, mask, positions, rows, uniforms."""
+    binding.bind_cpu_input("input_ids", input_ids)
+    binding.bind_cpu_input("attention_mask", mask)
+    if with_positions:
+        binding.bind_cpu_input("position_ids", positions)
+    binding.bind_cpu_input("sampler.row_index", row_index)
+    binding.bind_cpu_input("sampler.uniform", uniform)
+
+
 class DecodeBinding:
     """One IOBinding reused across GQA decode steps.
 
     A decode step of a shared-buffer graph binds the same KV rows, the same sampler parameters and
     the same outputs as the one before; building all of that anew every step costs Python time
     comparable to the sampler itself. Here the binding is rebuilt only when the rows, the buffers or
-    the parameters change; each step rebinds the token ids, the mask, the row index and the uniforms,
-    and swaps two preallocated penalty-count buffers. Host outputs land in preallocated arrays.
+    the parameters change (:meth:`invalidate`); each step rebinds what :func:`bind_step` binds and
+    swaps two penalty-count buffers. Host outputs land in preallocated arrays.
     """
-
-    _HOST = (
-        "sampler.next_token",
-        "sampler.logprob",
-        "sampler.top_logprob_ids",
-        "sampler.top_logprobs",
-    )
-    _COUNTS, _COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 
     def __init__(self, session, device: str, host: dict[str, np.ndarray]) -> None:
         self.session, self.device, self.host = session, device, host
-        self.inputs = {i.name for i in session.get_inputs()}
+        self.positions = any(i.name == "position_ids" for i in session.get_inputs())
         self.outputs = [o.name for o in session.get_outputs()]
         self.binding = None
         self.key: tuple | None = None
@@ -220,7 +234,7 @@ class DecodeBinding:
         types = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
         host = {}
         for out in session.get_outputs():
-            if out.name in cls._HOST:
+            if out.name in HOST_OUTPUTS:
                 if not all(isinstance(d, int) for d in out.shape) or out.type not in types:
                     return None
                 host[out.name] = np.zeros(out.shape, types[out.type])
@@ -229,39 +243,36 @@ class DecodeBinding:
     def invalidate(self) -> None:
         self.key = None
 
-    def run(self, step: Step, uniform: np.ndarray, gen) -> dict[str, np.ndarray]:
-        """Run one decode step; `gen` is the Generator (its static inputs and penalty counts)."""
+    def run(self, step: Step, uniform: np.ndarray, kv: SharedKV, static: dict, counts):
+        """One decode step: (host outputs, the new penalty counts or None)."""
         import onnxruntime as ort
 
-        rows = step.input_ids.shape[0]
-        key = (rows, gen._kv.generation)
+        key = (step.input_ids.shape[0], kv.generation)
         if key != self.key:
             self.binding = self.session.io_binding()
             kv_outputs = step.bind(self.binding)
-            for name, value in gen._static.items():
+            for name, value in static.items():
                 self.binding.bind_ortvalue_input(name, value)
             for name in self.outputs:
                 if name in self.host:
                     value = ort.OrtValue.ortvalue_from_numpy(self.host[name])
                     self.binding.bind_ortvalue_output(name, value)
-                elif name not in kv_outputs and name != self._COUNTS_OUT:
+                elif name not in kv_outputs and name != COUNTS_OUT:
                     self.binding.bind_output(name, self.device)
             self.key = key
         b = self.binding
-        b.bind_cpu_input("input_ids", step.input_ids)
-        b.bind_cpu_input("attention_mask", step.mask)
-        if "position_ids" in self.inputs:
-            b.bind_cpu_input("position_ids", step.positions)
-        b.bind_cpu_input("sampler.row_index", step.row_index)
-        b.bind_cpu_input("sampler.uniform", uniform)
-        if gen._counts is not None:
-            if self.spare is None or self.spare.shape() != gen._counts.shape():
+        bind_step(
+            b, step.input_ids, step.mask, step.positions, step.row_index, uniform, self.positions
+        )
+        if counts is not None:
+            if self.spare is None or self.spare.shape() != counts.shape():
                 self.spare = ort.OrtValue.ortvalue_from_shape_and_type(
-                    gen._counts.shape(), np.int32, self.device, 0
+                    counts.shape(), np.int32, self.device, 0
                 )
-            b.bind_ortvalue_input(self._COUNTS, gen._counts)
-            b.bind_ortvalue_output(self._COUNTS_OUT, self.spare)
+            b.bind_ortvalue_input(COUNTS, counts)
+            b.bind_ortvalue_output(COUNTS_OUT, self.spare)
         self.session.run_with_iobinding(b)
-        if gen._counts is not None:
-            gen._counts, self.spare = self.spare, gen._counts
-        return self.host
+        if counts is None:
+            return self.host, None
+        written, self.spare = self.spare, counts
+        return self.host, written

@@ -30,9 +30,13 @@ import numpy as np
 from onnxsample._batch import KVBatch, _ortvalue
 from onnxsample._kv import (
     _ORT_DTYPES,
+    COUNTS,
+    COUNTS_OUT,
+    HOST_OUTPUTS,
     DecodeBinding,
     SharedKV,
     SlotBatch,
+    bind_step,
     buffer_length,
     contiguous_runs,
     kv_specs,
@@ -48,17 +52,7 @@ __all__ = ["Completion", "Generator", "StreamEvent", "Timings"]
 log = logging.getLogger(__name__)
 
 _PAST = "past_key_values."
-_COUNTS, _COUNTS_OUT, _PROMPT = (
-    "sampler.output_counts",
-    "sampler.output_counts_out",
-    "sampler.prompt_mask",
-)
-_HOST_OUTPUTS = (
-    "sampler.next_token",
-    "sampler.logprob",
-    "sampler.top_logprob_ids",
-    "sampler.top_logprobs",
-)
+_PROMPT = "sampler.prompt_mask"
 _U_MAX = np.nextafter(np.float32(1), np.float32(0))
 
 
@@ -406,7 +400,7 @@ class Generator:
         self._slot_params: list[SamplingParams | None] = [None] * S
         self._prompt_mask = np.zeros((S, V), bool)
         self._counts = (
-            _ortvalue(np.zeros((S, V), np.int32), self.device) if _COUNTS in self._inputs else None
+            _ortvalue(np.zeros((S, V), np.int32), self.device) if COUNTS in self._inputs else None
         )
         self._static: dict = {}
 
@@ -445,10 +439,9 @@ class Generator:
 
     def _run(self, input_ids, mask, positions, pasts, row_index, uniform):
         binding = self.session.io_binding()
-        binding.bind_cpu_input("input_ids", input_ids)
-        binding.bind_cpu_input("attention_mask", mask)
-        if "position_ids" in self._inputs:
-            binding.bind_cpu_input("position_ids", positions)
+        bind_step(
+            binding, input_ids, mask, positions, row_index, uniform, "position_ids" in self._inputs
+        )
         kv_outputs = []
         if callable(pasts):  # GQA: shared buffers bound as past and present alike
             kv_outputs = pasts(binding)
@@ -461,19 +454,17 @@ class Generator:
         for name, value in self._static.items():
             binding.bind_ortvalue_input(name, value)
         if self._counts is not None:
-            binding.bind_ortvalue_input(_COUNTS, self._counts)
-        binding.bind_cpu_input("sampler.row_index", row_index)
-        binding.bind_cpu_input("sampler.uniform", uniform)
+            binding.bind_ortvalue_input(COUNTS, self._counts)
         outputs = [name for name in self._outputs if name not in kv_outputs]
         for name in outputs:
-            binding.bind_output(name, "cpu" if name in _HOST_OUTPUTS else self.device)
+            binding.bind_output(name, "cpu" if name in HOST_OUTPUTS else self.device)
         self.session.run_with_iobinding(binding)
         # Outputs come back in the order they were first bound.
         out = dict(zip(kv_outputs + outputs, binding.get_outputs(), strict=True))
         if self._counts is not None:
-            self._counts = out[_COUNTS_OUT]
+            self._counts = out[COUNTS_OUT]
         presents = {name: out["present." + name[len(_PAST) :]] for name in self._pasts}
-        host = {name: out[name].numpy() for name in _HOST_OUTPUTS if name in out}
+        host = {name: out[name].numpy() for name in HOST_OUTPUTS if name in out}
         return host, presents
 
     def _prefill(self, sequences: list[_Sequence], batch: KVBatch) -> list[StreamEvent]:
@@ -527,7 +518,8 @@ class Generator:
         if self._fast is None:
             host, _ = self._run(*step, uniform)
         else:
-            host = self._fast.run(step, uniform, self)
+            host, counts = self._fast.run(step, uniform, self._kv, self._static, self._counts)
+            self._counts = counts
         batch.advance()
         return [self._accept(seq, host) for seq in batch.rows]
 
