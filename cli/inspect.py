@@ -54,11 +54,13 @@ def render_summary(s, *, brief: bool = False) -> None:
     )
     if s.composed:
         m = s.sampler
-        head.add_row("sampler chain", m.get("chain", "") or "greedy only")
+        head.add_row("sampler chain", str(m.chain) or "greedy only")
+        gather = "the LM head" if m.gather == "lm_head" else "sampling"
         head.add_row(
             "slots",
-            f"{m.get('max_slots')} (top logprobs {m.get('top_logprobs')}, logit bias entries "
-            f"{m.get('max_bias')}, gather before {'the LM head' if m.get('gather') == 'lm_head' else 'sampling'})",
+            f"{m.max_slots} (top logprobs {m.top_logprobs}, logit bias entries {m.max_bias}, "
+            f"prompt logprobs {'yes' if m.prompt_logprobs else 'no'}, gather before {gather}, "
+            f"KV layout {m.kv_layout})",
         )
         if s.chain_ops:
             head.add_row("chain ops", ", ".join(f"{op} {n}" for op, n in s.chain_ops.most_common()))
@@ -86,18 +88,8 @@ def render_summary(s, *, brief: bool = False) -> None:
             shape = Text("[" + ", ".join(map(str, v.shape)) + "]")
             table.add_row(Text(v.name), v.dtype, shape, Text(v.doc))
         out.print(table)
-    other = {k: v for k, v in s.metadata.items() if not k.startswith("onnxsample.")}
-    if other or s.sampler:
-        out.print(
-            "metadata: "
-            + ", ".join(
-                f"{k}={v}"
-                for k, v in {
-                    **other,
-                    **{f"onnxsample.{k}": v for k, v in s.sampler.items()},
-                }.items()
-            )
-        )
+    if s.metadata:
+        out.print("metadata: " + ", ".join(f"{k}={v}" for k, v in s.metadata.items()))
 
 
 def _collapse_kv(values):

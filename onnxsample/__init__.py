@@ -22,6 +22,7 @@ from onnxsample.errors import (  # noqa: E402
 )
 from onnxsample.generator import Completion, Generator, StreamEvent, Timings  # noqa: E402
 from onnxsample.inspection import inspect_model  # noqa: E402
+from onnxsample.metadata import ComposedMetadata  # noqa: E402
 from onnxsample.params import SamplingParams, pack_sampling_params  # noqa: E402
 from onnxsample.prepare import prepare  # noqa: E402
 from onnxsample.sampler_model import build_sampler_model, sampler_feeds  # noqa: E402
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Completion",
+    "ComposedMetadata",
     "ExportError",
     "Generator",
     "InvalidParameter",

@@ -43,8 +43,8 @@ from onnxsample._kv import (
 )
 from onnxsample._session import create_session
 from onnxsample._text import Detokenizer, StopMatcher
-from onnxsample.chain import SamplerChain
 from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams, pack_sampling_params
 
 __all__ = ["Completion", "Generator", "StreamEvent", "Timings"]
@@ -182,21 +182,18 @@ class Generator:
             self.path, provider, threads=threads, optimization=optimization
         )
         # The metadata from the session: no second read of a file that holds all the weights.
-        meta = {
-            k[len("onnxsample.") :]: v
-            for k, v in self.session.get_modelmeta().custom_metadata_map.items()
-            if k.startswith("onnxsample.")
-        }
-        if not meta:
+        meta = ComposedMetadata.from_session(self.session)
+        if meta is None:
             raise ModelError(
                 f"{self.path.name} is not a composed model: run `onnxsample compose` on it first"
             )
-        self.chain = SamplerChain(meta["chain"])
-        self.max_slots = int(meta["max_slots"])
-        self.vocab_size = int(meta["vocab_size"])
-        self.top_logprobs = int(meta["top_logprobs"])
-        self.max_bias = int(meta["max_bias"])
-        self._head_size = int(meta["kv_head_size"]) if meta.get("kv_head_size") else None
+        self.meta = meta
+        self.chain = meta.chain
+        self.max_slots = meta.max_slots
+        self.vocab_size = meta.vocab_size
+        self.top_logprobs = meta.top_logprobs
+        self.max_bias = meta.max_bias
+        self._head_size = meta.kv_head_size
         folder = Path(tokenizer) if tokenizer is not None else self.path.parent
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -209,9 +206,7 @@ class Generator:
         self._inputs = set(inputs)
         self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
         self._outputs = [o.name for o in self.session.get_outputs()]
-        # Older composed models carry no kv_layout: GQA graphs are those without position_ids.
-        default = "concat" if "position_ids" in self._inputs else "gqa"
-        self.kv_layout = meta.get("kv_layout") or default
+        self.kv_layout = meta.kv_layout
         self._limit = self.context_length
         if self.kv_layout == "gqa":
             self.concurrency = self.max_slots

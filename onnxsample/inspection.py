@@ -8,9 +8,9 @@ from pathlib import Path
 
 import onnx
 
-from onnxsample.composer import composed_metadata
 from onnxsample.graphs.chain import CHAIN_FUNCTION, DOMAIN
 from onnxsample.loading import check_external_data, read_proto
+from onnxsample.metadata import ComposedMetadata, composed_metadata
 
 __all__ = ["ModelSummary", "ValueSummary", "inspect_model"]
 
@@ -40,11 +40,11 @@ class ModelSummary:
     functions: list[str]
     chain_ops: Counter
     metadata: dict[str, str] = field(default_factory=dict)
-    sampler: dict[str, str] = field(default_factory=dict)
+    sampler: ComposedMetadata | None = None
 
     @property
     def composed(self) -> bool:
-        return bool(self.sampler)
+        return self.sampler is not None
 
 
 def _values(values) -> list[ValueSummary]:

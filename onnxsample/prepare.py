@@ -12,10 +12,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-import onnx
-
-from onnxsample.composer import COMPOSER_REVISION, CONTRACT_VERSION, compose, composed_metadata
+from onnxsample.composer import COMPOSER_REVISION, CONTRACT_VERSION, compose
 from onnxsample.errors import ModelError
+from onnxsample.metadata import ComposedMetadata, composed_metadata
 
 __all__ = ["RUN_COMPOSE_OPTIONS", "cache_dir", "prepare"]
 
@@ -34,8 +33,8 @@ def cache_dir() -> Path:
     return Path(base) / "onnxsample"
 
 
-def _composed(path: Path) -> dict[str, str]:
-    return composed_metadata(onnx.load(str(path), load_external_data=False))
+def _composed(path: Path) -> ComposedMetadata | None:
+    return composed_metadata(path)
 
 
 def _up_to_date(composed: Path, model: Path) -> bool:
@@ -45,8 +44,9 @@ def _up_to_date(composed: Path, model: Path) -> bool:
         return False
     meta = _composed(composed)
     return (
-        meta.get("contract") == CONTRACT_VERSION
-        and meta.get("composer_revision") == COMPOSER_REVISION
+        meta is not None
+        and meta.contract == CONTRACT_VERSION
+        and meta.composer_revision == COMPOSER_REVISION
     )
 
 
@@ -68,7 +68,7 @@ def prepare(
         if path.is_file():
             if path.suffix != ".onnx":
                 raise ModelError(f"{path} is not an .onnx file or an export folder")
-            if _composed(path):
+            if _composed(path) is not None:
                 return path
             folder = path.parent
             if path.name != "model.onnx":

@@ -40,7 +40,7 @@ def _model_feeds(session: ort.InferenceSession, ids: np.ndarray) -> dict[str, np
 
 def _sampler_feeds(session, params, rows, vocab, *, counts=None, max_bias=0, seed=0):
     chain = SamplerChain(
-        composed_metadata(onnx.load(session._model_path, load_external_data=False))["chain"]
+        composed_metadata(onnx.load(session._model_path, load_external_data=False)).chain
     )
     feeds = pack_sampling_params(params, chain, SLOTS, max_bias=max_bias, vocab_size=vocab)
     feeds["sampler.row_index"] = np.asarray(rows, np.int64)
@@ -102,12 +102,10 @@ def test_composed_model_passes_the_checker(composed):
 
 def test_gather_layout_is_recorded(composed):
     meta = composed_metadata(onnx.load(str(composed), load_external_data=False))
-    assert meta["gather"] == composed.stem
-    assert (
-        meta["max_slots"] == str(SLOTS) and meta["top_logprobs"] == "3" and meta["max_bias"] == "2"
-    )
-    assert meta["chain"] == str(SamplerChain.full())
-    assert meta["contract"] == "1"
+    assert meta.gather == composed.stem
+    assert meta.max_slots == SLOTS and meta.top_logprobs == 3 and meta.max_bias == 2
+    assert meta.chain == SamplerChain.full()
+    assert meta.contract == "1"
 
 
 @pytest.mark.parametrize("rows", [[5, 10, 1, 6], [1, 2, 3, 4], [10, 0, 0, 7]])
@@ -351,7 +349,7 @@ def test_greedy_only_chain_composes_and_returns_the_argmax(
     tiny_export, tmp_path, prompt_ids, plain_logits
 ):
     path = compose(tiny_export.output, "", tmp_path / "greedy.onnx", max_slots=SLOTS)
-    assert composed_metadata(onnx.load(str(path), load_external_data=False))["gather"] == "lm_head"
+    assert composed_metadata(onnx.load(str(path), load_external_data=False)).gather == "lm_head"
     rows = [5, 10, 0, 1]
     out = _run(path, prompt_ids, [None] * SLOTS, rows)  # a greedy chain has no parameters
     for slot, row in enumerate(rows):

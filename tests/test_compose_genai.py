@@ -242,11 +242,11 @@ def test_gather_mode(composed, request):
     path, _ = composed
     asked = request.node.callspec.params["composed"]
     meta = composed_metadata(onnx.load(str(path), load_external_data=False))
-    assert meta["gather"] == ("lm_head" if asked == "auto" else "logits"), (
+    assert meta.gather == ("lm_head" if asked == "auto" else "logits"), (
         "auto fell back to gathering full logits; see the composer's warning (its check run "
         "cannot fill genai's symbolic KV head dimension, or cannot find model.onnx.data)"
     )
-    assert meta["max_slots"] == str(MAX_SLOTS)
+    assert meta.max_slots == MAX_SLOTS
 
 
 @pytest.mark.parametrize(

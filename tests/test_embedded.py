@@ -123,7 +123,7 @@ def test_composed_embedded_model_uses_the_moved_gather(embedded_composed):
     from onnxsample.composer import composed_metadata
 
     meta = composed_metadata(onnx.load(str(embedded_composed), load_external_data=False))
-    assert meta["gather"] == "lm_head"
+    assert meta.gather == "lm_head"
 
 
 @pytest.fixture(scope="session")

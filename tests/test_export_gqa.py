@@ -172,10 +172,10 @@ def _composed_meta(result, tmp_path) -> dict:
 
 def test_composer_moves_the_gather_before_the_fp32_lm_head(tiny_gqa_export, tmp_path):
     meta = _composed_meta(tiny_gqa_export, tmp_path)
-    assert (meta["gather"], meta["kv_layout"]) == ("lm_head", "gqa")
+    assert (meta.gather, meta.kv_layout) == ("lm_head", "gqa")
 
 
 def test_composer_moves_the_gather_before_other_lm_heads(other_precision, tmp_path):
     """MatMulNBits heads (int8, int4) and fp16's MatMul + Cast take the gathered rows only."""
     meta = _composed_meta(other_precision[1], tmp_path)
-    assert (meta["gather"], meta["kv_layout"]) == ("lm_head", "gqa")
+    assert (meta.gather, meta.kv_layout) == ("lm_head", "gqa")

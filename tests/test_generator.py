@@ -305,6 +305,6 @@ def test_prepare_reuses_an_up_to_date_composed_model_and_rebuilds_a_stale_one(
     onnx.save(model, str(composed))
     rebuilt = prepare(folder)
     assert (
-        composed_metadata(onnx.load(str(rebuilt), load_external_data=False))["composer_revision"]
+        composed_metadata(onnx.load(str(rebuilt), load_external_data=False)).composer_revision
         == COMPOSER_REVISION
     )

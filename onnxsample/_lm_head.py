@@ -1,0 +1,119 @@
+"""The LM-head move: find the node that makes ``logits`` from the hidden state, and check that
+gathering rows before it gives the same logits as gathering them after."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsample._splice import reconcile_versions
+from onnxsample.errors import ModelError
+from onnxsample.params import pack_sampling_params
+
+_PREFIX = "sampler."
+_TWO_GB = 2**31 - 2**26  # protobuf's limit, with room for the graph itself
+
+
+def find_lm_head(logits: ir.Value) -> ir.Node | None:
+    """The LM-head node when `logits` = [Cast](MatMul(hidden, W)) or [Cast](MatMulNBits(hidden, ...)).
+
+    Its first input is the hidden state [B, T, H]; the node is re-applied, with the same weight
+    inputs, to the gathered rows.
+    """
+    node = logits.producer()
+    if node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if node is None or len(node.outputs) != 1:
+        return None
+    kind = (node.domain or "ai.onnx", node.op_type)
+    if kind not in (("ai.onnx", "MatMul"), ("com.microsoft", "MatMulNBits")):
+        return None
+    hidden, *weights = node.inputs
+    if hidden is None or hidden.shape is None or len(hidden.shape) != 3:
+        return None
+    if kind[1] == "MatMul":
+        weight = weights[0]
+        if (
+            weight is None
+            or weight.shape is None
+            or len(weight.shape) != 2
+            or weight.shape[1] != logits.shape[2]
+        ):
+            return None
+    elif node.attributes.get_int("N") != logits.shape[2]:
+        return None
+    return node
+
+
+def verify_lm_head(
+    model: ir.Model, chain, vocab: int, max_slots: int, max_bias: int, head_size: int | None
+) -> str:
+    """Run the composed graph once with `logits` still an output; '' when the moved gather agrees."""
+    import onnxruntime as ort
+
+    feeds = _probe_feeds(model, chain, vocab, max_slots, max_bias, head_size)
+    if feeds is None:
+        return "the model has inputs the check cannot fill"
+    reconcile_versions(model)
+    try:
+        session = ort.InferenceSession(serialized(model), providers=["CPUExecutionProvider"])
+        logits, logprob = session.run(["logits", "sampler.logprob"], feeds)
+        tokens = session.run(["sampler.next_token"], feeds)[0]
+    except Exception as exc:  # an unexpected graph: keep the safe layout
+        return f"the check run failed: {str(exc).splitlines()[0]}"
+    flat = logits.reshape(-1, vocab).astype(np.float64)
+    rows = feeds["sampler.row_index"]
+    for slot, row in enumerate(rows):
+        if row == 0:
+            continue
+        ref = flat[row - 1] - flat[row - 1].max()
+        ref = ref[tokens[slot]] - np.log(np.exp(ref).sum())
+        if not np.isclose(logprob[slot], ref, rtol=1e-3, atol=1e-3):
+            return f"slot {slot}: logprob {logprob[slot]:.5f} vs {ref:.5f} from the full logits"
+    return ""
+
+
+def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=None) -> dict | None:
+    """Small inputs (batch 2, 3 tokens, empty KV cache) for a decoder in optimum's or genai's layout."""
+    rng = np.random.default_rng(0)
+    batch, seq = 2, 3
+    # Neutral values for every slot: valid for any chain, greedy-only included.
+    params = pack_sampling_params(
+        [], chain, max_slots, max_bias=max_bias if "logit_bias" in chain else 0
+    )
+    feeds: dict[str, np.ndarray] = {}
+    for value in model.graph.inputs:
+        name, shape, dtype = value.name, value.shape, value.dtype.numpy()
+        if name in params:
+            feeds[name] = params[name]
+        elif name == "sampler.row_index":
+            rows = np.zeros(max_slots, dtype=np.int64)
+            n = min(max_slots, batch * seq)
+            rows[:n] = np.arange(1, n + 1)
+            feeds[name] = rows
+        elif name == "sampler.uniform":
+            feeds[name] = rng.random(max_slots, dtype=np.float32)
+        elif name.startswith(_PREFIX):
+            feeds[name] = np.zeros([d for d in shape], dtype=dtype)
+        elif name == "input_ids":
+            feeds[name] = rng.integers(0, vocab, (batch, seq), dtype=np.int64)
+        elif name == "attention_mask":
+            feeds[name] = np.ones((batch, seq), dtype=dtype)
+        elif name == "position_ids":
+            feeds[name] = np.tile(np.arange(seq, dtype=dtype), (batch, 1))
+        elif name.startswith("past_key_values.") and len(shape) == 4:
+            heads, size = shape[1], shape[3] if isinstance(shape[3], int) else head_size
+            if not isinstance(heads, int) or not isinstance(size, int):
+                return None
+            feeds[name] = np.zeros((batch, heads, 0, size), dtype=dtype)
+        else:
+            return None
+    return feeds
+
+
+def serialized(model: ir.Model) -> bytes:
+    ir.external_data.load_to_model(model)  # a session made from bytes cannot find external files
+    proto = ir.to_proto(model)
+    if proto.ByteSize() > _TWO_GB:
+        raise ModelError("the model is too large to check in memory")
+    return proto.SerializeToString()

@@ -1,0 +1,213 @@
+"""Graph surgery: splice the sampler chain after a model's logits (or before its LM head).
+
+The model's ``logits`` [B, T, V] are flattened to [B·T, V], one dummy row is prepended, and each slot
+samples the row named by ``sampler.row_index`` (0 = the dummy row = an inactive slot). With
+``lm_head=True`` the slots' hidden states are gathered instead and the LM-head node is applied to
+those rows only. The chain runs on the active slots only and its outputs are scattered back to all S.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsample.errors import ModelError
+from onnxsample.graphs.chain import CHAIN_FUNCTION, DOMAIN
+from onnxsample.sampler_model import IR_VERSION, OPSET, build_sampler_model
+
+_PREFIX = "sampler."
+
+DOCS = {
+    "sampler.row_index": "int64[S]: padded logits row each slot samples; 0 = inactive slot (dummy row), "
+    "1 + b*T + t = batch row b, position t",
+    "sampler.uniform": "float32[S]: one U(0,1) draw per slot from that sequence's own seeded generator",
+    "sampler.temperature": "float32[S]: temperature; 0 = greedy for that slot (neutral 1)",
+    "sampler.top_k": "int64[S]: keep the k largest logits, ties kept; 0 = off",
+    "sampler.top_p": "float32[S]: nucleus mass over every surviving token (neutral 1)",
+    "sampler.min_p": "float32[S]: drop tokens with p < min_p * p_max (neutral 0)",
+    "sampler.typical_p": "float32[S]: locally typical mass (neutral 1)",
+    "sampler.repetition_penalty": "float32[S]: HF/vLLM rule on prompt + output tokens (neutral 1)",
+    "sampler.presence_penalty": "float32[S]: OpenAI rule on output tokens (neutral 0)",
+    "sampler.frequency_penalty": "float32[S]: OpenAI rule on output tokens (neutral 0)",
+    "sampler.bias_ids": "int64[S, NB]: logit-bias token ids; padding -1",
+    "sampler.bias_values": "float32[S, NB]: logit-bias values in [-100, 100]; padding 0",
+    "sampler.prompt_mask": "bool[S, V]: tokens present in the slot's prompt (set at prefill)",
+    "sampler.output_counts": "int32[S, V]: state in: counts of the slot's generated tokens",
+}
+
+
+def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    value.shape, value.dtype = value.const_value.shape, value.const_value.dtype
+    graph.register_initializer(value)
+    return value
+
+
+def _op(graph: ir.Graph, op_type: str, inputs, name: str, **attributes) -> ir.Value:
+    node = ir.node(op_type, inputs, attributes or None, name=f"sampler/{name}")
+    node.outputs[0].name = f"sampler/{name}"
+    graph.append(node)
+    return node.outputs[0]
+
+
+def _padded_rows(graph: ir.Graph, rows: ir.Value, width: int, tag: str) -> ir.Value:
+    """[..., width] -> [1 + N, width] with a zero row first (the dummy row of inactive slots)."""
+    flat = _op(
+        graph,
+        "Reshape",
+        [rows, _const(graph, f"sampler/{tag}_shape", np.array([-1, width]))],
+        f"{tag}_flat",
+    )
+    zero = _op(
+        graph,
+        "ConstantOfShape",
+        [_const(graph, f"sampler/{tag}_zero_shape", np.array([1, width]))],
+        f"{tag}_zero",
+        value=ir.tensor(np.zeros(1, dtype=rows.dtype.numpy())),
+    )
+    return _op(graph, "Concat", [zero, flat], f"{tag}_padded", axis=0)
+
+
+def _to_float(graph: ir.Graph, value: ir.Value, tag: str) -> ir.Value:
+    if value.dtype == ir.DataType.FLOAT:
+        return value
+    return _op(graph, "Cast", [value], f"{tag}_float", to=ir.DataType.FLOAT)
+
+
+def _active_slots(graph: ir.Graph, row_index: ir.Value) -> ir.Value:
+    """Indices of the slots with a row to sample (row_index > 0); [0] when there are none.
+
+    The chain then runs on the active slots only, so a batch of one in an 8-slot graph pays for one
+    row of LM head and sampling, not eight. Slot 0 stands in when nothing is active, so that no
+    tensor is ever empty; its row is the dummy row and its state does not change.
+    """
+    zero = _const(graph, "sampler/zero_i64", np.array([0], np.int64))
+    active = _op(graph, "Greater", [row_index, zero], "is_active")
+    found = _op(graph, "NonZero", [active], "active_2d")
+    found = _op(
+        graph, "Reshape", [found, _const(graph, "sampler/flat", np.array([-1]))], "active_found"
+    )
+    count = _op(
+        graph,
+        "Max",
+        [_op(graph, "Shape", [found], "active_count"), _const(graph, "sampler/one", np.array([1]))],
+        "active_n",
+    )
+    padded = _op(graph, "Concat", [found, zero], "active_or_first", axis=0)
+    return _op(graph, "Slice", [padded, zero, count], "active")
+
+
+def _scatter_slots(
+    graph: ir.Graph,
+    active: ir.Value,
+    rows: ir.Value,
+    base: ir.Value | None,
+    slots: ir.Value,
+    name: str,
+) -> ir.Value:
+    """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); the rest from `base`, or zeros."""
+    if base is None:
+        trailing = _op(
+            graph,
+            "Slice",
+            [
+                _op(graph, "Shape", [rows], f"{name}_shape"),
+                _const(graph, f"sampler/{name}_from", np.array([1])),
+                _const(graph, f"sampler/{name}_to", np.array([2**62])),
+            ],
+            f"{name}_trailing",
+        )
+        shape = _op(graph, "Concat", [slots, trailing], f"{name}_full_shape", axis=0)
+        base = _op(
+            graph,
+            "ConstantOfShape",
+            [shape],
+            f"{name}_zeros",
+            value=ir.tensor(np.zeros(1, dtype=rows.dtype.numpy())),
+        )
+    indices = _op(
+        graph,
+        "Unsqueeze",
+        [active, _const(graph, f"sampler/{name}_axis", np.array([-1]))],
+        f"{name}_indices",
+    )
+    return _op(graph, "ScatterND", [base, indices, rows], f"{name}_scattered")
+
+
+def splice(base: ir.Model, chain, vocab, max_slots, options, *, head: ir.Node | None) -> ir.Model:
+    """Add the sampler inputs, the row selection and the chain node to `base` (in place); with
+    `head` (the LM-head node, see :func:`onnxsample._lm_head.find_lm_head`) the rows are gathered
+    before it.
+
+    The chain runs on the active slots only (:func:`_active_slots`); its per-slot inputs are gathered
+    to those slots and its outputs scattered back to all S, inactive slots keeping their state.
+    """
+    sampler = ir.from_proto(
+        build_sampler_model(chain, vocab, max_slots, gather_rows=head is None, **options)
+    )
+    graph = base.graph
+    logits = next(v for v in graph.outputs if v.name == "logits")
+    new_inputs = {}
+    for template in sampler.graph.inputs[1:]:
+        value = ir.Value(name=template.name, shape=template.shape, type=template.type)
+        value.doc_string = DOCS.get(template.name, "")
+        graph.inputs.append(value)
+        new_inputs[value.name] = value
+    active = _active_slots(graph, new_inputs["sampler.row_index"])
+    slots = _op(graph, "Shape", [new_inputs["sampler.row_index"]], "slots")
+    picked = {
+        name: _op(graph, "Gather", [value, active], f"{name[len(_PREFIX) :]}_active", axis=0)
+        for name, value in new_inputs.items()
+    }
+    if head is not None:
+        hidden = head.inputs[0]
+        width = hidden.shape[2]
+        padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
+        rows = _op(graph, "Gather", [padded, picked["sampler.row_index"]], "hidden_rows", axis=0)
+        moved = ir.node(
+            head.op_type,
+            [rows, *head.inputs[1:]],
+            {name: attr.value for name, attr in head.attributes.items()},
+            domain=head.domain,
+            name="sampler/lm_head",
+        )
+        moved.outputs[0].name = "sampler/lm_head"
+        moved.outputs[0].dtype = head.outputs[0].dtype
+        graph.append(moved)
+        rows = _to_float(graph, moved.outputs[0], "logits")
+    else:
+        rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
+    chain_inputs = [rows] + [picked[v.name] for v in sampler.graph.inputs[1:]]
+    node = ir.node(
+        CHAIN_FUNCTION,
+        chain_inputs,
+        domain=DOMAIN,
+        num_outputs=len(sampler.graph.outputs),
+        name="sampler",
+        doc_string=f"onnxsample sampler chain: {chain}",
+    )
+    graph.append(node)
+    for value, template in zip(node.outputs, sampler.graph.outputs, strict=True):
+        tag = template.name[len(_PREFIX) :]
+        value.name, value.type = f"sampler/{tag}_active_out", template.type
+        state = new_inputs.get("sampler.output_counts") if tag == "output_counts_out" else None
+        out = _scatter_slots(graph, active, value, state, slots, tag)
+        out.name, out.type, out.shape = template.name, template.type, template.shape
+        graph.outputs.append(out)
+    for key, function in sampler.functions.items():
+        base.functions[key] = function
+    base.opset_imports[DOMAIN] = 1
+    return base
+
+
+def reconcile_versions(model: ir.Model) -> None:
+    """One IR version and one default-domain opset for the model and the sampler functions."""
+    opset = model.opset_imports.get("", OPSET)
+    if opset < OPSET:
+        raise ModelError(
+            f"the model uses opset {opset}; the samplers need opset >= {OPSET}: re-export it"
+        )
+    model.ir_version = max(model.ir_version, IR_VERSION)
+    for key, function in model.functions.items():
+        if key[0] == DOMAIN:
+            function.opset_imports[""] = opset

@@ -1,0 +1,78 @@
+"""The composed model's metadata: one typed object, written and read in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from onnxsample.chain import SamplerChain
+from onnxsample.errors import ModelError
+from onnxsample.metadata import ComposedMetadata, composed_metadata
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        ComposedMetadata(SamplerChain.full(), 8, 49152, top_logprobs=20, max_bias=16),
+        ComposedMetadata(SamplerChain.greedy(), 1, 32, kv_layout="gqa", kv_head_size=64),
+        ComposedMetadata(
+            SamplerChain("temperature,dist"),
+            4,
+            100,
+            prompt_logprobs=True,
+            output_probs=True,
+            output_candidates=5,
+            gather="lm_head",
+            inline=True,
+            versions={"onnx": "1.23.2"},
+        ),
+    ],
+)
+def test_round_trip_through_the_props(meta):
+    props = meta.to_props()
+    assert all(k.startswith("onnxsample.") and isinstance(v, str) for k, v in props.items())
+    assert ComposedMetadata.from_props(props) == meta
+
+
+@pytest.mark.parametrize(
+    "props, expected",
+    [
+        ({}, None),
+        ({"producer": "x"}, None),
+        ({"onnxsample.chain": "dist"}, None),  # no slot count: not one of ours
+    ],
+)
+def test_other_models_have_none(props, expected):
+    assert ComposedMetadata.from_props(props) is expected
+
+
+@pytest.mark.parametrize(
+    "props, message",
+    [
+        ({"onnxsample.chain": "dist", "onnxsample.max_slots": "x"}, "unreadable"),
+        ({"onnxsample.chain": "dist", "onnxsample.max_slots": "2"}, "unreadable"),  # no vocab
+        ({"onnxsample.chain": "bogus", "onnxsample.max_slots": "2"}, "unknown sampler"),
+        (
+            {
+                "onnxsample.chain": "",
+                "onnxsample.max_slots": "2",
+                "onnxsample.vocab_size": "3",
+                "onnxsample.kv_layout": "paged",
+            },
+            "kv_layout",
+        ),
+    ],
+)
+def test_damaged_metadata_is_a_clear_error(props, message):
+    with pytest.raises(Exception, match=message) as info:
+        ComposedMetadata.from_props(props)
+    assert isinstance(info.value, (ModelError, ValueError))
+
+
+def test_unknown_keys_are_ignored():
+    props = ComposedMetadata(SamplerChain("dist"), 2, 3).to_props()
+    props["onnxsample.future_field"] = "1"
+    assert ComposedMetadata.from_props(props) == ComposedMetadata(SamplerChain("dist"), 2, 3)
+
+
+def test_a_plain_model_has_no_metadata(tiny_export):
+    assert composed_metadata(tiny_export.model_path) is None
