@@ -103,6 +103,13 @@ Candidates = Annotated[
         "--candidates", help="K > 0 also returns the filtered candidates [S, K] (ids and logits)."
     ),
 ]
+PromptLogprobs = Annotated[
+    bool,
+    typer.Option(
+        "--prompt-logprobs",
+        help="Also return logprobs of prompt tokens (echo, likelihood scoring); free when unused.",
+    ),
+]
 Inline = Annotated[
     bool,
     typer.Option(

@@ -42,6 +42,7 @@ def compose(
     max_bias: opt.MaxBias = 0,
     output_probs: opt.OutputProbs = False,
     candidates: opt.Candidates = 0,
+    prompt_logprobs: opt.PromptLogprobs = False,
     inline: opt.Inline = False,
     gather: opt.Gather = "auto",
 ) -> None:
@@ -64,6 +65,7 @@ def compose(
             max_bias=max_bias,
             output_probs=output_probs,
             output_candidates=candidates,
+            prompt_logprobs=prompt_logprobs,
             inline=inline,
             gather=gather,
             progress=progress,

@@ -16,6 +16,8 @@ DOMAIN_VERSION = 1
 onnxsample = Opset(DOMAIN, DOMAIN_VERSION)
 
 FLT_MAX = float(np.finfo(np.float32).max)
+# Temperatures below this are greedy (vLLM's threshold): z / t would overflow to ±inf.
+GREEDY_BELOW = 1e-5
 NEG_INF = float("-inf")
 POS_INF = float("inf")
 T_INT64 = onnx.TensorProto.INT64

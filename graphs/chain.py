@@ -15,7 +15,15 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxsample.graphs._common import DOMAIN, DOMAIN_VERSION, T_BOOL, T_FLOAT, T_INT32, T_INT64
+from onnxsample.graphs._common import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    GREEDY_BELOW,
+    T_BOOL,
+    T_FLOAT,
+    T_INT32,
+    T_INT64,
+)
 from onnxsample.graphs.candidates import Candidates, Contained, Truncate
 from onnxsample.graphs.dist import Dist, DistRows, InverseCdf, RowDraw
 from onnxsample.graphs.logit_bias import LogitBias
@@ -31,6 +39,7 @@ from onnxsample.graphs.top_p import NucleusFloor, TopP
 from onnxsample.graphs.typical_p import TypicalP
 
 CHAIN_FUNCTION = "SamplerChain"
+PROMPT_FUNCTION = "PromptLogprobs"
 PREFIX = "sampler."
 CANONICAL_ORDER = (
     "logit_bias",
@@ -267,9 +276,9 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         outputs.append("output_counts_out")
     if config.output_probs:
         if sampling and config.has("temperature"):
-            zero = helper.make_tensor("zero_t", T_FLOAT, [], [0.0])
-            body.op("Constant", [], ["zero_t"], value=zero)
-            body.op("Equal", ["temperature", "zero_t"], ["greedy_rows"])
+            eps = helper.make_tensor("greedy_below", T_FLOAT, [], [GREEDY_BELOW])
+            body.op("Constant", [], ["greedy_below"], value=eps)
+            body.op("Less", ["temperature", "greedy_below"], ["greedy_rows"])
         else:
             flag = helper.make_tensor("greedy_rows", T_BOOL, [], [not sampling])
             body.op("Constant", [], ["greedy_rows"], value=flag)
@@ -298,6 +307,49 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     )
 
 
+# Prompt logprobs (echo): per prompt position p, a padded-logits row and the token that follows.
+PROMPT_INPUTS = [
+    (PREFIX + "prompt_rows", T_INT64, ("P",)),
+    (PREFIX + "prompt_targets", T_INT64, ("P",)),
+]
+
+
+def prompt_outputs(top_logprobs: int) -> list[tuple[str, int, tuple[str, ...]]]:
+    """The prompt-logprob outputs: each target's logprob, and with L > 0 the L most likely tokens."""
+    found = [(PREFIX + "prompt_logprob", T_FLOAT, ("P",))]
+    if top_logprobs > 0:
+        found += [
+            (PREFIX + "prompt_top_logprob_ids", T_INT64, ("P", "L")),
+            (PREFIX + "prompt_top_logprobs", T_FLOAT, ("P", "L")),
+        ]
+    return found
+
+
+def build_prompt_function(top_logprobs: int) -> onnx.FunctionProto:
+    """``onnxsample.PromptLogprobs(rows: FLOAT[P, V], targets: INT64[P])``: the raw log-softmax of
+    each row at its target token (what OpenAI's ``echo`` reports for prompt tokens), and with
+    ``top_logprobs`` = L > 0 the L most likely tokens of each row and their logprobs. The same
+    functions as the sampled token's logprob, so both agree bit for bit; P may be 0."""
+    body = _Body()
+    body.call("Sanitize", ["rows"], ["x", "x_max"])
+    body.call("Logprob", ["x", "x_max", "targets"], ["logprob", "row_max", "log_total"])
+    outputs = ["logprob"]
+    if top_logprobs > 0:
+        body.constant_int64("top_count", top_logprobs)
+        top_inputs = ["x", "row_max", "log_total", "top_count"]
+        body.call("TopLogprobs", top_inputs, ["top_logprob_ids", "top_logprobs"])
+        outputs += ["top_logprob_ids", "top_logprobs"]
+    return helper.make_function(
+        DOMAIN,
+        PROMPT_FUNCTION,
+        ["rows", "targets"],
+        outputs,
+        body.nodes,
+        _opsets(),
+        doc_string="Logprobs of prompt tokens under the raw distribution",
+    )
+
+
 def used_functions(chain: onnx.FunctionProto) -> list[onnx.FunctionProto]:
     """Every sampler function ``chain`` calls, directly or through another one, callees first, and
     ``chain`` last."""
@@ -315,3 +367,12 @@ def used_functions(chain: onnx.FunctionProto) -> list[onnx.FunctionProto]:
 
     visit(chain.node)
     return [*ordered.values(), chain]
+
+
+def merge_functions(*groups: Sequence[onnx.FunctionProto]) -> list[onnx.FunctionProto]:
+    """The functions of every group, each once (callees before their callers, as given)."""
+    merged: dict[tuple[str, str], onnx.FunctionProto] = {}
+    for group in groups:
+        for function in group:
+            merged.setdefault((function.domain, function.name), function)
+    return list(merged.values())

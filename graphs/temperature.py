@@ -1,23 +1,27 @@
-"""Temperature and greedy decoding (temperature 0)."""
+"""Temperature and greedy decoding (temperature 0).
+
+A temperature below ``GREEDY_BELOW`` (1e-5, vLLM's threshold) is greedy: dividing by it would
+overflow the logits to ±inf and turn the draw into a uniform pick among the overflowed tokens.
+"""
 
 from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import T_BOOL, T_INT64, onnxsample
+from onnxsample.graphs._common import GREEDY_BELOW, T_BOOL, T_INT64, onnxsample
 
 
 @script(onnxsample)
 def Temperature(z: FLOAT["S", "V"], temperature: FLOAT["S"]) -> FLOAT["S", "V"]:
-    """z / t per slot, as transformers' ``TemperatureLogitsWarper``; rows with t = 0 (greedy) are left
+    """z / t per slot, as transformers' ``TemperatureLogitsWarper``; greedy rows (t < 1e-5) are left
     as they are and later take the argmax.
 
     z: FLOAT["S", "V"]; temperature: FLOAT["S"] (≥ 0, validated on the host) → FLOAT["S", "V"].
     """
     axis = op.Constant(value_ints=[1])
-    zero_f = op.Constant(value_float=0.0)
+    eps = op.Constant(value_float=GREEDY_BELOW)
     one_f = op.Constant(value_float=1.0)
     t = op.Unsqueeze(temperature, axis)
-    return op.Div(z, op.Where(op.Equal(t, zero_f), one_f, t))
+    return op.Div(z, op.Where(op.Less(t, eps), one_f, t))
 
 
 @script(onnxsample)
@@ -31,12 +35,13 @@ def Greedy(z: FLOAT["S", "V"]) -> INT64["S"]:
 
 @script(onnxsample)
 def GreedyRows(z: FLOAT["S", "V"], temperature: FLOAT["S"]) -> INT64["S"]:
-    """argmax of the rows whose temperature is 0 (computed only when there is one), else 0.
+    """argmax of the greedy rows (t < 1e-5; computed only when there is one), else 0.
 
     z: FLOAT["S", "V"]; temperature: FLOAT["S"] → INT64["S"].
     """
     zero_f = op.Constant(value_float=0.0)
-    greedy = op.Cast(op.Equal(temperature, zero_f), to=T_INT64)
+    eps = op.Constant(value_float=GREEDY_BELOW)
+    greedy = op.Cast(op.Less(temperature, eps), to=T_INT64)
     if op.Cast(op.ReduceMax(greedy, keepdims=0), to=T_BOOL):
         token = Greedy(z)
     else:
@@ -46,6 +51,6 @@ def GreedyRows(z: FLOAT["S", "V"], temperature: FLOAT["S"]) -> INT64["S"]:
 
 @script(onnxsample)
 def SelectGreedy(temperature: FLOAT["S"], greedy: INT64["S"], drawn: INT64["S"]) -> INT64["S"]:
-    """token = greedy where temperature = 0, else the drawn token. All INT64["S"] / FLOAT["S"]."""
-    zero_f = op.Constant(value_float=0.0)
-    return op.Where(op.Equal(temperature, zero_f), greedy, drawn)
+    """token = greedy where temperature < 1e-5, else the drawn token. All INT64["S"] / FLOAT["S"]."""
+    eps = op.Constant(value_float=GREEDY_BELOW)
+    return op.Where(op.Less(temperature, eps), greedy, drawn)

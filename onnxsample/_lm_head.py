@@ -55,21 +55,36 @@ def verify_lm_head(
     if feeds is None:
         return "the model has inputs the check cannot fill"
     reconcile_versions(model)
+    names = ["logits", "sampler.logprob", "sampler.next_token"]
+    prompt = "sampler.prompt_rows" in feeds
+    if prompt:
+        names.append("sampler.prompt_logprob")
     try:
         session = ort.InferenceSession(serialized(model), providers=["CPUExecutionProvider"])
-        logits, logprob = session.run(["logits", "sampler.logprob"], feeds)
-        tokens = session.run(["sampler.next_token"], feeds)[0]
+        found = dict(zip(names, session.run(names, feeds), strict=True))
     except Exception as exc:  # an unexpected graph: keep the safe layout
         return f"the check run failed: {str(exc).splitlines()[0]}"
-    flat = logits.reshape(-1, vocab).astype(np.float64)
-    rows = feeds["sampler.row_index"]
-    for slot, row in enumerate(rows):
-        if row == 0:
-            continue
+    flat = found["logits"].reshape(-1, vocab).astype(np.float64)
+    checks = [
+        (f"slot {slot}", row, found["sampler.next_token"][slot], found["sampler.logprob"][slot])
+        for slot, row in enumerate(feeds["sampler.row_index"])
+        if row != 0
+    ]
+    if prompt:
+        checks += [
+            (f"prompt row {row}", row, target, got)
+            for row, target, got in zip(
+                feeds["sampler.prompt_rows"],
+                feeds["sampler.prompt_targets"],
+                found["sampler.prompt_logprob"],
+                strict=True,
+            )
+        ]
+    for what, row, token, got in checks:
         ref = flat[row - 1] - flat[row - 1].max()
-        ref = ref[tokens[slot]] - np.log(np.exp(ref).sum())
-        if not np.isclose(logprob[slot], ref, rtol=1e-3, atol=1e-3):
-            return f"slot {slot}: logprob {logprob[slot]:.5f} vs {ref:.5f} from the full logits"
+        ref = ref[token] - np.log(np.exp(ref).sum())
+        if not np.isclose(got, ref, rtol=1e-3, atol=1e-3):
+            return f"{what}: logprob {got:.5f} vs {ref:.5f} from the full logits"
     return ""
 
 
@@ -93,6 +108,10 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
             feeds[name] = rows
         elif name == "sampler.uniform":
             feeds[name] = rng.random(max_slots, dtype=np.float32)
+        elif name == "sampler.prompt_rows":
+            feeds[name] = np.arange(batch * seq, 0, -1, dtype=np.int64)  # every row, reversed
+        elif name == "sampler.prompt_targets":
+            feeds[name] = rng.integers(0, vocab, batch * seq, dtype=np.int64)
         elif name.startswith(_PREFIX):
             feeds[name] = np.zeros([d for d in shape], dtype=dtype)
         elif name == "input_ids":

@@ -12,7 +12,15 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsample.errors import ModelError
-from onnxsample.graphs.chain import CHAIN_FUNCTION, DOMAIN
+from onnxsample.graphs.chain import (
+    CHAIN_FUNCTION,
+    DOMAIN,
+    PROMPT_FUNCTION,
+    PROMPT_INPUTS,
+    build_prompt_function,
+    prompt_outputs,
+    used_functions,
+)
 from onnxsample.sampler_model import IR_VERSION, OPSET, build_sampler_model
 
 _PREFIX = "sampler."
@@ -33,6 +41,10 @@ DOCS = {
     "sampler.bias_values": "float32[S, NB]: logit-bias values in [-100, 100]; padding 0",
     "sampler.prompt_mask": "bool[S, V]: tokens present in the slot's prompt (set at prefill)",
     "sampler.output_counts": "int32[S, V]: state in: counts of the slot's generated tokens",
+    "sampler.prompt_rows": "int64[P]: padded rows (1 + b*T + t) whose logprobs to report, for echo; "
+    "P = 0 when no prompt logprobs are wanted",
+    "sampler.prompt_targets": "int64[P]: the token whose logprob each prompt row reports (the next "
+    "prompt token)",
 }
 
 
@@ -134,13 +146,26 @@ def _scatter_slots(
     return _op(graph, "ScatterND", [base, indices, rows], f"{name}_scattered")
 
 
-def splice(base: ir.Model, chain, vocab, max_slots, options, *, head: ir.Node | None) -> ir.Model:
+def splice(
+    base: ir.Model,
+    chain,
+    vocab,
+    max_slots,
+    options,
+    *,
+    head: ir.Node | None,
+    prompt_logprobs: bool = False,
+) -> ir.Model:
     """Add the sampler inputs, the row selection and the chain node to `base` (in place); with
     `head` (the LM-head node, see :func:`onnxsample._lm_head.find_lm_head`) the rows are gathered
     before it.
 
     The chain runs on the active slots only (:func:`_active_slots`); its per-slot inputs are gathered
     to those slots and its outputs scattered back to all S, inactive slots keeping their state.
+
+    With `prompt_logprobs`, ``sampler.prompt_rows`` [P] name more rows (prompt positions) whose
+    logprobs of ``sampler.prompt_targets`` are returned; before an LM head they share its one
+    MatMul with the slots' rows. P = 0 (every decode step) costs a few empty ops.
     """
     sampler = ir.from_proto(
         build_sampler_model(chain, vocab, max_slots, gather_rows=head is None, **options)
@@ -159,11 +184,16 @@ def splice(base: ir.Model, chain, vocab, max_slots, options, *, head: ir.Node | 
         name: _op(graph, "Gather", [value, active], f"{name[len(_PREFIX) :]}_active", axis=0)
         for name, value in new_inputs.items()
     }
+    prompt = _prompt_inputs(graph) if prompt_logprobs else None
+    prompt_logits = None
     if head is not None:
         hidden = head.inputs[0]
         width = hidden.shape[2]
         padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
-        rows = _op(graph, "Gather", [padded, picked["sampler.row_index"]], "hidden_rows", axis=0)
+        indices = picked["sampler.row_index"]
+        if prompt is not None:
+            indices = _op(graph, "Concat", [indices, prompt[0]], "head_rows_index", axis=0)
+        rows = _op(graph, "Gather", [padded, indices], "hidden_rows", axis=0)
         moved = ir.node(
             head.op_type,
             [rows, *head.inputs[1:]],
@@ -175,8 +205,16 @@ def splice(base: ir.Model, chain, vocab, max_slots, options, *, head: ir.Node | 
         moved.outputs[0].dtype = head.outputs[0].dtype
         graph.append(moved)
         rows = _to_float(graph, moved.outputs[0], "logits")
+        if prompt is not None:
+            count = _op(graph, "Shape", [active], "active_rows")
+            zero = _const(graph, "sampler/head_rows_start", np.array([0]))
+            end = _const(graph, "sampler/head_rows_end", np.array([2**62]))
+            prompt_logits = _op(graph, "Slice", [rows, count, end], "prompt_logits")
+            rows = _op(graph, "Slice", [rows, zero, count], "slot_logits")
     else:
         rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
+        if prompt is not None:
+            prompt_logits = _op(graph, "Gather", [rows, prompt[0]], "prompt_logits", axis=0)
     chain_inputs = [rows] + [picked[v.name] for v in sampler.graph.inputs[1:]]
     node = ir.node(
         CHAIN_FUNCTION,
@@ -196,8 +234,45 @@ def splice(base: ir.Model, chain, vocab, max_slots, options, *, head: ir.Node | 
         graph.outputs.append(out)
     for key, function in sampler.functions.items():
         base.functions[key] = function
+    if prompt is not None:
+        _prompt_logprobs(base, prompt_logits, prompt[1], options["top_logprobs"])
     base.opset_imports[DOMAIN] = 1
     return base
+
+
+def _prompt_inputs(graph: ir.Graph) -> tuple[ir.Value, ir.Value]:
+    values = []
+    for name, elem, shape in PROMPT_INPUTS:
+        value = ir.Value(name=name, shape=ir.Shape(shape), type=ir.TensorType(ir.DataType(elem)))
+        value.doc_string = DOCS.get(name, "")
+        graph.inputs.append(value)
+        values.append(value)
+    return values[0], values[1]
+
+
+def _prompt_logprobs(model: ir.Model, rows: ir.Value, targets: ir.Value, top: int) -> None:
+    """The PromptLogprobs node on the prompt rows' logits, its outputs and its functions."""
+    function = build_prompt_function(top)
+    for proto in used_functions(function):
+        key = (proto.domain, proto.name, "")
+        if key not in model.functions:
+            model.functions[key] = ir.serde.deserialize_function(proto)
+    specs = prompt_outputs(top)
+    node = ir.node(
+        PROMPT_FUNCTION,
+        [rows, targets],
+        domain=DOMAIN,
+        num_outputs=len(specs),
+        name="sampler/prompt_logprobs",
+        doc_string="logprobs of the prompt tokens (echo)",
+    )
+    model.graph.append(node)
+    dims = {"L": top}
+    for value, (name, elem, shape) in zip(node.outputs, specs, strict=True):
+        value.name = name
+        value.type = ir.TensorType(ir.DataType(elem))
+        value.shape = ir.Shape([dims.get(d, d) for d in shape])
+        model.graph.outputs.append(value)
 
 
 def reconcile_versions(model: ir.Model) -> None:

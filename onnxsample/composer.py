@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 # Bumped when the composed graph's internals change (not its inputs and outputs), so that cached
 # composed models are rebuilt. 2: the chain runs on the active slots only. 3: kv_layout metadata.
-COMPOSER_REVISION = "3"
+# 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options.
+COMPOSER_REVISION = "4"
 GATHER_MODES = ("auto", "lm_head", "logits")
 _TWO_GB = 2**31 - 2**26  # protobuf's limit, with room for the graph itself
 STAGES = ("read", "splice", "check-gather", "save")
@@ -67,6 +68,7 @@ def compose(
     max_bias: int = 0,
     output_probs: bool = False,
     output_candidates: int = 0,
+    prompt_logprobs: bool = False,
     inline: bool = False,
     gather: str = "auto",
     progress: ProgressFn | None = None,
@@ -76,7 +78,8 @@ def compose(
     `model` is an export folder (its ``model.onnx``) or an ``.onnx`` file; `chain` defaults to the full
     canonical chain; `output` defaults to ``composed.onnx`` beside the model. `gather` is ``auto``
     (move the row gather before the LM head when the pattern is found and verified), ``lm_head``
-    (require that) or ``logits`` (gather rows of the full logits).
+    (require that) or ``logits`` (gather rows of the full logits). `prompt_logprobs` adds the inputs
+    and outputs that report the logprobs of prompt tokens (echo; see the README's graph contract).
     """
     stage = progress or (lambda _name: None)
     chain = SamplerChain.full() if chain is None else SamplerChain(chain)
@@ -104,13 +107,14 @@ def compose(
         output_probs=output_probs,
         output_candidates=output_candidates,
     )
+    prompt = bool(prompt_logprobs)
     stage("splice")
     composed, mode = None, "logits"
     if gather != "logits":
         ir.passes.common.ShapeInferencePass()(base)  # exports rarely carry intermediate shapes
     head = find_lm_head(logits) if gather != "logits" else None
     if head is not None:
-        composed = splice(base, chain, vocab, max_slots, options, head=head)
+        composed = splice(base, chain, vocab, max_slots, options, head=head, prompt_logprobs=prompt)
         mode = "lm_head"
     elif gather == "lm_head":
         raise ModelError(
@@ -130,8 +134,8 @@ def compose(
             base = load_model(source, check=False)
             fix_constant_shapes(base)
     if composed is None:
-        composed = splice(base, chain, vocab, max_slots, options, head=None)
-    _finish(composed, chain, vocab, max_slots, options, mode, source, inline)
+        composed = splice(base, chain, vocab, max_slots, options, head=None, prompt_logprobs=prompt)
+    _finish(composed, chain, vocab, max_slots, {**options, "prompt": prompt}, mode, source, inline)
 
     stage("save")
     _save(composed, out)
@@ -173,6 +177,7 @@ def _finish(
         max_bias=options["max_bias"],
         output_probs=bool(options["output_probs"]),
         output_candidates=options["output_candidates"],
+        prompt_logprobs=options["prompt"],
         gather=mode,
         inline=inline,
         kv_layout="gqa" if gqa else "concat",

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from onnxsample.chain import SamplerChain
+from onnxsample.graphs._common import GREEDY_BELOW as _GREEDY_BELOW
 
 __all__ = [
     "dist",
@@ -23,6 +24,7 @@ __all__ = [
     "logprobs",
     "min_p",
     "penalties",
+    "prompt_logprobs",
     "run_chain",
     "sanitize",
     "softmax",
@@ -89,8 +91,8 @@ def penalties(
 
 
 def temperature(z: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """z / t per row; greedy rows (t = 0) unchanged."""
-    t = np.where(t == 0, F32(1), t).astype(F32)
+    """z / t per row; greedy rows (t < 1e-5) unchanged."""
+    t = np.where(t < F32(_GREEDY_BELOW), F32(1), t).astype(F32)
     return (z / t[:, None]).astype(F32)
 
 
@@ -179,6 +181,14 @@ def logprobs(x: np.ndarray, token: np.ndarray, top: int = 0) -> tuple[np.ndarray
     return chosen, ids.astype(np.int64), np.take_along_axis(logp, ids, 1)
 
 
+def prompt_logprobs(
+    logits: np.ndarray, rows: np.ndarray, targets: np.ndarray, top: int = 0
+) -> tuple[np.ndarray, ...]:
+    """Each prompt row's raw logprob of its target token (and the ``top`` most likely tokens)."""
+    x = sanitize(np.asarray(logits, dtype=F32)[np.asarray(rows, dtype=np.int64)])
+    return logprobs(x, np.asarray(targets, dtype=np.int64), top)
+
+
 def update_counts(counts: np.ndarray, token: np.ndarray, row_index: np.ndarray) -> np.ndarray:
     """counts + one-hot(token) on active slots (row_index ≠ 0)."""
     out = counts.copy()
@@ -197,8 +207,10 @@ def run_chain(
     output_probs: bool = False,
     output_candidates: int = 0,
     gather_rows: bool = True,
+    prompt: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Run the whole chain on the same feeds as the sampler model; returns its outputs by name."""
+    """Run the whole chain on the same feeds as the sampler model; returns its outputs by name
+    (with `prompt`, the prompt-logprob outputs too)."""
     chain = SamplerChain(chain)
     get = feeds.__getitem__
     row_index = np.asarray(get("sampler.row_index"))
@@ -229,7 +241,7 @@ def run_chain(
         token = dist(z, get("sampler.uniform"))
         greedy_rows = np.zeros(len(token), dtype=bool)
         if "temperature" in chain:
-            greedy_rows = get("sampler.temperature") == 0
+            greedy_rows = get("sampler.temperature") < F32(_GREEDY_BELOW)
         token = np.where(greedy_rows, best, token)
     else:
         token, greedy_rows = best, np.ones(len(best), dtype=bool)
@@ -250,4 +262,11 @@ def run_chain(
         ids = np.argsort(-z, axis=1, kind="stable")[:, :output_candidates]
         out["sampler.candidate_ids"] = ids.astype(np.int64)
         out["sampler.candidate_logits"] = np.take_along_axis(z, ids, 1)
+    if prompt:
+        found = prompt_logprobs(
+            rows, get("sampler.prompt_rows"), get("sampler.prompt_targets"), top_logprobs
+        )
+        out["sampler.prompt_logprob"] = found[0]
+        if top_logprobs:
+            out["sampler.prompt_top_logprob_ids"], out["sampler.prompt_top_logprobs"] = found[1:]
     return out

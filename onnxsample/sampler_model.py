@@ -26,12 +26,18 @@ from onnxsample.errors import InvalidParameter
 from onnxsample.graphs.chain import (
     CHAIN_FUNCTION,
     DOMAIN,
+    PROMPT_FUNCTION,
+    PROMPT_INPUTS,
     ChainConfig,
     build_chain_function,
+    build_prompt_function,
     chain_inputs,
     chain_outputs,
+    merge_functions,
+    prompt_outputs,
     used_functions,
 )
+from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import MAX_TOP_LOGPROBS, SamplingParams, pack_sampling_params
 
 logger = logging.getLogger(__name__)
@@ -97,6 +103,7 @@ def build_sampler_model(
     output_probs: bool = False,
     output_candidates: int = 0,
     gather_rows: bool = True,
+    prompt_logprobs: bool = False,
 ) -> onnx.ModelProto:
     """Build the standalone sampler model for ``chain``.
 
@@ -106,7 +113,14 @@ def build_sampler_model(
     ``sampler.top_logprobs`` [S, L], ``sampler.output_counts_out`` (with ``penalties``),
     ``sampler.probs`` [S, V], ``sampler.candidate_ids`` / ``sampler.candidate_logits`` [S, K].
     ``logit_bias`` takes effect only with ``max_bias`` > 0 (the table's width NB).
+
+    With ``prompt_logprobs`` the model also takes ``sampler.prompt_rows`` / ``sampler.prompt_targets``
+    int64[P] (rows of the padded logits and the token that follows each) and returns
+    ``sampler.prompt_logprob`` float32[P] and, with L > 0, ``sampler.prompt_top_logprob_ids`` /
+    ``sampler.prompt_top_logprobs`` [P, L] (it needs ``gather_rows``).
     """
+    if prompt_logprobs and not gather_rows:
+        raise InvalidParameter("prompt_logprobs needs gather_rows: prompt rows index the logits")
     config = sampler_config(
         chain,
         vocab_size,
@@ -135,33 +149,59 @@ def build_sampler_model(
         for name, elem, shape in chain_outputs(config)
     ]
     chain_fn = build_chain_function(config)
-    node = helper.make_node(
-        CHAIN_FUNCTION,
-        [v.name for v in inputs],
-        [v.name for v in outputs],
-        domain=DOMAIN,
-        name="sampler",
-    )
-    graph = helper.make_graph([node], "onnxsample_sampler", inputs, outputs)
+    nodes = [
+        helper.make_node(
+            CHAIN_FUNCTION,
+            [v.name for v in inputs],
+            [v.name for v in outputs],
+            domain=DOMAIN,
+            name="sampler",
+        )
+    ]
+    functions = used_functions(chain_fn)
+    if prompt_logprobs:
+        inputs += [
+            helper.make_tensor_value_info(name, elem, list(shape))
+            for name, elem, shape in PROMPT_INPUTS
+        ]
+        prompt_out = prompt_outputs(top_logprobs)
+        outputs += [
+            helper.make_tensor_value_info(name, elem, [dims.get(d, d) for d in shape])
+            for name, elem, shape in prompt_out
+        ]
+        rows, targets = (name for name, _, _ in PROMPT_INPUTS)
+        nodes.append(helper.make_node("Gather", ["logits", rows], ["prompt_logits"], axis=0))
+        nodes.append(
+            helper.make_node(
+                PROMPT_FUNCTION,
+                ["prompt_logits", targets],
+                [name for name, _, _ in prompt_out],
+                domain=DOMAIN,
+                name="prompt_logprobs",
+            )
+        )
+        functions = merge_functions(functions, used_functions(build_prompt_function(top_logprobs)))
+    graph = helper.make_graph(nodes, "onnxsample_sampler", inputs, outputs)
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],
-        functions=used_functions(chain_fn),
+        functions=functions,
         ir_version=IR_VERSION,
         producer_name="onnxsample",
         doc_string=f"onnxsample sampler: {','.join(config.samplers) or 'greedy'}",
     )
-    meta = {
-        "onnxsample.chain": ",".join(s for s in config.samplers if config.has(s)),
-        "onnxsample.max_slots": str(max_slots),
-        "onnxsample.vocab_size": str(vocab_size),
-        "onnxsample.top_logprobs": str(top_logprobs),
-        "onnxsample.max_bias": str(max_bias),
-    }
-    helper.set_model_props(model, meta)
-    logger.debug(
-        "built sampler model %s (S=%d, V=%d)", meta["onnxsample.chain"], max_slots, vocab_size
+    meta = ComposedMetadata(
+        chain=SamplerChain(s for s in config.samplers if config.has(s)),
+        max_slots=max_slots,
+        vocab_size=vocab_size,
+        top_logprobs=top_logprobs,
+        max_bias=max_bias,
+        prompt_logprobs=prompt_logprobs,
+        output_probs=config.output_probs,
+        output_candidates=output_candidates,
     )
+    helper.set_model_props(model, meta.to_props())
+    logger.debug("built sampler model %s (S=%d, V=%d)", meta.chain, max_slots, vocab_size)
     return model
 
 
@@ -176,11 +216,14 @@ def sampler_feeds(
     prompt_mask: np.ndarray | None = None,
     output_counts: np.ndarray | None = None,
     max_bias: int = 0,
+    prompt_rows: np.ndarray | Sequence[int] | None = None,
+    prompt_targets: np.ndarray | Sequence[int] | None = None,
 ) -> dict[str, np.ndarray]:
     """The inputs of the standalone sampler model for ``slots`` (``None`` = inactive slot).
 
     By default active slot s samples row s + 1 of ``logits`` (row 0 is the dummy row) and inactive
     slots row 0; the uniforms default to 0.5, the prompt mask to empty and the counts to zero.
+    `prompt_rows` / `prompt_targets` feed a model built with ``prompt_logprobs`` (both or neither).
     """
     chain = SamplerChain(chain)
     logits = np.asarray(logits, dtype=np.float32)
@@ -203,6 +246,11 @@ def sampler_feeds(
         feeds["sampler.prompt_mask"] = empty if prompt_mask is None else prompt_mask.astype(bool)
         counts = np.zeros((size, vocab), dtype=np.int32) if output_counts is None else output_counts
         feeds["sampler.output_counts"] = counts.astype(np.int32)
+    if (prompt_rows is None) != (prompt_targets is None):
+        raise InvalidParameter("prompt_rows and prompt_targets go together")
+    if prompt_rows is not None:
+        feeds["sampler.prompt_rows"] = np.asarray(prompt_rows, dtype=np.int64).reshape(-1)
+        feeds["sampler.prompt_targets"] = np.asarray(prompt_targets, dtype=np.int64).reshape(-1)
     return feeds
 
 

@@ -355,3 +355,60 @@ def test_greedy_only_chain_composes_and_returns_the_argmax(
     for slot, row in enumerate(rows):
         if row:
             assert out["sampler.next_token"][slot] == int(np.argmax(plain_logits[row - 1]))
+
+
+@pytest.fixture(scope="session", params=["lm_head", "logits"])
+def with_prompt_logprobs(request, tiny_export, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("prompt") / f"{request.param}.onnx"
+    return compose(
+        tiny_export.output,
+        None,
+        out,
+        max_slots=SLOTS,
+        top_logprobs=3,
+        max_bias=2,
+        prompt_logprobs=True,
+        gather=request.param,
+    )
+
+
+@pytest.mark.parametrize(
+    "prompt_rows",
+    [
+        list(range(1, BATCH * SEQ + 1)),  # every position of both rows
+        [3, 1, 7],
+        [],  # a decode step: nothing asked, nothing computed
+    ],
+)
+def test_prompt_logprobs_are_the_plain_models_log_softmax(
+    with_prompt_logprobs, composed, prompt_ids, plain_logits, prompt_rows
+):
+    meta = composed_metadata(with_prompt_logprobs)
+    assert meta.prompt_logprobs
+    onnx.checker.check_model(str(with_prompt_logprobs), full_check=True)
+    rng = np.random.default_rng(len(prompt_rows))
+    targets = rng.integers(0, 49152, len(prompt_rows))
+    rows = [5, 0, 10, 1]
+    params = [SamplingParams(temperature=0.0) if r else None for r in rows]
+    session = _session(with_prompt_logprobs)
+    session._model_path = str(with_prompt_logprobs)
+    feeds = _model_feeds(session, prompt_ids) | _sampler_feeds(
+        session, params, rows, 49152, max_bias=2
+    )
+    feeds["sampler.prompt_rows"] = np.asarray(prompt_rows, np.int64)
+    feeds["sampler.prompt_targets"] = targets.astype(np.int64)
+    names = [o.name for o in session.get_outputs() if o.name.startswith("sampler.")]
+    out = dict(zip(names, session.run(names, feeds), strict=True))
+    assert out["sampler.prompt_logprob"].shape == (len(prompt_rows),)
+    assert out["sampler.prompt_top_logprob_ids"].shape == (len(prompt_rows), 3)
+    for i, (row, target) in enumerate(zip(prompt_rows, targets, strict=True)):
+        ref = _log_softmax(plain_logits[row - 1])
+        np.testing.assert_allclose(out["sampler.prompt_logprob"][i], ref[target], atol=1e-4)
+        top = np.argsort(-ref, kind="stable")[:3]
+        np.testing.assert_array_equal(out["sampler.prompt_top_logprob_ids"][i], top)
+        np.testing.assert_allclose(out["sampler.prompt_top_logprobs"][i], ref[top], atol=1e-4)
+    # The slots' outputs are what the graph without prompt logprobs gives.
+    plain = _run(composed, prompt_ids, params, rows) if composed.stem == meta.gather else None
+    if plain is not None:
+        for name, value in plain.items():
+            np.testing.assert_array_equal(out[name], value, err_msg=name)

@@ -342,3 +342,23 @@ def test_logprobs_are_raw_log_softmax():
     np.testing.assert_allclose(
         out["sampler.top_logprobs"], np.take_along_axis(raw, top, 1), rtol=1e-5
     )
+
+
+@pytest.mark.parametrize("chain", [FULL, "temperature,dist", "temperature,top_k,top_p,dist"])
+@pytest.mark.parametrize(
+    ("temperature", "greedy"),
+    [(0.0, True), (1e-30, True), (1e-7, True), (9.9e-6, True), (1e-5, False), (0.5, False)],
+)
+def test_tiny_temperatures_are_greedy(chain, temperature, greedy):
+    """vLLM's rule: t < 1e-5 is greedy. Dividing by it would overflow several logits to +inf, and
+    the draw would pick uniformly among them instead of taking the argmax."""
+    rows = np.array([[0, 0, 0, 0, 0], [40.0, 39.0, 38.5, 1.0, -2.0]], dtype=np.float32)
+    params = SamplingParams(temperature=temperature)
+    for u in (0.01, 0.5, 0.99):
+        out = _run(chain, rows, [params], output_probs=True, uniform=[u])
+        reference = run_chain(chain, sampler_feeds(chain, rows, [params], uniform=[u]))
+        assert out["sampler.next_token"][0] == reference["sampler.next_token"][0]
+        if greedy:
+            assert out["sampler.next_token"][0] == 0
+            assert out["sampler.probs"][0].tolist() == [1, 0, 0, 0, 0]
+        assert not np.isnan(out["sampler.probs"]).any()

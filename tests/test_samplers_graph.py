@@ -268,3 +268,55 @@ def test_merges_after_a_models_logits():
     composed = _ort(merged, {**{k: v for k, v in feeds.items() if k != "logits"}, "hidden": rows})
     for name in alone:
         np.testing.assert_array_equal(composed[name], alone[name])
+
+
+PROMPT_CASES = [
+    # (rows of the padded logits, top_logprobs): empty (a decode step), one row, many with repeats,
+    # and rows without a finite logit (row 1 is all NaN).
+    ([], 3),
+    ([2], 0),
+    ([2, 3, 4, 2, 5, 1], 3),
+    ([1, 1, 6], 2),
+]
+
+
+@pytest.mark.parametrize(("prompt_rows", "top"), PROMPT_CASES)
+def test_prompt_logprobs_match_the_evaluator_and_numpy(prompt_rows, top):
+    """Echo: the logprob of each prompt token under the raw distribution, and its top alternatives."""
+    chain, vocab, slots = "temperature,top_k,dist", 70, 2
+    rng = np.random.default_rng(len(prompt_rows))
+    logits = (rng.normal(size=(7, vocab)) * 3).astype(np.float32)
+    logits[1] = np.nan
+    logits[6, :5] = [np.inf, -np.inf, 1e30, np.nan, 0]
+    targets = rng.integers(0, vocab, size=len(prompt_rows))
+    model = build_sampler_model(chain, vocab, slots, top_logprobs=top, prompt_logprobs=True)
+    onnx.checker.check_model(model, full_check=True)
+    names = [i.name for i in model.graph.input][-2:] + [o.name for o in model.graph.output][-3:]
+    assert names[:2] == ["sampler.prompt_rows", "sampler.prompt_targets"]
+    assert "sampler.prompt_logprob" in names
+    params = [SamplingParams(top_k=3), SamplingParams(temperature=0)]
+    feeds = sampler_feeds(
+        chain, logits, params, prompt_rows=prompt_rows, prompt_targets=targets, uniform=[0.2, 0.7]
+    )
+    got = _ort(model, feeds)
+    expected = run_chain(chain, feeds, top_logprobs=top, prompt=True)
+    evaluated = _evaluator(model, feeds) if prompt_rows else expected
+    assert sorted(got) == sorted(expected)
+    for name in got:
+        for other in (evaluated, expected):
+            np.testing.assert_allclose(got[name], other[name], rtol=2e-5, atol=2e-6, err_msg=name)
+    lp = got["sampler.prompt_logprob"]
+    assert lp.shape == (len(prompt_rows),) and not np.isnan(lp).any()
+    # The sampled token's logprob and a prompt row's logprob come from the same functions.
+    plain = _ort(build_sampler_model(chain, vocab, slots, top_logprobs=top), feeds_without(feeds))
+    for name in plain:
+        np.testing.assert_array_equal(got[name], plain[name], err_msg=name)
+
+
+def feeds_without(feeds: dict) -> dict:
+    return {k: v for k, v in feeds.items() if not k.startswith("sampler.prompt_")}
+
+
+def test_prompt_logprobs_need_the_padded_logits():
+    with pytest.raises(ValueError, match="gather_rows"):
+        build_sampler_model("dist", 10, 2, gather_rows=False, prompt_logprobs=True)
