@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from onnxsample.cli._ui import err, out, stages
+from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter
 
 _LABELS = {
@@ -116,11 +117,19 @@ def run(
         int | None,
         typer.Option(
             "--max-len",
-            help="KV buffer length for GroupQueryAttention models (default: the model's context).",
+            help="KV positions per sequence, prompt included (default: the model's context).",
             min=2,
             show_default=False,
         ),
     ] = None,
+    prefill_chunk: Annotated[
+        int,
+        typer.Option(
+            "--prefill-chunk",
+            help="Prompt tokens per step while other prompts decode (0: whole prompts at once).",
+            min=0,
+        ),
+    ] = DEFAULT_PREFILL_CHUNK,
 ) -> None:
     """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt.
 
@@ -152,7 +161,13 @@ def run(
     with stages(_LABELS) as progress:
         composed = prepare(model, progress=progress)
         progress("session")
-        generator = Generator(composed, provider=provider, threads=threads, max_len=max_len)
+        generator = Generator(
+            composed,
+            provider=provider,
+            threads=threads,
+            max_len=max_len,
+            prefill_chunk=prefill_chunk or None,
+        )
     kwargs = dict(max_new_tokens=max_new_tokens, stop=list(stop), chat=chat, system=system)
     streaming = stream and not json_output and len(prompt) == 1
     if streaming:
@@ -184,9 +199,9 @@ def _print_logprobs(tokenizer, completion) -> None:
     for token, lp, top in zip(
         completion.token_ids, completion.logprobs or [], completion.top_logprobs or [], strict=False
     ):
-        alternatives = "  ".join(f"{tokenizer.decode([t])!r} {v:.3f}" for t, v in top)
+        alternatives = "  ".join(f"{tokenizer.token_to_text(t)!r} {v:.3f}" for t, v in top)
         err.print(
-            f"{tokenizer.decode([token])!r:>14} {lp:8.3f}   {alternatives}",
+            f"{tokenizer.token_to_text(token)!r:>14} {lp:8.3f}   {alternatives}",
             markup=False,
             highlight=False,
         )
@@ -199,7 +214,8 @@ def _print_timings(generator, completions) -> None:
         f"prompt {t.prompt_tokens} tokens in {t.prefill_s * 1000:.0f} ms ({t.prompt_tps:.1f} tok/s) | "
         f"decode {t.generated_tokens - t.sequences} tokens in {t.decode_s * 1000:.0f} ms "
         f"({t.decode_tps:.1f} tok/s) | first token {t.ttft_s * 1000:.0f} ms | {len(completions)} "
-        f"sequence(s), finished: {reasons} | {generator.device}, "
+        f"sequence(s), finished: {reasons} | {t.cached_tokens} prompt tokens reused | "
+        f"{generator.device}, "
         f"{generator.threads or 'default'} threads",
         markup=False,
         highlight=False,

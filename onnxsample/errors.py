@@ -7,10 +7,14 @@ says what was wrong and, where there is one, the allowed range. The CLI prints t
 from __future__ import annotations
 
 __all__ = [
+    "EngineClosed",
     "ExportError",
+    "GenerationError",
     "InvalidParameter",
     "ModelError",
     "OnnxSampleError",
+    "OutOfMemory",
+    "QueueFull",
     "RuntimeUnavailable",
 ]
 
@@ -33,3 +37,19 @@ class ModelError(OnnxSampleError):
 
 class RuntimeUnavailable(OnnxSampleError, ImportError):
     """ONNX Runtime is missing, doubly installed, or lacks the requested execution provider."""
+
+
+class QueueFull(OnnxSampleError):
+    """Every slot is busy and the engine's waiting queue holds ``max_queue`` requests (HTTP 429)."""
+
+
+class EngineClosed(OnnxSampleError):
+    """The engine was closed (or its thread stopped); it takes no more requests."""
+
+
+class GenerationError(OnnxSampleError):
+    """A request failed while it ran (the engine keeps serving the others)."""
+
+
+class OutOfMemory(GenerationError, MemoryError):
+    """The KV cache (or another buffer) for a request could not be allocated."""

@@ -41,9 +41,12 @@ class SamplingParams:
 
     ``temperature`` 0 is greedy decoding. ``top_k`` 0, ``top_p`` 1, ``min_p`` 0, ``typical_p`` 1,
     ``repetition_penalty`` 1 and ``presence_penalty`` / ``frequency_penalty`` 0 are off.
-    ``logit_bias`` maps token ids to values added to their logits. ``seed`` seeds the slot's own
-    generator (the runtime draws one uniform per step from it); ``logprobs`` / ``top_logprobs`` ask
-    for the chosen token's logprob and the ``top_logprobs`` most likely tokens.
+    ``logit_bias`` maps token ids to values added to their logits. ``seed`` (an integer in
+    [0, 2**64)) seeds the slot's own generator (the runtime draws one uniform per step from it);
+    ``logprobs`` / ``top_logprobs`` ask for the chosen token's logprob and the ``top_logprobs`` most
+    likely tokens. ``prompt_logprobs`` (None = off) asks for the logprob of every prompt token and
+    its ``prompt_logprobs`` most likely alternatives (vLLM's field; OpenAI's ``echo``).
+    ``ignore_eos`` keeps generating past end-of-sequence tokens (benchmarks, as vLLM's).
     """
 
     temperature: float = 1.0
@@ -58,6 +61,8 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    prompt_logprobs: int | None = None
+    ignore_eos: bool = False
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise :class:`InvalidParameter` for the first value outside its range; return ``self``.
@@ -84,13 +89,20 @@ class SamplingParams:
                 bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
                 raise InvalidParameter(f"logit_bias token id must be in {bound}, got {token!r}")
             _check_range(f"logit_bias[{token}]", value, -100.0, 100.0, "in [-100, 100]")
-        if self.seed is not None and not _is_int(self.seed):
-            raise InvalidParameter(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
+            raise InvalidParameter(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
         if not isinstance(self.logprobs, (bool, np.bool_)):
             raise InvalidParameter(f"logprobs must be a bool, got {self.logprobs!r}")
         top = self.top_logprobs
         if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidParameter(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+        prompt = self.prompt_logprobs
+        if prompt is not None and (not _is_int(prompt) or not 0 <= prompt <= MAX_TOP_LOGPROBS):
+            raise InvalidParameter(
+                f"prompt_logprobs must be None or in [0, {MAX_TOP_LOGPROBS}], got {prompt}"
+            )
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise InvalidParameter(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         return self
 
 
@@ -208,4 +220,9 @@ def _check_chain_supports(
     if top_logprobs is not None and params.top_logprobs > top_logprobs:
         raise InvalidParameter(
             f"top_logprobs={params.top_logprobs} is more than the graph returns ({top_logprobs})"
+        )
+    if top_logprobs is not None and (params.prompt_logprobs or 0) > top_logprobs:
+        raise InvalidParameter(
+            f"prompt_logprobs={params.prompt_logprobs} is more than the graph returns "
+            f"({top_logprobs})"
         )

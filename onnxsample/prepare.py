@@ -20,9 +20,9 @@ __all__ = ["RUN_COMPOSE_OPTIONS", "cache_dir", "prepare"]
 
 log = logging.getLogger(__name__)
 
-# One graph for every request `onnxsample run` can make: 8 sequences, up to 20 top logprobs, and
-# 16 logit-bias entries per sequence.
-RUN_COMPOSE_OPTIONS = {"max_slots": 8, "top_logprobs": 20, "max_bias": 16}
+# One graph for every request `onnxsample run` (and the engine) can make: 8 sequences, up to 20 top
+# logprobs, 16 logit-bias entries per sequence, and prompt logprobs (echo).
+RUN_COMPOSE_OPTIONS = {"max_slots": 8, "top_logprobs": 20, "max_bias": 16, "prompt_logprobs": True}
 
 
 def cache_dir() -> Path:

@@ -142,27 +142,19 @@ def embedded_gqa_exports() -> dict:
     }
 
 
-def _stream_with_lengths(generator, prompts, params, lengths) -> dict:
-    """Each prompt with its own max_new_tokens, all submitted in one run: index -> Completion."""
-    sequences = []
-    for i, (prompt, p, n) in enumerate(zip(prompts, params, lengths, strict=True)):
-        [seq] = generator._prepare([prompt], [p], n, None, False, None)
-        seq.index = i
-        sequences.append(seq)
-    generator._prepare = lambda *args: sequences  # one run, per-prompt limits
-    try:
-        return {
-            e.index: e.completion
-            for e in generator.stream(prompts, params, chat=False)
-            if e.completion
-        }
-    finally:
-        del generator._prepare
+def _submitted_together(generator, prompts, params, lengths) -> dict:
+    """Each prompt with its own max_new_tokens, all submitted at once: index -> Completion."""
+    engine = generator.engine
+    requests = [
+        engine.submit(prompt, p, max_new_tokens=n, chat=False, index=i)
+        for i, (prompt, p, n) in enumerate(zip(prompts, params, lengths, strict=True))
+    ]
+    return {r.index: r.result(timeout=300) for r in requests}
 
 
 def _batched_as_alone(generator, prompts, params, lengths) -> None:
     """Prompts of different lengths run together (continuous batching) give each one's tokens alone."""
-    together = _stream_with_lengths(generator, prompts, params, lengths)
+    together = _submitted_together(generator, prompts, params, lengths)
     for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         [alone] = generator.generate(prompt, p, max_new_tokens=lengths[i], chat=False)
         assert together[i].token_ids == alone.token_ids, i

@@ -397,6 +397,8 @@ def test_run_streams_one_prompt(run_folder, capsys):
         (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1, got 0"),
         (["-p", "word " * 700], "does not fit the model's context of 512 tokens"),
         (["--threads", "0"], "--threads"),
+        (["--seed", "-1"], "seed must be an integer in [0, 2**64), got -1"),
+        (["--prefill-chunk", "-1"], "--prefill-chunk"),
     ],
 )
 def test_run_errors(argv, message, run_folder, capsys):

@@ -298,8 +298,8 @@ def test_generator_batches_the_genai_layout(composed, plain, head_dim, prompt_id
     # genai's folder holds a transformers-5 tokenizer; ours is the same vocabulary, readable here.
     generator = Generator(path, tokenizer=embedded_export.output, threads=1)
     assert generator.kv_layout == "gqa"
-    assert generator.concurrency == MAX_SLOTS
-    prompts = [generator.tokenizer.decode(list(ids)) for ids in prompt_ids]
+    assert generator.engine.concurrency == MAX_SLOTS
+    prompts = [[int(i) for i in ids] for ids in prompt_ids]  # token ids, used as they are
     done = generator.generate(
         prompts, SamplingParams(temperature=0), max_new_tokens=GREEDY_STEPS, chat=False
     )

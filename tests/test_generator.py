@@ -73,12 +73,13 @@ def test_greedy_matches_the_plain_model(generator, tiny_export):
     [done] = generator.generate(
         PROMPTS[0], SamplingParams(temperature=0), max_new_tokens=20, chat=False
     )
-    ids = generator.tokenizer(PROMPTS[0]).input_ids
+    ids = generator.tokenizer.encode(PROMPTS[0])
     assert done.token_ids == _plain_greedy(tiny_export.model_path, ids, 20, generator.eos_ids)
     assert done.finish_reason in ("length", "eos")
 
 
 def test_prompts_of_different_lengths_batch_like_alone(generator):
+    """Optimum's graph: left-padded rows with explicit positions, as alone."""
     greedy = SamplingParams(temperature=0)
     batch = generator.generate(PROMPTS, greedy, max_new_tokens=12, chat=False)
     for prompt, together in zip(PROMPTS, batch, strict=True):
@@ -144,7 +145,7 @@ def test_finished_sequences_free_slots_for_waiting_ones(two_slot_generator, batc
 )
 def test_penalties_follow_the_formula_step_by_step(generator, tiny_export, penalties):
     """The state the graph carries (output counts, prompt mask) gives the host reference's tokens."""
-    ids = generator.tokenizer(PROMPTS[2]).input_ids
+    ids = generator.tokenizer.encode(PROMPTS[2])
     p = SamplingParams(temperature=0, **penalties)
 
     def adjust(logits, generated):
@@ -206,7 +207,7 @@ def test_stop_strings_end_the_text_before_them(generator):
 
 @pytest.mark.parametrize("text", ["naïve café", "日本語のテキスト", "emoji 🙂🚀 end", "Ωμέγα"])
 def test_detokenizer_never_splits_a_character(generator, text):
-    ids = generator.tokenizer(text).input_ids
+    ids = generator.tokenizer.encode(text)
     detok = Detokenizer(generator.tokenizer)
     pieces = [detok.add(i) for i in ids] + [detok.flush()]
     assert all("\ufffd" not in piece for piece in pieces)
@@ -262,10 +263,12 @@ def test_timings_are_reported(generator):
         ({"params": SamplingParams(logit_bias={1: 1, 2: 1, 3: 1})}, "bias"),
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
         ({"prompts": ["word " * 700]}, "does not fit the model's context of 512 tokens"),
+        ({"params": SamplingParams(seed=-3)}, "seed must be an integer in [0, 2**64), got -3"),
         ({"prompts": []}, "at least one prompt"),
     ],
 )
 def test_bad_requests_fail_before_any_work(generator, kwargs, message):
+    kwargs = dict(kwargs)
     prompts = kwargs.pop("prompts", PROMPTS[0])
     with pytest.raises(InvalidParameter) as info:
         generator.generate(prompts, kwargs.pop("params", None), chat=False, **kwargs)

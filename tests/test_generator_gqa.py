@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from onnxsample._kv import buffer_length, contiguous_runs
+from onnxsample._kv_shared import SharedKV, buffer_length
 from onnxsample.composer import compose
 from onnxsample.errors import InvalidParameter
 from onnxsample.generator import Generator
@@ -128,28 +128,9 @@ def test_buffer_length(need, limit, expected):
     assert buffer_length(need, limit) == expected
 
 
-@dataclass
-class _Seq:
-    slot: int
-
-
-@pytest.mark.parametrize(
-    ("slots", "runs"),
-    [
-        ([0, 1, 2], [[0, 1, 2]]),
-        ([2, 0], [[0], [2]]),
-        ([1, 3, 4, 6], [[1], [3, 4], [6]]),
-        ([5], [[5]]),
-    ],
-)
-def test_contiguous_runs(slots, runs):
-    got = contiguous_runs([_Seq(s) for s in slots])
-    assert [[s.slot for s in run] for run in got] == runs
-
-
 def test_the_layout_is_gqa_with_every_slot(generator):
     assert generator.kv_layout == "gqa"
-    assert generator.concurrency == generator.max_slots == 4
+    assert generator.engine.concurrency == generator.max_slots == 4
 
 
 @pytest.mark.parametrize("index", range(3))
@@ -168,24 +149,33 @@ def test_prompts_have_different_lengths(greedy_batch):
     assert len({len(c.prompt_token_ids) for c in greedy_batch}) == 3
 
 
+def _kv(generator) -> SharedKV:
+    return generator.engine._scheduler.layout.kv
+
+
 def test_presents_are_the_shared_buffers(generator, monkeypatch):
-    """ORT writes in place: every call's present.* is the buffer itself (rows from 0 here)."""
+    """ORT writes in place: every call's present.* is a row range of the buffer itself."""
     seen = []
-    run = generator.session.run_with_iobinding
+    session = generator.engine.session
+    run = session.run_with_iobinding
 
     def spy(binding, *args):
         run(binding, *args)
         seen.append([(v.data_ptr(), v.shape()) for v in binding.get_outputs()])
 
-    monkeypatch.setattr(generator.session, "run_with_iobinding", spy)
+    monkeypatch.setattr(session, "run_with_iobinding", spy)
     generator.generate(PROMPTS[:3], GREEDY, max_new_tokens=4, chat=False)
-    kv = generator._kv
+    kv = _kv(generator)
     buffers = list(kv.buffers.values())
-    assert len(seen) >= 2  # one prefill, then decodes
+    row = next(iter(kv.specs.values()))
+    row_bytes = row[0] * row[1] * kv.length * np.dtype(row[2]).itemsize
+    assert len(seen) >= 4  # one prefill per prompt, then decodes
     for outputs in seen:
         presents = outputs[: len(buffers)]  # bound first
-        assert [ptr for ptr, _ in presents] == [b.data_ptr() for b in buffers]
-        assert all(shape[2] == kv.length for _, shape in presents)
+        for (ptr, shape), buffer in zip(presents, buffers, strict=True):
+            offset = ptr - buffer.data_ptr()
+            assert offset % row_bytes == 0 and 0 <= offset // row_bytes < kv.rows
+            assert shape[2] == kv.length
 
 
 @pytest.mark.parametrize(
@@ -204,7 +194,7 @@ def test_continuous_batching_matches_alone(two_slots, mode, lengths, batched_as_
     else:
         params = [SamplingParams(temperature=0.9, top_k=40, seed=100 + i) for i in range(5)]
     batched_as_alone(two_slots, PROMPTS, params, lengths)
-    assert two_slots._kv.rows == 2
+    assert _kv(two_slots).rows == 2
 
 
 @pytest.mark.parametrize(
@@ -216,9 +206,16 @@ def test_continuous_batching_matches_alone(two_slots, mode, lengths, batched_as_
 )
 def test_reused_decode_binding_matches_binding_every_step(generator, monkeypatch, params):
     """Decode steps reuse one IOBinding (penalty counts double-buffered): same tokens, logprobs."""
-    assert generator._fast is not None
+    runner = generator.engine._scheduler.runner
     fast = generator.generate(PROMPTS[:3], params, max_new_tokens=12, chat=False)
-    monkeypatch.setattr(generator, "_fast", None)
+    assert runner._binding is not None  # the decode steps kept theirs
+    original = runner.run
+
+    def fresh_binding(call, uniform):
+        runner.invalidate()
+        return original(call, uniform)
+
+    monkeypatch.setattr(runner, "run", fresh_binding)
     slow = generator.generate(PROMPTS[:3], params, max_new_tokens=12, chat=False)
     for a, b in zip(fast, slow, strict=True):
         assert a.token_ids == b.token_ids
@@ -242,33 +239,49 @@ def test_seeded_sampling_alone_and_in_a_batch(generator):
     assert other_seed.token_ids != alone.token_ids
 
 
-# Calls in order: (prompts, max_new_tokens) -> buffer (rows, positions), and whether it is new.
+# Requests one after the other: (prompts, max_new_tokens) -> buffer (rows, positions), and whether
+# it is new. Rows and positions grow on demand, doubling, and are kept.
 BUFFER_CALLS = [
-    ((3, 10), (3, 64), True),  # the longest prompt + 10 new tokens, rounded up to 64
-    ((2, 10), (3, 64), False),  # smaller needs reuse the buffers
-    ((1, 100), (1, 128), True),  # more positions: new buffers, sized for this call
-    ((1, 50), (1, 128), False),
-    ((4, 10), (4, 64), True),  # more rows
+    ((1, 10), (1, 64), True),  # the prompt + 10 new tokens, rounded up to 64
+    ((3, 10), (4, 64), True),  # more rows: the highest slot + 1, doubling (1 -> 2 -> 4)
+    ((2, 10), (4, 64), False),  # smaller needs reuse the buffers
+    ((1, 100), (4, 128), True),  # more positions: double, at least the need, rounded up
+    ((4, 50), (4, 128), False),
+    ((1, 200), (4, 256), True),
 ]
 
 
-def test_buffers_are_sized_by_the_call_and_reused(generator):
-    from onnxsample._kv import SharedKV
+def test_buffers_grow_on_demand_and_are_reused(gqa_model):
+    with Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1) as gen:
+        before: list = []  # kept alive, so that new buffers are new objects
+        for (prompts, max_new_tokens), size, new in BUFFER_CALLS:
+            gen.generate(PROMPTS[:prompts], GREEDY, max_new_tokens=max_new_tokens, chat=False)
+            kv = _kv(gen)
+            assert (kv.rows, kv.length) == size, (prompts, max_new_tokens)
+            now = list(kv.buffers.values())
+            same = len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
+            assert same != new, (prompts, max_new_tokens)
+            before = now
 
-    generator._kv = kv = SharedKV(generator._kv.specs, generator.device)
-    before: list = []  # kept alive, so that new buffers are new objects
-    for (prompts, max_new_tokens), size, new in BUFFER_CALLS:
-        generator.generate(PROMPTS[:prompts], GREEDY, max_new_tokens=max_new_tokens, chat=False)
-        assert (kv.rows, kv.length) == size, (prompts, max_new_tokens)
-        now = list(kv.buffers.values())
-        same = len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
-        assert same != new, (prompts, max_new_tokens)
-        before = now
+
+def test_growing_the_buffers_keeps_what_they_hold(gqa_model):
+    """A request that needs more positions arrives while another decodes: the buffers are
+    replaced under the running sequence, which goes on as if nothing happened."""
+    with Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1) as gen:
+        [alone] = gen.generate(PROMPTS[0], GREEDY, max_new_tokens=30, chat=False)
+    with Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1) as gen:
+        engine = gen.engine
+        running = engine.submit(PROMPTS[0], GREEDY, max_new_tokens=30, chat=False)
+        next(iter(running))
+        grown = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=200, chat=False)
+        assert running.result(timeout=120).token_ids == alone.token_ids
+        assert grown.result(timeout=120).token_ids
+        assert _kv(gen).length >= 200
 
 
 @pytest.mark.parametrize("bad", [0, 1, -5, 2.5, "64", True])
 def test_max_len_must_be_an_integer_of_at_least_2(gqa_model, bad):
-    with pytest.raises(InvalidParameter, match="max_len must be an integer >= 2"):
+    with pytest.raises(InvalidParameter, match="max_len must be None or an integer >= 2"):
         Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, max_len=bad)
 
 
@@ -279,7 +292,7 @@ def short(gqa_model) -> Generator:
 
 def test_a_prompt_longer_than_max_len_is_refused(short):
     long = "one two three four five six seven eight nine ten " * 3
-    assert len(short.tokenizer(long).input_ids) >= 24
+    assert len(short.tokenizer.encode(long)) >= 24
     with pytest.raises(
         InvalidParameter, match=r"does not fit max_len=24 \(it must be at most 23\)"
     ):
@@ -290,7 +303,7 @@ def test_a_prompt_longer_than_max_len_is_refused(short):
 def test_generation_stops_with_length_at_max_len(short, generator, prompts):
     texts = [PROMPTS[i] for i in prompts]
     done = short.generate(texts, GREEDY, max_new_tokens=100, chat=False)
-    assert short._kv.length == 24  # max_len caps the buffer: no rounding past it
+    assert _kv(short).length == 24  # max_len caps the buffer: no rounding past it
     for c, text in zip(done, texts, strict=True):
         [full] = generator.generate(text, GREEDY, max_new_tokens=30, chat=False)
         room = 24 - len(c.prompt_token_ids)

@@ -79,7 +79,13 @@ def test_chain_rejects_bad_names_and_lists_valid_ones(spec, message):
         ("logit_bias", {5: 101.0}, "logit_bias[5] must be in [-100, 100], got 101.0"),
         ("logit_bias", {100: 1.0}, "logit_bias token id must be in [0, 100), got 100"),
         ("logit_bias", {-1: 1.0}, "logit_bias token id must be in [0, 100), got -1"),
-        ("seed", "abc", "seed must be an integer or None, got 'abc'"),
+        ("seed", "abc", "seed must be an integer in [0, 2**64), got 'abc'"),
+        ("seed", -1, "seed must be an integer in [0, 2**64), got -1"),
+        ("seed", 2**64, f"seed must be an integer in [0, 2**64), got {2**64}"),
+        ("seed", 1.5, "seed must be an integer in [0, 2**64), got 1.5"),
+        ("prompt_logprobs", 21, "prompt_logprobs must be None or in [0, 20], got 21"),
+        ("prompt_logprobs", -1, "prompt_logprobs must be None or in [0, 20], got -1"),
+        ("ignore_eos", "yes", "ignore_eos must be a bool, got 'yes'"),
     ],
 )
 def test_validate_rejects_with_vllm_style_message(field, value, message):
@@ -96,6 +102,8 @@ def test_validate_rejects_with_vllm_style_message(field, value, message):
         SamplingParams(top_p=1e-6, min_p=0.0, repetition_penalty=1e-3, presence_penalty=-2.0),
         SamplingParams(frequency_penalty=2.0, logit_bias={0: -100.0, 99: 100.0}, top_logprobs=20),
         SamplingParams(seed=123, logprobs=True),
+        SamplingParams(seed=0, prompt_logprobs=0),
+        SamplingParams(seed=2**64 - 1, prompt_logprobs=20, ignore_eos=True),
     ],
 )
 def test_validate_accepts_the_range_ends(params):

@@ -1,0 +1,217 @@
+"""The KV layout of GroupQueryAttention graphs: one shared buffer per layer, row = slot.
+
+com.microsoft GroupQueryAttention reads each row's length from the attention mask (seqlens_k =
+ReduceSum(mask) - 1) and keeps the cache right-padded: row b's tokens sit at positions 0..len_b-1.
+When the same memory is bound as ``past_key_values.*`` and as ``present.*``, ONNX Runtime writes the
+new keys and values in place (``past_present_share_buffer``), so the cache never moves.
+
+Each past input gets one device buffer [R, kv_heads, L, head_dim]; slot r owns row r. Rows are bound
+through raw pointers (row r starts at ``data_ptr() + r * row_bytes``), the same on the CPU and CUDA:
+
+* prefill of one sequence: row [slot, slot + 1), ids [1, C] = prompt tokens [start, end), mask
+  [1, end] of ones. With start = 0 this is GQA's "first prompt"; with start > 0 (a chunk after the
+  first, or the rest of a reused prefix) GQA attends to the cached positions and writes at
+  start..end-1. Both give bit-identical keys and values to a single prefill of the whole prompt.
+* decode: rows [lo, hi) around the decoding slots, ids [hi - lo, 1], mask [hi - lo, T] with ones in
+  row r's first n_r + 1 columns, where n_r is what row r holds; GQA writes row r's fed token at
+  position n_r. Rows in between that are not decoding (idle, mid-prefill, or holding a finished
+  request's tokens for reuse) get the pad token, which lands just past what they hold, where the
+  next real write overwrites it.
+
+The buffers grow on demand (rows and positions, amortised by doubling) with their contents copied;
+an allocation that fails leaves the old buffers in place and fails only the request that asked.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from onnxsample._layout import Call, prompt_positions, slot_rows
+from onnxsample._sequence import Sequence
+from onnxsample.errors import ModelError, OutOfMemory
+
+log = logging.getLogger(__name__)
+
+_PAST, _PRESENT = "past_key_values.", "present."
+_ALIGN = 64
+ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def kv_specs(pasts: dict[str, Any], head_size: int | None, model: str) -> dict[str, tuple]:
+    """(kv heads, head size, numpy dtype) of each past input (an ORT NodeArg); `head_size` stands
+    in for a symbolic last dimension (genai's ``kv_cache_dim``)."""
+    specs = {}
+    for name, arg in pasts.items():
+        heads, size = arg.shape[1], head_size or arg.shape[3]
+        if not isinstance(heads, int) or not isinstance(size, int):
+            raise ModelError(
+                f"{model}: {name} has shape {arg.shape}, not fixed heads and head size"
+            )
+        specs[name] = (heads, size, ORT_DTYPES.get(arg.type, np.float32))
+    return specs
+
+
+def buffer_length(need: int, limit: int | None) -> int:
+    """Positions to allocate: `need` up to `limit` (the context or max_len), rounded up to a
+    multiple of 64 without passing `limit`."""
+    length = need if limit is None else min(need, limit)
+    length = -(-length // _ALIGN) * _ALIGN
+    return length if limit is None else min(length, limit)
+
+
+def _row_bytes(spec: tuple[int, int, Any], length: int) -> int:
+    heads, head_dim, dtype = spec
+    return heads * length * head_dim * np.dtype(dtype).itemsize
+
+
+class SharedKV:
+    """One [rows, heads, length, head_dim] device buffer per ``past_key_values.*`` input."""
+
+    def __init__(self, specs: dict[str, tuple[int, int, Any]], device: str) -> None:
+        self.specs = specs
+        self.device = device
+        self.rows = 0
+        self.length = 0
+        self.generation = 0  # bumped whenever the buffers are replaced
+        self.buffers: dict[str, Any] = {}
+
+    def nbytes(self, rows: int, length: int) -> int:
+        return sum(_row_bytes(spec, length) for spec in self.specs.values()) * rows
+
+    def grow(self, rows: int, length: int) -> None:
+        """At least `rows` × `length`, contents kept; raises OutOfMemory and keeps the old buffers
+        when the new ones cannot be allocated."""
+        if rows <= self.rows and length <= self.length:
+            return
+        import onnxruntime as ort
+
+        rows, length = max(rows, self.rows), max(length, self.length)
+        fresh = {}
+        try:
+            for name, (heads, head_dim, dtype) in self.specs.items():
+                shape = [rows, heads, length, head_dim]
+                data = np.zeros(shape, dtype)  # never uninitialised memory (NaN)
+                if name in self.buffers:
+                    data[: self.rows, :, : self.length] = self.buffers[name].numpy()
+                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device, 0)
+                value.update_inplace(data)
+                fresh[name] = value
+                del data
+        except (MemoryError, RuntimeError) as exc:
+            fresh.clear()
+            need = self.nbytes(rows, length) / 2**20
+            raise OutOfMemory(
+                f"cannot allocate the KV cache: {rows} rows x {length} positions need "
+                f"{need:.0f} MiB on {self.device} ({str(exc).splitlines()[0] or type(exc).__name__})"
+            ) from exc
+        self.buffers = fresh
+        self.rows, self.length = rows, length
+        self.generation += 1
+        log.info(
+            "KV buffers: %d rows x %d positions, %.1f MiB on %s",
+            rows,
+            length,
+            self.nbytes(rows, length) / 2**20,
+            self.device,
+        )
+
+    def bind(self, binding, r0: int, n: int) -> list[str]:
+        """Bind rows [r0, r0 + n) as each past input and its present output; the outputs' names."""
+        names = []
+        for name, value in self.buffers.items():
+            heads, head_dim, dtype = self.specs[name]
+            shape = [n, heads, self.length, head_dim]
+            ptr = value.data_ptr() + r0 * _row_bytes(self.specs[name], self.length)
+            present = _PRESENT + name[len(_PAST) :]
+            binding.bind_input(name, self.device, 0, dtype, shape, ptr)
+            binding.bind_output(present, self.device, 0, dtype, shape, ptr)
+            names.append(present)
+        return names
+
+
+class SharedLayout:
+    """:class:`~onnxsample._layout.KVLayout` over :class:`SharedKV`; `limit` caps the positions
+    (the context or ``max_len``)."""
+
+    def __init__(self, kv: SharedKV, slots: int, pad: int, limit: int | None) -> None:
+        self.kv, self.slots, self.pad, self.limit = kv, slots, pad, limit
+        self.tokens: list[list[int]] = [[] for _ in range(slots)]
+        self.decoding: set[int] = set()
+
+    def held(self, slot: int) -> list[int]:
+        return self.tokens[slot]
+
+    def reserve(self, slot: int, positions: int) -> None:
+        rows = self.kv.rows
+        if slot >= rows:
+            rows = min(self.slots, max(slot + 1, 2 * rows))
+        length = self.kv.length
+        if positions > length:
+            length = buffer_length(max(positions, 2 * length), self.limit)
+        self.kv.grow(rows, max(length, positions))
+
+    def start(self, seq: Sequence, reused: int) -> None:
+        del self.tokens[seq.slot][reused:]
+        seq.computed = reused
+
+    def prefill(self, seq: Sequence, end: int) -> Call:
+        start, slot = seq.computed, seq.slot
+        ids = np.asarray([seq.prompt[start:end]], np.int64)
+        mask = np.ones((1, end), np.int64)
+        rows = slot_rows(self.slots)
+        sampling = []
+        if end == len(seq.prompt):
+            rows[slot] = end - start  # 1 + the last position of the call's one batch row
+            sampling = [seq]
+        prompt_rows, targets = prompt_positions(seq, start, end)
+        return Call(
+            "prefill",
+            ids,
+            mask,
+            np.arange(start, end, dtype=np.int64)[None],
+            rows,
+            sampling,
+            lambda binding: self.kv.bind(binding, slot, 1),
+            prompt_rows=prompt_rows,
+            prompt_targets=targets,
+            prompt_seq=seq,
+            end=end,
+        )
+
+    def decode(self, seqs: list[Sequence]) -> Call:
+        lo = min(seq.slot for seq in seqs)
+        hi = max(seq.slot for seq in seqs) + 1
+        lens = np.asarray([len(self.tokens[r]) for r in range(lo, hi)], np.int64)
+        ids = np.full((hi - lo, 1), self.pad, np.int64)
+        rows = slot_rows(self.slots)
+        for seq in seqs:
+            ids[seq.slot - lo, 0] = seq.ids[-1]
+            rows[seq.slot] = 1 + seq.slot - lo
+        mask = (np.arange(lens.max() + 1) <= lens[:, None]).astype(np.int64)
+        return Call(
+            "decode",
+            ids,
+            mask,
+            lens[:, None].copy(),
+            rows,
+            list(seqs),
+            lambda binding: self.kv.bind(binding, lo, hi - lo),
+            reuse=(lo, hi, self.kv.generation),
+        )
+
+    def commit(self, call: Call, presents: dict[str, Any]) -> None:
+        if call.kind == "prefill":
+            seq = call.prompt_seq
+            self.tokens[seq.slot] = list(seq.prompt[: call.end])
+            return
+        for seq in call.sampling:  # before the new tokens are accepted: the fed ones are last
+            self.tokens[seq.slot].append(seq.ids[-1])
+
+    def finish(self, seq: Sequence) -> None:
+        pass  # the row keeps its tokens until the slot is taken again
+
+    def discard(self, slot: int) -> None:
+        self.tokens[slot] = []

@@ -1,0 +1,120 @@
+"""One session run per :class:`~onnxsample._layout.Call`, with IOBinding.
+
+The host sends token ids, the mask, positions, ``sampler.row_index``, one uniform per slot and the
+prompt rows; it gets back token ids and logprobs (bound to preallocated host arrays) and, for a
+concat cache, the ``present.*`` OrtValues. Everything else — the cache, the sampler parameters, the
+penalty counts — is bound as device OrtValues.
+
+A decode step of a shared-buffer graph binds the same cache rows, parameters and outputs as the step
+before; building all of that anew costs Python time comparable to the sampler itself. Such calls
+carry a ``reuse`` key, and one IOBinding is kept while the key (rows, buffers, parameters) holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from onnxsample._layout import Call
+from onnxsample._slots import COUNTS_OUT, SlotState, host_copy
+
+log = logging.getLogger(__name__)
+
+# Outputs of a composed graph that come back to the host.
+HOST_OUTPUTS = (
+    "sampler.next_token",
+    "sampler.logprob",
+    "sampler.top_logprob_ids",
+    "sampler.top_logprobs",
+)
+PROMPT_OUTPUTS = (
+    "sampler.prompt_logprob",
+    "sampler.prompt_top_logprob_ids",
+    "sampler.prompt_top_logprobs",
+)
+_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+
+
+class Runner:
+    """Runs calls on `session`; `slots` supplies the sampler inputs and the penalty state."""
+
+    def __init__(self, session, device: str, slots: SlotState) -> None:
+        self.session, self.device, self.slots = session, device, slots
+        inputs = {i.name for i in session.get_inputs()}
+        self.outputs = [o.name for o in session.get_outputs()]
+        self.has_positions = "position_ids" in inputs
+        self.has_uniform = "sampler.uniform" in inputs
+        self.has_prompt = "sampler.prompt_rows" in inputs
+        self.host: dict[str, np.ndarray] = {}
+        for out in session.get_outputs():
+            if out.name in HOST_OUTPUTS:
+                if not all(isinstance(d, int) for d in out.shape) or out.type not in _TYPES:
+                    raise ValueError(f"{out.name} must have a fixed shape, got {out.shape}")
+                self.host[out.name] = np.zeros(out.shape, _TYPES[out.type])
+        self._binding = None
+        self._key: tuple | None = None
+
+    def run(self, call: Call, uniform: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run `call`: (host outputs by name, the presents it asked for). The host arrays are
+        overwritten by the next call: read them before running another."""
+        self.slots.static()  # rebuilt now if a slot changed, so the key below is current
+        key = None if call.reuse is None else (*call.reuse, self.slots.generation)
+        reused = key is not None and key == self._key
+        if reused:
+            binding, order = self._binding, None
+        else:
+            binding, order = self._bind(call)
+            self._binding, self._key = (binding, key) if key is not None else (None, None)
+        binding.bind_cpu_input("input_ids", call.input_ids)
+        binding.bind_cpu_input("attention_mask", call.mask)
+        if self.has_positions:
+            binding.bind_cpu_input("position_ids", call.positions)
+        binding.bind_cpu_input("sampler.row_index", call.row_index)
+        if self.has_uniform:
+            binding.bind_cpu_input("sampler.uniform", uniform)
+        if self.has_prompt and not reused:
+            binding.bind_cpu_input("sampler.prompt_rows", call.prompt_rows)
+            binding.bind_cpu_input("sampler.prompt_targets", call.prompt_targets)
+        self.slots.bind_counts(binding)
+        self.session.run_with_iobinding(binding)
+        self.slots.advance()
+        host: dict[str, Any] = dict(self.host)
+        presents: dict[str, Any] = {}
+        if order is not None and (call.presents or call.prompt_rows.size):
+            values = dict(zip(order, binding.get_outputs(), strict=True))
+            presents = {name: values[name] for name in call.presents}
+            if call.prompt_rows.size:
+                host.update({n: host_copy(values[n]) for n in PROMPT_OUTPUTS if n in values})
+        return host, presents
+
+    def invalidate(self) -> None:
+        """Forget the kept binding (after its buffers changed outside a key's knowledge)."""
+        self._binding, self._key = None, None
+
+    def _bind(self, call: Call) -> tuple[Any, list[str]]:
+        """A fresh binding with the cache, the parameters and every output bound; the outputs'
+        names in the order ONNX Runtime returns them (the order they were first bound)."""
+        import onnxruntime as ort
+
+        binding = self.session.io_binding()
+        order = call.bind_kv(binding)
+        for name, value in self.slots.static().items():
+            binding.bind_ortvalue_input(name, value)
+        if self.slots.penalties:
+            self.slots.bind_counts(binding)
+            order.append(COUNTS_OUT)
+        for name in self.outputs:
+            if name in order:
+                continue
+            if name in self.host:
+                binding.bind_ortvalue_output(
+                    name, ort.OrtValue.ortvalue_from_numpy(self.host[name])
+                )
+            elif name in PROMPT_OUTPUTS:
+                binding.bind_output(name, "cpu")
+            else:
+                binding.bind_output(name, self.device)
+            order.append(name)
+        return binding, order

@@ -1,0 +1,265 @@
+"""The engine's stepping logic: admission, prefix reuse, chunked prefill, decode, cancel.
+
+Only the engine's thread calls a :class:`Scheduler`. One :meth:`~Scheduler.step`:
+
+1. finishes the sequences whose requests were cancelled (their slots are free at once);
+2. admits waiting sequences (FIFO) into free slots — the free slot whose cache shares the longest
+   prefix with the prompt, whose tokens are then not computed again;
+3. prefills: up to ``chunk`` prompt tokens per step over the admitted sequences, one call per
+   sequence and chunk, so a long prompt is admitted over several steps while running streams keep
+   decoding between them (``chunk=None`` prefills each prompt in one call);
+4. decodes: one call feeds every decoding sequence its last token and samples its next one.
+
+A failure inside a call (an allocation, ONNX Runtime) fails the requests in that call and nothing
+else.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxsample._layout import Call, KVLayout, common_prefix
+from onnxsample._runner import Runner
+from onnxsample._sequence import Sequence
+from onnxsample._slots import SlotState
+from onnxsample.errors import GenerationError, OnnxSampleError
+
+log = logging.getLogger(__name__)
+
+# A reused prefix leaves at least this many prompt tokens to compute: a one-token call takes other
+# kernels than a longer one, and the keys and values it writes would differ in the last bits from
+# those of the request's prefill without reuse.
+_RECOMPUTE = 2
+
+
+@dataclass
+class Stats:
+    """What the engine has done since it started (only its thread writes these)."""
+
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prefill_calls: int = 0
+    decode_steps: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    finished: int = 0
+    failed: int = 0
+
+
+class Scheduler:
+    """Sequences waiting, prefilling and decoding on one session.
+
+    `slots` is how many sequences may run at once (the graph's slots, or 1 for a concat graph
+    without positions); `on_change(pending, free)` hears of every change in the number of waiting
+    requests and free slots (for the engine's queue bound).
+    """
+
+    def __init__(
+        self,
+        runner: Runner,
+        layout: KVLayout,
+        state: SlotState,
+        *,
+        slots: int,
+        chunk: int | None,
+        prefix_reuse: bool,
+        on_change: Callable[[int, int], None] = lambda pending, free: None,
+    ) -> None:
+        self.runner, self.layout, self.state = runner, layout, state
+        self.chunk, self.prefix_reuse, self.on_change = chunk, prefix_reuse, on_change
+        self.free = list(range(slots))
+        self.waiting: deque[Sequence] = deque()
+        self.prefilling: list[Sequence] = []
+        self.decoding: list[Sequence] = []
+        self.stats = Stats()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def step(self) -> None:
+        self._cancel()
+        self._admit()
+        self._prefill()
+        self._decode()
+
+    def fail_all(self, error: BaseException) -> None:
+        """Fail every sequence the scheduler holds (the engine closes, or a bug)."""
+        for seq in [*self.waiting, *self.prefilling, *self.decoding]:
+            self._fail(seq, error)
+        self.on_change(-len(self.waiting), 0)
+        self.waiting.clear()
+
+    # ---- admission ----------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        while self.waiting and self.free:
+            seq = self.waiting.popleft()
+            slot, reused = self._pick_slot(seq)
+            need = len(seq.prompt) + seq.max_new_tokens
+            try:
+                self.layout.reserve(slot, min(need, seq.limit) if seq.limit else need)
+            except OnnxSampleError as exc:
+                log.warning("request %s: %s", seq.request.id, exc)
+                self.stats.failed += 1
+                seq.request._fail(exc)
+                self.on_change(-1, 0)
+                continue
+            seq.slot = slot
+            self.free.remove(slot)
+            self.on_change(-1, -1)
+            self.layout.start(seq, reused)
+            self.state.assign(slot, seq.params, seq.prompt)
+            seq.admitted = time.perf_counter()
+            seq.timings.queue_s = seq.admitted - seq.request.submitted
+            seq.timings.cached_tokens = seq.computed
+            self.stats.cached_tokens += seq.computed
+            self.prefilling.append(seq)
+
+    def _pick_slot(self, seq: Sequence) -> tuple[int, int]:
+        """The free slot to use and how many of its cached tokens the prompt reuses: the longest
+        common prefix wins; else the slot holding the least (its cache is worth least)."""
+        if not self.prefix_reuse or seq.wants_prompt_logprobs:
+            return min(self.free, key=lambda s: (len(self.layout.held(s)), s)), 0
+        room = max(len(seq.prompt) - _RECOMPUTE, 0)
+        best = None
+        for slot in self.free:
+            held = self.layout.held(slot)
+            reused = min(common_prefix(held, seq.prompt), room)
+            key = (-reused, len(held) if reused == 0 else 0, slot)
+            if best is None or key < best[0]:
+                best = (key, slot, reused)
+        assert best is not None
+        return best[1], best[2]
+
+    # ---- prefill and decode -------------------------------------------------------------------
+
+    def _prefill(self) -> None:
+        spent = 0
+        for seq in list(self.prefilling):
+            while not seq.prefilled and seq.finish is None:
+                n = self._chunk_of(seq)
+                if self.chunk and spent and spent + n > self.chunk:
+                    return
+                spent += n
+                self._run(self.layout.prefill(seq, seq.computed + n))
+                if self.chunk and spent >= self.chunk:
+                    return
+
+    def _chunk_of(self, seq: Sequence) -> int:
+        """Tokens the next prefill call of `seq` computes: up to `chunk`, never leaving exactly one
+        (a one-token call would take other kernels than the same tokens prefilled alone)."""
+        remaining = len(seq.prompt) - seq.computed
+        if not self.chunk or remaining <= self.chunk:
+            return remaining
+        n = self.chunk
+        return n - 1 if remaining - n == 1 and n > 1 else n
+
+    def _decode(self) -> None:
+        if self.decoding:
+            self._run(self.layout.decode(list(self.decoding)))
+
+    def _run(self, call: Call) -> None:
+        uniform = np.full(self.state.meta.max_slots, 0.5, np.float32)
+        for seq in call.sampling:
+            uniform[seq.slot] = seq.uniform()
+        involved = call.sampling if call.kind == "decode" else [call.prompt_seq]
+        start = time.perf_counter()
+        try:
+            host, presents = self.runner.run(call, uniform)
+            self.layout.commit(call, presents)
+        except Exception as exc:
+            self.runner.invalidate()
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            error = (
+                exc
+                if isinstance(exc, OnnxSampleError)
+                else GenerationError(f"the {call.kind} call failed: {reason}")
+            )
+            log.error("%s call failed for %d request(s): %s", call.kind, len(involved), reason)
+            for seq in involved:
+                self._fail(seq, error)
+            return
+        elapsed = time.perf_counter() - start
+        if call.kind == "decode":
+            self.stats.decode_s += elapsed
+            self.stats.decode_steps += 1
+            for seq in involved:
+                seq.timings.decode_s += elapsed
+        else:
+            seq = call.prompt_seq
+            self.stats.prefill_s += elapsed
+            self.stats.prefill_calls += 1
+            self.stats.prompt_tokens += call.end - seq.computed
+            seq.timings.prefill_s += elapsed
+            if call.prompt_rows.size:
+                seq.record_prompt(
+                    host["sampler.prompt_logprob"],
+                    host.get("sampler.prompt_top_logprob_ids"),
+                    host.get("sampler.prompt_top_logprobs"),
+                )
+            seq.computed = call.end
+            if seq.prefilled:
+                self.prefilling.remove(seq)
+                self.decoding.append(seq)
+        for seq in call.sampling:
+            self._accept(seq, host)
+
+    def _accept(self, seq: Sequence, host: dict) -> None:
+        s = seq.slot
+        tops = None
+        if seq.params.top_logprobs:
+            ids, lps = host["sampler.top_logprob_ids"][s], host["sampler.top_logprobs"][s]
+            tops = [(int(t), float(v)) for t, v in zip(ids, lps, strict=True)]
+        event = seq.accept(int(host["sampler.next_token"][s]), host["sampler.logprob"][s], tops)
+        self.stats.generated_tokens += 1
+        seq.request._push(event)
+        if seq.finish is not None:
+            self.stats.finished += 1
+            self._release(seq)
+
+    # ---- leaving ------------------------------------------------------------------------------
+
+    def _cancel(self) -> None:
+        for seq in [s for s in self.waiting if s.request.cancelled]:
+            self.waiting.remove(seq)
+            self.on_change(-1, 0)
+            seq.request._push(seq.cancel())
+        for seq in [s for s in (*self.prefilling, *self.decoding) if s.request.cancelled]:
+            seq.request._push(seq.cancel())
+            self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        for group in (self.prefilling, self.decoding):
+            if seq in group:
+                group.remove(seq)
+        self.layout.finish(seq)
+        self._free(seq.slot)
+
+    def _fail(self, seq: Sequence, error: BaseException) -> None:
+        self.stats.failed += 1
+        seq.finish = "error"
+        seq.request._fail(error)
+        if seq.slot < 0 or seq.slot in self.free:
+            return
+        for group in (self.prefilling, self.decoding):
+            if seq in group:
+                group.remove(seq)
+        self.layout.discard(seq.slot)
+        self._free(seq.slot)
+
+    def _free(self, slot: int) -> None:
+        self.state.release(slot)
+        self.free.append(slot)
+        self.free.sort()
+        self.on_change(0, 1)

@@ -1,0 +1,139 @@
+"""One request's state inside the engine: its prompt, its place in the cache, what it generated.
+
+:meth:`Sequence.accept` takes one sampled token (and its logprobs) and returns the
+:class:`~onnxsample.request.StreamEvent` it produces: end-of-sequence, stop strings, the token
+limit and the end of the KV buffer are decided here, without ONNX Runtime, so they can be tested
+on their own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from onnxsample._text import Detokenizer, StopMatcher
+from onnxsample.params import SamplingParams
+from onnxsample.request import Completion, Request, StreamEvent, Timings, TopLogprobs
+
+_U_MAX = np.nextafter(np.float32(1), np.float32(0))
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request as the scheduler sees it.
+
+    ``computed`` counts the prompt tokens whose keys and values are in the slot's cache (the reused
+    prefix included); the prompt is done when it reaches ``len(prompt)``. ``limit`` is the number of
+    positions the request may fill (context or KV buffer length), prompt included.
+    """
+
+    request: Request
+    prompt: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    detok: Detokenizer
+    stops: StopMatcher
+    seed: int
+    eos_ids: frozenset[int]
+    limit: int | None = None
+    slot: int = -1
+    computed: int = 0
+    ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tops: list[TopLogprobs] = field(default_factory=list)
+    prompt_logprobs: list[float | None] = field(default_factory=list)
+    prompt_tops: list[TopLogprobs | None] = field(default_factory=list)
+    finish: str | None = None
+    timings: Timings = field(default_factory=Timings)
+    admitted: float = 0.0
+    rng: np.random.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.Generator(np.random.Philox(self.seed))
+        self.timings.prompt_tokens = len(self.prompt)
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs, self.prompt_tops = (
+                [None],
+                [None],
+            )  # the first token has no context
+
+    @property
+    def index(self) -> int:
+        return self.request.index
+
+    @property
+    def prefilled(self) -> bool:
+        return self.computed >= len(self.prompt)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs is not None
+
+    def uniform(self) -> np.float32:
+        """The next U(0, 1) draw of this sequence's own generator (one per sampled token)."""
+        return min(np.float32(self.rng.random()), _U_MAX)
+
+    def record_prompt(self, logprobs: np.ndarray, ids: np.ndarray | None, lps) -> None:
+        """Logprobs of prompt tokens computed by one prefill call, in prompt order."""
+        n = self.params.prompt_logprobs or 0
+        for i, value in enumerate(logprobs):
+            self.prompt_logprobs.append(float(value))
+            tops = None
+            if ids is not None and n:
+                tops = [(int(t), float(v)) for t, v in zip(ids[i][:n], lps[i][:n], strict=True)]
+            self.prompt_tops.append(tops if n else None)
+
+    def accept(
+        self, token: int, logprob: float | None = None, tops: TopLogprobs | None = None
+    ) -> StreamEvent:
+        """Record a sampled token; decide whether the sequence is finished; the event to send."""
+        now = time.perf_counter()
+        if not self.ids and self.finish is None:
+            self.timings.ttft_s = now - self.request.submitted
+        self.timings.generated_tokens += 1
+        if token in self.eos_ids and not self.params.ignore_eos:
+            self.finish = "eos"
+            return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), token)
+        self.ids.append(token)
+        if self.params.logprobs or self.params.top_logprobs:
+            self.logprobs.append(float(logprob) if logprob is not None else float("nan"))
+        if self.params.top_logprobs and tops is not None:
+            self.tops.append(tops[: self.params.top_logprobs])
+        piece = self.stops.add(self.detok.add(token))
+        if self.stops.stopped:
+            self.finish = "stop"
+        elif len(self.ids) >= self.max_new_tokens or (
+            self.limit and len(self.prompt) + len(self.ids) >= self.limit
+        ):
+            self.finish = "length"
+            piece += self.stops.add(self.detok.flush()) + self.stops.flush()
+        if self.finish:
+            return self._finished(piece, token)
+        return StreamEvent(self.index, piece, token)
+
+    def cancel(self) -> StreamEvent:
+        """Finish now, with what was generated so far (``finish_reason`` ``cancelled``)."""
+        self.finish = "cancelled"
+        return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), None)
+
+    def completion(self) -> Completion:
+        want_logprobs = self.params.logprobs or self.params.top_logprobs
+        prompt = self.wants_prompt_logprobs
+        return Completion(
+            index=self.index,
+            text=self.stops.text,
+            token_ids=list(self.ids),
+            finish_reason=self.finish or "length",
+            prompt_token_ids=self.prompt,
+            seed=self.seed,
+            logprobs=list(self.logprobs) if want_logprobs else None,
+            top_logprobs=list(self.tops) if self.params.top_logprobs else None,
+            prompt_logprobs=list(self.prompt_logprobs) if prompt else None,
+            prompt_top_logprobs=list(self.prompt_tops) if prompt else None,
+            timings=self.timings,
+        )
+
+    def _finished(self, piece: str, token: int | None) -> StreamEvent:
+        return StreamEvent(self.index, piece, token, self.completion())

@@ -1,0 +1,118 @@
+"""The sampler chain's per-slot inputs and state, as the engine keeps them between steps.
+
+:class:`SlotState` owns, for every slot of a composed graph: its :class:`SamplingParams` (packed
+into the ``sampler.*`` parameter inputs and kept as device OrtValues until a slot changes), its
+prompt mask, and the penalty counts (``sampler.output_counts``), which live on the device in two
+buffers that swap roles every call: the graph reads one and writes the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from onnxsample.metadata import ComposedMetadata
+from onnxsample.params import SamplingParams, pack_sampling_params
+
+COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
+PROMPT_MASK = "sampler.prompt_mask"
+
+
+def host_copy(value) -> np.ndarray:
+    """An OrtValue's contents as a numpy array of its own. ``OrtValue.numpy()`` of a CPU tensor is
+    a view of the tensor's memory that does not keep the tensor alive: keep only copies."""
+    return np.array(value.numpy(), copy=True)
+
+
+def ortvalue(array: np.ndarray, device: str):
+    """`array` as an OrtValue on `device` ("cpu" or "cuda")."""
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
+
+
+class SlotState:
+    """Parameters, prompt masks and penalty counts of the S slots of one session.
+
+    ``generation`` changes whenever the parameter inputs are rebuilt, so a cached IOBinding knows
+    when to bind them anew.
+    """
+
+    def __init__(self, meta: ComposedMetadata, inputs: set[str], device: str) -> None:
+        self.meta = meta
+        self.device = device
+        self.inputs = inputs
+        self.params: list[SamplingParams | None] = [None] * meta.max_slots
+        self.generation = 0
+        self._static: dict[str, Any] | None = None
+        S, V = meta.max_slots, meta.vocab_size
+        self.penalties = COUNTS in inputs
+        self._mask = np.zeros((S, V), bool) if self.penalties else None
+        self.counts = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
+        self._spare = None
+
+    def check(self, params: SamplingParams) -> None:
+        """Raise :class:`~onnxsample.errors.InvalidParameter` if this graph cannot serve `params`."""
+        m = self.meta
+        pack_sampling_params(
+            [params],
+            m.chain,
+            m.max_slots,
+            max_bias=m.max_bias,
+            vocab_size=m.vocab_size,
+            top_logprobs=m.top_logprobs,
+        )
+
+    def assign(self, slot: int, params: SamplingParams, prompt: list[int]) -> None:
+        """A new sequence takes `slot`: its parameters, its prompt's tokens, zero output counts."""
+        self.params[slot] = params
+        self._static = None
+        if self.penalties:
+            self._mask[slot] = False
+            self._mask[slot, prompt] = True
+            counts = host_copy(self.counts)
+            counts[slot] = 0
+            self.counts = ortvalue(counts, self.device)
+
+    def release(self, slot: int) -> None:
+        """The slot's sequence left; its inputs stay as they are until the slot is assigned again
+        (an inactive slot's row is never computed)."""
+        self.params[slot] = None
+
+    def static(self) -> dict[str, Any]:
+        """The parameter inputs (and the prompt mask) as device OrtValues, rebuilt after a change."""
+        if self._static is None:
+            m = self.meta
+            arrays = pack_sampling_params(
+                self.params,
+                m.chain,
+                m.max_slots,
+                max_bias=m.max_bias,
+                vocab_size=m.vocab_size,
+                top_logprobs=m.top_logprobs,
+            )
+            if self.penalties:
+                arrays[PROMPT_MASK] = self._mask
+            self._static = {
+                k: ortvalue(v, self.device) for k, v in arrays.items() if k in self.inputs
+            }
+            self.generation += 1
+        return self._static
+
+    def bind_counts(self, binding) -> None:
+        """Bind the counts the graph reads and the buffer it writes (swapped by :meth:`advance`)."""
+        if not self.penalties:
+            return
+        import onnxruntime as ort
+
+        if self._spare is None:
+            shape = self.counts.shape()
+            self._spare = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.int32, self.device, 0)
+        binding.bind_ortvalue_input(COUNTS, self.counts)
+        binding.bind_ortvalue_output(COUNTS_OUT, self._spare)
+
+    def advance(self) -> None:
+        """After a successful call: the written counts become the state."""
+        if self.penalties:
+            self.counts, self._spare = self._spare, self.counts

@@ -1,0 +1,423 @@
+"""`Engine`: requests from any thread, at any time, onto one composed model.
+
+One scheduler thread owns the ONNX Runtime session, the slots, the KV cache and the sampler state;
+everything else talks to it through a thread-safe queue. :meth:`Engine.submit` tokenises and
+validates a request in the caller's thread (so bad input fails at once, costing the engine
+nothing) and returns a :class:`~onnxsample.request.Request` at once; the request joins the running
+batch at the engine's next step, or waits (FIFO) for a free slot. Past ``max_queue`` waiting
+requests, :meth:`~Engine.submit` raises :class:`~onnxsample.errors.QueueFull`.
+
+This is how llama-server (one ``server_context`` owning the slots) and vLLM (an engine core behind an
+async front end) serve per-request samplers on one model; here the samplers are inputs of the graph,
+so every request brings its own parameters and seed without rebuilding anything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Sequence as Seq
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxsample._kv_concat import ConcatLayout
+from onnxsample._kv_shared import SharedKV, SharedLayout, kv_specs
+from onnxsample._model_info import ModelInfo
+from onnxsample._runner import Runner
+from onnxsample._scheduler import Scheduler, Stats
+from onnxsample._sequence import Sequence
+from onnxsample._session import create_session
+from onnxsample._slots import SlotState
+from onnxsample._text import Detokenizer, StopMatcher
+from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
+from onnxsample.metadata import ComposedMetadata
+from onnxsample.params import SamplingParams, pack_sampling_params
+from onnxsample.request import Request
+
+__all__ = ["DEFAULT_PREFILL_CHUNK", "Engine", "Prompt"]
+
+log = logging.getLogger(__name__)
+
+# Prompt tokens per step while other sequences decode (see docs/benchmarks.md for the measurement).
+DEFAULT_PREFILL_CHUNK = 256
+_PAST = "past_key_values."
+_CLOSE, _WAKE = object(), object()
+_ids = itertools.count()
+
+# A prompt: text, token ids, or a chat (a list of {"role", "content"} messages).
+Prompt = str | Seq[int] | Seq[dict]
+
+
+class Engine:
+    """Serves a composed model (see :func:`onnxsample.compose`) to any number of threads.
+
+    `model` is a composed ``.onnx`` file; the tokenizer, generation config and export manifest are
+    read from `tokenizer` (default: the model's folder). `provider` is ``auto``, ``cpu`` or ``cuda``;
+    `threads` sets ONNX Runtime's intra-op threads. `max_len` caps the KV positions of a sequence
+    (default: the model's context). `max_queue` bounds the requests waiting for a slot (None: no
+    bound). `prefill_chunk` is how many prompt tokens a step computes while other sequences decode
+    (None: a whole prompt at once). `prefix_reuse` lets a request reuse the cached prefix a finished
+    request left in its slot (llama-server's ``cache_prompt``).
+
+    Use it as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        provider: str = "auto",
+        threads: int | None = None,
+        max_len: int | None = None,
+        max_queue: int | None = 256,
+        prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
+        prefix_reuse: bool = True,
+        tokenizer: str | Path | None = None,
+        optimization: str = "all",
+    ) -> None:
+        for name, value, low in (
+            ("max_len", max_len, 2),
+            ("max_queue", max_queue, 0),
+            ("prefill_chunk", prefill_chunk, 1),
+        ):
+            if value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < low
+            ):
+                raise InvalidParameter(f"{name} must be None or an integer >= {low}, got {value!r}")
+        self.path = Path(model)
+        if not self.path.is_file():
+            raise ModelError(f"no such composed model: {self.path}")
+        self.threads, self.max_len, self.max_queue = threads, max_len, max_queue
+        self.prefill_chunk, self.prefix_reuse = prefill_chunk, bool(prefix_reuse)
+        self.session, self.device = create_session(
+            self.path, provider, threads=threads, optimization=optimization
+        )
+        meta = ComposedMetadata.from_session(self.session)
+        if meta is None:
+            raise ModelError(
+                f"{self.path.name} is not a composed model: run `onnxsample compose` on it first"
+            )
+        self.meta = meta
+        self.info = ModelInfo.read(Path(tokenizer) if tokenizer is not None else self.path.parent)
+        self.tokenizer = self.info.tokenizer
+        self.limit = min(x for x in (self.info.context_length, max_len, 2**62) if x)
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
+        if meta.kv_layout == "gqa":
+            self.concurrency = meta.max_slots
+        else:
+            # Left-padded batches need explicit positions (optimum's layout).
+            self.concurrency = meta.max_slots if "position_ids" in inputs else 1
+            if self.concurrency == 1 and meta.max_slots > 1:
+                log.info("%s has no position_ids input: one sequence at a time", self.path.name)
+        self._inputs = set(inputs)
+        self._lock = threading.Lock()
+        self._pending = 0  # submitted, not yet given a slot
+        self._free = self.concurrency
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._dead: BaseException | None = None
+        self._scheduler = self._build()
+        self._thread = threading.Thread(target=self._loop, name="onnxsample-engine", daemon=True)
+        self._thread.start()
+
+    # ---- facts --------------------------------------------------------------------------------
+
+    @property
+    def max_slots(self) -> int:
+        return self.meta.max_slots
+
+    @property
+    def vocab_size(self) -> int:
+        return self.meta.vocab_size
+
+    @property
+    def kv_layout(self) -> str:
+        return self.meta.kv_layout
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.info.eos_ids
+
+    @property
+    def context_length(self) -> int | None:
+        return self.info.context_length
+
+    def stats(self) -> Stats:
+        """A snapshot of what the engine has done (times, calls, tokens)."""
+        return replace(self._scheduler.stats)
+
+    def load(self) -> dict[str, int]:
+        """Requests running and waiting, and slots busy, right now (approximate between steps)."""
+        with self._lock:
+            busy = self.concurrency - self._free
+            return {"running": busy, "waiting": self._pending, "slots_busy": busy}
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        max_new_tokens: int = 256,
+        stop: str | Seq[str] | None = None,
+        chat: bool | None = None,
+        system: str | None = None,
+        index: int = 0,
+    ) -> Request:
+        """Queue one request; returns its :class:`~onnxsample.request.Request` at once.
+
+        `prompt` is a string (put through the chat template when `chat` is true or, with `chat`
+        None, when the model has one), a list of token ids (used as they are), or a chat as a list
+        of ``{"role": ..., "content": ...}`` messages. `stop` is one stop string or several.
+        `index` is copied into the request's events (the batch position of a
+        :class:`~onnxsample.Generator` call). Bad input raises
+        :class:`~onnxsample.errors.InvalidParameter` here, before any work.
+        """
+        return self._enqueue(
+            self.prepare(prompt, params, max_new_tokens, stop, chat, system, index)
+        )
+
+    def _enqueue(self, seq: Sequence) -> Request:
+        with self._lock:
+            if self._closed or self._dead is not None:
+                raise EngineClosed("the engine is closed")
+            if self.max_queue is not None and self._pending >= self._free + self.max_queue:
+                raise QueueFull(
+                    f"all {self.concurrency} slots are busy and {self._pending - self._free} "
+                    f"requests are waiting (max_queue={self.max_queue}); try again later"
+                )
+            self._pending += 1
+        self._inbox.put(seq)
+        return seq.request
+
+    def prepare(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None,
+        max_new_tokens: int,
+        stop: str | Seq[str] | None,
+        chat: bool | None,
+        system: str | None,
+        index: int = 0,
+    ) -> Sequence:
+        """Validate and tokenise one request (any thread): the engine's view of it."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameter(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
+            raise InvalidParameter(
+                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
+            )
+        if max_new_tokens < 1:
+            raise InvalidParameter(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
+        m = self.meta
+        pack_sampling_params(
+            [params],
+            m.chain,
+            m.max_slots,
+            max_bias=m.max_bias,
+            vocab_size=m.vocab_size,
+            top_logprobs=m.top_logprobs,
+        )
+        if params.prompt_logprobs is not None and not m.prompt_logprobs:
+            raise InvalidParameter(
+                "prompt_logprobs needs a model composed with prompt logprobs "
+                "(onnxsample compose --prompt-logprobs)"
+            )
+        stops = _stop_strings(stop)
+        ids = self._tokens(prompt, chat, system)
+        if len(ids) >= self.limit:
+            room = (
+                f"max_len={self.limit}"
+                if self.max_len == self.limit
+                else f"the model's context of {self.limit} tokens"
+            )
+            raise InvalidParameter(
+                f"the prompt is {len(ids)} tokens, which does not fit {room} "
+                f"(it must be at most {self.limit - 1})"
+            )
+        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy)
+        seed %= 2**64
+        request = Request(f"req-{next(_ids)}", index, self._wake)
+        return Sequence(
+            request,
+            ids,
+            params,
+            max_new_tokens,
+            Detokenizer(self.tokenizer),
+            StopMatcher(stops),
+            seed,
+            self.info.eos_ids,
+            self.limit,
+        )
+
+    def _tokens(self, prompt: Prompt, chat: bool | None, system: str | None) -> list[int]:
+        tok = self.tokenizer
+        if isinstance(prompt, str):
+            use_chat = bool(tok.chat_template) if chat is None else chat
+            if use_chat:
+                messages = ([{"role": "system", "content": system}] if system else []) + [
+                    {"role": "user", "content": prompt}
+                ]
+                ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+            else:
+                if system:
+                    raise InvalidParameter("a system prompt needs chat mode")
+                ids = tok.encode(prompt)
+        elif isinstance(prompt, Seq) and prompt and all(isinstance(m, dict) for m in prompt):
+            messages = ([{"role": "system", "content": system}] if system else []) + list(prompt)
+            for m in messages:
+                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                    raise InvalidParameter(
+                        "each chat message needs a string 'role' and a string 'content'"
+                    )
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+        elif isinstance(prompt, Seq) and not isinstance(prompt, (bytes, bytearray)):
+            ids = list(prompt)
+            bad = [t for t in ids if not isinstance(t, (int, np.integer)) or isinstance(t, bool)]
+            bad += [
+                t for t in ids if isinstance(t, (int, np.integer)) and not 0 <= t < self.vocab_size
+            ]
+            if bad:
+                raise InvalidParameter(
+                    f"token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}"
+                )
+        else:
+            raise InvalidParameter(
+                f"a prompt is a string, a list of token ids or a list of chat messages, "
+                f"got {type(prompt).__name__}"
+            )
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise InvalidParameter("the prompt is empty after tokenisation")
+        return ids
+
+    # ---- lifetime -----------------------------------------------------------------------------
+
+    def close(self, *, cancel: bool = False, timeout: float | None = None) -> None:
+        """Stop taking requests; let the running and waiting ones finish (or, with `cancel`, stop
+        them at the next step); join the engine thread. Idempotent."""
+        with self._lock:
+            self._closed = True
+            self._cancel_on_close = cancel or getattr(self, "_cancel_on_close", False)
+        self._inbox.put(_CLOSE)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("the engine thread did not stop within %s s", timeout)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        self.close(cancel=kind is not None)
+
+    def __repr__(self) -> str:
+        return (
+            f"Engine({self.path.name!r}, {self.device}, {self.max_slots} slots, "
+            f"kv={self.kv_layout}, chunk={self.prefill_chunk})"
+        )
+
+    # ---- the engine thread --------------------------------------------------------------------
+
+    def _build(self) -> Scheduler:
+        """Fresh runtime state: slot state, cache layout, runner and scheduler."""
+        meta = self.meta
+        state = SlotState(meta, self._inputs, self.device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        specs = kv_specs(self._pasts, meta.kv_head_size, self.path.name)
+        if meta.kv_layout == "gqa":
+            layout: Any = SharedLayout(
+                SharedKV(specs, self.device), meta.max_slots, pad, self.limit
+            )
+        else:
+            if self.max_len is not None:
+                log.info("max_len bounds the context of concat-layout models only through checks")
+            layout = ConcatLayout(specs, meta.max_slots, self.device, self.prefix_reuse)
+        return Scheduler(
+            Runner(self.session, self.device, state),
+            layout,
+            state,
+            slots=self.concurrency,
+            chunk=self.prefill_chunk,
+            prefix_reuse=self.prefix_reuse,
+            on_change=self._on_change,
+        )
+
+    def _on_change(self, pending: int, free: int) -> None:
+        with self._lock:
+            self._pending += pending
+            self._free += free
+
+    def _wake(self) -> None:
+        self._inbox.put(_WAKE)
+
+    def _intake(self, block: bool) -> bool:
+        """Move submitted requests to the scheduler; True when asked to close."""
+        closing = False
+        try:
+            item = self._inbox.get(block=block)
+            while True:
+                if item is _CLOSE:
+                    closing = True
+                elif isinstance(item, Sequence):
+                    self._scheduler.add(item)
+                item = self._inbox.get_nowait()
+        except queue.Empty:
+            pass
+        return closing
+
+    def _loop(self) -> None:
+        closing = False
+        try:
+            while True:
+                idle = not self._scheduler.busy and not closing
+                closing = self._intake(block=idle) or closing
+                if closing and getattr(self, "_cancel_on_close", False):
+                    for seq in [*self._scheduler.waiting, *self._scheduler.prefilling]:
+                        seq.request.cancel()
+                    for seq in self._scheduler.decoding:
+                        seq.request.cancel()
+                if closing and not self._scheduler.busy:
+                    return
+                try:
+                    self._scheduler.step()
+                except Exception as exc:  # a bug: fail what is in flight, start afresh
+                    log.exception("engine step failed")
+                    self._scheduler.fail_all(GenerationError(f"internal error: {exc}"))
+                    with self._lock:
+                        self._pending, self._free = 0, self.concurrency
+                    self._scheduler = self._build()
+        except BaseException as exc:
+            self._dead = exc
+            log.exception("the engine thread stopped")
+            raise
+        finally:
+            with self._lock:
+                self._closed = True
+            self._scheduler.fail_all(EngineClosed("the engine stopped"))
+            try:
+                while True:
+                    item = self._inbox.get_nowait()
+                    if isinstance(item, Sequence):
+                        item.request._fail(EngineClosed("the engine stopped"))
+            except queue.Empty:
+                pass
+
+
+def _stop_strings(stop: str | Seq[str] | None) -> list[str]:
+    """`stop` as a list: a plain string is one stop string, not its characters."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    stops = list(stop)
+    if not all(isinstance(s, str) for s in stops):
+        raise InvalidParameter("stop must be a string or a list of strings")
+    return [s for s in stops if s]
