@@ -11,7 +11,9 @@ STAMP   := $(VENV)/.installed-$(RUNTIME)
 MODEL   ?= artifacts/smollm2-135m-instruct-gqa-gguf-a4
 PROMPT  ?= Explain in a few sentences why the sky is blue.
 
-.PHONY: setup run test lint format clean genai-model
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup run test test-deps lint format clean genai-model
 
 setup: $(STAMP)
 
@@ -44,7 +46,13 @@ format: setup
 genai-model: setup
 	bash scripts/build_genai_model.sh
 
-test: setup lint
+# What the tests need beyond the venv: Debian's chromium and chromedriver (the Netron page test).
+test-deps:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  ($(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	   $(SUDO) apt-get install -y -qq chromium chromium-driver)
+
+test: setup lint test-deps
 	-$(MAKE) genai-model
 	$(PY) -m pytest
 

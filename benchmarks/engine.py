@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import statistics
@@ -74,6 +75,11 @@ def _composed(threads: int | None = None, **compose_options) -> Path:
 # ---- load -------------------------------------------------------------------------------------
 
 
+def _message(client: int, request: int) -> str:
+    """Each request its own user message (the chat template's system prompt is shared)."""
+    return f"(Trip {client}-{request}) {MESSAGE}"
+
+
 def _stream_times(events) -> tuple[float | None, list[float], int]:
     """(first token time, gaps between tokens, tokens) of one request's event iterator."""
     first, last, gaps, tokens = None, None, [], 0
@@ -90,20 +96,24 @@ def _stream_times(events) -> tuple[float | None, list[float], int]:
     return first, gaps, tokens
 
 
-def run_engine_load(clients: int, threads: int, requests_per_client: int) -> dict:
+def run_engine_load(
+    clients: int, threads: int, requests_per_client: int, chunk: int | None = None
+) -> dict:
     import onnxsample as osx
 
     params = osx.SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, ignore_eos=True)
     ttft, gaps, tokens = [], [], [0]
     lock = threading.Lock()
-    with osx.Engine(_composed(), threads=threads) as engine:
+    options = {} if chunk is None else {"prefill_chunk": chunk}
+    with osx.Engine(_composed(), threads=threads, **options) as engine:
         engine.submit(MESSAGE, params, max_new_tokens=4).result()  # warm-up
 
         def client(k: int) -> None:
             for r in range(requests_per_client):
                 p = dataclasses.replace(params, seed=1000 * k + r)
                 submitted = time.perf_counter()
-                first, g, n = _stream_times(engine.submit(MESSAGE, p, max_new_tokens=NEW_TOKENS))
+                request = engine.submit(_message(k, r), p, max_new_tokens=NEW_TOKENS)
+                first, g, n = _stream_times(request)
                 with lock:
                     ttft.append(first - submitted)
                     gaps.extend(g)
@@ -145,9 +155,10 @@ def run_closed_batch(clients: int, threads: int, batches: int) -> dict:
     list(gen.stream([MESSAGE], params[:1], max_new_tokens=4))  # warm-up
     ttft, gaps, tokens = [], [], 0
     start = time.perf_counter()
-    for _ in range(batches):
+    for b in range(batches):
         began, last = time.perf_counter(), {}
-        for event in gen.stream([MESSAGE] * clients, params, max_new_tokens=NEW_TOKENS):
+        messages = [_message(k, b) for k in range(clients)]
+        for event in gen.stream(messages, params, max_new_tokens=NEW_TOKENS):
             if event.token_id is None:
                 continue
             now = time.perf_counter()
@@ -170,110 +181,141 @@ def run_closed_batch(clients: int, threads: int, batches: int) -> dict:
 
 
 def load(args) -> dict:
+    """Each cell runs in a fresh process, the engine and the closed batch one after the other."""
     rows = []
+    for rep in range(args.repeats):
+        for threads in args.threads:
+            for clients in args.clients:
+                per_client = max(1, args.requests // clients)
+                row = {"repeat": rep}
+                row["engine"] = _in_process("run_engine_load", clients, threads, per_client)
+                if args.old_site:
+                    row["closed_batch"] = _in_old_site(args.old_site, clients, threads, per_client)
+                row["load_average"] = load_average()
+                print(f"[load] {row}", file=sys.stderr)
+                rows.append(row)
+    keys = ("tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")
+    median = []
     for threads in args.threads:
         for clients in args.clients:
-            per_client = max(1, args.requests // clients)
-            row = {"engine": run_engine_load(clients, threads, per_client)}
-            print(f"[load] engine {threads}t {clients}c: {row['engine']}", file=sys.stderr)
-            if args.old_site:
-                row["closed_batch"] = _in_old_site(args.old_site, clients, threads, per_client)
-                print(
-                    f"[load] closed {threads}t {clients}c: {row['closed_batch']}", file=sys.stderr
-                )
-            row["load_average"] = load_average()
-            rows.append(row)
-    return {"benchmark": "engine-load", "new_tokens": NEW_TOKENS, "rows": rows}
+            cell = [
+                r
+                for r in rows
+                if (r["engine"]["threads"], r["engine"]["clients"]) == (threads, clients)
+            ]
+            entry: dict = {"threads": threads, "clients": clients}
+            for kind in ("engine", "closed_batch"):
+                if kind in cell[0]:
+                    entry[kind] = {k: statistics.median(r[kind][k] for r in cell) for k in keys}
+            median.append(entry)
+    return {"benchmark": "engine-load", "new_tokens": NEW_TOKENS, "rows": rows, "median": median}
 
 
 def _in_old_site(site: str, clients: int, threads: int, batches: int) -> dict:
     """Run the closed batch with the previous release's package (PYTHONPATH=site)."""
-    env = {**os.environ, "PYTHONPATH": site}
-    here = str(Path(__file__).parent)
-    code = (
-        f"import json, sys; sys.path.insert(0, {here!r}); import engine as b;"
-        f"print(json.dumps(b.run_closed_batch({clients}, {threads}, {batches})))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=site, capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _in_process("run_closed_batch", clients, threads, batches, site=site)
 
 
 # ---- chunked prefill --------------------------------------------------------------------------
 
 
 def chunked(args) -> dict:
-    import onnxsample as osx
-
-    path = _composed()
-    long_prompt = " ".join(f"Item {i} is a small grey stone." for i in range(300))
+    """Two streams decode; a 2,000-token prompt arrives. Every gap between two tokens of a stream
+    that overlaps the admission (from submission to the long prompt's first token) counts, the
+    one that spans a whole unchunked prefill included. Each run is a fresh process, so that no
+    run inherits another's memory (fresh pages are slow to fault in on a VM)."""
     rows = []
     for rep in range(args.repeats):
         for chunk in args.chunks:
-            with osx.Engine(path, threads=args.threads[0], prefill_chunk=chunk or None) as engine:
-                tokens = engine.tokenizer.encode(long_prompt)[:2000]
-                params = osx.SamplingParams(temperature=0.8, seed=1, ignore_eos=True)
-                engine.submit(MESSAGE, params, max_new_tokens=4).result()  # warm-up
-                streams = [engine.submit(MESSAGE, params, max_new_tokens=400) for _ in range(2)]
-                iterators = [iter(s) for s in streams]
-                for it in iterators:
-                    next(it)
-                gaps: list[float] = []
-                stop = threading.Event()
-
-                def watch(it, stop=stop, gaps=gaps) -> None:
-                    last = time.perf_counter()
-                    for event in it:
-                        now = time.perf_counter()
-                        if stop.is_set():
-                            break
-                        if event.token_id is not None:
-                            gaps.append(now - last)
-                            last = now
-
-                watchers = [threading.Thread(target=watch, args=(it,)) for it in iterators]
-                for w in watchers:
-                    w.start()
-                time.sleep(0.3)  # the streams' steady state first
-                admitted = time.perf_counter()
-                late = engine.submit(tokens, osx.SamplingParams(temperature=0), max_new_tokens=1)
-                done = late.result()
-                window = time.perf_counter() - admitted
-                stop.set()
-                for s in streams:
-                    s.cancel()
-                for w in watchers:
-                    w.join()
-            # Gaps while the long prompt was being admitted: the last `window` seconds of them.
-            during, acc = [], 0.0
-            for g in reversed(gaps):
-                if acc > window:
-                    break
-                during.append(g)
-                acc += g
-            rows.append(
-                {
-                    "repeat": rep,
-                    "chunk": chunk,
-                    "prompt_tokens": len(tokens),
-                    "admission_s": round(window, 3),
-                    "long_ttft_s": round(done.timings.ttft_s, 3),
-                    "itl_ms_p50": _pct(during, 50),
-                    "itl_ms_p99": _pct(during, 99),
-                    "itl_ms_max": _pct(during, 100),
-                    "load_average": load_average(),
-                }
-            )
+            row = _in_process("_chunked_once", chunk, args.threads[0])
+            rows.append({"repeat": rep, **row, "load_average": load_average()})
             print(f"[chunked] {rows[-1]}", file=sys.stderr)
     summary = {}
     for chunk in args.chunks:
         mine = [r for r in rows if r["chunk"] == chunk]
         summary[str(chunk)] = {
             k: statistics.median(r[k] for r in mine)
-            for k in ("admission_s", "long_ttft_s", "itl_ms_p50", "itl_ms_p99", "itl_ms_max")
+            for k in (
+                "admission_s",
+                "stream_tokens_during",
+                "itl_ms_p50",
+                "itl_ms_p99",
+                "itl_ms_max",
+            )
         }
     return {"benchmark": "engine-chunked-prefill", "streams": 2, "rows": rows, "median": summary}
+
+
+def _in_process(function: str, *arguments, site: str | None = None) -> dict:
+    """Run one of this module's functions in a fresh Python (with the package from `site`, if
+    given) and return the JSON it prints."""
+    here = str(Path(__file__).parent)
+    call = ", ".join(repr(a) for a in arguments)
+    code = (
+        f"import json, sys; sys.path.insert(0, {here!r}); import engine as b;"
+        f"print(json.dumps(b.{function}({call})))"
+    )
+    env = {**os.environ, "PYTHONPATH": site} if site else None
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=site or here,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _chunked_once(chunk: int, threads: int) -> dict:
+    import onnxsample as osx
+
+    long_prompt = " ".join(f"Item {i} is a small grey stone." for i in range(300))
+    with osx.Engine(_composed(), threads=threads, prefill_chunk=chunk or None) as engine:
+        tokens = engine.tokenizer.encode(long_prompt)[:2000]
+        params = osx.SamplingParams(temperature=0.8, seed=1, ignore_eos=True)
+        engine.submit(MESSAGE, params, max_new_tokens=4).result()  # warm-up
+        streams = [engine.submit(MESSAGE, params, max_new_tokens=2000) for _ in range(2)]
+        times: list[list[float]] = [[], []]
+        finished = threading.Event()
+
+        def watch(request, mine, finished=finished) -> None:
+            after = 0
+            for event in request:
+                if event.token_id is not None:
+                    mine.append(time.perf_counter())
+                    after += finished.is_set()
+                if after >= 2:  # one full gap after the admission ended
+                    request.cancel()
+
+        watchers = [
+            threading.Thread(target=watch, args=(s, t)) for s, t in zip(streams, times, strict=True)
+        ]
+        for w in watchers:
+            w.start()
+        time.sleep(0.5)  # the streams' steady state first
+        admitted = time.perf_counter()
+        late = engine.submit(tokens, osx.SamplingParams(temperature=0), max_new_tokens=1)
+        late.result()
+        ended = time.perf_counter()
+        finished.set()
+        for w in watchers:
+            w.join()
+    spans = [
+        (a, b) for mine in times for a, b in itertools.pairwise(mine) if b > admitted and a < ended
+    ]
+    during = [b - a for a, b in spans]
+    worst = sorted(spans, key=lambda ab: ab[0] - ab[1])[:2]
+    return {
+        "chunk": chunk,
+        "prompt_tokens": len(tokens),
+        "admission_s": round(ended - admitted, 3),
+        "stream_tokens_during": len(during),
+        "itl_ms_p50": _pct(during, 50),
+        "itl_ms_p99": _pct(during, 99),
+        "itl_ms_max": _pct(during, 100),
+        "worst_gaps_s_after_submit": [[round(a - admitted, 3), round(b - a, 3)] for a, b in worst],
+    }
 
 
 # ---- prefix reuse -----------------------------------------------------------------------------
@@ -335,42 +377,51 @@ def prefix(args) -> dict:
 
 
 def echo(args) -> dict:
+    """Prompt logprobs: a 500-token prefill asking for them vs not (same graph, no prefix reuse),
+    and decode steps of a graph composed with them vs without (nothing asked). The variants
+    alternate within each repetition, so machine noise hits both alike."""
     import onnxsample as osx
 
-    with_echo = _composed()
-    without = _composed(max_slots=8, top_logprobs=20, max_bias=16)
+    paths = {"with": _composed(), "without": _composed(max_slots=8, top_logprobs=20, max_bias=16)}
+    engines = {
+        k: osx.Engine(p, threads=args.threads[0], prefix_reuse=False) for k, p in paths.items()
+    }
     prompt = " ".join(f"Sentence number {i} talks about rivers and hills." for i in range(50))
-    asked, plain, decode = {}, {}, {"with": [], "without": []}
-    for _ in range(args.repeats):
-        with osx.Engine(with_echo, threads=args.threads[0]) as engine:
-            ids = engine.tokenizer.encode(prompt)[:500]
-            for key, params in (
-                ("echo", osx.SamplingParams(temperature=0, prompt_logprobs=5)),
-                ("plain", osx.SamplingParams(temperature=0)),
-            ):
-                engine.submit(ids, params, max_new_tokens=1).result()
-                done = engine.submit(ids, params, max_new_tokens=1).result()
-                asked.setdefault(key, []).append(done.timings.prefill_s)
-        for key, path in (("with", with_echo), ("without", without)):
-            with osx.Engine(path, threads=args.threads[0]) as engine:
-                p = osx.SamplingParams(temperature=0.8, seed=3, ignore_eos=True)
-                engine.submit(MESSAGE, p, max_new_tokens=4).result()
-                done = engine.submit(MESSAGE, p, max_new_tokens=NEW_TOKENS).result()
-                decode[key].append(done.timings.decode_tps)
-                plain.setdefault(key, []).append(done.timings.prefill_s)
-    med = {k: statistics.median(v) for k, v in asked.items()}
+    ids = engines["with"].tokenizer.encode(prompt)[:500]
+    asks = {
+        "asked": osx.SamplingParams(temperature=0, prompt_logprobs=5),
+        "not_asked": osx.SamplingParams(temperature=0),
+    }
+    sampled = osx.SamplingParams(temperature=0.8, seed=3, ignore_eos=True)
+    prefill: dict[str, list[float]] = {k: [] for k in asks}
+    step: dict[str, list[float]] = {k: [] for k in engines}
+    for e in engines.values():
+        e.submit(MESSAGE, sampled, max_new_tokens=8).result()  # warm-up
+    for rep in range(args.repeats):
+        order = list(asks) if rep % 2 == 0 else list(reversed(asks))
+        for key in order:
+            done = engines["with"].submit(ids, asks[key], max_new_tokens=1).result()
+            prefill[key].append(done.timings.prefill_s)
+        order = list(engines) if rep % 2 == 0 else list(reversed(engines))
+        for key in order:
+            done = engines[key].submit(MESSAGE, sampled, max_new_tokens=NEW_TOKENS).result()
+            step[key].append(done.timings.decode_s / (len(done.token_ids) - 1))
+    for e in engines.values():
+        e.close()
+    pre = {k: statistics.median(v) for k, v in prefill.items()}
+    dec = {k: statistics.median(v) for k, v in step.items()}
     return {
         "benchmark": "engine-prompt-logprobs",
-        "prompt_tokens": 500,
-        "prefill_ms_asked": round(med["echo"] * 1000, 1),
-        "prefill_ms_not_asked": round(med["plain"] * 1000, 1),
-        "asked_cost_ratio": round(med["echo"] / med["plain"], 3),
-        "decode_tps_graph_with": round(statistics.median(decode["with"]), 1),
-        "decode_tps_graph_without": round(statistics.median(decode["without"]), 1),
-        "not_asked_ratio": round(
-            statistics.median(decode["without"]) / statistics.median(decode["with"]), 3
-        ),
-        "raw": {"asked": asked, "decode_tps": decode, "chat_prefill_s": plain},
+        "threads": args.threads[0],
+        "repeats": args.repeats,
+        "prompt_tokens": len(ids),
+        "prefill_ms_asked": round(pre["asked"] * 1000, 1),
+        "prefill_ms_not_asked": round(pre["not_asked"] * 1000, 1),
+        "asked_cost_ratio": round(pre["asked"] / pre["not_asked"], 3),
+        "decode_ms_per_step_graph_with": round(dec["with"] * 1000, 2),
+        "decode_ms_per_step_graph_without": round(dec["without"] * 1000, 2),
+        "not_asked_cost_ratio": round(dec["with"] / dec["without"], 3),
+        "raw": {"prefill_s": prefill, "decode_s_per_step": step},
         "load": load_average(),
     }
 

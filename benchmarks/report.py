@@ -15,6 +15,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
+from report_engine import engine_section, load_results  # noqa: E402  (benchmarks/ is on the path)
+
 ENGINE_LABELS = {
     "onnxsample": "onnxsample fp32-optimum",
     "onnxsample-gqa-fp32": "onnxsample fp32-gqa",
@@ -443,7 +445,12 @@ READING = [
 ]
 
 
-def render(e2e: dict | None, overhead: dict | None, png_name: str | None) -> str:
+def render(
+    e2e: dict | None,
+    overhead: dict | None,
+    png_name: str | None,
+    engine: dict[str, dict | None] | None = None,
+) -> str:
     lines = [
         "# Benchmarks",
         "",
@@ -455,6 +462,7 @@ def render(e2e: dict | None, overhead: dict | None, png_name: str | None) -> str
         "make genai-model                                   # .venv-genai and genai's fp32 model",
         ".venv/bin/python benchmarks/e2e.py                 # exports its variants on first use",
         ".venv/bin/python benchmarks/sampling_overhead.py",
+        ".venv/bin/python benchmarks/engine.py load   # also chunked, prefix, echo",
         ".venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -470,6 +478,7 @@ def render(e2e: dict | None, overhead: dict | None, png_name: str | None) -> str
     lines += READING
     lines += e2e_section(e2e)
     lines += overhead_section(overhead)
+    lines += engine_section(engine or {})
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -477,6 +486,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--e2e", default=str(HERE / "results/e2e.json"))
     p.add_argument("--sampling", default=str(HERE / "results/sampling_overhead.json"))
+    p.add_argument("--results", default=str(HERE / "results"), help="engine_*.json are read here")
     p.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"))
     p.add_argument("--png", default=str(ROOT / "docs/benchmarks.png"))
     args = p.parse_args(argv)
@@ -485,7 +495,8 @@ def main(argv: list[str] | None = None) -> None:
     drawn = chart(e2e, overhead, png)
     md.parent.mkdir(parents=True, exist_ok=True)
     name = str(png.relative_to(md.parent)) if drawn and png.parent == md.parent else str(png)
-    md.write_text(render(e2e, overhead, name if drawn else None))
+    engine = load_results(Path(args.results))
+    md.write_text(render(e2e, overhead, name if drawn else None, engine))
     print(f"wrote {md}" + (f" and {png}" if drawn else ""), file=sys.stderr)
 
 

@@ -18,8 +18,9 @@ through raw pointers (row r starts at ``data_ptr() + r * row_bytes``), the same 
   request's tokens for reuse) get the pad token, which lands just past what they hold, where the
   next real write overwrites it.
 
-The buffers grow on demand (rows and positions, amortised by doubling) with their contents copied;
-an allocation that fails leaves the old buffers in place and fails only the request that asked.
+The buffers hold a row for every slot from the first request on and grow in positions on demand
+(doubling, contents copied); an allocation that fails leaves the old buffers in place and fails only
+the request that asked.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _PAST, _PRESENT = "past_key_values.", "present."
 _ALIGN = 64
+_FIRST_LENGTH = 512
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -96,9 +98,9 @@ class SharedKV:
                 data = np.zeros(shape, dtype)  # never uninitialised memory (NaN)
                 if name in self.buffers:
                     data[: self.rows, :, : self.length] = self.buffers[name].numpy()
-                value = ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, self.device, 0)
-                value.update_inplace(data)
-                fresh[name] = value
+                # On the CPU the OrtValue uses `data` itself (its Python wrapper keeps it alive);
+                # on CUDA this copies it to the device.
+                fresh[name] = ort.OrtValue.ortvalue_from_numpy(data, self.device, 0)
                 del data
         except (MemoryError, RuntimeError) as exc:
             fresh.clear()
@@ -145,12 +147,13 @@ class SharedLayout:
         return self.tokens[slot]
 
     def reserve(self, slot: int, positions: int) -> None:
-        rows = self.kv.rows
-        if slot >= rows:
-            rows = min(self.slots, max(slot + 1, 2 * rows))
+        # Every slot's row at once: a row added later would copy the whole cache mid-stream.
+        # Positions: at least 512 at first, then doubling, so that a growing chat copies the cache
+        # (a stall for every sequence running) a few times, not every turn.
+        rows = self.slots
         length = self.kv.length
         if positions > length:
-            length = buffer_length(max(positions, 2 * length), self.limit)
+            length = buffer_length(max(positions, 2 * length, _FIRST_LENGTH), self.limit)
         self.kv.grow(rows, max(length, positions))
 
     def start(self, seq: Sequence, reused: int) -> None:

@@ -93,6 +93,10 @@ class Scheduler:
         self._prefill()
         self._decode()
 
+    def release(self) -> None:
+        """Drop the session's runner, the cache and the slot state (the engine is closing)."""
+        self.runner = self.layout = self.state = None  # type: ignore[assignment]
+
     def fail_all(self, error: BaseException) -> None:
         """Fail every sequence the scheduler holds (the engine closes, or a bug)."""
         for seq in [*self.waiting, *self.prefilling, *self.decoding]:

@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,20 @@ TINY_CONFIG = dict(
     pad_token_id=2,
 )
 TINY_SEED = 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skipped test fails: what a fresh machine lacks, the README's test command
+    installs. Tests marked `cuda` (run on a GPU machine only) are the one exception."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI") == "true" and report.skipped and "cuda" not in item.keywords:
+        if hasattr(report, "wasxfail"):
+            return
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, which must run every test: {reason}"
 
 
 def _tiny_key() -> str:

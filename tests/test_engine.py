@@ -127,6 +127,29 @@ def test_a_paused_stream_is_not_disturbed_by_another_request(models, layout):
     assert other.token_ids
 
 
+def test_two_threads_on_one_generator(models, layout):
+    """The batch API is as safe: two threads calling generate() on one Generator at once."""
+    path, folder = models[layout, 4]
+    with Generator(path, tokenizer=folder, threads=1) as gen:
+        alone = {
+            i: gen.generate(PROMPTS[i], _seeded(40 + i), max_new_tokens=16, chat=False)[0].token_ids
+            for i in range(4)
+        }
+        got: dict[int, list[int]] = {}
+
+        def client(indices):
+            for i in indices:
+                [done] = gen.generate(PROMPTS[i], _seeded(40 + i), max_new_tokens=16, chat=False)
+                got[i] = done.token_ids
+
+        threads = [threading.Thread(target=client, args=(ix,)) for ix in ([0, 1], [2, 3])]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+    assert got == alone
+
+
 def test_a_late_request_starts_while_an_early_one_decodes(engine):
     early = engine.submit(PROMPTS[0], _seeded(1, ignore_eos=True), max_new_tokens=120, chat=False)
     stream = iter(early)

@@ -10,6 +10,7 @@ and the in-place writes.
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from onnxsample._kv_shared import SharedKV, buffer_length
+from onnxsample._kv_shared import SharedKV, SharedLayout, buffer_length
 from onnxsample.composer import compose
 from onnxsample.errors import InvalidParameter
 from onnxsample.generator import Generator
@@ -239,44 +240,56 @@ def test_seeded_sampling_alone_and_in_a_batch(generator):
     assert other_seed.token_ids != alone.token_ids
 
 
-# Requests one after the other: (prompts, max_new_tokens) -> buffer (rows, positions), and whether
-# it is new. Rows and positions grow on demand, doubling, and are kept.
-BUFFER_CALLS = [
-    ((1, 10), (1, 64), True),  # the prompt + 10 new tokens, rounded up to 64
-    ((3, 10), (4, 64), True),  # more rows: the highest slot + 1, doubling (1 -> 2 -> 4)
-    ((2, 10), (4, 64), False),  # smaller needs reuse the buffers
-    ((1, 100), (4, 128), True),  # more positions: double, at least the need, rounded up
-    ((4, 50), (4, 128), False),
-    ((1, 200), (4, 256), True),
+# (positions reserved one after the other, the limit) -> buffer lengths after each: at least 512
+# positions at first, then doubling (at least what is asked), rounded to 64, never past the limit.
+RESERVES = [
+    ([10, 300, 600, 700, 1500], 8192, [512, 512, 1024, 1024, 2048]),
+    ([10, 5000], 8192, [512, 5056]),
+    ([10, 600], 700, [512, 700]),
+    ([10], 100, [100]),
 ]
 
 
-def test_buffers_grow_on_demand_and_are_reused(gqa_model):
-    with Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1) as gen:
-        before: list = []  # kept alive, so that new buffers are new objects
-        for (prompts, max_new_tokens), size, new in BUFFER_CALLS:
-            gen.generate(PROMPTS[:prompts], GREEDY, max_new_tokens=max_new_tokens, chat=False)
-            kv = _kv(gen)
-            assert (kv.rows, kv.length) == size, (prompts, max_new_tokens)
-            now = list(kv.buffers.values())
-            same = len(now) == len(before) and all(a is b for a, b in zip(now, before, strict=True))
-            assert same != new, (prompts, max_new_tokens)
-            before = now
+@pytest.mark.parametrize(("reserves", "limit", "lengths"), RESERVES)
+def test_the_buffers_grow_by_doubling_and_keep_their_contents(reserves, limit, lengths):
+    specs = {
+        "past_key_values.0.key": (2, 4, np.float32),
+        "past_key_values.0.value": (2, 4, np.float32),
+    }
+    kv = SharedKV(specs, "cpu")
+    layout = SharedLayout(kv, 3, 0, limit)
+    rng = np.random.default_rng(0)
+    for positions, length in zip(reserves, lengths, strict=True):
+        before = {k: v.numpy().copy() for k, v in kv.buffers.items()}
+        layout.reserve(1, positions)
+        assert (kv.rows, kv.length) == (3, length)
+        for name, old in before.items():  # what the old buffers held is still there
+            np.testing.assert_array_equal(kv.buffers[name].numpy()[:, :, : old.shape[2]], old)
+        for value in kv.buffers.values():
+            value.update_inplace(rng.random(value.shape(), dtype=np.float32))
 
 
-def test_growing_the_buffers_keeps_what_they_hold(gqa_model):
-    """A request that needs more positions arrives while another decodes: the buffers are
+def test_growing_the_buffers_keeps_a_running_sequence_as_it_was(gqa_model, tmp_path):
+    """A request that reserves more positions arrives while another decodes: the buffers are
     replaced under the running sequence, which goes on as if nothing happened."""
-    with Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1) as gen:
+    folder = tmp_path / "long-context"
+    shutil.copytree(gqa_model.tokenizer, folder, ignore=shutil.ignore_patterns("*.onnx", "*.data"))
+    manifest = folder / "onnxsample.json"
+    data = json.loads(manifest.read_text()) if manifest.is_file() else {"model": {}}
+    data.setdefault("model", {})["max_position_embeddings"] = 100_000  # reservations only
+    manifest.write_text(json.dumps(data))
+    with Generator(gqa_model.composed, tokenizer=folder, threads=1) as gen:
         [alone] = gen.generate(PROMPTS[0], GREEDY, max_new_tokens=30, chat=False)
-    with Generator(gqa_model.composed, tokenizer=gqa_model.tokenizer, threads=1) as gen:
+    with Generator(gqa_model.composed, tokenizer=folder, threads=1) as gen:
         engine = gen.engine
         running = engine.submit(PROMPTS[0], GREEDY, max_new_tokens=30, chat=False)
         next(iter(running))
-        grown = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=200, chat=False)
+        first = _kv(gen).buffers["past_key_values.0.key"]
+        grown = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=2000, chat=False)
+        next(iter(grown))
+        grown.cancel()
         assert running.result(timeout=120).token_ids == alone.token_ids
-        assert grown.result(timeout=120).token_ids
-        assert _kv(gen).length >= 200
+        assert _kv(gen).length > 2000 and _kv(gen).buffers["past_key_values.0.key"] is not first
 
 
 @pytest.mark.parametrize("bad", [0, 1, -5, 2.5, "64", True])

@@ -1,0 +1,140 @@
+"""The serving-engine section of docs/benchmarks.md, from benchmarks/results/engine_*.json
+(written by benchmarks/engine.py). Standard library only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+KINDS = ("load", "chunked", "prefix", "echo")
+
+
+def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
+    found = {}
+    for kind in KINDS:
+        path = folder / f"engine_{kind}.json"
+        found[kind] = json.loads(path.read_text()) if path.is_file() else None
+    return found
+
+
+def _v(value, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(a, b) -> str:
+    return "—" if not a or not b else f"{a / b:.2f}×"
+
+
+def engine_section(results: dict[str, dict | None]) -> list[str]:
+    if not any(results.values()):
+        return []
+    lines = [
+        "## Serving engine",
+        "",
+        "`python benchmarks/engine.py load|chunked|prefix|echo` (each cell a fresh process; the "
+        "embedded model, gguf-a4 export, 128 new tokens, EOS ignored).",
+        "",
+    ]
+    lines += _load(results.get("load"))
+    lines += _chunked(results.get("chunked"))
+    lines += _prefix(results.get("prefix"))
+    lines += _echo(results.get("echo"))
+    return lines
+
+
+def _load(data: dict | None) -> list[str]:
+    if not data:
+        return []
+    lines = [
+        "### Closed-loop load on the Python API",
+        "",
+        "N client threads, each sending one request after another (a ~50-token chat prompt, its "
+        "own user message). *closed batch* is the previous release's `Generator`: the N prompts "
+        "in one `generate` call, the next batch after it. Medians of the repetitions; latencies "
+        "in ms.",
+        "",
+        "| threads | clients | engine tok/s | closed tok/s | ratio | engine TTFT p50 / p99 | "
+        "closed TTFT p50 / p99 | engine ITL p50 / p99 | closed ITL p50 / p99 |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for cell in data.get("median", []):
+        e, c = cell.get("engine", {}), cell.get("closed_batch", {})
+        lines.append(
+            f"| {cell['threads']} | {cell['clients']} | {_v(e.get('tokens_per_s'))} | "
+            f"{_v(c.get('tokens_per_s'))} | {_ratio(e.get('tokens_per_s'), c.get('tokens_per_s'))}"
+            f" | {_v(e.get('ttft_ms_p50'))} / {_v(e.get('ttft_ms_p99'))} | "
+            f"{_v(c.get('ttft_ms_p50'))} / {_v(c.get('ttft_ms_p99'))} | "
+            f"{_v(e.get('itl_ms_p50'))} / {_v(e.get('itl_ms_p99'))} | "
+            f"{_v(c.get('itl_ms_p50'))} / {_v(c.get('itl_ms_p99'))} |"
+        )
+    loads = [r.get("load_average", [None])[0] for r in data.get("rows", [])]
+    loads = [x for x in loads if x is not None]
+    if loads:
+        lines += ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+    return [*lines, ""]
+
+
+def _chunked(data: dict | None) -> list[str]:
+    if not data:
+        return []
+    lines = [
+        "### Inter-token latency while a 2,000-token prompt is admitted",
+        "",
+        "Two streams decode; a 2,000-token prompt arrives. Every gap between two tokens of a "
+        "stream that overlaps the admission counts. Medians of the repetitions.",
+        "",
+        "| prefill chunk | admission s | stream tokens meanwhile | ITL p50 ms | ITL p99 ms | "
+        "longest gap ms |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for chunk, m in data.get("median", {}).items():
+        label = "whole prompt" if chunk == "0" else chunk
+        lines.append(
+            f"| {label} | {_v(m['admission_s'], 2)} | {_v(m['stream_tokens_during'])} | "
+            f"{_v(m['itl_ms_p50'])} | {_v(m['itl_ms_p99'])} | {_v(m['itl_ms_max'])} |"
+        )
+    return [*lines, ""]
+
+
+def _prefix(data: dict | None) -> list[str]:
+    if not data:
+        return []
+    med = data.get("median", {})
+    lines = [
+        "### Prefix reuse: a 5-turn chat",
+        "",
+        "Each turn's time to first token; with reuse, a turn prefills only what the previous one "
+        "did not leave in the slot. Medians of the repetitions.",
+        "",
+        "| turn | prompt tokens | reused | TTFT ms, reuse | TTFT ms, no reuse | speed-up |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    turn = 1
+    while f"reuse-turn{turn}" in med:
+        r, n = med[f"reuse-turn{turn}"], med.get(f"no-reuse-turn{turn}", {})
+        lines.append(
+            f"| {turn} | {r['prompt_tokens']} | {r['cached_tokens']} | {_v(r['ttft_ms'], 1)} | "
+            f"{_v(n.get('ttft_ms'), 1)} | {_ratio(n.get('ttft_ms'), r['ttft_ms'])} |"
+        )
+        turn += 1
+    return [*lines, ""]
+
+
+def _echo(data: dict | None) -> list[str]:
+    if not data:
+        return []
+    return [
+        "### Prompt logprobs (echo)",
+        "",
+        f"- Asked: a {data['prompt_tokens']}-token prefill with the logprob and top 5 of every "
+        f"prompt token takes {data['prefill_ms_asked']} ms against {data['prefill_ms_not_asked']} "
+        f"ms without ({data['asked_cost_ratio']}×): the LM head runs on every prompt row.",
+        f"- Not asked: a decode step of a graph composed with prompt logprobs takes "
+        f"{data['decode_ms_per_step_graph_with']} ms against "
+        f"{data['decode_ms_per_step_graph_without']} ms for one without "
+        f"({data['not_asked_cost_ratio']}×, inside the noise).",
+        f"- {data['threads']} threads, {data['repeats']} alternating repetitions, load "
+        f"{data.get('load')}.",
+        "",
+    ]
