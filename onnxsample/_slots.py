@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams, pack_sampling_params
 
@@ -30,6 +31,29 @@ def ortvalue(array: np.ndarray, device: str):
     import onnxruntime as ort
 
     return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
+
+
+def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
+    """Raise :class:`~onnxsample.errors.InvalidParameter` unless the graph can serve `params`
+    (ranges, samplers in the chain, table sizes); safe from any thread."""
+    pack_slots(meta, [params])
+    if params.prompt_logprobs is not None and not meta.prompt_logprobs:
+        raise InvalidParameter(
+            "prompt_logprobs needs a model composed with prompt logprobs "
+            "(onnxsample compose --prompt-logprobs)"
+        )
+
+
+def pack_slots(meta: ComposedMetadata, slots: list[SamplingParams | None]) -> dict:
+    """The ``sampler.*`` parameter arrays of a graph described by `meta`."""
+    return pack_sampling_params(
+        slots,
+        meta.chain,
+        meta.max_slots,
+        max_bias=meta.max_bias,
+        vocab_size=meta.vocab_size,
+        top_logprobs=meta.top_logprobs,
+    )
 
 
 class SlotState:
@@ -52,18 +76,6 @@ class SlotState:
         self.counts = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
         self._spare = None
 
-    def check(self, params: SamplingParams) -> None:
-        """Raise :class:`~onnxsample.errors.InvalidParameter` if this graph cannot serve `params`."""
-        m = self.meta
-        pack_sampling_params(
-            [params],
-            m.chain,
-            m.max_slots,
-            max_bias=m.max_bias,
-            vocab_size=m.vocab_size,
-            top_logprobs=m.top_logprobs,
-        )
-
     def assign(self, slot: int, params: SamplingParams, prompt: list[int]) -> None:
         """A new sequence takes `slot`: its parameters, its prompt's tokens, zero output counts."""
         self.params[slot] = params
@@ -83,15 +95,7 @@ class SlotState:
     def static(self) -> dict[str, Any]:
         """The parameter inputs (and the prompt mask) as device OrtValues, rebuilt after a change."""
         if self._static is None:
-            m = self.meta
-            arrays = pack_sampling_params(
-                self.params,
-                m.chain,
-                m.max_slots,
-                max_bias=m.max_bias,
-                vocab_size=m.vocab_size,
-                top_logprobs=m.top_logprobs,
-            )
+            arrays = pack_slots(self.meta, self.params)
             if self.penalties:
                 arrays[PROMPT_MASK] = self._mask
             self._static = {

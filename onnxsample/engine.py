@@ -32,11 +32,11 @@ from onnxsample._runner import Runner
 from onnxsample._scheduler import Scheduler, Stats
 from onnxsample._sequence import Sequence
 from onnxsample._session import create_session
-from onnxsample._slots import SlotState
+from onnxsample._slots import SlotState, check_params
 from onnxsample._text import Detokenizer, StopMatcher
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
 from onnxsample.metadata import ComposedMetadata
-from onnxsample.params import SamplingParams, pack_sampling_params
+from onnxsample.params import SamplingParams
 from onnxsample.request import Request
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "Engine", "Prompt"]
@@ -220,20 +220,7 @@ class Engine:
             )
         if max_new_tokens < 1:
             raise InvalidParameter(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
-        m = self.meta
-        pack_sampling_params(
-            [params],
-            m.chain,
-            m.max_slots,
-            max_bias=m.max_bias,
-            vocab_size=m.vocab_size,
-            top_logprobs=m.top_logprobs,
-        )
-        if params.prompt_logprobs is not None and not m.prompt_logprobs:
-            raise InvalidParameter(
-                "prompt_logprobs needs a model composed with prompt logprobs "
-                "(onnxsample compose --prompt-logprobs)"
-            )
+        check_params(self.meta, params)
         stops = _stop_strings(stop)
         ids = self._tokens(prompt, chat, system)
         if len(ids) >= self.limit:

@@ -66,18 +66,24 @@ def plain_logits(tiny_export, prompt_ids) -> np.ndarray:
     return logits.reshape(BATCH * SEQ, -1)
 
 
-@pytest.fixture(scope="session", params=["lm_head", "logits"])
-def composed(request, tiny_export, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("composed") / f"{request.param}.onnx"
+def _tiny_composed(export, folder: Path, gather: str, **options) -> Path:
+    """The tiny model with the full chain: SLOTS slots, 3 top logprobs, 2 logit-bias entries."""
+    out = folder / f"{gather}.onnx"
     return compose(
-        tiny_export.output,
+        export.output,
         None,
         out,
         max_slots=SLOTS,
         top_logprobs=3,
         max_bias=2,
-        gather=request.param,
+        gather=gather,
+        **options,
     )
+
+
+@pytest.fixture(scope="session", params=["lm_head", "logits"])
+def composed(request, tiny_export, tmp_path_factory) -> Path:
+    return _tiny_composed(tiny_export, tmp_path_factory.mktemp("composed"), request.param)
 
 
 def _run(path: Path, ids, params, rows, *, counts=None, outputs=None):
@@ -359,17 +365,8 @@ def test_greedy_only_chain_composes_and_returns_the_argmax(
 
 @pytest.fixture(scope="session", params=["lm_head", "logits"])
 def with_prompt_logprobs(request, tiny_export, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("prompt") / f"{request.param}.onnx"
-    return compose(
-        tiny_export.output,
-        None,
-        out,
-        max_slots=SLOTS,
-        top_logprobs=3,
-        max_bias=2,
-        prompt_logprobs=True,
-        gather=request.param,
-    )
+    folder = tmp_path_factory.mktemp("prompt")
+    return _tiny_composed(tiny_export, folder, request.param, prompt_logprobs=True)
 
 
 @pytest.mark.parametrize(
