@@ -28,6 +28,7 @@ import numpy as np
 from onnxsample._kv_concat import ConcatLayout
 from onnxsample._kv_shared import SharedKV, SharedLayout, kv_specs
 from onnxsample._model_info import ModelInfo
+from onnxsample._prompt import Prompt, prompt_tokens, stop_strings
 from onnxsample._runner import Runner
 from onnxsample._scheduler import Scheduler, Stats
 from onnxsample._sequence import Sequence
@@ -50,9 +51,6 @@ DEFAULT_PREFILL_CHUNK = 128
 _PAST = "past_key_values."
 _CLOSE, _WAKE = object(), object()
 _ids = itertools.count()
-
-# A prompt: text, token ids, or a chat (a list of {"role", "content"} messages).
-Prompt = str | Seq[int] | Seq[dict]
 
 
 class Engine:
@@ -221,8 +219,8 @@ class Engine:
         if max_new_tokens < 1:
             raise InvalidParameter(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
         check_params(self.meta, params)
-        stops = _stop_strings(stop)
-        ids = self._tokens(prompt, chat, system)
+        stops = stop_strings(stop)
+        ids = prompt_tokens(self.tokenizer, prompt, chat, system, self.vocab_size)
         if len(ids) >= self.limit:
             room = (
                 f"max_len={self.limit}"
@@ -247,47 +245,6 @@ class Engine:
             self.info.eos_ids,
             self.limit,
         )
-
-    def _tokens(self, prompt: Prompt, chat: bool | None, system: str | None) -> list[int]:
-        tok = self.tokenizer
-        if isinstance(prompt, str):
-            use_chat = bool(tok.chat_template) if chat is None else chat
-            if use_chat:
-                messages = ([{"role": "system", "content": system}] if system else []) + [
-                    {"role": "user", "content": prompt}
-                ]
-                ids = tok.apply_chat_template(messages, add_generation_prompt=True)
-            else:
-                if system:
-                    raise InvalidParameter("a system prompt needs chat mode")
-                ids = tok.encode(prompt)
-        elif isinstance(prompt, Seq) and prompt and all(isinstance(m, dict) for m in prompt):
-            messages = ([{"role": "system", "content": system}] if system else []) + list(prompt)
-            for m in messages:
-                if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                    raise InvalidParameter(
-                        "each chat message needs a string 'role' and a string 'content'"
-                    )
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True)
-        elif isinstance(prompt, Seq) and not isinstance(prompt, (bytes, bytearray)):
-            ids = list(prompt)
-            bad = [t for t in ids if not isinstance(t, (int, np.integer)) or isinstance(t, bool)]
-            bad += [
-                t for t in ids if isinstance(t, (int, np.integer)) and not 0 <= t < self.vocab_size
-            ]
-            if bad:
-                raise InvalidParameter(
-                    f"token ids must be integers in [0, {self.vocab_size}), got {bad[0]!r}"
-                )
-        else:
-            raise InvalidParameter(
-                f"a prompt is a string, a list of token ids or a list of chat messages, "
-                f"got {type(prompt).__name__}"
-            )
-        ids = [int(i) for i in ids]
-        if not ids:
-            raise InvalidParameter("the prompt is empty after tokenisation")
-        return ids
 
     # ---- lifetime -----------------------------------------------------------------------------
 
@@ -403,15 +360,3 @@ class Engine:
                         item.request._fail(EngineClosed("the engine stopped"))
             except queue.Empty:
                 pass
-
-
-def _stop_strings(stop: str | Seq[str] | None) -> list[str]:
-    """`stop` as a list: a plain string is one stop string, not its characters."""
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    stops = list(stop)
-    if not all(isinstance(s, str) for s in stops):
-        raise InvalidParameter("stop must be a string or a list of strings")
-    return [s for s in stops if s]

@@ -1,0 +1,70 @@
+"""What a request's prompt becomes: token ids, and its stop strings, checked before any work."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import numpy as np
+
+from onnxsample.errors import InvalidParameter
+from onnxsample.tokenizer import Tokenizer
+
+__all__ = ["Prompt", "prompt_tokens", "stop_strings"]
+
+# A prompt: text, token ids, or a chat (a list of {"role", "content"} messages).
+Prompt = str | Seq[int] | Seq[dict]
+
+
+def prompt_tokens(
+    tok: Tokenizer, prompt: Prompt, chat: bool | None, system: str | None, vocab_size: int
+) -> list[int]:
+    """The token ids of a prompt: text (through the chat template when `chat` is true or, with
+    `chat` None, when the tokenizer has one), token ids as they are, or a chat's messages."""
+    if isinstance(prompt, str):
+        use_chat = bool(tok.chat_template) if chat is None else chat
+        if use_chat:
+            messages = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}
+            ]
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+        else:
+            if system:
+                raise InvalidParameter("a system prompt needs chat mode")
+            ids = tok.encode(prompt)
+    elif isinstance(prompt, Seq) and prompt and all(isinstance(m, dict) for m in prompt):
+        messages = ([{"role": "system", "content": system}] if system else []) + list(prompt)
+        for m in messages:
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise InvalidParameter(
+                    "each chat message needs a string 'role' and a string 'content'"
+                )
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    elif isinstance(prompt, Seq) and not isinstance(prompt, (bytes, bytearray)):
+        ids = list(prompt)
+        bad = [t for t in ids if not isinstance(t, (int, np.integer)) or isinstance(t, bool)]
+        bad += [t for t in ids if isinstance(t, (int, np.integer)) and not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidParameter(
+                f"token ids must be integers in [0, {vocab_size}), got {bad[0]!r}"
+            )
+    else:
+        raise InvalidParameter(
+            f"a prompt is a string, a list of token ids or a list of chat messages, "
+            f"got {type(prompt).__name__}"
+        )
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise InvalidParameter("the prompt is empty after tokenisation")
+    return ids
+
+
+def stop_strings(stop: str | Seq[str] | None) -> list[str]:
+    """`stop` as a list: a plain string is one stop string, not its characters."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    stops = list(stop)
+    if not all(isinstance(s, str) for s in stops):
+        raise InvalidParameter("stop must be a string or a list of strings")
+    return [s for s in stops if s]
