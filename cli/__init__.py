@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def _error(message: str) -> None:
     """The one place errors reach the user: `error: <one line>` on stderr, exit status 1."""
-    line = " ".join(message.split())
+    from rich.markup import escape
+
+    line = escape(" ".join(message.split()))  # "onnxsample[export]" is text, not markup
     err.print(f"[red]error:[/] {line}", markup=True, highlight=False, soft_wrap=True)
     sys.exit(1)

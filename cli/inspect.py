@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from onnxsample.cli._ui import human_bytes, out
+from onnxsample.errors import OnnxSampleError
 
 
 def inspect(
@@ -120,7 +121,12 @@ def _collapse_kv(values):
 
 
 def _serve(path: Path, port: int, *, browse: bool) -> None:
-    import netron
+    try:
+        import netron
+    except ImportError:
+        raise OnnxSampleError(
+            "--netron needs Netron's viewer: pip install 'onnxsample[viz]' (or: pip install netron)"
+        ) from None
 
     address = netron.start(str(path), address=("localhost", port), browse=browse)
     host, bound = address if isinstance(address, tuple) else ("localhost", port)

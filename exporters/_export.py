@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import resource
 import shutil
@@ -34,6 +35,18 @@ _KEEP_FROM_HF = (
 )
 
 ProgressFn = Callable[[str], None]
+# What exporting and verifying import (the `export` extra); the runtime needs none of them.
+EXPORT_STACK = ("torch", "transformers", "optimum", "accelerate", "gguf", "safetensors")
+
+
+def require_export_stack() -> None:
+    """Raise ExportError naming the `export` extra when a package of the exporter stack is missing."""
+    missing = [name for name in EXPORT_STACK if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ExportError(
+            f"exporting needs the export extra ({', '.join(missing)} not installed): "
+            "pip install 'onnxsample[export]'"
+        )
 
 
 @dataclass
@@ -150,6 +163,7 @@ def export(
     An existing export with the same request and exporter versions is reused unless `force`; a
     different one is an error. `progress(stage)` is called as each of :data:`STAGES` starts.
     """
+    require_export_stack()
     if accuracy_level not in ACCURACY_LEVELS:
         raise InvalidParameter(f"accuracy_level must be 0 or 4, got {accuracy_level!r}")
     if verify_tokens < 0:

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from onnxsample.chain import SAMPLER_NAMES
 from onnxsample.graphs._common import (
     DOMAIN,
     DOMAIN_VERSION,
@@ -41,16 +42,7 @@ from onnxsample.graphs.typical_p import TypicalP
 CHAIN_FUNCTION = "SamplerChain"
 PROMPT_FUNCTION = "PromptLogprobs"
 PREFIX = "sampler."
-CANONICAL_ORDER = (
-    "logit_bias",
-    "penalties",
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "typical_p",
-    "dist",
-)
+CANONICAL_ORDER = SAMPLER_NAMES
 _SCRIPTS = (
     Sanitize,
     RowMax,

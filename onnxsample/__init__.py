@@ -12,7 +12,6 @@ from onnxsample._ort import check_runtime as _check_runtime
 _check_runtime()
 
 from onnxsample.chain import SamplerChain  # noqa: E402
-from onnxsample.composer import compose, composed_metadata  # noqa: E402
 from onnxsample.engine import Engine  # noqa: E402
 from onnxsample.errors import (  # noqa: E402
     EngineClosed,
@@ -26,15 +25,33 @@ from onnxsample.errors import (  # noqa: E402
     RuntimeUnavailable,
 )
 from onnxsample.generator import Generator  # noqa: E402
-from onnxsample.inspection import inspect_model  # noqa: E402
-from onnxsample.metadata import ComposedMetadata  # noqa: E402
+from onnxsample.metadata import ComposedMetadata, composed_metadata  # noqa: E402
 from onnxsample.params import SamplingParams, pack_sampling_params  # noqa: E402
-from onnxsample.prepare import prepare  # noqa: E402
 from onnxsample.request import Completion, Request, StreamEvent, Timings  # noqa: E402
-from onnxsample.sampler_model import build_sampler_model, sampler_feeds  # noqa: E402
 from onnxsample.tokenizer import Tokenizer  # noqa: E402
 
 __version__ = "0.1.0"
+
+# Building graphs needs onnxscript (and through onnx-ir, sympy): ~0.8 s of imports that running a
+# composed model never uses. These load on first use.
+_LAZY = {
+    "compose": "onnxsample.composer",
+    "prepare": "onnxsample.prepare",
+    "inspect_model": "onnxsample.inspection",
+    "build_sampler_model": "onnxsample.sampler_model",
+    "sampler_feeds": "onnxsample.sampler_model",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'onnxsample' has no attribute {name!r}")
+
 
 __all__ = [
     "Completion",

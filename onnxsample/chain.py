@@ -13,13 +13,22 @@ import logging
 from collections.abc import Iterable, Iterator
 
 from onnxsample.errors import InvalidParameter
-from onnxsample.graphs.chain import CANONICAL_ORDER
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["SAMPLER_NAMES", "SamplerChain"]
 
-SAMPLER_NAMES: tuple[str, ...] = CANONICAL_ORDER
+# The canonical order (transformers' generate order); the graph builder follows it too.
+SAMPLER_NAMES: tuple[str, ...] = (
+    "logit_bias",
+    "penalties",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "dist",
+)
 
 
 class SamplerChain:

@@ -34,7 +34,12 @@ from onnxsample.chain import SamplerChain
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.graphs.chain import DOMAIN
 from onnxsample.loading import check_model, load_model
-from onnxsample.metadata import CONTRACT_VERSION, ComposedMetadata, composed_metadata
+from onnxsample.metadata import (
+    COMPOSER_REVISION,
+    CONTRACT_VERSION,
+    ComposedMetadata,
+    composed_metadata,
+)
 
 __all__ = [
     "COMPOSER_REVISION",
@@ -47,10 +52,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Bumped when the composed graph's internals change (not its inputs and outputs), so that cached
-# composed models are rebuilt. 2: the chain runs on the active slots only. 3: kv_layout metadata.
-# 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options.
-COMPOSER_REVISION = "4"
 GATHER_MODES = ("auto", "lm_head", "logits")
 _TWO_GB = 2**31 - 2**26  # protobuf's limit, with room for the graph itself
 STAGES = ("read", "splice", "check-gather", "save")

@@ -15,11 +15,21 @@ from typing import Any
 from onnxsample.chain import SamplerChain
 from onnxsample.errors import ModelError, OnnxSampleError
 
-__all__ = ["CONTRACT_VERSION", "KV_LAYOUTS", "ComposedMetadata", "composed_metadata"]
+__all__ = [
+    "COMPOSER_REVISION",
+    "CONTRACT_VERSION",
+    "KV_LAYOUTS",
+    "ComposedMetadata",
+    "composed_metadata",
+]
 
 PREFIX = "onnxsample."
 # The graph contract's version: bumped when a composed model's inputs or outputs change meaning.
 CONTRACT_VERSION = "1"
+# Bumped when the composed graph's internals change (not its inputs and outputs), so that cached
+# composed models are rebuilt. 2: the chain runs on the active slots only. 3: kv_layout metadata.
+# 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options.
+COMPOSER_REVISION = "4"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 
@@ -114,12 +124,73 @@ def composed_metadata(model: Any) -> ComposedMetadata | None:
     """The metadata of a composed model (``onnx.ModelProto``, ``onnx_ir.Model``, a session, or a
     path read without its weights); ``None`` for any other model."""
     if isinstance(model, (str, Path)):
-        import onnx
-
-        model = onnx.load(str(model), load_external_data=False)
+        return ComposedMetadata.from_props(read_props(Path(model)))
     if hasattr(model, "get_modelmeta"):
         return ComposedMetadata.from_session(model)
     props = model.metadata_props
     if isinstance(props, Mapping):
         return ComposedMetadata.from_props(props)
     return ComposedMetadata.from_props({p.key: p.value for p in props})
+
+
+def read_props(path: Path) -> dict[str, str]:
+    """An ONNX file's ``metadata_props`` without parsing its graph: the top-level fields of the
+    ModelProto are walked in the protobuf wire format (memory-mapped) and the graph's bytes
+    skipped, so a file holding hundreds of MB of weights is barely read."""
+    import mmap
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return {
+                key: value
+                for _, chunk in _fields(data, 0, len(data), {_METADATA_PROPS})
+                for key, value in [_entry(chunk)]
+            }
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{path} is not a readable ONNX model: {exc}") from exc
+
+
+_METADATA_PROPS = 14  # ModelProto.metadata_props: StringStringEntryProto {key = 1; value = 2}
+
+
+def _entry(chunk: bytes) -> tuple[str, str]:
+    found = {field: value.decode() for field, value in _fields(chunk, 0, len(chunk), {1, 2})}
+    return found.get(1, ""), found.get(2, "")
+
+
+def _fields(data, pos: int, end: int, want: set[int]):
+    """(field number, bytes) of the length-delimited fields numbered in `want` in data[pos:end];
+    every other field is skipped without being copied."""
+    while pos < end:
+        tag, pos = _varint(data, pos)
+        kind = tag & 7
+        if kind == 0:
+            _, pos = _varint(data, pos)
+        elif kind in (1, 5):
+            pos += 8 if kind == 1 else 4
+        elif kind == 2:
+            length, pos = _varint(data, pos)
+            if pos + length > end:
+                raise ValueError("truncated")
+            if tag >> 3 in want:
+                yield tag >> 3, bytes(data[pos : pos + length])
+            pos += length
+        else:
+            raise ValueError(f"unexpected wire type {kind}")
+    if pos != end:
+        raise ValueError("truncated")
+
+
+def _varint(data, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("bad varint")

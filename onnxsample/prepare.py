@@ -12,9 +12,13 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from onnxsample.composer import COMPOSER_REVISION, CONTRACT_VERSION, compose
 from onnxsample.errors import ModelError
-from onnxsample.metadata import ComposedMetadata, composed_metadata
+from onnxsample.metadata import (
+    COMPOSER_REVISION,
+    CONTRACT_VERSION,
+    ComposedMetadata,
+    composed_metadata,
+)
 
 __all__ = ["RUN_COMPOSE_OPTIONS", "cache_dir", "prepare"]
 
@@ -75,7 +79,7 @@ def prepare(
                 target = path.with_name(f"{path.stem}.composed.onnx")
                 if _up_to_date(target, path):
                     return target
-                return compose(path, None, target, progress=progress, **RUN_COMPOSE_OPTIONS)
+                return _compose(path, target, progress)
         elif path.is_dir():
             folder = path
         else:
@@ -84,4 +88,10 @@ def prepare(
     if _up_to_date(target, folder / "model.onnx"):
         log.info("using %s", target)
         return target
-    return compose(folder, None, target, progress=progress, **RUN_COMPOSE_OPTIONS)
+    return _compose(folder, target, progress)
+
+
+def _compose(source: Path, target: Path, progress) -> Path:
+    from onnxsample.composer import compose  # onnxscript: only when a graph is built
+
+    return compose(source, None, target, progress=progress, **RUN_COMPOSE_OPTIONS)

@@ -398,6 +398,7 @@ def test_run_streams_one_prompt(run_folder, capsys):
         (["-p", "word " * 700], "does not fit the model's context of 512 tokens"),
         (["--threads", "0"], "--threads"),
         (["--seed", "-1"], "seed must be an integer in [0, 2**64), got -1"),
+        (["--provider", "cuda"], "onnxsample[gpu]"),
         (["--prefill-chunk", "-1"], "--prefill-chunk"),
     ],
 )

@@ -76,3 +76,31 @@ def test_unknown_keys_are_ignored():
 
 def test_a_plain_model_has_no_metadata(tiny_export):
     assert composed_metadata(tiny_export.model_path) is None
+
+
+def test_props_are_read_without_parsing_the_graph(tiny_export, tmp_path):
+    """read_props walks the protobuf wire format; it agrees with onnx on real models."""
+    import onnx
+
+    from onnxsample.composer import compose
+    from onnxsample.metadata import read_props
+
+    composed = compose(tiny_export.output, None, tmp_path / "c.onnx", max_slots=2)
+    for path in (tiny_export.model_path, composed):
+        model = onnx.load(str(path), load_external_data=False)
+        assert read_props(path) == {p.key: p.value for p in model.metadata_props}
+    assert composed_metadata(composed) == composed_metadata(onnx.load(str(composed)))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\x08", b"not a model at all", b"\x3a\xff\xff\xff\x0f", b"\x0f\x00"],
+    ids=["empty", "cut-varint", "text", "length-past-end", "wire-type-7"],
+)
+def test_a_damaged_file_is_a_clear_error(tmp_path, content):
+    from onnxsample.metadata import read_props
+
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelError, match="not a readable ONNX model"):
+        read_props(path)

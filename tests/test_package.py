@@ -38,3 +38,16 @@ def test_runtime_check_names_the_extra(setup, message):
     code = f"import sys\ntry:\n{body}\nexcept ImportError as e:\n    print(e)\n"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert message in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_running_a_composed_model_imports_no_graph_builder():
+    """`import onnxsample` and the engine load neither onnxscript (graph building) nor the
+    exporter stack; compose and friends load on first use."""
+    code = (
+        "import sys, onnxsample, onnxsample.engine, onnxsample.cli;"
+        "print(sorted(m for m in ('onnxscript', 'onnx_ir', 'sympy', 'torch', 'transformers',"
+        " 'optimum') if m in sys.modules));"
+        "onnxsample.compose; print('onnxscript' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "True"], out.stdout + out.stderr
