@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 # kernels than a longer one, and the keys and values it writes would differ in the last bits from
 # those of the request's prefill without reuse.
 _RECOMPUTE = 2
+# Positions reserved beyond the prompt for a request without its own token limit (it grows later).
+_AHEAD = 256
 
 
 @dataclass
@@ -110,7 +112,7 @@ class Scheduler:
         while self.waiting and self.free:
             seq = self.waiting.popleft()
             slot, reused = self._pick_slot(seq)
-            need = len(seq.prompt) + seq.max_new_tokens
+            need = len(seq.prompt) + (_AHEAD if seq.open_ended else seq.max_new_tokens)
             try:
                 self.layout.reserve(slot, min(need, seq.limit) if seq.limit else need)
             except OnnxSampleError as exc:
@@ -123,7 +125,7 @@ class Scheduler:
             self.free.remove(slot)
             self.on_change(-1, -1)
             self.layout.start(seq, reused)
-            self.state.assign(slot, seq.params, seq.prompt)
+            self.state.assign(slot, seq.early_params or seq.params, seq.prompt)
             seq.admitted = time.perf_counter()
             seq.timings.queue_s = seq.admitted - seq.request.submitted
             seq.timings.cached_tokens = seq.computed
@@ -170,6 +172,12 @@ class Scheduler:
         return n - 1 if remaining - n == 1 and n > 1 else n
 
     def _decode(self) -> None:
+        for seq in [s for s in self.decoding if s.open_ended]:
+            # Room for the next token, grown (doubling) as an open-ended sequence goes.
+            try:
+                self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + 1)
+            except OnnxSampleError as exc:
+                self._fail(seq, exc)
         if self.decoding:
             self._run(self.layout.decode(list(self.decoding)))
 
@@ -231,6 +239,9 @@ class Scheduler:
         if seq.finish is not None:
             self.stats.finished += 1
             self._release(seq)
+        elif seq.early_params is not None and len(seq.ids) >= seq.params.min_tokens:
+            self.state.update(s, seq.params)  # min_tokens reached: end-of-sequence allowed again
+            seq.early_params = None
 
     # ---- leaving ------------------------------------------------------------------------------
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxsample._text import Detokenizer, StopMatcher
+from onnxsample._text import StopMatcher
 from onnxsample.params import SamplingParams
 from onnxsample.request import Completion, Request, StreamEvent, Timings, TopLogprobs
+from onnxsample.tokenizer import TextStream
 
 _U_MAX = np.nextafter(np.float32(1), np.float32(0))
 
@@ -27,13 +28,16 @@ class Sequence:
     ``computed`` counts the prompt tokens whose keys and values are in the slot's cache (the reused
     prefix included); the prompt is done when it reaches ``len(prompt)``. ``limit`` is the number of
     positions the request may fill (context or KV buffer length), prompt included.
+    ``early_params`` (for ``min_tokens``) are the parameters the slot uses until ``min_tokens``
+    tokens are out; ``open_ended`` marks a request without its own token limit, whose cache grows
+    as it goes instead of being reserved up front.
     """
 
     request: Request
     prompt: list[int]
     params: SamplingParams
     max_new_tokens: int
-    detok: Detokenizer
+    detok: TextStream
     stops: StopMatcher
     seed: int
     eos_ids: frozenset[int]
@@ -48,6 +52,8 @@ class Sequence:
     finish: str | None = None
     timings: Timings = field(default_factory=Timings)
     admitted: float = 0.0
+    early_params: SamplingParams | None = None
+    open_ended: bool = False
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -93,7 +99,8 @@ class Sequence:
         if not self.ids and self.finish is None:
             self.timings.ttft_s = now - self.request.submitted
         self.timings.generated_tokens += 1
-        if token in self.eos_ids and not self.params.ignore_eos:
+        early = len(self.ids) < self.params.min_tokens
+        if token in self.eos_ids and not self.params.ignore_eos and not early:
             self.finish = "eos"
             return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), token)
         self.ids.append(token)
@@ -109,9 +116,13 @@ class Sequence:
         ):
             self.finish = "length"
             piece += self.stops.add(self.detok.flush()) + self.stops.flush()
-        if self.finish:
-            return self._finished(piece, token)
-        return StreamEvent(self.index, piece, token)
+        event = (
+            self._finished(piece, token) if self.finish else StreamEvent(self.index, piece, token)
+        )
+        if self.params.logprobs or self.params.top_logprobs:
+            event.logprob = self.logprobs[-1]
+            event.top_logprobs = self.tops[-1] if self.params.top_logprobs else None
+        return event
 
     def cancel(self) -> StreamEvent:
         """Finish now, with what was generated so far (``finish_reason`` ``cancelled``)."""

@@ -87,6 +87,11 @@ class SlotState:
             counts[slot] = 0
             self.counts = ortvalue(counts, self.device)
 
+    def update(self, slot: int, params: SamplingParams) -> None:
+        """New parameters for the sequence in `slot`; its prompt mask and counts stay."""
+        self.params[slot] = params
+        self._static = None
+
     def release(self, slot: int) -> None:
         """The slot's sequence left; its inputs stay as they are until the slot is assigned again
         (an inactive slot's row is never computed)."""

@@ -1,45 +1,10 @@
-"""Text out of token ids as they arrive: incremental detokenisation and stop strings.
-
-A byte-level BPE token can end in the middle of a UTF-8 character; decoding it alone gives U+FFFD.
-:class:`Detokenizer` decodes a sliding window of ids and only releases text once it no longer ends in
-a replacement character (the approach of transformers' TextStreamer and vLLM's detokenizer).
-:class:`StopMatcher` holds back any tail that could still become a stop string, so a stop string is
-never emitted, not even in part.
-"""
+"""Stop strings in streamed text: :class:`StopMatcher` holds back any tail that could still become a
+stop string, so a stop string is never emitted, not even in part. (Turning ids into text as they
+arrive is :class:`onnxsample.tokenizer.TextStream`.)"""
 
 from __future__ import annotations
 
-__all__ = ["Detokenizer", "StopMatcher"]
-
-_REPLACEMENT = "\ufffd"
-
-
-class Detokenizer:
-    """Feed token ids one at a time; get back the new text each one completes."""
-
-    def __init__(self, tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self._ids: list[int] = []
-        self._prefix = 0  # start of the decode window
-        self._read = 0  # ids before this are already released as text
-
-    def add(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        decode = self._tokenizer.decode
-        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=True)
-        after = decode(self._ids[self._prefix :], skip_special_tokens=True)
-        if len(after) > len(before) and not after.endswith(_REPLACEMENT):
-            self._prefix, self._read = self._read, len(self._ids)
-            return after[len(before) :]
-        return ""
-
-    def flush(self) -> str:
-        """Whatever is still held back at the end (an incomplete character stays as U+FFFD)."""
-        decode = self._tokenizer.decode
-        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=True)
-        after = decode(self._ids[self._prefix :], skip_special_tokens=True)
-        self._prefix = self._read = len(self._ids)
-        return after[len(before) :]
+__all__ = ["StopMatcher"]
 
 
 class StopMatcher:

@@ -34,11 +34,12 @@ from onnxsample._scheduler import Scheduler, Stats
 from onnxsample._sequence import Sequence
 from onnxsample._session import create_session
 from onnxsample._slots import SlotState, check_params
-from onnxsample._text import Detokenizer, StopMatcher
+from onnxsample._text import StopMatcher
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
 from onnxsample.request import Request
+from onnxsample.tokenizer import TextStream
 
 __all__ = ["DEFAULT_PREFILL_CHUNK", "Engine", "Prompt"]
 
@@ -166,7 +167,7 @@ class Engine:
         prompt: Prompt,
         params: SamplingParams | None = None,
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int | None = 256,
         stop: str | Seq[str] | None = None,
         chat: bool | None = None,
         system: str | None = None,
@@ -177,6 +178,7 @@ class Engine:
         `prompt` is a string (put through the chat template when `chat` is true or, with `chat`
         None, when the model has one), a list of token ids (used as they are), or a chat as a list
         of ``{"role": ..., "content": ...}`` messages. `stop` is one stop string or several.
+        `max_new_tokens` None generates until end-of-sequence or the end of the context.
         `index` is copied into the request's events (the batch position of a
         :class:`~onnxsample.Generator` call). Bad input raises
         :class:`~onnxsample.errors.InvalidParameter` here, before any work.
@@ -202,7 +204,7 @@ class Engine:
         self,
         prompt: Prompt,
         params: SamplingParams | None,
-        max_new_tokens: int,
+        max_new_tokens: int | None,
         stop: str | Seq[str] | None,
         chat: bool | None,
         system: str | None,
@@ -212,13 +214,17 @@ class Engine:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidParameter(f"params must be SamplingParams, got {type(params).__name__}")
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
+        open_ended = max_new_tokens is None
+        if not open_ended and (
+            not isinstance(max_new_tokens, int)
+            or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 1
+        ):
             raise InvalidParameter(
                 f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
             )
-        if max_new_tokens < 1:
-            raise InvalidParameter(f"max_new_tokens must be an integer >= 1, got {max_new_tokens}")
         check_params(self.meta, params)
+        early = self._early_params(params)
         stops = stop_strings(stop)
         ids = prompt_tokens(self.tokenizer, prompt, chat, system, self.vocab_size)
         if len(ids) >= self.limit:
@@ -238,13 +244,30 @@ class Engine:
             request,
             ids,
             params,
-            max_new_tokens,
-            Detokenizer(self.tokenizer),
+            self.limit - len(ids) if open_ended else max_new_tokens,
+            TextStream(self.tokenizer, prompt_ids=ids),
             StopMatcher(stops),
             seed,
             self.info.eos_ids,
             self.limit,
+            early_params=early,
+            open_ended=open_ended,
         )
+
+    def _early_params(self, params: SamplingParams) -> SamplingParams | None:
+        """For `min_tokens`: the parameters with every end-of-sequence id biased by -100."""
+        if not params.min_tokens or params.ignore_eos:
+            return None
+        bias = {**params.logit_bias, **dict.fromkeys(sorted(self.info.eos_ids), -100.0)}
+        early = replace(params, logit_bias=bias)
+        try:
+            check_params(self.meta, early)
+        except InvalidParameter:
+            raise InvalidParameter(
+                f"min_tokens needs {len(bias)} logit-bias entries (the request's and one per "
+                f"end-of-sequence id), more than this graph holds (max_bias={self.meta.max_bias})"
+            ) from None
+        return early
 
     # ---- lifetime -----------------------------------------------------------------------------
 

@@ -46,7 +46,9 @@ class SamplingParams:
     ``logprobs`` / ``top_logprobs`` ask for the chosen token's logprob and the ``top_logprobs`` most
     likely tokens. ``prompt_logprobs`` (None = off) asks for the logprob of every prompt token and
     its ``prompt_logprobs`` most likely alternatives (vLLM's field; OpenAI's ``echo``).
-    ``ignore_eos`` keeps generating past end-of-sequence tokens (benchmarks, as vLLM's).
+    ``ignore_eos`` keeps generating past end-of-sequence tokens (benchmarks, as vLLM's);
+    ``min_tokens`` keeps end-of-sequence tokens out of the first ``min_tokens`` (vLLM's field: their
+    logits get a -100 bias, which needs free logit-bias entries in the graph).
     """
 
     temperature: float = 1.0
@@ -63,6 +65,7 @@ class SamplingParams:
     top_logprobs: int = 0
     prompt_logprobs: int | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise :class:`InvalidParameter` for the first value outside its range; return ``self``.
@@ -103,6 +106,8 @@ class SamplingParams:
             )
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise InvalidParameter(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise InvalidParameter(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         return self
 
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from onnxsample.errors import ModelError
+from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.metadata import (
     COMPOSER_REVISION,
     CONTRACT_VERSION,
@@ -41,7 +41,7 @@ def _composed(path: Path) -> ComposedMetadata | None:
     return composed_metadata(path)
 
 
-def _up_to_date(composed: Path, model: Path) -> bool:
+def _up_to_date(composed: Path, model: Path, slots: int) -> bool:
     if not composed.is_file():
         return False
     if model.is_file() and composed.stat().st_mtime < model.stat().st_mtime:
@@ -51,13 +51,25 @@ def _up_to_date(composed: Path, model: Path) -> bool:
         meta is not None
         and meta.contract == CONTRACT_VERSION
         and meta.composer_revision == COMPOSER_REVISION
+        and meta.max_slots == slots
     )
 
 
 def prepare(
-    model: str | Path | None = None, *, progress: Callable[[str], None] | None = None
+    model: str | Path | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    max_slots: int | None = None,
 ) -> Path:
-    """The composed model to run for `model`, exporting and composing it first when needed."""
+    """The composed model to run for `model`, exporting and composing it first when needed.
+
+    A composed file is used as it is (its slots included). An export folder or a plain model is
+    composed with :data:`RUN_COMPOSE_OPTIONS`, and `max_slots` slots when given (kept apart:
+    ``composed-s16.onnx``)."""
+    slots = max_slots or RUN_COMPOSE_OPTIONS["max_slots"]
+    if not isinstance(slots, int) or slots < 1:
+        raise InvalidParameter(f"max_slots must be an integer >= 1, got {max_slots!r}")
+    suffix = "" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}"
     if model is None:
         from onnxsample.exporters import export
         from onnxsample.exporters._export import export_name
@@ -76,22 +88,23 @@ def prepare(
                 return path
             folder = path.parent
             if path.name != "model.onnx":
-                target = path.with_name(f"{path.stem}.composed.onnx")
-                if _up_to_date(target, path):
+                target = path.with_name(f"{path.stem}.composed{suffix}.onnx")
+                if _up_to_date(target, path, slots):
                     return target
-                return _compose(path, target, progress)
+                return _compose(path, target, progress, slots)
         elif path.is_dir():
             folder = path
         else:
             raise ModelError(f"no such model file or folder: {path}")
-    target = folder / "composed.onnx"
-    if _up_to_date(target, folder / "model.onnx"):
+    target = folder / f"composed{suffix}.onnx"
+    if _up_to_date(target, folder / "model.onnx", slots):
         log.info("using %s", target)
         return target
-    return _compose(folder, target, progress)
+    return _compose(folder, target, progress, slots)
 
 
-def _compose(source: Path, target: Path, progress) -> Path:
+def _compose(source: Path, target: Path, progress, slots: int) -> Path:
     from onnxsample.composer import compose  # onnxscript: only when a graph is built
 
-    return compose(source, None, target, progress=progress, **RUN_COMPOSE_OPTIONS)
+    options = {**RUN_COMPOSE_OPTIONS, "max_slots": slots}
+    return compose(source, None, target, progress=progress, **options)

@@ -117,13 +117,16 @@ class StreamEvent:
 
     ``token_id`` is the token that produced the piece (``None`` on an event that only finishes the
     request, such as a cancel); ``text`` may be empty while a multi-byte character or a possible
-    stop string is held back.
+    stop string is held back. ``logprob`` / ``top_logprobs`` are the token's, when the request asked
+    for them (not for an end-of-sequence token, which is no part of the output).
     """
 
     index: int
     text: str
     token_id: int | None
     completion: Completion | None = None
+    logprob: float | None = None
+    top_logprobs: TopLogprobs | None = None
 
 
 class Request:

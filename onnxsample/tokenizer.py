@@ -1,12 +1,16 @@
 """Tokenising and chat templates without transformers: Hugging Face ``tokenizers`` and ``jinja2``.
 
 A deployment of composed models needs the tokenizer, not the exporter stack. :class:`Tokenizer`
-reads what an export folder holds (``tokenizer.json``, ``tokenizer_config.json``,
-``special_tokens_map.json``, ``chat_template.jinja``) and gives the same ids and text as
-``transformers.AutoTokenizer`` on that folder: the same special tokens (BOS/EOS added as the config
-says), the same decoding clean-up, and chat templates rendered the way transformers renders them
-(a sandboxed jinja2 environment with ``trim_blocks``/``lstrip_blocks``, its ``tojson`` filter,
-``raise_exception`` and ``strftime_now``). Every method is safe to call from several threads.
+reads an export (or Hugging Face) folder and gives the same ids and text as
+``transformers.AutoTokenizer.from_pretrained(folder)``: the same special and added tokens, the
+BOS/EOS post-processor that transformers' Llama/Gemma/Cohere/GPT-NeoX classes rebuild from
+``add_bos_token``/``add_eos_token``, the same decoding clean-up, and chat templates rendered as
+transformers renders them (a sandboxed jinja2 environment with ``trim_blocks``/``lstrip_blocks``,
+its ``tojson`` filter, ``raise_exception``, ``strftime_now`` and the ``{% generation %}`` tag).
+All that is set up once, when the folder is read: no call changes shared state, so one
+:class:`Tokenizer` serves any number of threads (transformers' fast tokenizer resets truncation
+and padding on every call, which fails with "Already borrowed" under threads).
+:class:`TextStream` turns one sequence's ids into text as they arrive, never half a character.
 """
 
 from __future__ import annotations
@@ -14,194 +18,358 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from onnxsample._chat_template import chat_template_of, compile_template
 from onnxsample.errors import InvalidParameter, ModelError
 
-__all__ = ["Tokenizer"]
+__all__ = ["TextStream", "Tokenizer"]
 
 log = logging.getLogger(__name__)
 
-_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
-# transformers' clean_up_tokenization: spaces before punctuation and English contractions.
-_CLEAN_UP = [
-    (" .", "."),
-    (" ?", "?"),
-    (" !", "!"),
-    (" ,", ","),
-    (" ' ", "'"),
-    (" n't", "n't"),
-    (" 'm", "'m"),
-    (" 's", "'s"),
-    (" 've", "'ve"),
-    (" 're", "'re"),
-]
+_SPECIAL = tuple(f"{n}_token" for n in ("bos", "eos", "unk", "sep", "pad", "cls", "mask"))
+_LLAMA = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+# transformers' classes that rebuild the BOS/EOS post-processor, with what each assumes when
+# tokenizer_config.json is silent: add_bos_token, and special tokens.
+_FAMILIES: dict[str, tuple[bool, dict[str, str]]] = {
+    "LlamaTokenizer": (True, _LLAMA),
+    "CodeLlamaTokenizer": (True, _LLAMA),
+    "GemmaTokenizer": (True, {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}),
+    "CohereTokenizer": (True, {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "unk_token": "<UNK>"}),
+    "GPTNeoXTokenizer": (False, dict.fromkeys(("bos_token", "eos_token", "unk_token"), "<|endoftext|>")),
+}  # fmt: skip
+# The class AutoTokenizer takes from config.json's model_type when tokenizer_config.json names none.
+_MODEL_TYPES = {"llama": "LlamaTokenizer", "mistral": "LlamaTokenizer", "mixtral": "LlamaTokenizer",
+                "gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer",
+                "cohere": "CohereTokenizer", "gpt_neox": "GPTNeoXTokenizer", "olmo": "GPTNeoXTokenizer"}  # fmt: skip
+# transformers' clean_up_tokenization, replaced in this order; every pattern starts with a space.
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))  # fmt: skip
+_CONTEXT = 6  # ids a stream keeps before its pending ones: a prefix space, a 4-byte character
 
 
 class Tokenizer:
-    """The tokenizer of an export folder; see :meth:`from_folder`."""
+    """The tokenizer of an export folder, as transformers' AutoTokenizer; see :meth:`from_folder`."""
+
+    chat_template: str | None
+    bos_token_id: int | None
+    eos_token_id: int | None
+    pad_token_id: int | None
 
     def __init__(
         self,
         backend: Any,
-        *,
-        special: dict[str, str],
-        chat_template: str | None = None,
-        add_bos: bool = False,
-        add_eos: bool = False,
-        clean_up: bool = False,
-        extra_special: Sequence[str] = (),
+        special: dict,
+        chat_template: str | None,
+        clean_up: bool,
+        byte_level: bool = False,
     ) -> None:
-        self._backend = backend
-        self.special_tokens = dict(special)
-        self.chat_template = chat_template
-        self._clean_up = clean_up
-        self._extra = list(extra_special)
-        ids = {name: backend.token_to_id(text) for name, text in special.items()}
-        self.bos_token_id: int | None = ids.get("bos_token")
-        self.eos_token_id: int | None = ids.get("eos_token")
-        self.pad_token_id: int | None = ids.get("pad_token")
-        self.unk_token_id: int | None = ids.get("unk_token")
-        # transformers' Llama/Gemma tokenizers add BOS/EOS themselves when the config says so;
-        # add them here only when tokenizer.json's post-processor does not already.
-        probe = backend.encode("a", add_special_tokens=True).ids
-        self._prepend = (
-            add_bos and self.bos_token_id is not None and probe[:1] != [self.bos_token_id]
-        )
-        self._append = (
-            add_eos and self.eos_token_id is not None and probe[-1:] != [self.eos_token_id]
-        )
-        self._template = _compile(chat_template) if chat_template else None
+        """Wrap a configured ``tokenizers.Tokenizer``; :meth:`from_folder` makes one.
+        `byte_level`: its pieces are in GPT-2's byte alphabet (a ByteLevel pre-tokenizer)."""
+        self._backend, self._special, self._clean_up = backend, special, clean_up
+        self._byte_level = byte_level
+        self._special_ids = {
+            i for i, token in backend.get_added_tokens_decoder().items() if token.special
+        }
+        ids = {k: backend.token_to_id(v) for k, v in special.items() if isinstance(v, str)}
+        self.bos_token_id, self.eos_token_id = ids.get("bos_token"), ids.get("eos_token")
+        self.pad_token_id = ids.get("pad_token")
+        self.chat_template, self._template, self._template_error = chat_template, None, None
+        try:  # a broken template leaves plain prompts usable; chat raises
+            self._template = compile_template(chat_template) if chat_template else None
+        except Exception as exc:
+            self._template_error = f"the chat template does not parse: {_line(exc)}"
+            log.warning("%s", self._template_error)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
-        """Read the tokenizer files of an export (or Hugging Face) folder."""
+        """Read ``tokenizer.json``, ``tokenizer_config.json`` (and ``special_tokens_map.json`` where
+        the config predates ``added_tokens_decoder``), the chat template and, when the config names
+        no tokenizer class, ``config.json``'s model type; set the tokenizer up as transformers does."""
         from tokenizers import Tokenizer as Backend
 
         folder = Path(folder)
-        path = folder / "tokenizer.json"
-        if not path.is_file():
+        if not (folder / "tokenizer.json").is_file():
             raise ModelError(f"no tokenizer.json in {folder}: pass the export folder")
+        data, config = _json(folder / "tokenizer.json"), _json(folder / "tokenizer_config.json")
+        family = config.get("tokenizer_class") or _MODEL_TYPES.get(
+            _json(folder / "config.json").get("model_type"), ""
+        )
+        family = family.removesuffix("Fast")
+        add_bos, defaults = _FAMILIES.get(family, (False, {}))
+        init = {**defaults, **config}
+        if "added_tokens_decoder" not in config:  # transformers' legacy path: this file wins
+            for key, value in _json(folder / "special_tokens_map.json").items():
+                if key == "additional_special_tokens" and isinstance(value, list):
+                    old = init.get(key) or []
+                    value = [*old, *(t for t in value if t not in old)]
+                init[key] = value
+        extra = init.get("extra_special_tokens")
+        values = {
+            **{n: init.get(n) for n in _SPECIAL},
+            **(extra if isinstance(extra, dict) else {}),
+        }
+        additional = list(init.get("additional_special_tokens") or [])
+
+        # The pre-tokenizer's add_prefix_space follows the config, else the class default (Llama's
+        # None leaves it; a bool there makes transformers rebuild from the slow tokenizer's files).
+        prefix_space = config.get("add_prefix_space", None if family == "LlamaTokenizer" else False)
+        pre = data.get("pre_tokenizer")
+        if isinstance(prefix_space, bool) and family == "LlamaTokenizer":
+            log.warning("%s: transformers would rebuild this tokenizer from slow files", folder)
+        elif isinstance(prefix_space, bool) and isinstance(pre, dict) and "add_prefix_space" in pre:
+            pre["add_prefix_space"] = prefix_space
         try:
-            backend = Backend.from_file(str(path))
+            backend = Backend.from_str(json.dumps(data))
         except Exception as exc:
-            raise ModelError(f"cannot read {path}: {str(exc).splitlines()[0]}") from exc
-        config = _json(folder / "tokenizer_config.json")
-        special = {**_json(folder / "special_tokens_map.json"), **config}
-        tokens = {name: _content(special[name]) for name in _SPECIAL if special.get(name)}
-        extra = [_content(t) for t in special.get("additional_special_tokens") or []]
+            raise ModelError(f"cannot read {folder / 'tokenizer.json'}: {_line(exc)}") from exc
+        backend.no_truncation()
+        backend.no_padding()
+        backend.encode_special_tokens = bool(init.get("split_special_tokens", False))
+        specials = [v for n in _SPECIAL if (v := values[n])] + additional
+        _add_tokens(
+            backend,
+            config.get("added_tokens_decoder") or {},
+            specials + [v for n, v in values.items() if n not in _SPECIAL and v],
+        )
+        if family in _FAMILIES:
+            ends = {}
+            for end, default in (("bos", add_bos), ("eos", False)):
+                if init.get(f"add_{end}_token", default):
+                    if not (token := _text(values[f"{end}_token"])):
+                        raise ModelError(f"{folder}: add_{end}_token is set but no {end}_token")
+                    ends[end] = token
+            _set_post_processor(backend, ends.get("bos"), ends.get("eos"))
+        special: dict[str, Any] = {n: t for n, v in values.items() if (t := _text(v))}
+        if additional:
+            special["additional_special_tokens"] = [_text(t) for t in additional]
+        clean_up = bool(init.get("clean_up_tokenization_spaces", False))
+        byte_level = "ByteLevel" in json.dumps(data.get("pre_tokenizer"))
         return cls(
             backend,
-            special={k: v for k, v in tokens.items() if v},
-            chat_template=_chat_template(folder, config),
-            add_bos=bool(config.get("add_bos_token", False)),
-            add_eos=bool(config.get("add_eos_token", False)),
-            clean_up=bool(config.get("clean_up_tokenization_spaces", False)),
-            extra_special=extra,
+            special,
+            chat_template_of(folder, config, _json(folder / "chat_template.json")),
+            clean_up,
+            byte_level,
         )
 
     @property
     def vocab_size(self) -> int:
-        """Every id the tokenizer can produce, added tokens included."""
+        """Every id the tokenizer knows, added tokens included (``len(AutoTokenizer)``)."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`, BOS/EOS added as the model's config says (unless told not to)."""
-        ids = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
-        if add_special_tokens and self._prepend:
-            ids = [self.bos_token_id, *ids]
-        if add_special_tokens and self._append:
-            ids = [*ids, self.eos_token_id]
-        return ids
+        """Token ids of `text`, BOS/EOS added as the config says unless `add_special_tokens` is off."""
+        if not isinstance(text, str):
+            raise InvalidParameter(f"text to encode must be a string, got {type(text).__name__}")
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
-        text = self._backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
-        if self._clean_up:
-            for old, new in _CLEAN_UP:
-                text = text.replace(old, new)
-        return text
+        """The text of `ids` (an id past the vocabulary gives nothing, as in transformers)."""
+        try:
+            text = self._backend.decode(
+                [int(i) for i in ids], skip_special_tokens=skip_special_tokens
+            )
+        except (OverflowError, TypeError, ValueError) as exc:
+            raise InvalidParameter(
+                f"token ids must be non-negative integers: {_line(exc)}"
+            ) from exc
+        return _cleaned(text) if self._clean_up else text
 
     def token_to_text(self, token_id: int) -> str:
-        """What one token decodes to on its own (special tokens shown), for logprob tables."""
+        """What one token decodes to on its own, special tokens shown (for logprob tables)."""
         return self.decode([token_id], skip_special_tokens=False)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (OpenAI's ``bytes``): a byte-level piece maps back
+        through GPT-2's byte alphabet, a ``<0xNN>`` byte-fallback piece is that byte, a special
+        token is its text; half a UTF-8 character stays half a character."""
+        piece = self._backend.id_to_token(int(token_id))
+        if piece is None:
+            return b""
+        if token_id in self._special_ids:
+            return piece.encode()
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])
+        if self._byte_level and all(c in _BYTE_OF for c in piece):
+            return bytes(_BYTE_OF[c] for c in piece)
+        return piece.replace("\u2581", " ").encode()
 
     def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
         """The chat template applied to `messages`, as text."""
+        if self._template_error:
+            raise ModelError(self._template_error)
         if self._template is None:
             raise InvalidParameter("this model's tokenizer has no chat template")
-        import jinja2
-
         try:
             return self._template.render(
                 messages=messages,
-                add_generation_prompt=add_generation_prompt,
                 tools=None,
                 documents=None,
-                additional_special_tokens=self._extra,
-                **self.special_tokens,
+                add_generation_prompt=add_generation_prompt,
+                **self._special,
             )
-        except jinja2.TemplateError as exc:
-            raise InvalidParameter(f"the chat template refused the messages: {exc}") from exc
+        except Exception as exc:  # raise_exception(), a missing key, None + str: the messages'
+            raise InvalidParameter(f"the chat template refused the messages: {_line(exc)}") from exc
 
     def apply_chat_template(
         self, messages: list[dict], *, add_generation_prompt: bool = True
     ) -> list[int]:
-        """Token ids of the rendered chat (its special tokens come from the template itself)."""
+        """Token ids of the rendered chat; as in transformers, no special tokens are added to it."""
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
         return self.encode(text, add_special_tokens=False)
 
 
-def _compile(template: str):
-    """transformers' environment for chat templates."""
-    import jinja2
-    import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+class TextStream:
+    """One sequence's text as its ids arrive. :meth:`add` returns what each id completes and
+    :meth:`flush` what is left: together ``decode(ids)``, read after `prompt_ids` when given (the
+    context of a leading space). Text never ends inside a UTF-8 character: such ids wait for the
+    rest. It runs on ``tokenizers``' DecodeStream, which lacks clean-up and a flush and gives up on
+    some invalid UTF-8 (windows of decode take over then). One per sequence: not for sharing."""
 
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        skip_special_tokens: bool = True,
+        prompt_ids: Sequence[int] = (),
+    ) -> None:
+        self._tok, self._skip = tokenizer, skip_special_tokens
+        self._context = [int(i) for i in prompt_ids][-_CONTEXT:]  # ids whose text is out
+        self._pending: list[int] = []  # ids whose text is not out yet
+        self._held = ""  # text out of the decoder that clean-up may still change
+        self._stream = _decode_stream(self._context, skip_special_tokens)
 
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
+    def add(self, token_id: int) -> str:
+        """Take the next id; return the text now complete (often "")."""
+        if (token_id := int(token_id)) < 0:
+            raise InvalidParameter(f"token ids must be non-negative, got {token_id}")
+        self._pending.append(token_id)
+        piece = None
+        if self._stream is not None:
+            try:
+                piece = self._stream.step(self._tok._backend, token_id)
+            except Exception as exc:  # "Invalid prefix encountered" (huggingface/tokenizers#1705)
+                log.debug("DecodeStream gave up (%s); decoding windows from here", _line(exc))
+                self._stream = None
+        if self._stream is None:
+            piece = self._window(final=False)
+        if piece is not None:
+            self._context, self._pending = (self._context + self._pending)[-_CONTEXT:], []
+        return self._cleaned(piece or "", final=False)
 
-    def strftime_now(fmt):
-        return datetime.now().strftime(fmt)
+    def flush(self) -> str:
+        """The text held back (an unfinished character as U+FFFD, as decode gives it)."""
+        piece = self._window(final=True) or ""
+        self._context, self._pending = (self._context + self._pending)[-_CONTEXT:], []
+        if self._stream is not None:
+            self._stream = _decode_stream(self._context, self._skip)
+        return self._cleaned(piece, final=True)
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
+    def _window(self, *, final: bool) -> str | None:
+        """The pending ids' text: decoded after the context, less the context's own text."""
+        decode = self._tok._backend.decode
+        before = decode(self._context, skip_special_tokens=self._skip)
+        after = decode(self._context + self._pending, skip_special_tokens=self._skip)
+        if final or (len(after) > len(before) and not after.endswith("\ufffd")):
+            return after[len(before) :]
+        return None
+
+    def _cleaned(self, piece: str, *, final: bool) -> str:
+        """Clean-up as decode's. Patterns start with a space and are at most 4 long, so text
+        whose last 3 characters hold no space cleans up the same now as with what follows."""
+        if not self._tok._clean_up:
+            return piece
+        self._held += piece
+        cut = len(self._held)
+        while not final and cut and " " in self._held[max(0, cut - 3) : cut]:
+            cut -= 1
+        out, self._held = self._held[:cut], self._held[cut:]
+        return _cleaned(out)
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, inverted: the printable character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_alphabet()
+
+
+def _decode_stream(ids: list[int], skip_special_tokens: bool) -> Any:
+    """tokenizers' DecodeStream primed with `ids`; None before tokenizers 0.22 (no priming)."""
     try:
-        return env.from_string(template)
-    except jinja2.TemplateError as exc:
-        raise ModelError(f"the chat template does not parse: {exc}") from exc
+        from tokenizers.decoders import DecodeStream
+
+        return DecodeStream(ids=ids, skip_special_tokens=skip_special_tokens)
+    except (ImportError, TypeError):
+        return None
 
 
-def _chat_template(folder: Path, config: dict) -> str | None:
-    """chat_template.jinja, else chat_template.json, else tokenizer_config.json's entry (a string,
-    or a list of named templates of which the one named 'default')."""
-    jinja = folder / "chat_template.jinja"
-    if jinja.is_file():
-        return jinja.read_text(encoding="utf-8")
-    template = _json(folder / "chat_template.json").get("chat_template") or config.get(
-        "chat_template"
+def _add_tokens(backend: Any, saved: dict, specials: list) -> None:
+    """As PreTrainedTokenizerFast.__init__: the config's added tokens that tokenizer.json lacks and
+    the special tokens that are no added token yet join the vocabulary, marked special."""
+    from tokenizers import AddedToken
+
+    have = backend.get_added_tokens_decoder().values()
+    seen = {repr(t) for t in have}
+    todo = [
+        t for i in sorted(saved, key=int) if repr(t := _added(saved[i], AddedToken)) not in seen
+    ]
+    known = {t.content for t in have} | {t.content for t in todo}
+    for token in (_added(t, AddedToken) for t in specials):
+        if token.content not in known:
+            todo.append(token)
+            known.add(token.content)
+    special_text = {_text(t) for t in specials}
+    for token in todo:
+        token.special = token.special or token.content in special_text
+    if todo:
+        backend.add_tokens(todo)
+
+
+def _set_post_processor(backend: Any, bos: str | None, eos: str | None) -> None:
+    """LlamaTokenizerFast.update_post_processor: BOS and EOS as add_bos_token / add_eos_token say,
+    whatever tokenizer.json had."""
+    from tokenizers import processors
+
+    single = f"{bos + ':0 ' if bos else ''}$A:0{' ' + eos + ':0' if eos else ''}"
+    pair = f"{single}{' ' + bos + ':1' if bos else ''} $B:1{' ' + eos + ':1' if eos else ''}"
+    ends = [(t, backend.token_to_id(t)) for t in (bos, eos) if t]
+    backend.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=ends
     )
-    if isinstance(template, list):
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default")
-    return template if isinstance(template, str) and template else None
 
 
-def _content(token: Any) -> str | None:
-    """A special token as saved: a string, or an AddedToken dict with its 'content'."""
+def _added(token: Any, added_token: type) -> Any:
+    """A token as saved (a string, or an AddedToken dict) as a ``tokenizers.AddedToken``."""
     if isinstance(token, dict):
-        token = token.get("content")
-    return token if isinstance(token, str) else None
+        return added_token(**{k: v for k, v in token.items() if k != "__type"})
+    return added_token(str(token), special=True)
+
+
+def _text(token: Any) -> str | None:
+    token = token.get("content") if isinstance(token, dict) else token
+    return token if isinstance(token, str) and token else None
+
+
+def _cleaned(text: str) -> str:
+    for old, new in _CLEAN_UP:
+        text = text.replace(old, new)
+    return text
+
+
+def _line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _json(path: Path) -> dict:

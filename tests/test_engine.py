@@ -411,3 +411,28 @@ def test_close_with_cancel_stops_running_requests(models, layout):
     next(iter(requests[0]))
     engine.close(cancel=True, timeout=60)
     assert {r.result(timeout=0).finish_reason for r in requests} == {"cancelled"}
+
+
+def test_min_tokens_holds_end_of_sequence_back(engine):
+    """A bias that forces EOS at once: with min_tokens=5 the first five tokens are something else."""
+    eos = min(engine.eos_ids)
+    forced = SamplingParams(temperature=0, logit_bias={eos: 100.0})
+    assert _alone(engine, PROMPTS[0], forced, 20).token_ids == []
+    held = SamplingParams(temperature=0, logit_bias={eos: 100.0}, min_tokens=5)
+    done = _alone(engine, PROMPTS[0], held, 20)
+    assert len(done.token_ids) == 5 and done.finish_reason == "eos"
+    assert eos not in done.token_ids
+
+
+def test_min_tokens_needs_room_in_the_bias_table(engine):
+    full = {i: 1.0 for i in range(10, 12)}  # the graph holds 2 entries
+    with pytest.raises(InvalidParameter, match="min_tokens needs 3 logit-bias entries"):
+        engine.submit(PROMPTS[0], SamplingParams(logit_bias=full, min_tokens=2), chat=False)
+
+
+def test_without_a_token_limit_generation_runs_to_the_end_of_the_context(fresh):
+    short = fresh(max_len=60)
+    p = SamplingParams(temperature=0.8, seed=4, ignore_eos=True)
+    done = short.submit(PROMPTS[1], p, max_new_tokens=None, chat=False).result(timeout=120)
+    assert done.finish_reason == "length"
+    assert len(done.prompt_token_ids) + len(done.token_ids) == 60

@@ -6,11 +6,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from onnxsample._text import Detokenizer, StopMatcher
+from onnxsample._text import StopMatcher
 from onnxsample.composer import compose
 from onnxsample.errors import InvalidParameter, RuntimeUnavailable
 from onnxsample.generator import Generator
 from onnxsample.params import SamplingParams
+from onnxsample.tokenizer import TextStream
 
 PROMPTS = [
     "Once upon a time",
@@ -208,7 +209,7 @@ def test_stop_strings_end_the_text_before_them(generator):
 @pytest.mark.parametrize("text", ["naïve café", "日本語のテキスト", "emoji 🙂🚀 end", "Ωμέγα"])
 def test_detokenizer_never_splits_a_character(generator, text):
     ids = generator.tokenizer.encode(text)
-    detok = Detokenizer(generator.tokenizer)
+    detok = TextStream(generator.tokenizer)
     pieces = [detok.add(i) for i in ids] + [detok.flush()]
     assert all("\ufffd" not in piece for piece in pieces)
     assert "".join(pieces) == generator.tokenizer.decode(ids)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from onnxsample._sequence import Sequence
-from onnxsample._text import Detokenizer, StopMatcher
+from onnxsample._text import StopMatcher
 from onnxsample.params import SamplingParams
 from onnxsample.request import Request
-from onnxsample.tokenizer import Tokenizer
+from onnxsample.tokenizer import TextStream, Tokenizer
 
 EOS = 2
 
@@ -25,7 +25,7 @@ def _sequence(tokenizer, params=None, *, max_new=8, stops=(), limit=None, prompt
         tokenizer.encode(prompt),
         params or SamplingParams(),
         max_new,
-        Detokenizer(tokenizer),
+        TextStream(tokenizer),
         StopMatcher(list(stops)),
         seed=1,
         eos_ids=frozenset({EOS}),

@@ -1,50 +1,181 @@
-"""The runtime tokenizer (tokenizers + jinja2) against transformers' AutoTokenizer on the same folder."""
+"""The runtime tokenizer (tokenizers + jinja2) against transformers' AutoTokenizer on the same folder.
+
+Folders: the tiny model's Hugging Face folder and its export, the embedded model's GQA export, and
+small synthetic tokenizers built here for what SmolLM2's lacks: a Llama-2-style one (Metaspace,
+byte fallback, BOS added by the config), one whose tokenizer.json adds a BOS the config turns off,
+and a GPT-2-style one saved the legacy way (special_tokens_map.json, a pad token missing from the
+vocabulary, the template in the config).
+"""
 
 from __future__ import annotations
 
+import json
+import random
+import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from onnxsample.errors import InvalidParameter, ModelError
-from onnxsample.tokenizer import Tokenizer
+from onnxsample.tokenizer import TextStream, Tokenizer
 
 TEXTS = [
     "Hello world",
     "  leading and trailing  ",
     "lines\n\nand\ttabs\n",
-    "naïve café, Ωμέγα, 日本語のテキスト, emoji 🙂🚀",
-    "<|im_start|>user\nspecial tokens inside<|im_end|>",
-    "Don't stop . Really ? Yes !",
+    "naïve café, résumé, Ωμέγα",
+    "emoji 🙂🚀 and CJK 日本語のテキスト",
+    "<|im_start|>user\nspecial tokens inside<|im_end|> <s> </s> <|endoftext|>",
+    "Don't stop . Really ? Yes ! It 's done , isn't it",
     "",
 ]
 CHATS = [
     [{"role": "user", "content": "Hi"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why?"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why? 日本"}],
     [
         {"role": "user", "content": "Name a fruit."},
         {"role": "assistant", "content": "An apple 🍎."},
         {"role": "user", "content": "Another one?"},
     ],
 ]
+# Exercises what transformers' environment adds: tojson, raise_exception, loop controls, generation.
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + m['role']) }}{% endif %}"
+    "{% if m['role'] == 'assistant' %}{% generation %}{{ m['content'] }}{{ eos_token }}"
+    "{% endgeneration %}\n{% continue %}{% endif %}\n"
+    "  {{ bos_token }}{{ m['role'] }}: {{ m['content'] | tojson }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
+CORPUS = ["Hello world, hello there.", "The quick brown fox jumps over the lazy dog.",
+          "naïve café résumé", "Don't stop . Really ? Yes !", "lines\n\tand tabs"] * 20  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["tiny-hf", "tiny-export"])
-def pair(request):
-    folder = (
-        request.getfixturevalue("tiny_hf")
-        if request.param == "tiny-hf"
-        else request.getfixturevalue("tiny_export").output
+def _llama2(folder: Path, *, add_bos: bool, post_bos: bool) -> Path:
+    """A Llama-2-style tokenizer: Metaspace normaliser, byte fallback, a decoder that strips the
+    first space; `post_bos` puts a BOS post-processor in tokenizer.json whatever the config says."""
+    from tokenizers import AddedToken, decoders, models, normalizers, processors, trainers
+    from tokenizers import Tokenizer as Backend
+
+    norm = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    trained = Backend(models.BPE(unk_token="<unk>"))
+    trained.normalizer = norm
+    trained.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300))
+    model = json.loads(trained.to_str())["model"]
+    vocab = {t: i for i, t in enumerate(["<unk>", "<s>", "</s>"])}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    for piece in sorted(model["vocab"], key=model["vocab"].get):
+        vocab.setdefault(piece, len(vocab))
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    backend = Backend(
+        models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
     )
+    backend.normalizer = norm
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )  # fmt: skip
+    backend.add_special_tokens([AddedToken(t, normalized=False) for t in ("<unk>", "<s>", "</s>")])
+    if post_bos:
+        backend.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)]
+        )
+    folder.mkdir(parents=True)
+    backend.save(str(folder / "tokenizer.json"))
+    added = {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                      "single_word": False, "special": True} for i, t in enumerate(["<unk>", "<s>", "</s>"])}  # fmt: skip
+    config = {"tokenizer_class": "LlamaTokenizerFast", "add_bos_token": add_bos, "legacy": False,
+              "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "added_tokens_decoder": added}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _gpt2_legacy(folder: Path) -> Path:
+    """A GPT-2-style byte-level tokenizer saved the legacy way: tokenizer.json's pre-tokenizer adds a
+    prefix space (transformers turns it off), special tokens come from special_tokens_map.json and
+    the pad and additional tokens are not in the vocabulary yet (transformers adds them)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = Backend(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    backend.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=alphabet, special_tokens=["<|endoftext|>"]
+    )
+    backend.train_from_iterator(CORPUS, trainer)
+    folder.mkdir(parents=True)
+    backend.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "GPT2Tokenizer", "clean_up_tokenization_spaces": True,
+              "bos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "chat_template": TEMPLATE}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    specials = {"eos_token": {"content": "<|endoftext|>", "lstrip": False, "normalized": False,
+                              "rstrip": False, "single_word": False},
+                "pad_token": "<pad>", "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}  # fmt: skip
+    (folder / "special_tokens_map.json").write_text(json.dumps(specials))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tokenizers")
+    return {
+        "llama2-bos": _llama2(root / "llama2-bos", add_bos=True, post_bos=False),
+        "llama2-no-bos": _llama2(root / "llama2-no-bos", add_bos=False, post_bos=True),
+        "gpt2-legacy": _gpt2_legacy(root / "gpt2-legacy"),
+    }
+
+
+FOLDERS = [
+    "tiny-hf",
+    "tiny-export",
+    pytest.param("gguf-a4", marks=pytest.mark.integration),
+    "llama2-bos",
+    "llama2-no-bos",
+    "gpt2-legacy",
+]
+
+
+@pytest.fixture(scope="module", params=FOLDERS)
+def pair(request, synthetic):
+    """(ours, transformers') tokenizer on one folder."""
     from transformers import AutoTokenizer
 
-    return Tokenizer.from_folder(folder), AutoTokenizer.from_pretrained(folder)
+    if request.param == "tiny-hf":
+        folder = request.getfixturevalue("tiny_hf")
+    elif request.param == "tiny-export":
+        folder = request.getfixturevalue("tiny_export").output
+    elif request.param == "gguf-a4":
+        folder = request.getfixturevalue("embedded_gqa_exports")["gguf-a4"].output
+    else:
+        folder = synthetic[request.param]
+    return Tokenizer.from_folder(folder), AutoTokenizer.from_pretrained(
+        folder, local_files_only=True
+    )
 
 
-@pytest.mark.parametrize("text", TEXTS)
+def _chat_ids(tokenizer, chat, generation):
+    return list(tokenizer.apply_chat_template(chat, add_generation_prompt=generation))
+
+
+def test_special_ids_vocabulary_and_template(pair):
+    ours, theirs = pair
+    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (
+        theirs.bos_token_id,
+        theirs.eos_token_id,
+        theirs.pad_token_id,
+    )
+    assert ours.vocab_size == len(theirs)
+    assert ours.chat_template == theirs.chat_template
+    for i in (0, 1, 2, ours.vocab_size - 1):
+        assert ours.token_to_text(i) == theirs.decode([i])
+
+
 @pytest.mark.parametrize("special", [True, False])
+@pytest.mark.parametrize("text", TEXTS)
 def test_encode_and_decode_as_transformers(pair, text, special):
     ours, theirs = pair
     ids = theirs(text, add_special_tokens=special).input_ids
@@ -55,49 +186,107 @@ def test_encode_and_decode_as_transformers(pair, text, special):
         )
 
 
-@pytest.mark.parametrize("chat", CHATS)
 @pytest.mark.parametrize("generation", [True, False])
+@pytest.mark.parametrize("chat", CHATS, ids=["user", "system-user", "multi-turn"])
 def test_chat_templates_as_transformers(pair, chat, generation):
     ours, theirs = pair
+    if theirs.chat_template is None:
+        with pytest.raises(InvalidParameter, match="no chat template"):
+            ours.apply_chat_template(chat, add_generation_prompt=generation)
+        return
     text = theirs.apply_chat_template(chat, add_generation_prompt=generation, tokenize=False)
     assert ours.render_chat(chat, add_generation_prompt=generation) == text
-    ids = theirs.apply_chat_template(chat, add_generation_prompt=generation, tokenize=True)
-    assert ours.apply_chat_template(chat, add_generation_prompt=generation) == list(ids)
+    ids = _chat_ids(ours, chat, generation)
+    assert ids == list(theirs.apply_chat_template(chat, add_generation_prompt=generation))
+    for skip in (True, False):  # the rendered chat holds special tokens: both ways of decoding
+        assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(
+            ids, skip_special_tokens=skip
+        )
 
 
-def test_special_ids_and_vocabulary(pair):
+def test_decoding_part_of_a_character_as_transformers(pair):
     ours, theirs = pair
-    assert (ours.bos_token_id, ours.eos_token_id, ours.pad_token_id) == (
-        theirs.bos_token_id,
-        theirs.eos_token_id,
-        theirs.pad_token_id,
+    ids = theirs("🙂日本é", add_special_tokens=False).input_ids
+    assert len(ids) > 3  # pieces of characters (byte-level or byte-fallback)
+    for end in range(len(ids) + 1):
+        for start in range(end):
+            part = ids[start:end]
+            assert ours.decode(part) == theirs.decode(part, skip_special_tokens=True), part
+    assert "\ufffd" in "".join(ours.decode(ids[:i]) for i in range(1, len(ids)))
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_streamed_text_is_the_decoded_text(pair, skip):
+    ours, theirs = pair
+    for text in TEXTS:
+        ids = theirs(text).input_ids
+        stream = TextStream(ours, skip_special_tokens=skip)
+        pieces = [stream.add(i) for i in ids]
+        assert not any("\ufffd" in p for p in pieces), pieces
+        assert "".join(pieces) + stream.flush() == theirs.decode(ids, skip_special_tokens=skip)
+    prompt, answer = (
+        theirs("Hello").input_ids,
+        theirs(" world 🙂", add_special_tokens=False).input_ids,
     )
-    assert ours.vocab_size == len(theirs)
-    assert ours.token_to_text(ours.eos_token_id) == theirs.eos_token
+    stream = TextStream(ours, prompt_ids=prompt)  # the prompt's ids: the answer's leading space
+    whole, before = theirs.decode(prompt + answer), theirs.decode(prompt)
+    assert "".join(stream.add(i) for i in answer) + stream.flush() == whole[len(before) :]
 
 
-def test_decoding_half_a_character_gives_the_replacement_character(pair):
-    ours, theirs = pair
-    ids = ours.encode("🙂")
-    if len(ids) > 1:  # byte-level pieces of one character
-        assert ours.decode(ids[:1]) == theirs.decode(ids[:1])
-        assert "\ufffd" in ours.decode(ids[:1])
-
-
-def test_many_threads_at_once(pair):
+def test_streaming_holds_an_unfinished_character_back(pair):
     ours, _ = pair
-    cases = list(zip(TEXTS, (CHATS * 3)[: len(TEXTS)], strict=True))
-    expected = [(ours.encode(t), ours.apply_chat_template(c)) for t, c in cases]
-    failures = []
+    ids = ours.encode("🙂", add_special_tokens=False)
+    stream = TextStream(ours)
+    if len(ids) > 1:
+        assert [stream.add(i) for i in ids[:-1]] == [""] * (len(ids) - 1)
+        assert stream.flush() == ours.decode(ids[:-1])  # U+FFFD, as decode gives
+    else:
+        assert stream.add(ids[0]) == "🙂"
 
-    def work():
-        for _ in range(100):
-            for (t, c), want in zip(cases, expected, strict=True):
-                got = (ours.encode(t), ours.apply_chat_template(c))
-                if got != want or ours.decode(want[0]) != ours.decode(got[0]):
-                    failures.append(t)
 
-    threads = [threading.Thread(target=work) for _ in range(8)]
+@pytest.mark.parametrize("name", ["gpt2-legacy", "llama2-bos"])
+def test_streaming_random_ids_never_fails_nor_splits_a_character(synthetic, name):
+    """Random ids (an untrained model's output) make invalid UTF-8. Byte-level text only grows, so
+    the text out so far is always the start of the final text (a half character would show as
+    U+FFFD there). Byte fallback rewrites valid bytes next to invalid ones (ByteFallback decodes a
+    run of byte tokens as a whole) and DecodeStream gives up on it: no piece ends in U+FFFD."""
+    tok = Tokenizer.from_folder(synthetic[name])
+    rng = random.Random(0)
+    for _ in range(100):
+        ids = [
+            rng.choice([rng.randrange(tok.vocab_size), rng.randrange(3, 300)]) for _ in range(30)
+        ]
+        stream = TextStream(tok)
+        pieces = [stream.add(i) for i in ids]
+        if name == "gpt2-legacy":
+            final = tok.decode(ids)
+            assert all(final.startswith("".join(pieces[:k])) for k in range(len(pieces)))
+            assert "".join(pieces) + stream.flush() == final
+        else:
+            assert not any(p.endswith("\ufffd") for p in pieces), pieces
+
+
+def test_many_threads_give_what_one_thread_gives(pair):
+    ours, _ = pair
+    cases = [(t, CHATS[i % len(CHATS)]) for i, t in enumerate(TEXTS)]
+    chat = ours.chat_template is not None
+
+    def run(text, messages):
+        ids = ours.encode(text)
+        stream = TextStream(ours)
+        streamed = "".join(stream.add(i) for i in ids) + stream.flush()
+        return ids, ours.decode(ids), streamed, _chat_ids(ours, messages, True) if chat else None
+
+    expected = [run(*case) for case in cases]
+    failures: list[int] = []
+
+    def work(offset: int) -> None:
+        for n in range(200):
+            i = (n + offset) % len(cases)
+            if run(*cases[i]) != expected[i]:
+                failures.append(i)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -105,20 +294,90 @@ def test_many_threads_at_once(pair):
     assert not failures
 
 
-def test_errors(tmp_path, tiny_export):
-    with pytest.raises(ModelError, match=r"no tokenizer\.json"):
-        Tokenizer.from_folder(tmp_path)
-    plain = Tokenizer.from_folder(tiny_export.output)
-    plain.chat_template = None
-    plain._template = None
-    with pytest.raises(InvalidParameter, match="no chat template"):
-        plain.apply_chat_template(CHATS[0])
+def _folder_without(tmp: Path, source: Path, *, template: str | None) -> Path:
+    tmp.mkdir()
+    shutil.copy(source / "tokenizer.json", tmp / "tokenizer.json")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    if template is not None:
+        config["chat_template"] = template
+    (tmp / "tokenizer_config.json").write_text(json.dumps(config))
+    return tmp
 
 
-def test_importing_the_runtime_does_not_import_the_exporter_stack():
-    code = (
-        "import sys, onnxsample.tokenizer, onnxsample.engine;"
-        "print(sorted(m for m in ('torch', 'transformers', 'optimum') if m in sys.modules))"
-    )
+@pytest.mark.parametrize(
+    ("case", "error", "match"),
+    [
+        ("no tokenizer.json", ModelError, r"no tokenizer\.json"),
+        ("unreadable tokenizer.json", ModelError, r"cannot read .*tokenizer\.json"),
+        ("no chat template", InvalidParameter, "no chat template"),
+        ("broken chat template", ModelError, "chat template does not parse"),
+        ("template refuses the messages", InvalidParameter, "refused the messages: unknown role"),
+        ("message without content", InvalidParameter, "refused the messages"),
+        ("negative token id", InvalidParameter, "non-negative"),
+        ("text that is no string", InvalidParameter, "must be a string, got int"),
+    ],
+)
+def test_errors(tmp_path, synthetic, case, error, match):
+    source = synthetic["gpt2-legacy"]
+    folder = tmp_path / "folder"
+    with pytest.raises(error, match=match):
+        if case == "no tokenizer.json":
+            Tokenizer.from_folder(tmp_path)
+        elif case == "unreadable tokenizer.json":
+            folder.mkdir()
+            (folder / "tokenizer.json").write_text('{"model": ')
+            Tokenizer.from_folder(folder)
+        elif case == "no chat template":
+            Tokenizer.from_folder(_folder_without(folder, source, template=None)).render_chat(
+                CHATS[0]
+            )
+        elif case == "broken chat template":
+            tok = Tokenizer.from_folder(_folder_without(folder, source, template="{% for %}"))
+            assert tok.encode("still usable for plain prompts")
+            tok.apply_chat_template(CHATS[0])
+        elif case == "template refuses the messages":
+            Tokenizer.from_folder(source).render_chat([{"role": "tool", "content": "x"}])
+        elif case == "message without content":
+            Tokenizer.from_folder(source).render_chat([{"role": "user"}, {"role": "assistant"}])
+        elif case == "negative token id":
+            Tokenizer.from_folder(source).decode([5, -1])
+        else:
+            Tokenizer.from_folder(source).encode(42)
+
+
+_PROBE = """
+import importlib.util, json, sys
+import onnxsample.errors
+before = set(sys.modules)
+spec = importlib.util.spec_from_file_location("probe_tokenizer", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+tok = module.Tokenizer.from_folder(sys.argv[2])
+stream = module.TextStream(tok)
+[stream.add(i) for i in tok.apply_chat_template([{"role": "user", "content": "hi"}])]
+tok.decode(tok.encode("hi"))
+print(json.dumps(sorted(m.split(".")[0] for m in set(sys.modules) - before)))
+"""
+
+
+def test_the_tokenizer_never_imports_the_exporter_stack(tiny_export):
+    """tokenizer.py's own imports, lazy ones included, measured after importing the package (so
+    that what other modules import does not count), and the plain import in a fresh process."""
+    path = Path(__file__).resolve().parents[1] / "onnxsample" / "tokenizer.py"
+    probe = [sys.executable, "-c", _PROBE, str(path), str(tiny_export.output)]
+    new = set(json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout))
+    assert {"tokenizers", "jinja2"} <= new
+    assert not new & {"torch", "transformers", "optimum"}
+    code = "import sys, onnxsample.tokenizer; print([m for m in ('torch', 'transformers', 'optimum') if m in sys.modules])"  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("text", ["Hello world", "  spaces  ", "naïve café 🙂 日本語", "a\n\tb"])
+def test_token_bytes_add_up_to_the_text(tiny_export, text):
+    """OpenAI's logprob ``bytes``: each token's raw bytes, half characters included."""
+    ours = Tokenizer.from_folder(tiny_export.output)
+    ids = ours.encode(text, add_special_tokens=False)
+    assert b"".join(ours.token_bytes(i) for i in ids) == text.encode()
+    assert ours.token_bytes(ours.eos_token_id) == ours.token_to_text(ours.eos_token_id).encode()

@@ -1,0 +1,67 @@
+"""Chat templates as transformers renders them: where AutoTokenizer finds a folder's template, and
+the sandboxed jinja2 environment it compiles one in (``trim_blocks``/``lstrip_blocks``, its
+``tojson`` filter, ``raise_exception``, ``strftime_now`` and the ``{% generation %}`` tag)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["chat_template_of", "compile_template"]
+
+
+def compile_template(template: str) -> Any:
+    """transformers' jinja2 environment for chat templates (utils/chat_template_utils.py)."""
+    import jinja2.ext
+    import jinja2.nodes
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(jinja2.ext.Extension):
+        """``{% generation %}...{% endgeneration %}`` marks assistant text; here it just renders."""
+
+        tags = frozenset({"generation"})
+
+        def parse(self, parser: Any) -> Any:
+            line = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(line)
+
+        def _body(self, caller: Any) -> str:
+            return caller()
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def chat_template_of(folder: Path, config: dict, processor: dict) -> str | None:
+    """As AutoTokenizer: chat_template.jinja (and additional_chat_templates/*.jinja) over the
+    config's entry; of several, "default". chat_template.json (a processor's file AutoTokenizer
+    ignores; `processor` is its content) only where there is nothing else."""
+    files = {p.stem: p for p in sorted((folder / "additional_chat_templates").glob("*.jinja"))}
+    if (folder / "chat_template.jinja").is_file():
+        files["default"] = folder / "chat_template.jinja"
+    template = {k: p.read_text(encoding="utf-8") for k, p in files.items()} or config.get(
+        "chat_template"
+    )
+    if template is None:
+        template = processor.get("chat_template")
+    if isinstance(template, list):
+        template = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+    if isinstance(template, dict):
+        template = template.get("default")
+    return template if isinstance(template, str) and template else None
