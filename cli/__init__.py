@@ -14,13 +14,14 @@ from onnxsample.cli.compose import compose
 from onnxsample.cli.export import export
 from onnxsample.cli.inspect import inspect
 from onnxsample.cli.run import run
+from onnxsample.cli.serve import serve
 
 __all__ = ["app", "main"]
 
 app = typer.Typer(
     name="onnxsample",
     help="LLM sampling inside the ONNX graph: export a model, compose a sampler chain after its "
-    "logits, run it with ONNX Runtime, inspect the result.",
+    "logits, run it with ONNX Runtime, serve it over OpenAI's API, inspect the result.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -43,6 +44,7 @@ app.command(no_args_is_help=False)(export)
 app.command(no_args_is_help=True)(compose)
 app.command(no_args_is_help=True)(inspect)
 app.command(no_args_is_help=True)(run)
+app.command(no_args_is_help=False)(serve)
 app.command(no_args_is_help=False)(bench)
 
 

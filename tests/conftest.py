@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,33 @@ def _batched_as_alone(generator, prompts, params, lengths) -> None:
 def batched_as_alone():
     """Check that a Generator's continuous batching leaves every prompt's tokens as they are alone."""
     return _batched_as_alone
+
+
+@pytest.fixture
+def chromium(tmp_path):
+    """Debian's headless chromium under selenium (`make test` installs it)."""
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        pytest.skip("Debian's chromium and chromium-driver are not installed (make test-deps)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()

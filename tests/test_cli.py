@@ -286,45 +286,19 @@ def test_netron_serves_the_model(netron_server):
     assert "netron" in page.lower()
 
 
-@pytest.mark.skipif(
-    shutil.which("chromium") is None or shutil.which("chromedriver") is None,
-    reason="Debian's chromium and chromium-driver are not installed",
-)
-def test_netron_page_renders_the_chain_in_headless_chromium(netron_server, tmp_path):
+def test_netron_page_renders_the_chain_in_headless_chromium(netron_server, chromium, tmp_path):
     from PIL import Image
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1000",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    try:
-        driver.get(netron_server)
-        driver.add_cookie({"name": "consent", "value": "1"})  # skip Netron's cookie banner
-        driver.get(netron_server)
-        WebDriverWait(driver, 120).until(
-            lambda d: d.find_elements(By.CSS_SELECTOR, "#canvas g.node")
-        )
-        assert "SamplerChain" in driver.page_source
-        shot = tmp_path / "netron.png"
-        driver.save_screenshot(str(shot))
-    finally:
-        driver.quit()
+    driver = chromium
+    driver.get(netron_server)
+    driver.add_cookie({"name": "consent", "value": "1"})  # skip Netron's cookie banner
+    driver.get(netron_server)
+    WebDriverWait(driver, 120).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#canvas g.node"))
+    assert "SamplerChain" in driver.page_source
+    shot = tmp_path / "netron.png"
+    driver.save_screenshot(str(shot))
     colours = len(set(Image.open(shot).convert("L").getdata()))
     assert colours > 8, "the page rendered blank"
 

@@ -103,6 +103,7 @@ def test_compose_inspect_and_run_on_an_export_made_elsewhere(
         (["export", "-o", "out"], "exporting needs the export extra"),
         (["run", "-p", "hi"], "pip install 'onnxsample[export]'"),  # the embedded model: an export
         (["inspect", "MODEL", "--netron", "--no-browser"], "pip install 'onnxsample[viz]'"),
+        (["serve", "MODEL"], "pip install 'onnxsample[serve]'"),
     ],
 )
 def test_what_the_runtime_lacks_names_the_extra(

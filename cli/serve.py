@@ -1,0 +1,162 @@
+"""`onnxsample serve`: an OpenAI-compatible HTTP server with a chat page, on the engine."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from onnxsample.cli._ui import err, stages
+from onnxsample.errors import OnnxSampleError, RuntimeUnavailable
+
+_LABELS = {
+    "check": "Checking the embedded model",
+    "load": "Loading weights",
+    "export": "Exporting to ONNX",
+    "verify": "Verifying greedy tokens against transformers",
+    "read": "Composing: loading and checking the model",
+    "splice": "Composing: splicing the sampler chain after the logits",
+    "check-gather": "Composing: checking the gather before the LM head",
+    "save": "Composing: saving and checking the composed model",
+}
+
+
+def serve(
+    model: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A composed .onnx file, an export folder (composed on first use), or nothing for "
+            "the embedded SmolLM2-135M-Instruct.",
+            show_default=False,
+        ),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8080,
+    threads: Annotated[
+        int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)
+    ] = None,
+    max_slots: Annotated[
+        int | None,
+        typer.Option(
+            "--max-slots",
+            help="Sequences decoded at once, when serve composes an export folder (default 8; a "
+            "composed file keeps its own).",
+            min=1,
+            show_default=False,
+        ),
+    ] = None,
+    max_queue: Annotated[
+        int,
+        typer.Option("--max-queue", help="Requests waiting for a slot before 429s.", min=0),
+    ] = 256,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            envvar="ONNXSAMPLE_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on the API (or $ONNXSAMPLE_API_KEY).",
+            show_default=False,
+        ),
+    ] = None,
+    served_model_name: Annotated[
+        str | None,
+        typer.Option(
+            "--served-model-name",
+            help="The model's name in the API (default: the export folder's name).",
+            show_default=False,
+        ),
+    ] = None,
+    max_len: Annotated[
+        int | None,
+        typer.Option(
+            "--max-len",
+            help="KV positions per sequence, prompt included (default: the model's context).",
+            min=2,
+            show_default=False,
+        ),
+    ] = None,
+    prefill_chunk: Annotated[
+        int,
+        typer.Option(
+            "--prefill-chunk",
+            help="Prompt tokens per step while other requests decode (0: whole prompts).",
+            min=0,
+        ),
+    ] = 128,
+    provider: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+) -> None:
+    """Serve a model over OpenAI's API (chat and text completions), with a chat page at /.
+
+    Example: onnxsample serve   (the embedded model at http://127.0.0.1:8080)
+    """
+    try:
+        import uvicorn
+
+        from onnxsample.serve import ServeSettings, create_app
+    except ImportError as exc:
+        raise RuntimeUnavailable(
+            f"serving needs the serve extra ({exc.name} is not installed): "
+            "pip install 'onnxsample[serve]'"
+        ) from None
+    from onnxsample.engine import Engine
+    from onnxsample.prepare import prepare
+
+    with stages(_LABELS) as progress:
+        composed = prepare(model, progress=progress, max_slots=max_slots)
+    name = served_model_name or composed.parent.name
+
+    def load() -> Engine:
+        return Engine(
+            composed,
+            provider=provider,
+            threads=threads,
+            max_len=max_len,
+            max_queue=max_queue,
+            prefill_chunk=prefill_chunk or None,
+        )
+
+    failed: list[BaseException] = []
+    config = uvicorn.Config(
+        None,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+        access_log=False,
+    )
+    server = _graceful(uvicorn)(config)
+
+    def on_load_error(exc: BaseException) -> None:
+        failed.append(exc)
+        server.should_exit = True
+
+    config.app = create_app(
+        load, ServeSettings(served_model_name=name, api_key=api_key), on_load_error=on_load_error
+    )
+    logging.getLogger("onnxsample").setLevel(logging.INFO)
+    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+    err.print(
+        f"serving {name} ({composed}) at http://{shown}:{port}  — chat page at /, OpenAI API at "
+        f"/v1; Ctrl-C stops",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    server.run()
+    if failed:
+        exc = failed[0]
+        raise exc if isinstance(exc, OnnxSampleError) else OnnxSampleError(str(exc))
+
+
+def _graceful(uvicorn):
+    """uvicorn's server, except that Ctrl-C / SIGTERM end the command with status 0 after the
+    graceful shutdown (uvicorn re-raises the signal, which would end it as killed)."""
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()
+
+    return Server

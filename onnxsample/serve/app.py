@@ -1,0 +1,381 @@
+"""The FastAPI app: OpenAI's chat and text completions over one :class:`~onnxsample.Engine`.
+
+Every choice of every request is one engine request with its own parameters and seed in its own
+slot. The engine is loaded in a thread after the server starts (``/health`` answers 503 until it is
+ready); only the engine's thread touches the session and the cache — handlers submit and read
+events (asyncio iteration of :class:`~onnxsample.Request`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from importlib import resources
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from onnxsample import __version__
+from onnxsample.engine import Engine
+from onnxsample.errors import InvalidParameter, QueueFull
+from onnxsample.request import Completion
+from onnxsample.request import Request as EngineRequest
+from onnxsample.serve import convert
+from onnxsample.serve.errors import APIError, install
+from onnxsample.serve.metrics import Metrics
+from onnxsample.serve.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from onnxsample.serve.streaming import chat_stream, collect, completion_stream
+
+__all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
+
+log = logging.getLogger(__name__)
+
+FINGERPRINT = f"onnxsample-{__version__}"
+
+
+@dataclass
+class ServeSettings:
+    """`served_model_name` is what clients call the model; `api_key`, when set, is required as
+    ``Authorization: Bearer <key>`` on the API routes; bodies over `max_body_bytes` get 413."""
+
+    served_model_name: str
+    api_key: str | None = None
+    max_body_bytes: int = 4 * 2**20
+    drain_seconds: float = 30.0
+
+
+class _State:
+    def __init__(self) -> None:
+        self.engine: Engine | None = None
+        self.error: BaseException | None = None
+        self.loaded_at = int(time.time())
+
+
+def create_app(
+    load: Callable[[], Engine],
+    settings: ServeSettings,
+    *,
+    on_load_error: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The app; `load()` builds the engine (in a thread, once the server is up)."""
+    state = _State()
+    metrics = Metrics(lambda: state.engine.load() if state.engine else {})
+
+    def loader() -> None:
+        try:
+            state.engine = load()
+            state.loaded_at = int(time.time())
+            log.info("model loaded: %s", state.engine)
+        except BaseException as exc:  # reported by /health and to the command
+            state.error = exc
+            log.error("the model failed to load: %s", exc)
+            if on_load_error is not None:
+                on_load_error(exc)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        threading.Thread(target=loader, name="onnxsample-load", daemon=True).start()
+        yield
+        if state.engine is not None:
+            await asyncio.to_thread(state.engine.close, cancel=True, timeout=settings.drain_seconds)
+
+    app = FastAPI(title="onnxsample", version=__version__, lifespan=lifespan)
+    install(app)
+    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    static = resources.files("onnxsample.serve") / "static"
+    app.mount("/static", StaticFiles(directory=str(static)), name="static")
+
+    def engine() -> Engine:
+        if state.engine is None:
+            why = f"the model failed to load: {state.error}" if state.error else "loading the model"
+            raise APIError(503, why, code="loading", headers={"Retry-After": "1"})
+        return state.engine
+
+    def authorised(request: Request) -> None:
+        if settings.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        if header != f"Bearer {settings.api_key}":
+            raise APIError(401, "a valid API key is needed: Authorization: Bearer <key>")
+
+    def check_model(name: str | None) -> None:
+        if name is not None and name != settings.served_model_name:
+            raise APIError(404, f"the model {name!r} does not exist", param="model")
+
+    api = [Depends(authorised)]
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(str(static / "index.html"))
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        engine()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models", dependencies=api)
+    async def models() -> dict:
+        e = engine()
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.served_model_name,
+                    "object": "model",
+                    "created": state.loaded_at,
+                    "owned_by": "onnxsample",
+                    "max_model_len": e.limit,
+                }
+            ],
+        }
+
+    @app.post("/v1/chat/completions", dependencies=api)
+    async def chat(body: ChatRequest, request: Request):
+        e = engine()
+        check_model(body.model)
+        messages = []
+        for m in body.messages:
+            if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
+                raise InvalidParameter("messages: only text content parts are supported")
+            messages.append(
+                {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            )
+        top = body.top_logprobs or 0
+        if top and not body.logprobs:
+            raise InvalidParameter("top_logprobs needs logprobs=true")
+        params = convert.choice_params(body, logprobs=body.logprobs, top_logprobs=top)
+        limit = body.max_completion_tokens or body.max_tokens
+        seqs = [
+            e.prepare(messages, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
+        ]
+        requests = _enqueue(e, seqs, metrics)
+        meta = _meta("chatcmpl", settings)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            chunks = chat_stream(e, requests, seqs, [seqs[0].prompt], meta, usage, metrics)
+            return _sse(chunks)
+        done = await collect(requests, request, metrics)
+        choices = [
+            {
+                "index": c.index,
+                "message": {"role": "assistant", "content": c.text},
+                "logprobs": {
+                    "content": convert.chat_logprobs(
+                        e.tokenizer, c.token_ids, c.logprobs or [], c.top_logprobs
+                    )
+                }
+                if body.logprobs
+                else None,
+                "finish_reason": convert.FINISH[c.finish_reason],
+                "timings": convert.timings(c),
+            }
+            for c in done
+        ]
+        return {
+            **meta,
+            "object": "chat.completion",
+            "choices": choices,
+            "usage": convert.usage(done, [seqs[0].prompt]),
+            "timings": choices[0]["timings"],  # llama-server's place for them (the first choice)
+        }
+
+    @app.post("/v1/completions", dependencies=api)
+    async def completions(body: CompletionRequest, request: Request):
+        e = engine()
+        check_model(body.model)
+        prompts = _prompts(body.prompt)
+        n_logprobs = body.logprobs
+        if n_logprobs is not None and not 0 <= n_logprobs <= e.meta.top_logprobs:
+            raise InvalidParameter(
+                f"logprobs must be in [0, {e.meta.top_logprobs}], got {n_logprobs}"
+            )
+        score_only = body.echo and body.max_tokens == 0  # likelihood scoring: the prompt alone
+        limit = 1 if score_only else (16 if body.max_tokens is None else body.max_tokens)
+        params = convert.choice_params(
+            body,
+            logprobs=n_logprobs is not None,
+            top_logprobs=n_logprobs or 0,
+            prompt_logprobs=n_logprobs if body.echo and n_logprobs is not None else None,
+        )
+        seqs = [
+            e.prepare(prompt, p, limit, body.stop, False, None, k * body.n + j)
+            for k, prompt in enumerate(prompts)
+            for j, p in enumerate(params)
+        ]
+        echo = (
+            {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs} if body.echo else {}
+        )
+        requests = _enqueue(e, seqs, metrics)
+        meta = _meta("cmpl", settings)
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            unique = [s.prompt for s in seqs[:: body.n]]
+            chunks = completion_stream(
+                e, requests, seqs, unique, meta, usage, metrics, echo, n_logprobs, score_only
+            )
+            return _sse(chunks)
+        done = await collect(requests, request, metrics)
+        choices = [
+            _completion_choice(e, c, echo.get(c.index), n_logprobs, score_only) for c in done
+        ]
+        return {
+            **meta,
+            "object": "text_completion",
+            "choices": choices,
+            "usage": convert.usage([] if score_only else done, [s.prompt for s in seqs[:: body.n]]),
+            "timings": choices[0]["timings"],
+        }
+
+    @app.post("/tokenize", dependencies=api)
+    async def tokenize(body: TokenizeRequest) -> dict:
+        e = engine()
+        if body.messages is not None:
+            chat = [{"role": m.role, "content": m.text()} for m in body.messages]
+            tokens = e.tokenizer.apply_chat_template(chat)
+        else:
+            text = body.content if body.content is not None else body.prompt
+            if text is None:
+                raise InvalidParameter("content: give the text to tokenise (or messages)")
+            tokens = e.tokenizer.encode(text, add_special_tokens=body.add_special)
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": e.limit}
+
+    @app.post("/detokenize", dependencies=api)
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        e = engine()
+        bad = [t for t in body.tokens if not 0 <= t < e.vocab_size]
+        if bad:
+            raise InvalidParameter(f"tokens must be in [0, {e.vocab_size}), got {bad[0]}")
+        text = e.tokenizer.decode(body.tokens)
+        return {"prompt": text, "content": text}
+
+    return app
+
+
+def _meta(prefix: str, settings: ServeSettings) -> dict:
+    return {
+        "id": f"{prefix}-{secrets.token_hex(12)}",
+        "created": int(time.time()),
+        "model": settings.served_model_name,
+        "system_fingerprint": FINGERPRINT,
+    }
+
+
+def _enqueue(engine: Engine, seqs, metrics: Metrics) -> list[EngineRequest]:
+    """All of a request's choices, or none (a full queue cancels the ones already in)."""
+    requests: list[EngineRequest] = []
+    try:
+        for seq in seqs:
+            requests.append(engine._enqueue(seq))
+    except QueueFull:
+        metrics.rejected.labels("queue_full").inc()
+        for r in requests:
+            r.cancel()
+        raise
+    return requests
+
+
+def _prompts(prompt) -> list:
+    """The completions API's prompt forms: a string, strings, token ids, lists of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise InvalidParameter("prompt must not be empty")
+    if all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    return list(prompt)
+
+
+def _echo_text(engine: Engine, prompt) -> str:
+    return prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt)
+
+
+def _completion_choice(
+    engine: Engine, c: Completion, echo: str | None, n_logprobs: int | None, score_only: bool
+) -> dict:
+    tokens = [] if score_only else c.token_ids
+    text = "" if score_only else c.text
+    logprobs = None
+    if n_logprobs is not None:
+        lps: list = [] if score_only else list(c.logprobs or [])
+        tops: list = [] if score_only else list(c.top_logprobs or [[]] * len(tokens))
+        ids = list(tokens)
+        if echo is not None:
+            ids = c.prompt_token_ids + ids
+            lps = list(c.prompt_logprobs or []) + lps
+            tops = list(c.prompt_top_logprobs or []) + tops
+        logprobs = convert.legacy_logprobs(engine.tokenizer, ids, lps, tops)
+    return {
+        "index": c.index,
+        "text": (echo or "") + text,
+        "logprobs": logprobs,
+        "finish_reason": "length" if score_only else convert.FINISH[c.finish_reason],
+        "timings": convert.timings(c),
+    }
+
+
+def _sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
+    import json
+
+    async def events() -> AsyncIterator[str]:
+        async for chunk in chunks:
+            text = chunk if isinstance(chunk, str) else json.dumps(chunk, ensure_ascii=False)
+            yield f"data: {text}\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+class _BodyLimit:
+    """413 for a body over `limit` bytes, by its Content-Length or as it arrives."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope, receive, send) -> None:
+        from onnxsample.serve.errors import error_response
+
+        response = error_response(413, f"the request body is over {self.limit} bytes")
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

@@ -1,0 +1,145 @@
+"""Between OpenAI's shapes and the engine's: sampling parameters in, choices, logprobs, usage and
+llama-server-style timings out."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+
+from onnxsample.errors import InvalidParameter
+from onnxsample.params import SamplingParams
+from onnxsample.request import Completion, TopLogprobs
+from onnxsample.serve.schemas import SamplingFields
+from onnxsample.tokenizer import Tokenizer
+
+MAX_N = 32
+_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "typical_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+def choice_params(
+    body: SamplingFields,
+    *,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+    prompt_logprobs: int | None = None,
+) -> list[SamplingParams]:
+    """One SamplingParams per choice (``n``), seeded seed, seed + 1, ...: the same request gives the
+    same n choices every time. Without a seed, a random one stands in."""
+    if not 1 <= body.n <= MAX_N:
+        raise InvalidParameter(f"n must be in [1, {MAX_N}], got {body.n}")
+    values = {name: getattr(body, name) for name in _FIELDS if getattr(body, name) is not None}
+    bias = {}
+    for key, value in (body.logit_bias or {}).items():
+        try:
+            bias[int(key)] = value
+        except ValueError:
+            raise InvalidParameter(f"logit_bias keys must be token ids, got {key!r}") from None
+    base = body.seed if body.seed is not None else secrets.randbits(63)
+    choices = []
+    for i in range(body.n):
+        params = SamplingParams(
+            **values,
+            logit_bias=bias,
+            seed=(base + i) % 2**64 if 0 <= base < 2**64 else base,  # out of range: refused
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            prompt_logprobs=prompt_logprobs,
+            ignore_eos=body.ignore_eos,
+            min_tokens=body.min_tokens,
+        )
+        choices.append(params.validate())
+    return choices
+
+
+def usage(completions: Sequence[Completion], prompts: Sequence[list[int]]) -> dict:
+    """OpenAI's usage: each prompt counted once (n choices share it), every choice's tokens."""
+    completion_tokens = sum(len(c.token_ids) for c in completions)
+    prompt_tokens = sum(len(p) for p in prompts)
+    cached = {}
+    for c in completions:  # the best reuse any choice of a prompt had
+        key = tuple(c.prompt_token_ids)
+        cached[key] = max(cached.get(key, 0), c.timings.cached_tokens)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": sum(cached.values())},
+    }
+
+
+def timings(completion: Completion) -> dict:
+    """llama-server's ``timings`` object for one choice."""
+    t = completion.timings
+    computed = t.prompt_tokens - t.cached_tokens
+    decoded = max(len(completion.token_ids) - 1, 0)
+    return {
+        "cache_n": t.cached_tokens,
+        "prompt_n": computed,
+        "prompt_ms": round(t.prefill_s * 1000, 3),
+        "prompt_per_token_ms": round(t.prefill_s * 1000 / computed, 3) if computed else None,
+        "prompt_per_second": round(computed / t.prefill_s, 2) if t.prefill_s else None,
+        "predicted_n": len(completion.token_ids),
+        "predicted_ms": round(t.decode_s * 1000, 3),
+        "predicted_per_token_ms": round(t.decode_s * 1000 / decoded, 3) if decoded else None,
+        "predicted_per_second": round(decoded / t.decode_s, 2) if t.decode_s else None,
+        "ttft_ms": round(t.ttft_s * 1000, 3),
+    }
+
+
+def _entry(tokenizer: Tokenizer, token: int, logprob: float) -> dict:
+    raw = tokenizer.token_bytes(token)
+    return {
+        "token": raw.decode("utf-8", errors="replace"),
+        "logprob": logprob,
+        "bytes": list(raw),
+    }
+
+
+def chat_logprobs(
+    tokenizer: Tokenizer, tokens: Sequence[int], logprobs: Sequence[float], tops
+) -> list[dict]:
+    """``logprobs.content``: each token's text, logprob, bytes and top alternatives."""
+    content = []
+    for i, (token, lp) in enumerate(zip(tokens, logprobs, strict=False)):
+        entry = _entry(tokenizer, token, lp)
+        alternatives: TopLogprobs = tops[i] if tops is not None and i < len(tops) else []
+        entry["top_logprobs"] = [_entry(tokenizer, t, v) for t, v in alternatives]
+        content.append(entry)
+    return content
+
+
+def legacy_logprobs(
+    tokenizer: Tokenizer,
+    tokens: Sequence[int],
+    logprobs: Sequence[float | None],
+    tops: Sequence[TopLogprobs | None],
+    offset: int = 0,
+) -> dict:
+    """The completions API's ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``."""
+    texts = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
+    offsets = []
+    for text in texts:
+        offsets.append(offset)
+        offset += len(text)
+    top_dicts = [
+        None
+        if top is None
+        else {tokenizer.token_bytes(t).decode("utf-8", errors="replace"): v for t, v in top}
+        for top in tops
+    ]
+    return {
+        "tokens": texts,
+        "token_logprobs": list(logprobs),
+        "top_logprobs": top_dicts,
+        "text_offset": offsets,
+    }

@@ -1,0 +1,127 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Every error a client can cause maps to a 4xx with a one-line message (the library's own, which names
+the parameter and its allowed range); nothing a client sends reaches a 500, and no response carries
+a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from onnxsample.errors import (
+    EngineClosed,
+    GenerationError,
+    InvalidParameter,
+    ModelError,
+    OnnxSampleError,
+    OutOfMemory,
+    QueueFull,
+)
+
+log = logging.getLogger(__name__)
+
+# The engine's names for what the API calls otherwise.
+_PARAMS = {
+    "max_new_tokens": "max_tokens",
+    "prompt_logprobs": "logprobs",
+    "the": "prompt",  # "the prompt is N tokens, which does not fit ..."
+    "token": "prompt",  # "token ids must be integers in [0, V)"
+    "a": "prompt",  # "a prompt is a string, ..."
+    "each": "messages",  # "each chat message needs ..."
+}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """An error response: HTTP status, message, and optionally the parameter and a code."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers=None
+) -> JSONResponse:
+    body = {
+        "error": {
+            "message": message,
+            "type": _TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code or status,
+        }
+    }
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def from_library(exc: OnnxSampleError) -> APIError:
+    """The HTTP face of a library error."""
+    message = " ".join(str(exc).split())
+    if isinstance(exc, QueueFull):
+        return APIError(429, message, code="queue_full", headers={"Retry-After": "1"})
+    if isinstance(exc, InvalidParameter):
+        message = message.replace("max_new_tokens", "max_tokens")  # the API's name for it
+        word = re.match(r"[a-z_]+", message)
+        param = _PARAMS.get(word.group(0), word.group(0)) if word else None
+        return APIError(400, message, param=param)
+    if isinstance(exc, (OutOfMemory, EngineClosed)):
+        return APIError(503, message, code="unavailable")
+    if isinstance(exc, (GenerationError, ModelError)):
+        return APIError(500, message, code="generation_failed")
+    return APIError(400, message)
+
+
+def install(app: FastAPI) -> None:
+    """Every error the app can meet, answered in OpenAI's shape."""
+
+    @app.exception_handler(APIError)
+    async def _api(_request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+
+    @app.exception_handler(OnnxSampleError)
+    async def _library(_request: Request, exc: OnnxSampleError) -> JSONResponse:
+        err = from_library(exc)
+        return error_response(err.status, err.message, err.param, err.code, err.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
+        if first.get("type") == "json_invalid":
+            return error_response(400, "the request body is not valid JSON")
+        param = where[0] if where else None
+        detail = first.get("msg", "invalid request")
+        path = ".".join(where)
+        return error_response(400, f"{path}: {detail}" if path else detail, param=param)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _bug(_request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return error_response(500, f"internal error: {type(exc).__name__}")

@@ -1,0 +1,131 @@
+// The chat page: a conversation streamed from /v1/chat/completions, with the sampling controls.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const history = [];
+let controller = null;
+
+const NUMBERS = ["temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                 "presence_penalty", "frequency_penalty", "seed", "max_tokens"];
+
+function headers() {
+  const h = { "Content-Type": "application/json" };
+  const key = $("api_key").value.trim();
+  if (key) h.Authorization = "Bearer " + key;
+  return h;
+}
+
+function bubble(kind, text) {
+  const div = document.createElement("div");
+  div.className = "message " + kind;
+  div.textContent = text;
+  $("messages").appendChild(div);
+  $("messages").scrollTop = $("messages").scrollHeight;
+  return div;
+}
+
+function describe(t) {
+  const parts = [];
+  if (t.prompt_n !== undefined) parts.push(`prompt ${t.prompt_n} tok` + (t.prompt_per_second ? ` at ${t.prompt_per_second.toFixed(0)} tok/s` : ""));
+  if (t.cache_n) parts.push(`${t.cache_n} reused`);
+  parts.push(`${t.predicted_n} tok` + (t.predicted_per_second ? ` at ${t.predicted_per_second.toFixed(1)} tok/s` : ""));
+  parts.push(`first token ${t.ttft_ms.toFixed(0)} ms`);
+  return parts.join(" · ");
+}
+
+function body() {
+  const b = { messages: [], stream: true, stream_options: { include_usage: true } };
+  const system = $("system").value.trim();
+  if (system) b.messages.push({ role: "system", content: system });
+  b.messages.push(...history);
+  for (const name of NUMBERS) {
+    const raw = $(name).value.trim();
+    if (raw !== "") b[name] = Number(raw);
+  }
+  return b;
+}
+
+async function ask(question) {
+  history.push({ role: "user", content: question });
+  bubble("user", question);
+  const answer = bubble("assistant", "");
+  controller = new AbortController();
+  $("send").disabled = true;
+  $("stop").disabled = false;
+  let text = "";
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST", headers: headers(), body: JSON.stringify(body()), signal: controller.signal,
+    });
+    if (!response.ok) {
+      const err = await response.json().catch(() => ({}));
+      throw new Error((err.error && err.error.message) || response.statusText);
+    }
+    const reader = response.body.getReader();
+    const decoder = new TextDecoder();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += decoder.decode(value, { stream: true });
+      let cut;
+      while ((cut = buffer.indexOf("\n\n")) >= 0) {
+        const line = buffer.slice(0, cut).trim();
+        buffer = buffer.slice(cut + 2);
+        if (!line.startsWith("data:")) continue;
+        const data = line.slice(5).trim();
+        if (data === "[DONE]") continue;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw new Error(chunk.error.message);
+        for (const choice of chunk.choices || []) {
+          if (choice.delta && choice.delta.content) {
+            text += choice.delta.content;
+            answer.textContent = text;
+            $("messages").scrollTop = $("messages").scrollHeight;
+          }
+          if (choice.timings) {
+            const line = document.createElement("div");
+            line.className = "timings";
+            line.textContent = describe(choice.timings);
+            answer.after(line);
+          }
+        }
+      }
+    }
+    history.push({ role: "assistant", content: text });
+  } catch (error) {
+    if (error.name !== "AbortError") {
+      answer.className = "message error";
+      answer.textContent = (text ? text + "\n\n" : "") + "error: " + error.message;
+    } else if (text) {
+      history.push({ role: "assistant", content: text });
+    }
+  } finally {
+    controller = null;
+    $("send").disabled = false;
+    $("stop").disabled = true;
+  }
+}
+
+$("ask").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const question = $("input").value.trim();
+  if (!question || controller) return;
+  $("input").value = "";
+  ask(question);
+});
+$("input").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey) {
+    event.preventDefault();
+    $("ask").requestSubmit();
+  }
+});
+$("stop").addEventListener("click", () => controller && controller.abort());
+$("clear").addEventListener("click", () => {
+  history.length = 0;
+  $("messages").textContent = "";
+});
+fetch("/v1/models", { headers: headers() })
+  .then((r) => r.json())
+  .then((m) => { $("model").textContent = m.data ? m.data[0].id : "(model list needs the API key)"; })
+  .catch(() => { $("model").textContent = "(not reachable)"; });
