@@ -235,13 +235,13 @@ class Scheduler:
             tops = [(int(t), float(v)) for t, v in zip(ids, lps, strict=True)]
         event = seq.accept(int(host["sampler.next_token"][s]), host["sampler.logprob"][s], tops)
         self.stats.generated_tokens += 1
-        seq.request._push(event)
-        if seq.finish is not None:
+        if seq.finish is not None:  # the slot is free before the request hears it has finished
             self.stats.finished += 1
             self._release(seq)
         elif seq.early_params is not None and len(seq.ids) >= seq.params.min_tokens:
             self.state.update(s, seq.params)  # min_tokens reached: end-of-sequence allowed again
             seq.early_params = None
+        seq.request._push(event)
 
     # ---- leaving ------------------------------------------------------------------------------
 
@@ -251,8 +251,9 @@ class Scheduler:
             self.on_change(-1, 0)
             seq.request._push(seq.cancel())
         for seq in [s for s in (*self.prefilling, *self.decoding) if s.request.cancelled]:
-            seq.request._push(seq.cancel())
+            event = seq.cancel()
             self._release(seq)
+            seq.request._push(event)
 
     def _release(self, seq: Sequence) -> None:
         for group in (self.prefilling, self.decoding):

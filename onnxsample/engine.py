@@ -183,22 +183,27 @@ class Engine:
         :class:`~onnxsample.Generator` call). Bad input raises
         :class:`~onnxsample.errors.InvalidParameter` here, before any work.
         """
-        return self._enqueue(
-            self.prepare(prompt, params, max_new_tokens, stop, chat, system, index)
-        )
+        return self.enqueue(
+            [self.prepare(prompt, params, max_new_tokens, stop, chat, system, index)]
+        )[0]
 
-    def _enqueue(self, seq: Sequence) -> Request:
+    def enqueue(self, prepared: Seq[Sequence]) -> list[Request]:
+        """Queue requests made by :meth:`prepare` (any thread), all or none: without room in the
+        queue for every one, :class:`~onnxsample.errors.QueueFull` and nothing is queued (the
+        choices of one API request, a batch of prompts)."""
         with self._lock:
             if self._closed or self._dead is not None:
                 raise EngineClosed("the engine is closed")
-            if self.max_queue is not None and self._pending >= self._free + self.max_queue:
+            waiting = self._pending + len(prepared) - self._free
+            if self.max_queue is not None and waiting > self.max_queue:
                 raise QueueFull(
                     f"all {self.concurrency} slots are busy and {self._pending - self._free} "
                     f"requests are waiting (max_queue={self.max_queue}); try again later"
                 )
-            self._pending += 1
-        self._inbox.put(seq)
-        return seq.request
+            self._pending += len(prepared)
+        for seq in prepared:
+            self._inbox.put(seq)
+        return [seq.request for seq in prepared]
 
     def prepare(
         self,

@@ -117,7 +117,7 @@ class Generator:
         ]
         before, began = self.engine.stats(), time.perf_counter()
         arrived: queue.SimpleQueue = queue.SimpleQueue()
-        requests = [self.engine._enqueue(seq) for seq in sequences]
+        requests = self.engine.enqueue(sequences)
         for request in requests:
             request._subscribe(lambda r=request: arrived.put(r))
         running, first, completions = set(requests), None, []

@@ -107,7 +107,7 @@ def create_app(
         if settings.api_key is None:
             return
         header = request.headers.get("authorization", "")
-        if header != f"Bearer {settings.api_key}":
+        if not secrets.compare_digest(header.encode(), f"Bearer {settings.api_key}".encode()):
             raise APIError(401, "a valid API key is needed: Authorization: Bearer <key>")
 
     def check_model(name: str | None) -> None:
@@ -277,17 +277,12 @@ def _meta(prefix: str, settings: ServeSettings) -> dict:
 
 
 def _enqueue(engine: Engine, seqs, metrics: Metrics) -> list[EngineRequest]:
-    """All of a request's choices, or none (a full queue cancels the ones already in)."""
-    requests: list[EngineRequest] = []
+    """All of a request's choices, or none."""
     try:
-        for seq in seqs:
-            requests.append(engine._enqueue(seq))
+        return engine.enqueue(seqs)
     except QueueFull:
         metrics.rejected.labels("queue_full").inc()
-        for r in requests:
-            r.cancel()
         raise
-    return requests
 
 
 def _prompts(prompt) -> list:
