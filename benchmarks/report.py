@@ -463,6 +463,8 @@ def render(
         ".venv/bin/python benchmarks/e2e.py                 # exports its variants on first use",
         ".venv/bin/python benchmarks/sampling_overhead.py",
         ".venv/bin/python benchmarks/engine.py load   # also chunked, prefix, echo",
+        "bash scripts/build_llama_server.sh                 # llama-server, for serve.py",
+        ".venv/bin/python benchmarks/serve.py",
         ".venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -486,7 +488,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--e2e", default=str(HERE / "results/e2e.json"))
     p.add_argument("--sampling", default=str(HERE / "results/sampling_overhead.json"))
-    p.add_argument("--results", default=str(HERE / "results"), help="engine_*.json are read here")
+    p.add_argument(
+        "--results",
+        default=str(HERE / "results"),
+        help="engine_*.json and serve.json are read here",
+    )
     p.add_argument("--md", default=str(ROOT / "docs/benchmarks.md"))
     p.add_argument("--png", default=str(ROOT / "docs/benchmarks.png"))
     args = p.parse_args(argv)

@@ -15,6 +15,8 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
     for kind in KINDS:
         path = folder / f"engine_{kind}.json"
         found[kind] = json.loads(path.read_text()) if path.is_file() else None
+    serve = folder / "serve.json"  # benchmarks/serve.py
+    found["serve"] = json.loads(serve.read_text()) if serve.is_file() else None
     return found
 
 
@@ -40,6 +42,7 @@ def engine_section(results: dict[str, dict | None]) -> list[str]:
     lines += _chunked(results.get("chunked"))
     lines += _prefix(results.get("prefix"))
     lines += _echo(results.get("echo"))
+    lines += _serve(results.get("serve"))
     return lines
 
 
@@ -138,3 +141,62 @@ def _echo(data: dict | None) -> list[str]:
         f"{data.get('load')}.",
         "",
     ]
+
+
+def _serve(data: dict | None) -> list[str]:
+    if not data:
+        return []
+    rows = data.get("rows", [])
+    lines = [
+        "### `onnxsample serve` against llama-server",
+        "",
+        f"`python benchmarks/serve.py` (llama-server from `scripts/build_llama_server.sh`): both "
+        f"servers on the same Q4_1 GGUF (ours as its gguf-a4 export), {data.get('threads')} "
+        f"threads, {data.get('slots')} slots; closed-loop clients stream OpenAI chat completions "
+        f"over loopback HTTP, {data.get('new_tokens')} new tokens each, EOS ignored. *sampled* is "
+        "temperature 0.8, top-k 40, top-p 0.95, min-p 0.05. Latencies in ms, measured by the "
+        "client; ratio = onnxsample tok/s ÷ llama-server tok/s.",
+        "",
+        "| mode | clients | onnxsample tok/s | llama-server tok/s | ratio | onnxsample TTFT p50 / p99 "
+        "| llama-server TTFT p50 / p99 | onnxsample ITL p50 / p99 | llama-server ITL p50 / p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    cells = {(r["engine"], r["mode"], r["clients"]): r for r in rows}
+    keys = sorted({(r["mode"], r["clients"]) for r in rows if r["engine"] == "onnxsample"})
+    for mode, clients in keys:
+        o, g = (
+            cells.get(("onnxsample", mode, clients), {}),
+            cells.get(("llama-server", mode, clients), {}),
+        )
+        lines.append(
+            f"| {mode} | {clients} | {_v(o.get('tokens_per_s'))} | {_v(g.get('tokens_per_s'))} | "
+            f"{_ratio(o.get('tokens_per_s'), g.get('tokens_per_s'))} | "
+            f"{_v(o.get('ttft_ms_p50'))} / {_v(o.get('ttft_ms_p99'))} | "
+            f"{_v(g.get('ttft_ms_p50'))} / {_v(g.get('ttft_ms_p99'))} | "
+            f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} | "
+            f"{_v(g.get('itl_ms_p50'), 1)} / {_v(g.get('itl_ms_p99'), 1)} |"
+        )
+    for why in (data.get("skipped") or {}).values():
+        lines += ["", f"llama-server skipped: {why}."]
+    api = {r["mode"]: r for r in rows if r["engine"] == "python-api"}
+    if api:
+        lines += [
+            "",
+            "What HTTP + JSON add to one stream: the same chat through `Engine` in-process "
+            "(*python-api*) against one client of `onnxsample serve`.",
+            "",
+            "| mode | python-api TTFT p50 | serve TTFT p50 | python-api ITL p50 / p99 | "
+            "serve ITL p50 / p99 |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for mode, a in api.items():
+            o = cells.get(("onnxsample", mode, 1), {})
+            lines.append(
+                f"| {mode} | {_v(a.get('ttft_ms_p50'), 1)} | {_v(o.get('ttft_ms_p50'), 1)} | "
+                f"{_v(a.get('itl_ms_p50'), 1)} / {_v(a.get('itl_ms_p99'), 1)} | "
+                f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} |"
+            )
+    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
+    if loads:
+        lines += ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+    return [*lines, ""]

@@ -405,3 +405,42 @@ def test_report_marks_disturbed_repetitions() -> None:
     assert "| 1 | sampled | onnxsample | 20.0 | 0.62× | -0.0010 | ❌ slower ⚠ |" in text
     assert "| 1 | 1 | sampled | 0.80× ❌ ⚠ | 2.00× ✅ ⚠ |" in text
     assert "| 1 | 8 | sampled | 0.80× ❌ | 2.00× ✅ |" in text
+
+
+def _serve_row(engine: str, mode: str, clients: int, tok_s: float) -> dict:
+    return {"engine": engine, "mode": mode, "clients": clients, "tokens_per_s": tok_s,
+            "ttft_ms_p50": 40.0, "ttft_ms_p99": 60.0, "itl_ms_p50": 9.0, "itl_ms_p99": 20.0,
+            "load_average": [1.2, 1.0, 0.9]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "skipped", "expect"),
+    [
+        (
+            [_serve_row("onnxsample", "greedy", 4, 300.0), _serve_row("llama-server", "greedy", 4, 200.0)],
+            {},
+            ["| greedy | 4 | 300 | 200 | 1.50× |"],
+        ),
+        (
+            [_serve_row("onnxsample", "sampled", 1, 100.0),
+             {"engine": "python-api", "mode": "sampled", "clients": 1, "ttft_ms_p50": 44.0,
+              "itl_ms_p50": 8.5, "itl_ms_p99": 30.0}],
+            {"llama-server": "not built: bash scripts/build_llama_server.sh"},
+            ["| sampled | 1 | 100 | — | — |", "llama-server skipped: not built",
+             "| sampled | 44.0 | 40.0 | 8.5 / 30.0 | 9.0 / 20.0 |"],
+        ),
+    ],
+    ids=["against-llama-server", "skipped-with-python-api"],
+)  # fmt: skip
+def test_report_serve_section(tmp_path: Path, rows, skipped, expect) -> None:
+    report = _module("report")
+    (tmp_path / "serve.json").write_text(
+        json.dumps({"threads": 2, "slots": 8, "new_tokens": 128, "rows": rows, "skipped": skipped})
+    )
+    md, missing = tmp_path / "benchmarks.md", str(tmp_path / "none.json")
+    report.main(["--e2e", missing, "--sampling", missing, "--results", str(tmp_path),
+                 "--md", str(md), "--png", "x.png"])  # fmt: skip
+    text = md.read_text()
+    assert "### `onnxsample serve` against llama-server" in text
+    for line in expect:
+        assert line in text

@@ -1,0 +1,268 @@
+"""`onnxsample serve` against llama-server over HTTP, same GGUF, threads and slots: JSON.
+
+    python benchmarks/serve.py [--threads 2] [--concurrency 1 4 8 16] [--requests 16]
+
+Closed-loop clients (threads, stdlib HTTP) stream OpenAI chat completions of a ~50-token prompt,
+128 new tokens, EOS ignored; greedy and sampled (temperature 0.8, top-k 40, top-p 0.95, min-p
+0.05). Per cell: aggregate completion tok/s, TTFT p50/p99, ITL p50/p99. The servers take turns, each
+started fresh per mode. llama-server comes from scripts/build_llama_server.sh; without it that
+engine is skipped with the reason. A third row, ``python-api``, streams the same requests through
+``onnxsample.Engine`` in-process: what HTTP + JSON per token add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from _machine import emit, load_average, machine, versions  # benchmarks/ is on the path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"
+LLAMA_SERVER = ROOT / "artifacts" / "llama.cpp" / "build" / "bin" / "llama-server"
+SLOTS = 8
+NEW_TOKENS = 128
+MESSAGE = (
+    "You are helping a friend plan a weekend trip to the mountains. Suggest a schedule for two "
+    "days with hiking, food and rest, and explain briefly why each part fits."
+)
+MODES = {
+    "greedy": {"temperature": 0.0},
+    "sampled": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
+}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)) * 1000, 1) if values else None
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(port: int, proc: subprocess.Popen, path: str = "/health") -> None:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server stopped with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("the server did not come up")
+
+
+def _start(engine: str, threads: int) -> tuple[subprocess.Popen, int]:
+    port = _port()
+    if engine == "onnxsample":
+        argv = [str(Path(sys.executable).parent / "onnxsample"), "serve", str(MODEL)]
+        argv += ["--port", str(port), "--threads", str(threads), "--max-queue", "1024"]
+    else:
+        from onnxsample.exporters import embedded_gguf
+
+        argv = [str(LLAMA_SERVER), "-m", str(embedded_gguf()), "--port", str(port)]
+        argv += [
+            "-t",
+            str(threads),
+            "-tb",
+            str(threads),
+            "-np",
+            str(SLOTS),
+            "-c",
+            str(SLOTS * 1024),
+        ]
+        argv += ["--log-disable"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _wait(port, proc)
+    return proc, port
+
+
+def _stream(port: int, body: dict) -> tuple[float, list[float], int]:
+    """(TTFT, gaps between content chunks, completion tokens) of one streamed chat request."""
+    data = json.dumps(body).encode()
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", data, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
+    first, last, gaps, tokens, chunks = None, None, [], None, 0
+    for raw in response:
+        line = raw.strip()
+        if not line.startswith(b"data:") or line == b"data: [DONE]":
+            continue
+        chunk = json.loads(line[5:])
+        if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+        for choice in chunk.get("choices") or []:
+            if (choice.get("delta") or {}).get("content"):
+                now = time.perf_counter()
+                chunks += 1
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    conn.close()
+    return (first or time.perf_counter()) - start, gaps, tokens if tokens is not None else chunks
+
+
+def _model(port: int) -> str:
+    """The name the server answers to (its first model)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/v1/models")
+    return json.loads(conn.getresponse().read())["data"][0]["id"]
+
+
+def _load(port: int, mode: str, clients: int, requests: int) -> dict:
+    ttft, gaps, tokens, lock, errors = [], [], [0], threading.Lock(), []
+    per_client = max(1, requests // clients)
+    model = _model(port)
+
+    def client(k: int) -> None:
+        try:
+            for r in range(per_client):
+                one(k, r)
+        except Exception as exc:  # a failed request fails the benchmark, not just its thread
+            errors.append(exc)
+
+    def one(k: int, r: int) -> None:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": f"(Trip {k}-{r}) {MESSAGE}"}],
+            "max_tokens": NEW_TOKENS,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+            "seed": 1000 * k + r,
+            **MODES[mode],
+        }
+        t, g, n = _stream(port, body)
+        with lock:
+            ttft.append(t)
+            gaps.extend(g)
+            tokens[0] += n
+
+    start = time.perf_counter()
+    workers = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} clients failed; the first: {errors[0]}")
+    return {
+        "clients": clients,
+        "requests": clients * per_client,
+        "tokens": tokens[0],
+        "tokens_per_s": round(tokens[0] / wall, 1),
+        "ttft_ms_p50": _pct(ttft, 50),
+        "ttft_ms_p99": _pct(ttft, 99),
+        "itl_ms_p50": _pct(gaps, 50),
+        "itl_ms_p99": _pct(gaps, 99),
+    }
+
+
+def _python_api(threads: int, mode: str, repeats: int) -> dict:
+    """One client through the Python API: the same chat, streamed from `Engine` in this process."""
+    import onnxsample as osx
+
+    ttft, gaps = [], []
+    params = {k: v for k, v in MODES[mode].items()}
+    with osx.Engine(osx.prepare(MODEL), threads=threads) as engine:
+        for r in range(repeats + 1):
+            chat = [{"role": "user", "content": f"(Trip 0-{r}) {MESSAGE}"}]
+            p = osx.SamplingParams(**params, seed=r, ignore_eos=True)
+            start, first, last = time.perf_counter(), None, None
+            for event in engine.submit(chat, p, max_new_tokens=NEW_TOKENS):
+                if not event.text:
+                    continue
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                elif r:  # the first request warms up
+                    gaps.append(now - last)
+                last = now
+            if r:
+                ttft.append(first - start)
+    return {
+        "clients": 1,
+        "ttft_ms_p50": _pct(ttft, 50),
+        "itl_ms_p50": _pct(gaps, 50),
+        "itl_ms_p99": _pct(gaps, 99),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    parser.add_argument("--requests", type=int, default=16, help="requests per cell")
+    parser.add_argument("--output", default=str(ROOT / "benchmarks/results/serve.json"))
+    args = parser.parse_args()
+    engines = ["onnxsample", "llama-server"]
+    skipped = {}
+    if not LLAMA_SERVER.is_file():
+        skipped["llama-server"] = f"not built: bash scripts/build_llama_server.sh ({LLAMA_SERVER})"
+        engines.remove("llama-server")
+    rows = []
+    for mode in MODES:
+        for engine in engines:
+            proc, port = _start(engine, args.threads)
+            try:
+                _stream(
+                    port,
+                    {
+                        "messages": [{"role": "user", "content": "Hi"}],
+                        "max_tokens": 8,
+                        "stream": True,
+                    },
+                )  # warm-up
+                for clients in args.concurrency:
+                    row = {
+                        "engine": engine,
+                        "mode": mode,
+                        **_load(port, mode, clients, args.requests),
+                    }
+                    row["load_average"] = load_average()
+                    print(f"[serve] {row}", file=sys.stderr)
+                    rows.append(row)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+        api = {"engine": "python-api", "mode": mode, **_python_api(args.threads, mode, 5)}
+        print(f"[serve] {api}", file=sys.stderr)
+        rows.append(api)
+    report = {
+        "benchmark": "serve",
+        "threads": args.threads,
+        "slots": SLOTS,
+        "new_tokens": NEW_TOKENS,
+        "rows": rows,
+        "skipped": skipped,
+        "machine": machine(),
+        "versions": versions("onnxsample", "onnxruntime", "fastapi", "uvicorn"),
+        "environment": {"cpu_count": os.cpu_count()},
+    }
+    emit(report, args.output, "serve")
+
+
+if __name__ == "__main__":
+    main()
