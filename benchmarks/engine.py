@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
+from _load import closed_loop, latency, pct
 from _machine import emit, load_average, machine, versions  # benchmarks/ is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,19 +45,6 @@ MESSAGE = (
     "days with hiking, food and rest, and explain briefly why each part fits."
 )
 NEW_TOKENS = 128
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)) * 1000, 1) if values else None
-
-
-def _latency(ttft: list[float], gaps: list[float]) -> dict:
-    return {
-        "ttft_ms_p50": _pct(ttft, 50),
-        "ttft_ms_p99": _pct(ttft, 99),
-        "itl_ms_p50": _pct(gaps, 50),
-        "itl_ms_p99": _pct(gaps, 99),
-    }
 
 
 def _composed(threads: int | None = None, **compose_options) -> Path:
@@ -102,39 +89,18 @@ def run_engine_load(
     import onnxsample as osx
 
     params = osx.SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, ignore_eos=True)
-    ttft, gaps, tokens = [], [], [0]
-    lock = threading.Lock()
     options = {} if chunk is None else {"prefill_chunk": chunk}
     with osx.Engine(_composed(), threads=threads, **options) as engine:
         engine.submit(MESSAGE, params, max_new_tokens=4).result()  # warm-up
 
-        def client(k: int) -> None:
-            for r in range(requests_per_client):
-                p = dataclasses.replace(params, seed=1000 * k + r)
-                submitted = time.perf_counter()
-                request = engine.submit(_message(k, r), p, max_new_tokens=NEW_TOKENS)
-                first, g, n = _stream_times(request)
-                with lock:
-                    ttft.append(first - submitted)
-                    gaps.extend(g)
-                    tokens[0] += n
+        def one(k: int, r: int) -> tuple[float, list[float], int]:
+            p = dataclasses.replace(params, seed=1000 * k + r)
+            submitted = time.perf_counter()
+            request = engine.submit(_message(k, r), p, max_new_tokens=NEW_TOKENS)
+            first, g, n = _stream_times(request)
+            return first - submitted, g, n
 
-        start = time.perf_counter()
-        workers = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        wall = time.perf_counter() - start
-    return {
-        "clients": clients,
-        "threads": threads,
-        "requests": clients * requests_per_client,
-        "tokens": tokens[0],
-        "wall_s": round(wall, 2),
-        "tokens_per_s": round(tokens[0] / wall, 1),
-        **_latency(ttft, gaps),
-    }
+        return {"threads": threads, **closed_loop(clients, requests_per_client, one)}
 
 
 def run_closed_batch(clients: int, threads: int, batches: int) -> dict:
@@ -176,7 +142,7 @@ def run_closed_batch(clients: int, threads: int, batches: int) -> dict:
         "tokens": tokens,
         "wall_s": round(wall, 2),
         "tokens_per_s": round(tokens / wall, 1),
-        **_latency(ttft, gaps),
+        **latency(ttft, gaps),
     }
 
 
@@ -311,9 +277,9 @@ def _chunked_once(chunk: int, threads: int) -> dict:
         "prompt_tokens": len(tokens),
         "admission_s": round(ended - admitted, 3),
         "stream_tokens_during": len(during),
-        "itl_ms_p50": _pct(during, 50),
-        "itl_ms_p99": _pct(during, 99),
-        "itl_ms_max": _pct(during, 100),
+        "itl_ms_p50": pct(during, 50),
+        "itl_ms_p99": pct(during, 99),
+        "itl_ms_max": pct(during, 100),
         "worst_gaps_s_after_submit": [[round(a - admitted, 3), round(b - a, 3)] for a, b in worst],
     }
 

@@ -20,11 +20,10 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-import numpy as np
+from _load import closed_loop, pct
 from _machine import emit, load_average, machine, versions  # benchmarks/ is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,10 +39,6 @@ MODES = {
     "greedy": {"temperature": 0.0},
     "sampled": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
 }
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)) * 1000, 1) if values else None
 
 
 def _port() -> int:
@@ -131,18 +126,9 @@ def _model(port: int) -> str:
 
 
 def _load(port: int, mode: str, clients: int, requests: int) -> dict:
-    ttft, gaps, tokens, lock, errors = [], [], [0], threading.Lock(), []
-    per_client = max(1, requests // clients)
     model = _model(port)
 
-    def client(k: int) -> None:
-        try:
-            for r in range(per_client):
-                one(k, r)
-        except Exception as exc:  # a failed request fails the benchmark, not just its thread
-            errors.append(exc)
-
-    def one(k: int, r: int) -> None:
+    def one(k: int, r: int) -> tuple[float, list[float], int]:
         body = {
             "model": model,
             "messages": [{"role": "user", "content": f"(Trip {k}-{r}) {MESSAGE}"}],
@@ -153,31 +139,9 @@ def _load(port: int, mode: str, clients: int, requests: int) -> dict:
             "seed": 1000 * k + r,
             **MODES[mode],
         }
-        t, g, n = _stream(port, body)
-        with lock:
-            ttft.append(t)
-            gaps.extend(g)
-            tokens[0] += n
+        return _stream(port, body)
 
-    start = time.perf_counter()
-    workers = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    wall = time.perf_counter() - start
-    if errors:
-        raise RuntimeError(f"{len(errors)} clients failed; the first: {errors[0]}")
-    return {
-        "clients": clients,
-        "requests": clients * per_client,
-        "tokens": tokens[0],
-        "tokens_per_s": round(tokens[0] / wall, 1),
-        "ttft_ms_p50": _pct(ttft, 50),
-        "ttft_ms_p99": _pct(ttft, 99),
-        "itl_ms_p50": _pct(gaps, 50),
-        "itl_ms_p99": _pct(gaps, 99),
-    }
+    return closed_loop(clients, max(1, requests // clients), one)
 
 
 def _python_api(threads: int, mode: str, repeats: int) -> dict:
@@ -204,9 +168,9 @@ def _python_api(threads: int, mode: str, repeats: int) -> dict:
                 ttft.append(first - start)
     return {
         "clients": 1,
-        "ttft_ms_p50": _pct(ttft, 50),
-        "itl_ms_p50": _pct(gaps, 50),
-        "itl_ms_p99": _pct(gaps, 99),
+        "ttft_ms_p50": pct(ttft, 50),
+        "itl_ms_p50": pct(gaps, 50),
+        "itl_ms_p99": pct(gaps, 99),
     }
 
 

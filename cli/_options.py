@@ -123,3 +123,24 @@ Gather = Annotated[
         help="Where the slot rows are picked: auto (before the LM head when verified), lm_head, or logits.",
     ),
 ]
+
+# ---- running a model (run, serve) ---------------------------------------------------------------
+Provider = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)]
+MaxLen = Annotated[
+    int | None,
+    typer.Option(
+        "--max-len",
+        help="KV positions per sequence, prompt included (default: the model's context).",
+        min=2,
+        show_default=False,
+    ),
+]
+PrefillChunk = Annotated[
+    int,
+    typer.Option(
+        "--prefill-chunk",
+        help="Prompt tokens per step while other requests decode (0: whole prompts at once).",
+        min=0,
+    ),
+]

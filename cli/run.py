@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import err, out, stages
 from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter
@@ -109,27 +110,10 @@ def run(
     json_output: Annotated[
         bool, typer.Option("--json", help="One JSON object per prompt and line.")
     ] = False,
-    provider: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    threads: Annotated[
-        int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)
-    ] = None,
-    max_len: Annotated[
-        int | None,
-        typer.Option(
-            "--max-len",
-            help="KV positions per sequence, prompt included (default: the model's context).",
-            min=2,
-            show_default=False,
-        ),
-    ] = None,
-    prefill_chunk: Annotated[
-        int,
-        typer.Option(
-            "--prefill-chunk",
-            help="Prompt tokens per step while other prompts decode (0: whole prompts at once).",
-            min=0,
-        ),
-    ] = DEFAULT_PREFILL_CHUNK,
+    provider: opt.Provider = "auto",
+    threads: opt.Threads = None,
+    max_len: opt.MaxLen = None,
+    prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
 ) -> None:
     """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt.
 

@@ -8,7 +8,9 @@ from typing import Annotated
 
 import typer
 
+from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import err, stages
+from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import OnnxSampleError, RuntimeUnavailable
 
 _LABELS = {
@@ -34,9 +36,7 @@ def serve(
     ] = None,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8080,
-    threads: Annotated[
-        int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)
-    ] = None,
+    threads: opt.Threads = None,
     max_slots: Annotated[
         int | None,
         typer.Option(
@@ -68,24 +68,9 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    max_len: Annotated[
-        int | None,
-        typer.Option(
-            "--max-len",
-            help="KV positions per sequence, prompt included (default: the model's context).",
-            min=2,
-            show_default=False,
-        ),
-    ] = None,
-    prefill_chunk: Annotated[
-        int,
-        typer.Option(
-            "--prefill-chunk",
-            help="Prompt tokens per step while other requests decode (0: whole prompts).",
-            min=0,
-        ),
-    ] = 128,
-    provider: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    max_len: opt.MaxLen = None,
+    prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
+    provider: opt.Provider = "auto",
 ) -> None:
     """Serve a model over OpenAI's API (chat and text completions), with a chat page at /.
 

@@ -36,7 +36,7 @@ from onnxsample.serve.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from onnxsample.serve.streaming import chat_stream, collect, completion_stream
+from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
 
@@ -168,8 +168,10 @@ def create_app(
         meta = _meta("chatcmpl", settings)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
-            chunks = chat_stream(e, requests, seqs, [seqs[0].prompt], meta, usage, metrics)
-            return _sse(chunks)
+            job = Job(
+                e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
+            )
+            return _sse(chat_stream(job))
         done = await collect(requests, request, metrics)
         choices = [
             {
@@ -226,10 +228,8 @@ def create_app(
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             unique = [s.prompt for s in seqs[:: body.n]]
-            chunks = completion_stream(
-                e, requests, seqs, unique, meta, usage, metrics, echo, n_logprobs, score_only
-            )
-            return _sse(chunks)
+            job = Job(e, requests, seqs, unique, meta, usage, metrics, "text_completion")
+            return _sse(completion_stream(job, echo, n_logprobs, score_only))
         done = await collect(requests, request, metrics)
         choices = [
             _completion_choice(e, c, echo.get(c.index), n_logprobs, score_only) for c in done

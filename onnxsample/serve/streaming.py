@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from starlette.requests import Request as HTTPRequest
 
@@ -100,85 +101,98 @@ def _error_chunk(exc: BaseException) -> dict:
     return {"error": {"message": message, "type": "server_error", "param": None, "code": 500}}
 
 
-async def chat_stream(
-    engine: Engine,
-    requests,
-    seqs,
-    prompts: list[list[int]],
-    meta: dict,
-    include_usage: bool,
-    metrics: Metrics,
-) -> AsyncIterator[dict | str]:
-    base = {**meta, "object": "chat.completion.chunk"}
+@dataclass
+class Job:
+    """One API request's choices on the engine, streamed as `object` chunks; `prompts` are its
+    distinct prompts (for usage)."""
 
-    def chunk(index: int, delta: dict, finish=None, logprobs=None, **extra) -> dict:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    engine: Engine
+    requests: list[Request]
+    seqs: list
+    prompts: list[list[int]]
+    meta: dict
+    include_usage: bool
+    metrics: Metrics
+    object: str
+
+    def chunk(self, choice: dict, **extra) -> dict:
         return {
-            **base,
+            **self.meta,
+            "object": self.object,
             "choices": [{**choice, **extra}],
-            **({"usage": None} if include_usage else {}),
+            **({"usage": None} if self.include_usage else {}),
         }
 
-    for seq in seqs:
-        yield chunk(seq.index, {"role": "assistant", "content": ""})
+    async def framed(
+        self, chunks: AsyncIterator[dict], done: list[Completion]
+    ) -> AsyncIterator[dict | str]:
+        """`chunks`, then the usage chunk when asked and ``[DONE]``; an error ends the stream with
+        an error chunk (the status line is long gone)."""
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except Exception as exc:
+            yield _error_chunk(exc)
+            return
+        finally:
+            await chunks.aclose()  # at once, so a client that went away frees its slots now
+        if self.include_usage:
+            usage = convert.usage(done, self.prompts)
+            yield {**self.meta, "object": self.object, "choices": [], "usage": usage}
+        yield "[DONE]"
+
+
+def chat_stream(job: Job) -> AsyncIterator[dict | str]:
+    """Chat completion chunks: the role first, then content (with logprobs when asked)."""
     done: list[Completion] = []
-    try:
-        async for _k, event in _merged(requests, metrics):
+
+    async def chunks() -> AsyncIterator[dict]:
+        for seq in job.seqs:
+            yield job.chunk({"index": seq.index, "delta": {"role": "assistant", "content": ""},
+                             "logprobs": None, "finish_reason": None})  # fmt: skip
+        async for _k, event in _merged(job.requests, job.metrics):
             logprobs = None
             if event.logprob is not None:
                 content = convert.chat_logprobs(
-                    engine.tokenizer, [event.token_id], [event.logprob], [event.top_logprobs or []]
+                    job.engine.tokenizer,
+                    [event.token_id],
+                    [event.logprob],
+                    [event.top_logprobs or []],
                 )
                 logprobs = {"content": content}
             if event.text or logprobs:
-                yield chunk(event.index, {"content": event.text}, logprobs=logprobs)
-            if event.completion is not None:
-                c = event.completion
+                yield job.chunk({"index": event.index, "delta": {"content": event.text},
+                                 "logprobs": logprobs, "finish_reason": None})  # fmt: skip
+            if (c := event.completion) is not None:
                 done.append(c)
-                yield chunk(
-                    c.index, {}, convert.FINISH[c.finish_reason], timings=convert.timings(c)
-                )
-    except Exception as exc:
-        yield _error_chunk(exc)
-        return
-    if include_usage:
-        yield {**base, "choices": [], "usage": convert.usage(done, prompts)}
-    yield "[DONE]"
+                yield job.chunk({"index": c.index, "delta": {}, "logprobs": None,
+                                 "finish_reason": convert.FINISH[c.finish_reason]},
+                                timings=convert.timings(c))  # fmt: skip
+
+    return job.framed(chunks(), done)
 
 
-async def completion_stream(
-    engine: Engine,
-    requests,
-    seqs,
-    prompts: list[list[int]],
-    meta: dict,
-    include_usage: bool,
-    metrics: Metrics,
-    echo: dict[int, str],
-    n_logprobs: int | None,
-    score_only: bool,
+def completion_stream(
+    job: Job, echo: dict[int, str], n_logprobs: int | None, score_only: bool
 ) -> AsyncIterator[dict | str]:
     """Text completion chunks; with echo, a choice's first chunk is its prompt (and, with
-    logprobs, the prompt tokens' logprobs, known once the prompt is computed)."""
-    base = {**meta, "object": "text_completion"}
+    logprobs, the prompt tokens' logprobs, known once the prompt is computed). `score_only`
+    (echo with max_tokens 0) streams the prompts alone."""
+    done: list[Completion] = []
+    tokenizer = job.engine.tokenizer
 
     def chunk(index: int, text: str, finish=None, logprobs=None, **extra) -> dict:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        return {
-            **base,
-            "choices": [{**choice, **extra}],
-            **({"usage": None} if include_usage else {}),
-        }
+        return job.chunk(choice, **extra)
 
-    done: list[Completion] = []
-    started: set[int] = set()
-    try:
-        async for k, event in _merged(requests, metrics):
+    async def chunks() -> AsyncIterator[dict]:
+        started: set[int] = set()
+        async for k, event in _merged(job.requests, job.metrics):
             if event.index in echo and event.index not in started:
-                seq, logprobs = seqs[k], None
+                seq, logprobs = job.seqs[k], None
                 if n_logprobs is not None:  # written by the engine before this first event
                     logprobs = convert.legacy_logprobs(
-                        engine.tokenizer, seq.prompt, seq.prompt_logprobs, seq.prompt_tops
+                        tokenizer, seq.prompt, seq.prompt_logprobs, seq.prompt_tops
                     )
                 yield chunk(event.index, echo[event.index], logprobs=logprobs)
             started.add(event.index)
@@ -186,17 +200,13 @@ async def completion_stream(
                 logprobs = None
                 if event.logprob is not None:
                     logprobs = convert.legacy_logprobs(
-                        engine.tokenizer, [event.token_id], [event.logprob], [event.top_logprobs]
+                        tokenizer, [event.token_id], [event.logprob], [event.top_logprobs]
                     )
                 yield chunk(event.index, event.text, logprobs=logprobs)
-            if event.completion is not None:
-                c = event.completion
-                done.append(c)
+            if (c := event.completion) is not None:
+                if not score_only:
+                    done.append(c)
                 finish = "length" if score_only else convert.FINISH[c.finish_reason]
                 yield chunk(c.index, "", finish, timings=convert.timings(c))
-    except Exception as exc:
-        yield _error_chunk(exc)
-        return
-    if include_usage:
-        yield {**base, "choices": [], "usage": convert.usage([] if score_only else done, prompts)}
-    yield "[DONE]"
+
+    return job.framed(chunks(), done)

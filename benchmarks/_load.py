@@ -1,0 +1,61 @@
+"""Closed-loop load shared by the engine and serve benchmarks: N client threads, each sending one
+request after another, and the latency percentiles of what they saw."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+# one(client, request) -> (time to first token s, gaps between tokens s, tokens)
+OneRequest = Callable[[int, int], tuple[float, list[float], int]]
+
+
+def pct(values: list[float], q: float) -> float | None:
+    """The q-th percentile of seconds, in ms."""
+    return round(float(np.percentile(values, q)) * 1000, 1) if values else None
+
+
+def latency(ttft: list[float], gaps: list[float]) -> dict:
+    return {
+        "ttft_ms_p50": pct(ttft, 50),
+        "ttft_ms_p99": pct(ttft, 99),
+        "itl_ms_p50": pct(gaps, 50),
+        "itl_ms_p99": pct(gaps, 99),
+    }
+
+
+def closed_loop(clients: int, per_client: int, one: OneRequest) -> dict:
+    """Run `clients` threads of `per_client` requests each; a failed request fails the run."""
+    ttft, gaps, tokens, errors, lock = [], [], [0], [], threading.Lock()
+
+    def client(k: int) -> None:
+        try:
+            for r in range(per_client):
+                t, g, n = one(k, r)
+                with lock:
+                    ttft.append(t)
+                    gaps.extend(g)
+                    tokens[0] += n
+        except Exception as exc:
+            errors.append(exc)
+
+    start = time.perf_counter()
+    workers = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - start
+    if errors:
+        raise RuntimeError(f"{len(errors)} clients failed; the first: {errors[0]}")
+    return {
+        "clients": clients,
+        "requests": clients * per_client,
+        "tokens": tokens[0],
+        "wall_s": round(wall, 2),
+        "tokens_per_s": round(tokens[0] / wall, 1),
+        **latency(ttft, gaps),
+    }
