@@ -13,6 +13,31 @@ import numpy as np
 OneRequest = Callable[[int, int], tuple[float, list[float], int]]
 
 
+class Stamps:
+    """When each token of one stream arrived: call :meth:`tick` per token."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+        self.gaps: list[float] = []
+        self.count = 0
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        self.count += 1
+        if self.first is None:
+            self.first = now
+        else:
+            self.gaps.append(now - self.last)
+        self.last = now
+
+    @property
+    def ttft(self) -> float:
+        """Seconds from the start to the first token (to now if none came)."""
+        return (self.first or time.perf_counter()) - self.start
+
+
 def pct(values: list[float], q: float) -> float | None:
     """The q-th percentile of seconds, in ms."""
     return round(float(np.percentile(values, q)) * 1000, 1) if values else None

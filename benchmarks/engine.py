@@ -34,7 +34,7 @@ import threading
 import time
 from pathlib import Path
 
-from _load import closed_loop, latency, pct
+from _load import Stamps, closed_loop, latency, pct
 from _machine import emit, load_average, machine, versions  # benchmarks/ is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,20 +67,13 @@ def _message(client: int, request: int) -> str:
     return f"(Trip {client}-{request}) {MESSAGE}"
 
 
-def _stream_times(events) -> tuple[float | None, list[float], int]:
-    """(first token time, gaps between tokens, tokens) of one request's event iterator."""
-    first, last, gaps, tokens = None, None, [], 0
+def _stream_times(events) -> Stamps:
+    """When each token of one request's event iterator arrived."""
+    stamps = Stamps()
     for event in events:
-        if event.token_id is None:
-            continue
-        now = time.perf_counter()
-        tokens += 1
-        if first is None:
-            first = now
-        else:
-            gaps.append(now - last)
-        last = now
-    return first, gaps, tokens
+        if event.token_id is not None:
+            stamps.tick()
+    return stamps
 
 
 def run_engine_load(
@@ -95,10 +88,8 @@ def run_engine_load(
 
         def one(k: int, r: int) -> tuple[float, list[float], int]:
             p = dataclasses.replace(params, seed=1000 * k + r)
-            submitted = time.perf_counter()
-            request = engine.submit(_message(k, r), p, max_new_tokens=NEW_TOKENS)
-            first, g, n = _stream_times(request)
-            return first - submitted, g, n
+            stamps = _stream_times(engine.submit(_message(k, r), p, max_new_tokens=NEW_TOKENS))
+            return stamps.ttft, stamps.gaps, stamps.count
 
         return {"threads": threads, **closed_loop(clients, requests_per_client, one)}
 

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _load import closed_loop, pct
+from _load import Stamps, closed_loop, pct
 from _machine import emit, load_average, machine, versions  # benchmarks/ is on the path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,13 +91,13 @@ def _start(engine: str, threads: int) -> tuple[subprocess.Popen, int]:
 def _stream(port: int, body: dict) -> tuple[float, list[float], int]:
     """(TTFT, gaps between content chunks, completion tokens) of one streamed chat request."""
     data = json.dumps(body).encode()
-    start = time.perf_counter()
+    stamps = Stamps()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     conn.request("POST", "/v1/chat/completions", data, {"Content-Type": "application/json"})
     response = conn.getresponse()
     if response.status != 200:
         raise RuntimeError(f"HTTP {response.status}: {response.read()[:200]!r}")
-    first, last, gaps, tokens, chunks = None, None, [], None, 0
+    tokens = None
     for raw in response:
         line = raw.strip()
         if not line.startswith(b"data:") or line == b"data: [DONE]":
@@ -107,15 +107,9 @@ def _stream(port: int, body: dict) -> tuple[float, list[float], int]:
             tokens = chunk["usage"]["completion_tokens"]
         for choice in chunk.get("choices") or []:
             if (choice.get("delta") or {}).get("content"):
-                now = time.perf_counter()
-                chunks += 1
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(now - last)
-                last = now
+                stamps.tick()
     conn.close()
-    return (first or time.perf_counter()) - start, gaps, tokens if tokens is not None else chunks
+    return stamps.ttft, stamps.gaps, stamps.count if tokens is None else tokens
 
 
 def _model(port: int) -> str:
@@ -154,18 +148,13 @@ def _python_api(threads: int, mode: str, repeats: int) -> dict:
         for r in range(repeats + 1):
             chat = [{"role": "user", "content": f"(Trip 0-{r}) {MESSAGE}"}]
             p = osx.SamplingParams(**params, seed=r, ignore_eos=True)
-            start, first, last = time.perf_counter(), None, None
+            stamps = Stamps()
             for event in engine.submit(chat, p, max_new_tokens=NEW_TOKENS):
-                if not event.text:
-                    continue
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                elif r:  # the first request warms up
-                    gaps.append(now - last)
-                last = now
-            if r:
-                ttft.append(first - start)
+                if event.text:
+                    stamps.tick()
+            if r:  # the first request warms up
+                ttft.append(stamps.ttft)
+                gaps.extend(stamps.gaps)
     return {
         "clients": 1,
         "ttft_ms_p50": pct(ttft, 50),
@@ -178,7 +167,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--requests", type=int, default=16, help="requests per cell")
+    parser.add_argument("--requests", type=int, default=32, help="requests per cell")
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/serve.json"))
     args = parser.parse_args()
     engines = ["onnxsample", "llama-server"]
