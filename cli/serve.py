@@ -13,6 +13,7 @@ from onnxsample.cli._ui import err, stages
 from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import OnnxSampleError, RuntimeUnavailable
 
+_RAY = "Ray Serve replicas"
 _LABELS = {
     "check": "Checking the embedded model",
     "load": "Loading weights",
@@ -71,11 +72,80 @@ def serve(
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
     provider: opt.Provider = "auto",
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            help="Serve from N Ray Serve replicas, each with its own engine (needs the ray extra).",
+            min=1,
+            show_default=False,
+            rich_help_panel=_RAY,
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            help="Join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting a "
+            "local Ray for the command.",
+            show_default=False,
+            rich_help_panel=_RAY,
+        ),
+    ] = None,
+    replica_cpus: Annotated[
+        float,
+        typer.Option(
+            "--replica-cpus", help="Ray CPUs per replica.", min=0.01, rich_help_panel=_RAY
+        ),
+    ] = 1.0,
+    min_replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--min-replicas",
+            help="Autoscale: the fewest replicas (with --max-replicas).",
+            min=0,
+            show_default=False,
+            rich_help_panel=_RAY,
+        ),
+    ] = None,
+    max_replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--max-replicas",
+            help="Autoscale: the most replicas (with --min-replicas).",
+            min=1,
+            show_default=False,
+            rich_help_panel=_RAY,
+        ),
+    ] = None,
+    target_ongoing_requests: Annotated[
+        float | None,
+        typer.Option(
+            "--target-ongoing-requests",
+            help="Autoscale: requests per replica to aim at (default: Serve's).",
+            min=0.01,
+            show_default=False,
+            rich_help_panel=_RAY,
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over OpenAI's API (chat and text completions), with a chat page at /.
 
     Example: onnxsample serve   (the embedded model at http://127.0.0.1:8080)
+
+    With --replicas N the same API runs on N Ray Serve replicas behind Ray's proxy; --threads is
+    then per replica (default 1) and --max-queue is how many requests wait at the proxy before 503.
     """
+    if replicas is not None or ray_address is not None or min_replicas is not None:
+        _serve_replicas(
+            model, host=host, port=port, threads=threads, max_slots=max_slots,
+            max_queue=max_queue, api_key=api_key, served_model_name=served_model_name,
+            max_len=max_len, prefill_chunk=prefill_chunk, provider=provider,
+            replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
+            min_replicas=min_replicas, max_replicas=max_replicas,
+            target_ongoing_requests=target_ongoing_requests,
+        )  # fmt: skip
+        return
     try:
         import uvicorn
 
@@ -133,6 +203,59 @@ def serve(
     if failed:
         exc = failed[0]
         raise exc if isinstance(exc, OnnxSampleError) else OnnxSampleError(str(exc))
+
+
+def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | None,
+                    max_slots: int | None, max_queue: int, api_key: str | None,
+                    served_model_name: str | None, max_len: int | None, prefill_chunk: int,
+                    provider: str, replicas: int | None, ray_address: str | None,
+                    replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
+                    target_ongoing_requests: float | None) -> None:  # fmt: skip
+    try:
+        from onnxsample.serve import replicas as ray_serve
+    except ImportError as exc:
+        raise RuntimeUnavailable(
+            f"--replicas needs the ray extra ({exc.name} is not installed): "
+            "pip install 'onnxsample[ray]'"
+        ) from None
+    from onnxsample.prepare import prepare
+
+    scaling = ray_serve.Scaling(
+        replicas=replicas or min_replicas or 1,
+        cpus=replica_cpus,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        target_ongoing_requests=target_ongoing_requests,
+        max_queued=max(1, max_queue),
+    )
+    scaling.check()
+    with stages(_LABELS) as progress:
+        composed = prepare(model, progress=progress, max_slots=max_slots).resolve()
+    name = served_model_name or composed.parent.name
+    options = ray_serve.ReplicaOptions(
+        model=str(composed),
+        served_model_name=name,
+        threads=threads or max(1, int(replica_cpus)),
+        max_len=max_len,
+        prefill_chunk=prefill_chunk or None,
+        provider=provider,
+        api_key=api_key,
+    )
+    app = ray_serve.build_application(options, scaling)
+    where = f"the Ray cluster at {ray_address}" if ray_address else "a local Ray"
+    err.print(f"starting {scaling.replicas} replicas of {name} on {where}…", markup=False)
+
+    def ready() -> None:
+        shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+        err.print(
+            f"serving {name} ({composed}) from {scaling.replicas} replicas at "
+            f"http://{shown}:{port}  — chat page at /, OpenAI API at /v1; Ctrl-C stops",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+    ray_serve.run(app, scaling, host=host, port=port, address=ray_address, on_ready=ready)
 
 
 def _graceful(uvicorn):

@@ -150,6 +150,11 @@ class Engine:
     def context_length(self) -> int | None:
         return self.info.context_length
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the engine's thread stopped, if it failed (None while it runs or after close)."""
+        return self._dead
+
     def stats(self) -> Stats:
         """A snapshot of what the engine has done (times, calls, tokens)."""
         return replace(self._scheduler.stats)

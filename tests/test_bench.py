@@ -444,3 +444,19 @@ def test_report_serve_section(tmp_path: Path, rows, skipped, expect) -> None:
     assert "### `onnxsample serve` against llama-server" in text
     for line in expect:
         assert line in text
+
+
+def test_report_replicas_and_proxy_sections(tmp_path: Path) -> None:
+    report = _module("report")
+    rows = [_serve_row("onnxsample", "greedy", 1, 100.0), _serve_row("replicas", "greedy", 1, 80.0)]
+    rows[1] = {**rows[1], "ttft_ms_p50": 63.0, "itl_ms_p50": 11.5}
+    for name, n in (("serve_replicas", 2), ("serve_proxy", 1)):
+        (tmp_path / f"{name}.json").write_text(
+            json.dumps({"threads": 2, "replicas": n, "slots": 8, "rows": rows, "skipped": {}})
+        )
+    md, missing = tmp_path / "benchmarks.md", str(tmp_path / "none.json")
+    report.main(["--e2e", missing, "--sampling", missing, "--results", str(tmp_path),
+                 "--md", str(md), "--png", "x.png"])  # fmt: skip
+    text = md.read_text()
+    assert "| greedy | 1 | 100 | 80 | 0.80× |" in text
+    assert "| greedy | 40.0 | 63.0 | 9.0 | 11.5 | 23.0 ms | 2.5 ms |" in text

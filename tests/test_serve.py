@@ -6,87 +6,19 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
-import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import openai
 import pytest
+from _http import free_port, get, metric, post, served
 
 from onnxsample.composer import compose
 
-BIN = Path(sys.executable).parent / "onnxsample"
 KEY = "sk-test-key"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _get(port: int, path: str) -> tuple[int, bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
-def _post(port: int, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    try:
-        conn.request("POST", path, body, {"Content-Type": "application/json", **(headers or {})})
-        response = conn.getresponse()
-        data = response.read()
-        return response.status, json.loads(data) if data else {}
-    finally:
-        conn.close()
-
-
-@contextmanager
-def _server(model: Path, *args: str):
-    """`onnxsample serve` in its own process; stopped with SIGTERM, which must exit 0."""
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "ONNXSAMPLE_API_KEY"}
-    proc = subprocess.Popen(
-        [str(BIN), "serve", str(model), "--port", str(port), "--threads", "1", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server stopped: {proc.stdout.read()}")
-            try:
-                if _get(port, "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not come up")
-            time.sleep(0.2)
-        yield port
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        assert code == 0, proc.stdout.read()
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +36,8 @@ def models(tiny_gqa_export, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def port(models):
-    with _server(models["four"], "--served-model-name", "tiny") as p:
-        yield p
+    with served(models["four"], "--threads", "1", "--served-model-name", "tiny") as server:
+        yield server.port
 
 
 @pytest.fixture(scope="module")
@@ -287,21 +219,21 @@ def test_unknown_model_is_404(client):
     ],
 )
 def test_raw_bodies_get_openai_errors(port, body, status, fragment):
-    code, data = _post(port, "/v1/chat/completions", body)
+    code, data = post(port, "/v1/chat/completions", body)
     assert code == status and fragment in data["error"]["message"], data
     assert set(data["error"]) == {"message", "type", "param", "code"}
 
 
 def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
-    code, data = _post(port, "/tokenize", b'{"content": "Hello world"}')
+    code, data = post(port, "/tokenize", b'{"content": "Hello world"}')
     assert code == 200 and data["count"] == len(data["tokens"]) and data["max_model_len"] == 512
-    code, back = _post(port, "/detokenize", json.dumps({"tokens": data["tokens"]}).encode())
+    code, back = post(port, "/detokenize", json.dumps({"tokens": data["tokens"]}).encode())
     assert code == 200 and back["prompt"] == "Hello world"
-    assert _post(port, "/detokenize", b'{"tokens": [-1]}')[0] == 400
+    assert post(port, "/detokenize", b'{"tokens": [-1]}')[0] == 400
     assert [m.id for m in client.models.list()] == ["tiny"]
-    code, page = _get(port, "/")
+    code, page = get(port, "/")
     assert code == 200 and b"<title>onnxsample chat</title>" in page
-    code, text = _get(port, "/metrics")
+    code, text = get(port, "/metrics")
     for name in (
         "onnxsample_requests_running",
         "onnxsample_slots_busy",
@@ -314,8 +246,7 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
 
 
 def _metric(port: int, name: str) -> float:
-    text = _get(port, "/metrics")[1].decode()
-    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+    return metric(get(port, "/metrics")[1].decode(), name)
 
 
 def test_a_client_that_goes_away_frees_its_slot(port):
@@ -357,7 +288,8 @@ def test_64_concurrent_streams_each_get_their_own_answer(client):
 
 
 def test_api_key(models):
-    with _server(models["two"], "--api-key", KEY) as p:
+    with served(models["two"], "--threads", "1", "--api-key", KEY) as server:
+        p = server.port
         url = f"http://127.0.0.1:{p}/v1"
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
@@ -365,11 +297,12 @@ def test_api_key(models):
         assert ok.chat.completions.create(
             model=ok.models.list().data[0].id, messages=CHAT, max_tokens=2
         ).choices
-        assert _get(p, "/health")[0] == 200  # health stays open
+        assert get(p, "/health")[0] == 200  # health stays open
 
 
 def test_a_full_queue_is_429_with_retry_after(models):
-    with _server(models["two"], "--max-queue", "0") as p:
+    with served(models["two"], "--threads", "1", "--max-queue", "0") as server:
+        p = server.port
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{p}/v1", api_key="x", max_retries=0)
         long = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
         streams = [
@@ -402,7 +335,7 @@ def test_health_is_503_until_the_model_is_loaded(models, tiny_gqa_export):
         gate.wait(60)
         return Engine(models["two"], tokenizer=tiny_gqa_export.output, threads=1)
 
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(create_app(load, ServeSettings("tiny")), port=port, log_level="warning")
     )
@@ -413,12 +346,12 @@ def test_health_is_503_until_the_model_is_loaded(models, tiny_gqa_export):
         while not server.started:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        code, body = _get(port, "/health")
+        code, body = get(port, "/health")
         assert code == 503 and json.loads(body)["error"]["message"] == "loading the model"
-        status, data = _post(port, "/v1/completions", b'{"prompt": "x"}')
+        status, data = post(port, "/v1/completions", b'{"prompt": "x"}')
         assert status == 503 and data["error"]["type"] == "service_unavailable"
         gate.set()
-        while _get(port, "/health")[0] != 200:
+        while get(port, "/health")[0] != 200:
             assert time.monotonic() < deadline
             time.sleep(0.05)
     finally:

@@ -48,12 +48,15 @@ FINGERPRINT = f"onnxsample-{__version__}"
 @dataclass
 class ServeSettings:
     """`served_model_name` is what clients call the model; `api_key`, when set, is required as
-    ``Authorization: Bearer <key>`` on the API routes; bodies over `max_body_bytes` get 413."""
+    ``Authorization: Bearer <key>`` on the API routes; bodies over `max_body_bytes` get 413;
+    `replica`, when set, names this process in every response's ``x-onnxsample-replica`` header
+    (one of several replicas behind a proxy)."""
 
     served_model_name: str
     api_key: str | None = None
     max_body_bytes: int = 4 * 2**20
     drain_seconds: float = 30.0
+    replica: str | None = None
 
 
 class _State:
@@ -64,13 +67,16 @@ class _State:
 
 
 def create_app(
-    load: Callable[[], Engine],
+    load: Callable[[], Engine] | Engine,
     settings: ServeSettings,
     *,
     on_load_error: Callable[[BaseException], None] | None = None,
 ) -> FastAPI:
-    """The app; `load()` builds the engine (in a thread, once the server is up)."""
+    """The app; `load()` builds the engine (in a thread, once the server is up), or `load` is
+    the engine, loaded already. The app closes the engine when it stops."""
     state = _State()
+    if isinstance(load, Engine):
+        state.engine = load
     metrics = Metrics(lambda: state.engine.load() if state.engine else {})
 
     def loader() -> None:
@@ -86,7 +92,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        threading.Thread(target=loader, name="onnxsample-load", daemon=True).start()
+        if state.engine is None:
+            threading.Thread(target=loader, name="onnxsample-load", daemon=True).start()
         yield
         if state.engine is not None:
             await asyncio.to_thread(state.engine.close, cancel=True, timeout=settings.drain_seconds)
@@ -94,6 +101,8 @@ def create_app(
     app = FastAPI(title="onnxsample", version=__version__, lifespan=lifespan)
     install(app)
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    if settings.replica is not None:
+        app.add_middleware(_ReplicaHeader, name=settings.replica)
     static = resources.files("onnxsample.serve") / "static"
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
 
@@ -374,3 +383,22 @@ class _BodyLimit:
 
 class _TooLarge(Exception):
     pass
+
+
+class _ReplicaHeader:
+    """``x-onnxsample-replica: <name>`` on every response, streams included."""
+
+    def __init__(self, app, name: str) -> None:
+        self.app, self.header = app, (b"x-onnxsample-replica", name.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def named(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, named)

@@ -1,0 +1,228 @@
+"""`onnxsample serve --replicas 2` as clients meet it: a local Ray started by the command, two
+replicas of the embedded model at half a CPU and one ORT thread each, the official `openai` client
+through Ray Serve's proxy; and nothing of Ray left once the command stops."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import http.client
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from _http import BIN, alive, descendants, get, metric, served, stop
+
+pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install '.[ray]'")
+
+ARGS = ("--threads", "1", "--served-model-name", "smol")
+RAY = ("--replicas", "2", "--replica-cpus", "0.5", "--max-queue", "24")
+QUESTIONS = [f"In one sentence, what is {thing}?" for thing in ("rain", "a river", "snow", "fog")]
+
+
+@pytest.fixture(scope="module")
+def model(embedded_gqa_exports):
+    return embedded_gqa_exports["gguf-a4"].output
+
+
+@pytest.fixture(scope="module")
+def replicas(model):
+    """The command, its port, and every process it started (read once the replicas are up)."""
+    with served(model, *ARGS, *RAY, startup_s=300) as proc:
+        proc.started = descendants(proc.pid)
+        yield proc
+
+
+def _client(port: int) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+
+
+def _ask(client: openai.OpenAI, i: int) -> tuple[str, str | None]:
+    """(text, replica) of one streamed chat, its seed its own."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="smol",
+        messages=[{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+        max_tokens=16,
+        temperature=0.9,
+        top_p=0.95,
+        seed=500 + i,
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
+    return text, raw.headers.get("x-onnxsample-replica")
+
+
+def test_32_streams_through_both_replicas_as_one_process_answers(replicas, model):
+    client = _client(replicas.port)
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        spread = list(pool.map(lambda i: _ask(client, i), range(32)))
+    assert all(text for text, _ in spread)
+    assert len({name for _, name in spread}) == 2, "one replica served everything"
+    with served(model, *ARGS) as single:
+        alone = [_ask(_client(single.port), i)[0] for i in range(32)]
+    assert [text for text, _ in spread] == alone
+
+
+def test_health_models_metrics_and_page_through_the_proxy(replicas):
+    assert get(replicas.port, "/health")[0] == 200
+    status, body = get(replicas.port, "/v1/models")
+    assert status == 200 and json.loads(body)["data"][0]["id"] == "smol"
+    status, body = get(replicas.port, "/metrics")
+    assert status == 200 and b"onnxsample_slots_busy" in body
+    status, body = get(replicas.port, "/")
+    assert status == 200 and b"<html" in body.lower()
+
+
+def _slots_busy_everywhere(port: int) -> dict[str, float]:
+    """onnxsample_slots_busy per replica, asking until both have answered."""
+    seen: dict[str, float] = {}
+    for _ in range(40):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        text = response.read().decode()
+        seen[response.getheader("x-onnxsample-replica")] = metric(text, "onnxsample_slots_busy")
+        conn.close()
+        if len(seen) == 2:
+            break
+    return seen
+
+
+def test_a_client_that_goes_away_frees_its_replicas_slot(replicas):
+    body = json.dumps({"model": "smol", "prompt": "Once upon a time", "max_tokens": 400,
+                       "stream": True, "ignore_eos": True}).encode()  # fmt: skip
+    sock = socket.create_connection(("127.0.0.1", replicas.port), timeout=60)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    seen = b""
+    while seen.count(b"data:") < 4:
+        seen += sock.recv(4096)
+    assert sum(_slots_busy_everywhere(replicas.port).values()) >= 1
+    sock.close()
+    deadline = time.monotonic() + 60
+    while sum((busy := _slots_busy_everywhere(replicas.port)).values()) > 0:
+        assert time.monotonic() < deadline, f"a slot stayed busy: {busy}"
+        time.sleep(0.2)
+
+
+def test_an_overload_burst_is_refused_at_once_not_left_hanging(replicas):
+    """2 replicas x 8 slots, 24 waiting at the proxy: of 80 long requests at once, the rest are
+    refused with 503 (Serve's queue) or 429 (a replica's), none time out."""
+    client = openai.OpenAI(
+        base_url=f"http://127.0.0.1:{replicas.port}/v1", api_key="none", max_retries=0, timeout=300
+    )
+
+    def one(i: int) -> int:
+        try:
+            client.completions.create(model="smol", prompt="Count: 1, 2, 3,", max_tokens=48,
+                                      seed=i, extra_body={"ignore_eos": True})  # fmt: skip
+            return 200
+        except openai.APIStatusError as exc:
+            return exc.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(80) as pool:
+        codes = list(pool.map(one, range(80)))
+    refused = [c for c in codes if c in (429, 503)]
+    assert codes.count(200) >= 16 and refused, codes
+    assert set(codes) <= {200, 429, 503}, codes
+
+
+def test_stopping_the_command_stops_every_ray_process_it_started(replicas):
+    started = replicas.started
+    assert any("raylet" in _cmdline(p) for p in started), "no raylet among the command's children"
+    stop(replicas)
+    deadline = time.monotonic() + 30
+    while left := [p for p in started if alive(p)]:
+        assert time.monotonic() < deadline, [_cmdline(p) for p in left]
+        time.sleep(0.5)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replicas", "2", "--min-replicas", "3", "--max-replicas", "2"], "min_replicas <= replicas"),
+        (["--min-replicas", "1"], "both min_replicas and max_replicas"),
+    ],
+    ids=["min-over-max", "min-without-max"],
+)  # fmt: skip
+def test_bad_scaling_is_one_line_and_exit_1(model, args, message):
+    done = subprocess.run([str(BIN), "serve", str(model), *args], capture_output=True, text=True)
+    assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_without_the_ray_extra_replicas_name_the_extra(model):
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from onnxsample.cli import main\n"
+        f"main(['serve', {str(model)!r}, '--replicas', '2'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert "pip install 'onnxsample[ray]'" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        ({"replicas": "2", "cpus": "0.5", "threads": "1"},
+         {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5}, "max_ongoing_requests": 8,
+          "max_queued_requests": 256}),
+        ({"replicas": "3", "max_queued": "16", "served_model_name": "smol"},
+         {"num_replicas": 3, "max_queued_requests": 16}),
+    ],
+    ids=["half-cpu", "queue-and-name"],
+)  # fmt: skip
+def test_app_builder_sets_the_deployment(model, args, expect):
+    from onnxsample.serve.replicas import app_builder
+
+    deployment = app_builder({"model": str(model / "composed.onnx"), **args})._bound_deployment
+    for key, value in expect.items():
+        assert getattr(deployment, key) == value, key
+    options = deployment.init_args[0]
+    assert Path(options.model).is_absolute() and options.served_model_name == args.get(
+        "served_model_name", model.name
+    )
+
+
+def test_app_builder_autoscales_between_min_and_max(model):
+    from onnxsample.serve.replicas import app_builder
+
+    app = app_builder({"model": str(model / "composed.onnx"), "replicas": "2",
+                       "min_replicas": "1", "max_replicas": "4", "target_ongoing_requests": "6"})  # fmt: skip
+    scaling = app._bound_deployment._deployment_config.autoscaling_config
+    assert (scaling.min_replicas, scaling.initial_replicas, scaling.max_replicas) == (1, 2, 4)
+    assert scaling.target_ongoing_requests == 6
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"replicas": "2"}, "needs model=PATH"),
+        ({"model": "M", "replica": "2"}, "got replica"),
+        ({"model": "M", "replicas": "two"}, "'two' is not int"),
+        ({"model": "M", "cpus": "0"}, "replica cpus must be > 0"),
+        ({"model": "M", "min_replicas": "1"}, "both min_replicas and max_replicas"),
+    ],
+    ids=["no-model", "unknown-key", "not-a-number", "no-cpus", "half-autoscaling"],
+)
+def test_app_builder_refuses_bad_arguments(model, args, message):
+    from onnxsample.errors import InvalidParameter
+    from onnxsample.serve.replicas import app_builder
+
+    args = {k: (str(model / "composed.onnx") if v == "M" else v) for k, v in args.items()}
+    with pytest.raises(InvalidParameter, match=message):
+        app_builder(args)
