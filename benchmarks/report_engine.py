@@ -73,10 +73,7 @@ def _load(data: dict | None) -> list[str]:
             f"{_v(e.get('itl_ms_p50'))} / {_v(e.get('itl_ms_p99'))} | "
             f"{_v(c.get('itl_ms_p50'))} / {_v(c.get('itl_ms_p99'))} |"
         )
-    loads = [r.get("load_average", [None])[0] for r in data.get("rows", [])]
-    loads = [x for x in loads if x is not None]
-    if loads:
-        lines += ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+    lines += _loads(data.get("rows", []))
     return [*lines, ""]
 
 
@@ -159,25 +156,9 @@ def _serve(data: dict | None) -> list[str]:
         "temperature 0.8, top-k 40, top-p 0.95, min-p 0.05. Latencies in ms, measured by the "
         "client; ratio = onnxsample tok/s ÷ llama-server tok/s.",
         "",
-        "| mode | clients | onnxsample tok/s | llama-server tok/s | ratio | onnxsample TTFT p50 / p99 "
-        "| llama-server TTFT p50 / p99 | onnxsample ITL p50 / p99 | llama-server ITL p50 / p99 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    lines += _pair_table(rows, ("onnxsample", "onnxsample"), ("llama-server", "llama-server"))
     cells = {(r["engine"], r["mode"], r["clients"]): r for r in rows}
-    keys = sorted({(r["mode"], r["clients"]) for r in rows if r["engine"] == "onnxsample"})
-    for mode, clients in keys:
-        o, g = (
-            cells.get(("onnxsample", mode, clients), {}),
-            cells.get(("llama-server", mode, clients), {}),
-        )
-        lines.append(
-            f"| {mode} | {clients} | {_v(o.get('tokens_per_s'))} | {_v(g.get('tokens_per_s'))} | "
-            f"{_ratio(o.get('tokens_per_s'), g.get('tokens_per_s'))} | "
-            f"{_v(o.get('ttft_ms_p50'))} / {_v(o.get('ttft_ms_p99'))} | "
-            f"{_v(g.get('ttft_ms_p50'))} / {_v(g.get('ttft_ms_p99'))} | "
-            f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} | "
-            f"{_v(g.get('itl_ms_p50'), 1)} / {_v(g.get('itl_ms_p99'), 1)} |"
-        )
     for why in (data.get("skipped") or {}).values():
         lines += ["", f"llama-server skipped: {why}."]
     api = {r["mode"]: r for r in rows if r["engine"] == "python-api"}
@@ -198,10 +179,37 @@ def _serve(data: dict | None) -> list[str]:
                 f"{_v(a.get('itl_ms_p50'), 1)} / {_v(a.get('itl_ms_p99'), 1)} | "
                 f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} |"
             )
-    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
-    if loads:
-        lines += ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+    lines += _loads(rows)
     return [*lines, ""]
+
+
+def _loads(rows: list[dict]) -> list[str]:
+    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
+    if not loads:
+        return []
+    return ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+
+
+def _pair_table(rows: list[dict], a: tuple[str, str], b: tuple[str, str]) -> list[str]:
+    """Engine a (name, label) against engine b per mode and client count; ratio = a ÷ b."""
+    (ea, la), (eb, lb) = a, b
+    cells = {(r["engine"], r["mode"], r["clients"]): r for r in rows}
+    lines = [
+        f"| mode | clients | {la} tok/s | {lb} tok/s | ratio | {la} TTFT p50 / p99 | "
+        f"{lb} TTFT p50 / p99 | {la} ITL p50 / p99 | {lb} ITL p50 / p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, clients in sorted({(r["mode"], r["clients"]) for r in rows if r["engine"] == ea}):
+        x, y = cells.get((ea, mode, clients), {}), cells.get((eb, mode, clients), {})
+        lines.append(
+            f"| {mode} | {clients} | {_v(x.get('tokens_per_s'))} | {_v(y.get('tokens_per_s'))} | "
+            f"{_ratio(x.get('tokens_per_s'), y.get('tokens_per_s'))} | "
+            f"{_v(x.get('ttft_ms_p50'))} / {_v(x.get('ttft_ms_p99'))} | "
+            f"{_v(y.get('ttft_ms_p50'))} / {_v(y.get('ttft_ms_p99'))} | "
+            f"{_v(x.get('itl_ms_p50'), 1)} / {_v(x.get('itl_ms_p99'), 1)} | "
+            f"{_v(y.get('itl_ms_p50'), 1)} / {_v(y.get('itl_ms_p99'), 1)} |"
+        )
+    return lines
 
 
 def _proxy(data: dict | None) -> list[str]:
@@ -251,27 +259,9 @@ def _replicas(data: dict | None, proxy: dict | None = None) -> list[str]:
         "where the replicas still decode (the TTFT gap at 16). ratio = replicas tok/s ÷ one "
         "process tok/s.",
         "",
-        "| mode | clients | one process tok/s | replicas tok/s | ratio | one process TTFT p50 / p99 "
-        "| replicas TTFT p50 / p99 | one process ITL p50 / p99 | replicas ITL p50 / p99 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = data.get("rows", [])
-    cells = {(r["engine"], r["mode"], r["clients"]): r for r in rows}
-    for mode, clients in sorted({(r["mode"], r["clients"]) for r in rows}):
-        o, r = (
-            cells.get(("onnxsample", mode, clients), {}),
-            cells.get(("replicas", mode, clients), {}),
-        )
-        lines.append(
-            f"| {mode} | {clients} | {_v(o.get('tokens_per_s'))} | {_v(r.get('tokens_per_s'))} | "
-            f"{_ratio(r.get('tokens_per_s'), o.get('tokens_per_s'))} | "
-            f"{_v(o.get('ttft_ms_p50'))} / {_v(o.get('ttft_ms_p99'))} | "
-            f"{_v(r.get('ttft_ms_p50'))} / {_v(r.get('ttft_ms_p99'))} | "
-            f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} | "
-            f"{_v(r.get('itl_ms_p50'), 1)} / {_v(r.get('itl_ms_p99'), 1)} |"
-        )
+    lines += _pair_table(rows, ("replicas", "replicas"), ("onnxsample", "one process"))
     lines += _proxy(proxy)
-    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
-    if loads:
-        lines += ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+    lines += _loads(rows)
     return [*lines, ""]

@@ -458,5 +458,5 @@ def test_report_replicas_and_proxy_sections(tmp_path: Path) -> None:
     report.main(["--e2e", missing, "--sampling", missing, "--results", str(tmp_path),
                  "--md", str(md), "--png", "x.png"])  # fmt: skip
     text = md.read_text()
-    assert "| greedy | 1 | 100 | 80 | 0.80× |" in text
+    assert "| greedy | 1 | 80 | 100 | 0.80× |" in text  # replicas first
     assert "| greedy | 40.0 | 63.0 | 9.0 | 11.5 | 23.0 ms | 2.5 ms |" in text
