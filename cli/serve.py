@@ -134,7 +134,8 @@ def serve(
     Example: onnxsample serve   (the embedded model at http://127.0.0.1:8080)
 
     With --replicas N the same API runs on N Ray Serve replicas behind Ray's proxy; --threads is
-    then per replica (default 1) and --max-queue is how many requests wait at the proxy before 503.
+    then per replica (default: --replica-cpus, at least 1) and --max-queue is how many requests
+    wait at the proxy before 503.
     """
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
