@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -212,6 +213,8 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
                     provider: str, replicas: int | None, ray_address: str | None,
                     replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
                     target_ongoing_requests: float | None) -> None:  # fmt: skip
+    if ray_address is not None:
+        _use_ray_token()  # before Ray is imported: it reads the mode once
     try:
         from onnxsample.serve import replicas as ray_serve
     except ImportError as exc:
@@ -257,6 +260,17 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         )
 
     ray_serve.run(app, scaling, host=host, port=port, address=ray_address, on_ready=ready)
+
+
+def _use_ray_token() -> None:
+    """Clusters started with ``ray start --head`` (Ray 2.5x) require a token, which a driver
+    sends only with ``RAY_AUTH_MODE=token``; without it, joining retries forever. As Ray does for
+    local clusters: when the mode is unset and a token is at hand (``RAY_AUTH_TOKEN`` or
+    ``~/.ray/auth_token``), use it."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    if os.environ.get("RAY_AUTH_TOKEN") or (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
 
 
 def _graceful(uvicorn):

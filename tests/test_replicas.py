@@ -7,6 +7,7 @@ from __future__ import annotations
 import concurrent.futures
 import http.client
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from _http import BIN, alive, descendants, get, metric, served, stop
+from _http import BIN, alive, descendants, free_port, get, metric, served, stop
 
 pytest.importorskip("ray.serve", reason="the ray extra is not installed: pip install '.[ray]'")
 
@@ -142,6 +143,26 @@ def test_stopping_the_command_stops_every_ray_process_it_started(replicas):
     while left := [p for p in started if alive(p)]:
         assert time.monotonic() < deadline, [_cmdline(p) for p in left]
         time.sleep(0.5)
+
+
+def test_joining_a_running_cluster_serves_and_leaves_it_running(model):
+    """The README's cluster recipe on one node: `ray start --head`, then `--ray-address`."""
+    ray = str(BIN.parent / "ray")
+    gcs = free_port()
+    head = [ray, "start", "--head", f"--port={gcs}", "--num-cpus=1", "--disable-usage-stats",
+            "--include-dashboard=false"]  # fmt: skip
+    subprocess.run(head, check=True, capture_output=True, timeout=300)
+    try:
+        address = ("--ray-address", f"127.0.0.1:{gcs}", "--replicas", "1", "--replica-cpus", "0.5")
+        with served(model, *ARGS, *address, startup_s=300) as proc:
+            status, body = get(proc.port, "/v1/models")
+            assert status == 200 and json.loads(body)["data"][0]["id"] == "smol"
+        env = {**os.environ, "RAY_AUTH_MODE": "token"}
+        alive_after = subprocess.run([ray, "status", "--address", f"127.0.0.1:{gcs}"],
+                                     capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+        assert alive_after.returncode == 0 and "Active" in alive_after.stdout, alive_after.stderr
+    finally:
+        subprocess.run([ray, "stop", "--force"], capture_output=True, timeout=300)
 
 
 def _cmdline(pid: int) -> str:
