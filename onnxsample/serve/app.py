@@ -30,6 +30,7 @@ from onnxsample.request import Request as EngineRequest
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.metrics import Metrics
+from onnxsample.serve.middleware import BodyLimit, ReplicaHeader
 from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -100,9 +101,9 @@ def create_app(
 
     app = FastAPI(title="onnxsample", version=__version__, lifespan=lifespan)
     install(app)
-    app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if settings.replica is not None:
-        app.add_middleware(_ReplicaHeader, name=settings.replica)
+        app.add_middleware(ReplicaHeader, name=settings.replica)
     static = resources.files("onnxsample.serve") / "static"
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
 
@@ -342,63 +343,3 @@ def _sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
             yield f"data: {text}\n\n"
 
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-class _BodyLimit:
-    """413 for a body over `limit` bytes, by its Content-Length or as it arrives."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers") or [])
-        length = headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await self._refuse(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope, receive, send) -> None:
-        from onnxsample.serve.errors import error_response
-
-        response = error_response(413, f"the request body is over {self.limit} bytes")
-        await response(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _ReplicaHeader:
-    """``x-onnxsample-replica: <name>`` on every response, streams included."""
-
-    def __init__(self, app, name: str) -> None:
-        self.app, self.header = app, (b"x-onnxsample-replica", name.encode())
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-
-        async def named(message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), self.header]}
-            await send(message)
-
-        await self.app(scope, receive, named)
