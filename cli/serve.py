@@ -158,11 +158,8 @@ def serve(
             "pip install 'onnxsample[serve]'"
         ) from None
     from onnxsample.engine import Engine
-    from onnxsample.prepare import prepare
 
-    with stages(_LABELS) as progress:
-        composed = prepare(model, progress=progress, max_slots=max_slots)
-    name = served_model_name or composed.parent.name
+    composed, name = _prepared(model, max_slots, served_model_name)
 
     def load() -> Engine:
         return Engine(
@@ -193,14 +190,7 @@ def serve(
         load, ServeSettings(served_model_name=name, api_key=api_key), on_load_error=on_load_error
     )
     logging.getLogger("onnxsample").setLevel(logging.INFO)
-    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
-    err.print(
-        f"serving {name} ({composed}) at http://{shown}:{port}  — chat page at /, OpenAI API at "
-        f"/v1; Ctrl-C stops",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
+    _announce(name, composed, host, port)
     server.run()
     if failed:
         exc = failed[0]
@@ -222,7 +212,6 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
             f"--replicas needs the ray extra ({exc.name} is not installed): "
             "pip install 'onnxsample[ray]'"
         ) from None
-    from onnxsample.prepare import prepare
 
     scaling = ray_serve.Scaling(
         replicas=replicas or min_replicas or 1,
@@ -233,9 +222,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         max_queued=max(1, max_queue),
     )
     scaling.check()
-    with stages(_LABELS) as progress:
-        composed = prepare(model, progress=progress, max_slots=max_slots).resolve()
-    name = served_model_name or composed.parent.name
+    composed, name = _prepared(model, max_slots, served_model_name)
     options = ray_serve.ReplicaOptions(
         model=str(composed),
         served_model_name=name,
@@ -250,16 +237,29 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
     err.print(f"starting {scaling.replicas} replicas of {name} on {where}…", markup=False)
 
     def ready() -> None:
-        shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
-        err.print(
-            f"serving {name} ({composed}) from {scaling.replicas} replicas at "
-            f"http://{shown}:{port}  — chat page at /, OpenAI API at /v1; Ctrl-C stops",
-            markup=False,
-            highlight=False,
-            soft_wrap=True,
-        )
+        _announce(name, composed, host, port, f" from {scaling.replicas} replicas")
 
     ray_serve.run(app, scaling, host=host, port=port, address=ray_address, on_ready=ready)
+
+
+def _prepared(model: Path | None, max_slots: int | None, served_name: str | None):
+    """The composed model to serve (composed or exported first when needed) and its API name."""
+    from onnxsample.prepare import prepare
+
+    with stages(_LABELS) as progress:
+        composed = prepare(model, progress=progress, max_slots=max_slots).resolve()
+    return composed, served_name or composed.parent.name
+
+
+def _announce(name: str, composed: Path, host: str, port: int, by: str = "") -> None:
+    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+    err.print(
+        f"serving {name} ({composed}){by} at http://{shown}:{port}  — chat page at /, OpenAI API "
+        "at /v1; Ctrl-C stops",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _use_ray_token() -> None:

@@ -96,6 +96,11 @@ def timings(completion: Completion) -> dict:
     }
 
 
+def _text(tokenizer: Tokenizer, token: int) -> str:
+    """A token's own text (its bytes, an unfinished UTF-8 character as U+FFFD)."""
+    return tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+
 def _entry(tokenizer: Tokenizer, token: int, logprob: float) -> dict:
     raw = tokenizer.token_bytes(token)
     return {
@@ -126,17 +131,12 @@ def legacy_logprobs(
     offset: int = 0,
 ) -> dict:
     """The completions API's ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``."""
-    texts = [tokenizer.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
+    texts = [_text(tokenizer, t) for t in tokens]
     offsets = []
     for text in texts:
         offsets.append(offset)
         offset += len(text)
-    top_dicts = [
-        None
-        if top is None
-        else {tokenizer.token_bytes(t).decode("utf-8", errors="replace"): v for t, v in top}
-        for top in tops
-    ]
+    top_dicts = [None if top is None else {_text(tokenizer, t): v for t, v in top} for top in tops]
     return {
         "tokens": texts,
         "token_logprobs": list(logprobs),
