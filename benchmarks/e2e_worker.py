@@ -286,7 +286,9 @@ class GenaiEngine(Engine):
 
 
 class LlamaCppEngine(Engine):
-    """llama.cpp through llama-cpp-python on the original Q4_1 GGUF (batch 1 only)."""
+    """llama.cpp through llama-cpp-python on the original Q4_1 GGUF (batch 1 only); with
+    ``--lookup K``, its prompt-lookup speculative decoding (``LlamaPromptLookupDecoding``, K
+    draft tokens)."""
 
     packages = ("llama_cpp_python",)
 
@@ -295,12 +297,18 @@ class LlamaCppEngine(Engine):
         import llama_cpp
 
         self.llama_cpp = llama_cpp
+        draft = None
+        if getattr(args, "lookup", 0):
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(num_pred_tokens=args.lookup)
         self.model = llama_cpp.Llama(
             model_path=args.gguf,
-            n_ctx=1024,
+            n_ctx=2048,
             n_batch=512,
             n_threads=args.threads,
             n_threads_batch=args.threads,
+            draft_model=draft,
             verbose=False,
         )
 
@@ -327,12 +335,16 @@ class LlamaCppEngine(Engine):
         )
         self.model.set_seed(req["seed"])
         self.model.reset()  # else generate() reuses the cached prompt prefix and skips the prefill
-        processors = self.llama_cpp.LogitsProcessorList([no_eos])
+        # "stop_at_eos": stop at the end-of-sequence token (as a user would), else run N tokens
+        stop_at_eos = req.get("stop_at_eos", False)
+        processors = None if stop_at_eos else self.llama_cpp.LogitsProcessorList([no_eos])
         start = time.perf_counter()
         first, count = None, 0
-        for _token in self.model.generate(
+        for token in self.model.generate(
             req["prompt_ids"], reset=True, logits_processor=processors, **kwargs
         ):
+            if stop_at_eos and token == EOS:
+                break
             count += 1
             if first is None:
                 first = time.perf_counter()
@@ -448,6 +460,9 @@ def main() -> None:
     parser.add_argument("--hf", help="the embedded model's de-quantised HF folder")
     parser.add_argument("--genai", help="onnxruntime-genai's builder output folder")
     parser.add_argument("--gguf", help="the original GGUF file")
+    parser.add_argument(
+        "--lookup", type=int, default=0, help="llamacpp: prompt-lookup decoding with K drafts"
+    )
     args = parser.parse_args()
     # The protocol owns the real stdout; whatever the libraries print goes to stderr.
     reply = os.fdopen(os.dup(1), "w")

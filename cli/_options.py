@@ -110,6 +110,15 @@ PromptLogprobs = Annotated[
         help="Also return logprobs of prompt tokens (echo, likelihood scoring); free when unused.",
     ),
 ]
+GraphDraftTokens = Annotated[
+    int,
+    typer.Option(
+        "--draft-tokens",
+        help="K > 0 lets every slot verify up to K draft tokens per run (speculative decoding, "
+        "`run --speculative ngram`); GroupQueryAttention exports only. Free when unused.",
+        min=0,
+    ),
+]
 Inline = Annotated[
     bool,
     typer.Option(
@@ -144,3 +153,41 @@ PrefillChunk = Annotated[
         min=0,
     ),
 ]
+Speculative = Annotated[
+    str | None,
+    typer.Option(
+        "--speculative",
+        help="Speculative decoding: 'ngram' drafts tokens by looking up the last few tokens earlier "
+        "in the prompt and output, and the graph verifies them with each request's own sampler "
+        "chain (same output distribution; greedy output unchanged). Pays off where the answer "
+        "repeats the context: editing code, quoting a document. Default: off.",
+        show_default=False,
+    ),
+]
+DraftTokens = Annotated[
+    int | None,
+    typer.Option(
+        "--draft-tokens",
+        help="With --speculative: the most draft tokens per sequence and step (default 4; at most "
+        "what the model was composed for, 8 for models `run` and `serve` compose).",
+        min=1,
+        show_default=False,
+    ),
+]
+Ngram = Annotated[
+    int,
+    typer.Option(
+        "--ngram",
+        help="With --speculative ngram: the longest suffix to look up (shorter ones are tried next).",
+        min=1,
+    ),
+]
+
+
+def speculation(speculative: str | None, draft_tokens: int | None, ngram: int) -> dict:
+    """The engine's speculative-decoding keywords from the three options (checked together)."""
+    from onnxsample.errors import InvalidParameter
+
+    if speculative is None and draft_tokens is not None:
+        raise InvalidParameter("--draft-tokens needs --speculative ngram")
+    return {"speculative": speculative, "draft_tokens": draft_tokens, "ngram": ngram}

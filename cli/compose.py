@@ -43,6 +43,7 @@ def compose(
     output_probs: opt.OutputProbs = False,
     candidates: opt.Candidates = 0,
     prompt_logprobs: opt.PromptLogprobs = False,
+    draft_tokens: opt.GraphDraftTokens = 0,
     inline: opt.Inline = False,
     gather: opt.Gather = "auto",
 ) -> None:
@@ -66,6 +67,7 @@ def compose(
             output_probs=output_probs,
             output_candidates=candidates,
             prompt_logprobs=prompt_logprobs,
+            draft_tokens=draft_tokens,
             inline=inline,
             gather=gather,
             progress=progress,

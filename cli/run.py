@@ -10,7 +10,7 @@ import typer
 
 from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import err, out, stages
-from onnxsample.engine import DEFAULT_PREFILL_CHUNK
+from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter
 
 _LABELS = {
@@ -114,6 +114,9 @@ def run(
     threads: opt.Threads = None,
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
+    speculative: opt.Speculative = None,
+    draft_tokens: opt.DraftTokens = None,
+    ngram: opt.Ngram = DEFAULT_NGRAM,
 ) -> None:
     """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt.
 
@@ -142,6 +145,7 @@ def run(
         top_logprobs=logprobs,
     )
     params.validate()
+    spec = opt.speculation(speculative, draft_tokens, ngram)
     with stages(_LABELS) as progress:
         composed = prepare(model, progress=progress)
         progress("session")
@@ -151,6 +155,7 @@ def run(
             threads=threads,
             max_len=max_len,
             prefill_chunk=prefill_chunk or None,
+            **spec,
         )
     kwargs = dict(max_new_tokens=max_new_tokens, stop=list(stop), chat=chat, system=system)
     streaming = stream and not json_output and len(prompt) == 1
@@ -199,9 +204,16 @@ def _print_timings(generator, completions) -> None:
         f"decode {t.generated_tokens - t.sequences} tokens in {t.decode_s * 1000:.0f} ms "
         f"({t.decode_tps:.1f} tok/s) | first token {t.ttft_s * 1000:.0f} ms | {len(completions)} "
         f"sequence(s), finished: {reasons} | {t.cached_tokens} prompt tokens reused | "
-        f"{generator.device}, "
+        f"{_drafts(t)}{generator.device}, "
         f"{generator.threads or 'default'} threads",
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
+
+
+def _drafts(t) -> str:
+    if not t.draft_tokens:
+        return ""
+    rate = t.accepted_tokens / t.draft_tokens
+    return f"{t.accepted_tokens}/{t.draft_tokens} draft tokens accepted ({rate:.0%}) | "

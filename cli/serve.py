@@ -11,7 +11,7 @@ import typer
 
 from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import err, stages
-from onnxsample.engine import DEFAULT_PREFILL_CHUNK
+from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import OnnxSampleError, RuntimeUnavailable
 
 _RAY = "Ray Serve replicas"
@@ -73,6 +73,9 @@ def serve(
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
     provider: opt.Provider = "auto",
+    speculative: opt.Speculative = None,
+    draft_tokens: opt.DraftTokens = None,
+    ngram: opt.Ngram = DEFAULT_NGRAM,
     replicas: Annotated[
         int | None,
         typer.Option(
@@ -138,11 +141,12 @@ def serve(
     then per replica (default: --replica-cpus, at least 1) and --max-queue is how many requests
     wait at the proxy before 503.
     """
+    spec = opt.speculation(speculative, draft_tokens, ngram)
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,
             max_queue=max_queue, api_key=api_key, served_model_name=served_model_name,
-            max_len=max_len, prefill_chunk=prefill_chunk, provider=provider,
+            max_len=max_len, prefill_chunk=prefill_chunk, provider=provider, spec=spec,
             replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
             min_replicas=min_replicas, max_replicas=max_replicas,
             target_ongoing_requests=target_ongoing_requests,
@@ -169,6 +173,7 @@ def serve(
             max_len=max_len,
             max_queue=max_queue,
             prefill_chunk=prefill_chunk or None,
+            **spec,
         )
 
     failed: list[BaseException] = []
@@ -200,7 +205,7 @@ def serve(
 def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | None,
                     max_slots: int | None, max_queue: int, api_key: str | None,
                     served_model_name: str | None, max_len: int | None, prefill_chunk: int,
-                    provider: str, replicas: int | None, ray_address: str | None,
+                    provider: str, spec: dict, replicas: int | None, ray_address: str | None,
                     replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
                     target_ongoing_requests: float | None) -> None:  # fmt: skip
     if ray_address is not None:
@@ -231,6 +236,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         prefill_chunk=prefill_chunk or None,
         provider=provider,
         api_key=api_key,
+        **spec,
     )
     app = ray_serve.build_application(options, scaling)
     where = f"the Ray cluster at {ray_address}" if ray_address else "a local Ray"

@@ -34,6 +34,13 @@ from onnxsample.graphs.min_p import MinP
 from onnxsample.graphs.penalties import Penalties, UpdateCounts
 from onnxsample.graphs.probs import FinalProbs
 from onnxsample.graphs.sanitize import FiniteRows, RowMax, Sanitize
+from onnxsample.graphs.speculative import (
+    Accept,
+    AddTokens,
+    DraftCounts,
+    DraftPositions,
+    PositionRows,
+)
 from onnxsample.graphs.temperature import Greedy, GreedyRows, SelectGreedy, Temperature
 from onnxsample.graphs.top_k import TopK
 from onnxsample.graphs.top_p import NucleusFloor, TopP
@@ -71,6 +78,11 @@ _SCRIPTS = (
     Logprob,
     TopLogprobs,
     FinalProbs,
+    AddTokens,
+    DraftPositions,
+    PositionRows,
+    DraftCounts,
+    Accept,
 )
 # Per-slot inputs of each sampler: (name without prefix, element type, trailing dims).
 _SLOT = ("S",)

@@ -17,6 +17,7 @@ import numpy as np
 from onnxsample._layout import Call, prompt_positions, slot_rows
 from onnxsample._sequence import Sequence
 from onnxsample._slots import host_copy, ortvalue
+from onnxsample.errors import ModelError
 
 _PAST, _PRESENT = "past_key_values.", "present."
 
@@ -182,7 +183,9 @@ class ConcatLayout:
             end=end,
         )
 
-    def decode(self, seqs: list[Sequence]) -> Call:
+    def decode(self, seqs: list[Sequence], drafts: dict[int, list[int]] | None = None) -> Call:
+        if drafts:
+            raise ModelError("speculative decoding needs a GroupQueryAttention graph")
         batch = self.batch
         assert {id(s) for s in seqs} == {id(s) for s in batch.rows}, "decode the whole batch"
         rows = slot_rows(self.slots)

@@ -184,25 +184,33 @@ class SharedLayout:
             end=end,
         )
 
-    def decode(self, seqs: list[Sequence]) -> Call:
+    def decode(self, seqs: list[Sequence], drafts: dict[int, list[int]] | None = None) -> Call:
         lo = min(seq.slot for seq in seqs)
         hi = max(seq.slot for seq in seqs) + 1
         lens = np.asarray([len(self.tokens[r]) for r in range(lo, hi)], np.int64)
-        ids = np.full((hi - lo, 1), self.pad, np.int64)
+        # Every row feeds t tokens (GQA's one sequence length); each writes at its own length, so
+        # the drafts are trimmed to what the fullest row has room for.
+        room = self.kv.length - int(lens.max()) - 1
+        drafts = {s: d[:room] for s, d in (drafts or {}).items() if room > 0 and d}
+        t = 1 + max((len(d) for d in drafts.values()), default=0)
+        ids = np.full((hi - lo, t), self.pad, np.int64)
         rows = slot_rows(self.slots)
         for seq in seqs:
-            ids[seq.slot - lo, 0] = seq.ids[-1]
-            rows[seq.slot] = 1 + seq.slot - lo
-        mask = (np.arange(lens.max() + 1) <= lens[:, None]).astype(np.int64)
+            fed = [seq.ids[-1], *drafts.get(seq.slot, ())]
+            ids[seq.slot - lo, : len(fed)] = fed
+            rows[seq.slot] = 1 + (seq.slot - lo) * t
+        width = np.arange(lens.max() + t)
+        mask = (width < lens[:, None] + t).astype(np.int64)
         return Call(
             "decode",
             ids,
             mask,
-            lens[:, None].copy(),
+            lens[:, None] + np.arange(t),
             rows,
             list(seqs),
             lambda binding: self.kv.bind(binding, lo, hi - lo),
             reuse=(lo, hi, self.kv.generation),
+            drafts=drafts,
         )
 
     def commit(self, call: Call, presents: dict[str, Any]) -> None:
@@ -211,7 +219,8 @@ class SharedLayout:
             self.tokens[seq.slot] = list(seq.prompt[: call.end])
             return
         for seq in call.sampling:  # before the new tokens are accepted: the fed ones are last
-            self.tokens[seq.slot].append(seq.ids[-1])
+            kept = call.drafts.get(seq.slot, [])[: call.accepted.get(seq.slot, 0)]
+            self.tokens[seq.slot] += [seq.ids[-1], *kept]
 
     def finish(self, seq: Sequence) -> None:
         pass  # the row keeps its tokens until the slot is taken again

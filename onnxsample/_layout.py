@@ -46,6 +46,10 @@ class Call:
     prompt_seq: Sequence | None = None
     reuse: tuple | None = None
     end: int = 0  # prefill: the prompt position this call reaches
+    # decode: the drafts fed after each drafting slot's last token, and (after the run) how many
+    # of them each slot kept
+    drafts: dict[int, list[int]] = field(default_factory=dict)
+    accepted: dict[int, int] = field(default_factory=dict)
 
 
 class KVLayout(Protocol):
@@ -67,8 +71,9 @@ class KVLayout(Protocol):
         """The call that computes prompt tokens [seq.computed, end) of `seq`."""
         ...
 
-    def decode(self, seqs: list[Sequence]) -> Call:
-        """The call that feeds every decoding sequence its last token."""
+    def decode(self, seqs: list[Sequence], drafts: dict[int, list[int]] | None = None) -> Call:
+        """The call that feeds every decoding sequence its last token, and a drafting slot its
+        draft after it (trimmed to what the cache has room for)."""
         ...
 
     def commit(self, call: Call, presents: dict[str, Any]) -> None:

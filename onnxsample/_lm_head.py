@@ -59,6 +59,9 @@ def verify_lm_head(
     prompt = "sampler.prompt_rows" in feeds
     if prompt:
         names.append("sampler.prompt_logprob")
+    drafts = "sampler.draft_tokens" in feeds
+    if drafts:
+        names += ["sampler.draft_next_token", "sampler.draft_logprob"]
     try:
         session = ort.InferenceSession(serialized(model), providers=["CPUExecutionProvider"])
         found = dict(zip(names, session.run(names, feeds), strict=True))
@@ -80,6 +83,11 @@ def verify_lm_head(
                 strict=True,
             )
         ]
+    if drafts:  # the positions after slot 0's row
+        ids, lps = found["sampler.draft_next_token"][0], found["sampler.draft_logprob"][0]
+        first = feeds["sampler.row_index"][0]
+        scored = [i for i, d in enumerate(feeds["sampler.draft_tokens"][0]) if d >= 0]
+        checks += [(f"draft position {i + 1}", first + i + 1, ids[i], lps[i]) for i in scored]
     for what, row, token, got in checks:
         ref = flat[row - 1] - flat[row - 1].max()
         ref = ref[token] - np.log(np.exp(ref).sum())
@@ -108,6 +116,9 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
             feeds[name] = rows
         elif name == "sampler.uniform":
             feeds[name] = rng.random(max_slots, dtype=np.float32)
+        elif name == "sampler.draft_tokens":  # slot 0 (row 1) drafts up to two more positions
+            feeds[name] = np.full(shape, -1, np.int64)
+            feeds[name][0, : min(seq - 1, shape[1])] = rng.integers(0, vocab, seq - 1)[: shape[1]]
         elif name == "sampler.prompt_rows":
             feeds[name] = np.arange(batch * seq, 0, -1, dtype=np.int64)  # every row, reversed
         elif name == "sampler.prompt_targets":

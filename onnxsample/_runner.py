@@ -28,7 +28,13 @@ HOST_OUTPUTS = (
     "sampler.logprob",
     "sampler.top_logprob_ids",
     "sampler.top_logprobs",
+    "sampler.accepted",
+    "sampler.draft_next_token",
+    "sampler.draft_logprob",
+    "sampler.draft_top_logprob_ids",
+    "sampler.draft_top_logprobs",
 )
+DRAFT_TOKENS, DRAFT_UNIFORM = "sampler.draft_tokens", "sampler.draft_uniform"
 PROMPT_OUTPUTS = (
     "sampler.prompt_logprob",
     "sampler.prompt_top_logprob_ids",
@@ -47,6 +53,11 @@ class Runner:
         self.has_positions = "position_ids" in inputs
         self.has_uniform = "sampler.uniform" in inputs
         self.has_prompt = "sampler.prompt_rows" in inputs
+        drafts = [i for i in session.get_inputs() if i.name == DRAFT_TOKENS]
+        # K: how many drafts a slot can verify per run (0: a graph without speculation)
+        self.draft_width = int(drafts[0].shape[1]) if drafts else 0
+        self.has_draft_uniform = DRAFT_UNIFORM in inputs
+        self._no_drafts = np.full((len(self.slots.params), self.draft_width), -1, np.int64)
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
             if out.name in HOST_OUTPUTS:
@@ -56,8 +67,11 @@ class Runner:
         self._binding = None
         self._key: tuple | None = None
 
-    def run(self, call: Call, uniform: np.ndarray) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Run `call`: (host outputs by name, the presents it asked for). The host arrays are
+    def run(
+        self, call: Call, uniform: np.ndarray, draft_uniform: np.ndarray | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Run `call` with one uniform per slot (and, in a speculative graph, per draft position
+        [S, K]): (host outputs by name, the presents it asked for). The host arrays are
         overwritten by the next call: read them before running another."""
         self.slots.static()  # rebuilt now if a slot changed, so the key below is current
         key = None if call.reuse is None else (*call.reuse, self.slots.generation)
@@ -74,6 +88,17 @@ class Runner:
         binding.bind_cpu_input("sampler.row_index", call.row_index)
         if self.has_uniform:
             binding.bind_cpu_input("sampler.uniform", uniform)
+        if self.draft_width:
+            drafts = self._no_drafts
+            if call.drafts:
+                drafts = drafts.copy()
+                for slot, draft in call.drafts.items():
+                    drafts[slot, : len(draft)] = draft
+            binding.bind_cpu_input(DRAFT_TOKENS, drafts)
+            if self.has_draft_uniform:
+                if draft_uniform is None:
+                    draft_uniform = np.full(drafts.shape, 0.5, np.float32)
+                binding.bind_cpu_input(DRAFT_UNIFORM, draft_uniform)
         if self.has_prompt and not reused:
             binding.bind_cpu_input("sampler.prompt_rows", call.prompt_rows)
             binding.bind_cpu_input("sampler.prompt_targets", call.prompt_targets)

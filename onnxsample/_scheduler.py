@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxsample._drafter import NgramDrafter
 from onnxsample._layout import Call, KVLayout, common_prefix
 from onnxsample._runner import Runner
 from onnxsample._sequence import Sequence
@@ -36,6 +37,14 @@ log = logging.getLogger(__name__)
 # kernels than a longer one, and the keys and values it writes would differ in the last bits from
 # those of the request's prefill without reuse.
 _RECOMPUTE = 2
+# Host outputs of a slot's first token, and of the tokens at its draft positions.
+_FIRST = (
+    "sampler.next_token",
+    "sampler.logprob",
+    "sampler.top_logprob_ids",
+    "sampler.top_logprobs",
+)
+_DRAFTED = tuple(name.replace("sampler.", "sampler.draft_") for name in _FIRST)
 # Positions reserved beyond the prompt for a request without its own token limit (it grows later).
 _AHEAD = 256
 
@@ -51,6 +60,8 @@ class Stats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
+    drafted_tokens: int = 0  # speculative decoding: draft tokens verified
+    accepted_tokens: int = 0  # ... and kept
     finished: int = 0
     failed: int = 0
 
@@ -72,9 +83,11 @@ class Scheduler:
         slots: int,
         chunk: int | None,
         prefix_reuse: bool,
+        drafter: NgramDrafter | None = None,
         on_change: Callable[[int, int], None] = lambda pending, free: None,
     ) -> None:
         self.runner, self.layout, self.state = runner, layout, state
+        self.drafter = drafter
         self.chunk, self.prefix_reuse, self.on_change = chunk, prefix_reuse, on_change
         self.free = list(range(slots))
         self.waiting: deque[Sequence] = deque()
@@ -178,17 +191,57 @@ class Scheduler:
                 self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + 1)
             except OnnxSampleError as exc:
                 self._fail(seq, exc)
-        if self.decoding:
-            self._run(self.layout.decode(list(self.decoding)))
+        drafts = self._drafts()
+        # GroupQueryAttention scores several new positions of one row per call only: a drafting
+        # sequence is verified in its own call, the others decode together in one.
+        for seq in [s for s in self.decoding if s.slot in drafts]:
+            self._run(self.layout.decode([seq], {seq.slot: drafts[seq.slot]}))
+        plain = [s for s in self.decoding if s.slot not in drafts]
+        if plain:
+            self._run(self.layout.decode(plain))
+
+    def _drafts(self) -> dict[int, list[int]]:
+        """Each decoding sequence's draft (speculative decoding), where it has one: none while
+        ``min_tokens`` holds end-of-sequence back, none past its token limit. With other
+        sequences decoding, a draft costs a call of its own, so only sequences whose drafts keep
+        paying for that call draft (see :class:`~onnxsample._drafter.NgramDrafter`)."""
+        found: dict[int, list[int]] = {}
+        if self.drafter is None:
+            return found
+        self.drafter.batched = len(self.decoding) > 1
+        for seq in self.decoding:
+            if seq.early_params is not None:
+                continue
+            room = seq.max_new_tokens - len(seq.ids)
+            if seq.limit:
+                room = min(room, seq.limit - len(seq.prompt) - len(seq.ids))
+            draft = self.drafter.draft(seq.draft, seq.history(), room - 1)
+            if draft and seq.open_ended:
+                try:
+                    self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + len(draft))
+                except OnnxSampleError:
+                    continue  # no room for the draft: decode plainly
+            if draft:
+                found[seq.slot] = draft
+        return found
 
     def _run(self, call: Call) -> None:
         uniform = np.full(self.state.meta.max_slots, 0.5, np.float32)
+        draft_uniform = None
+        if self.runner.draft_width:
+            draft_uniform = np.full((len(uniform), self.runner.draft_width), 0.5, np.float32)
         for seq in call.sampling:
-            uniform[seq.slot] = seq.uniform()
+            if seq.slot in call.drafts:
+                u = seq.uniforms(1 + len(call.drafts[seq.slot]))
+                uniform[seq.slot], draft_uniform[seq.slot, : len(u) - 1] = u[0], u[1:]
+            else:
+                uniform[seq.slot] = seq.uniform()
         involved = call.sampling if call.kind == "decode" else [call.prompt_seq]
         start = time.perf_counter()
         try:
-            host, presents = self.runner.run(call, uniform)
+            host, presents = self.runner.run(call, uniform, draft_uniform)
+            if call.drafts:
+                call.accepted = {s: int(host["sampler.accepted"][s]) for s in call.drafts}
             self.layout.commit(call, presents)
         except Exception as exc:
             self.runner.invalidate()
@@ -225,23 +278,41 @@ class Scheduler:
                 self.prefilling.remove(seq)
                 self.decoding.append(seq)
         for seq in call.sampling:
-            self._accept(seq, host)
+            self._accept(seq, host, call)
 
-    def _accept(self, seq: Sequence, host: dict) -> None:
+    def _accept(self, seq: Sequence, host: dict, call: Call) -> None:
+        """Hand `seq` the tokens the call emitted for it: one, or with a draft the verified
+        drafts and the token after them, each its own event, until the sequence finishes."""
         s = seq.slot
-        tops = None
-        if seq.params.top_logprobs:
-            ids, lps = host["sampler.top_logprob_ids"][s], host["sampler.top_logprobs"][s]
-            tops = [(int(t), float(v)) for t, v in zip(ids, lps, strict=True)]
-        event = seq.accept(int(host["sampler.next_token"][s]), host["sampler.logprob"][s], tops)
-        self.stats.generated_tokens += 1
+        drafted = len(call.drafts.get(s, ()))
+        accepted = call.accepted.get(s, 0)
+        if drafted:
+            self.stats.drafted_tokens += drafted
+            self.stats.accepted_tokens += accepted
+            seq.timings.draft_tokens += drafted
+            seq.timings.accepted_tokens += accepted
+            self.drafter.record(seq.draft, drafted, accepted)
+            seq.keep_uniforms(accepted + 1)
+        events = []
+        for i in range(accepted + 1):
+            names = _FIRST if i == 0 else _DRAFTED
+            at = (s,) if i == 0 else (s, i - 1)
+            tops = None
+            if seq.params.top_logprobs:
+                ids, lps = host[names[2]][at], host[names[3]][at]
+                tops = [(int(t), float(v)) for t, v in zip(ids, lps, strict=True)]
+            events.append(seq.accept(int(host[names[0]][at]), host[names[1]][at], tops))
+            self.stats.generated_tokens += 1
+            if seq.finish is not None:
+                break
         if seq.finish is not None:  # the slot is free before the request hears it has finished
             self.stats.finished += 1
             self._release(seq)
         elif seq.early_params is not None and len(seq.ids) >= seq.params.min_tokens:
             self.state.update(s, seq.params)  # min_tokens reached: end-of-sequence allowed again
             seq.early_params = None
-        seq.request._push(event)
+        for event in events:
+            seq.request._push(event)
 
     # ---- leaving ------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onnxsample._drafter import DraftStats
 from onnxsample._text import StopMatcher
 from onnxsample.params import SamplingParams
 from onnxsample.request import Completion, Request, StreamEvent, Timings, TopLogprobs
@@ -54,6 +55,7 @@ class Sequence:
     admitted: float = 0.0
     early_params: SamplingParams | None = None
     open_ended: bool = False
+    draft: DraftStats = field(default_factory=DraftStats)
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -80,6 +82,23 @@ class Sequence:
     def uniform(self) -> np.float32:
         """The next U(0, 1) draw of this sequence's own generator (one per sampled token)."""
         return min(np.float32(self.rng.random()), _U_MAX)
+
+    def uniforms(self, n: int) -> np.ndarray:
+        """The next `n` draws (float32 [n]) for a step that may emit up to `n` tokens; call
+        :meth:`keep_uniforms` once it is known how many it emitted."""
+        self._saved = self.rng.bit_generator.state
+        return np.minimum(self.rng.random(n).astype(np.float32), _U_MAX)
+
+    def keep_uniforms(self, used: int) -> None:
+        """Of the last :meth:`uniforms` draws, only the first `used` were spent: the generator
+        goes on from there, exactly as if one draw per emitted token had been taken."""
+        self.rng.bit_generator.state = self._saved
+        if used:
+            self.rng.random(used)
+
+    def history(self) -> np.ndarray:
+        """Prompt and output token ids, int64 [L] (what n-gram drafts are looked up in)."""
+        return np.asarray(self.prompt + self.ids, dtype=np.int64)
 
     def record_prompt(self, logprobs: np.ndarray, ids: np.ndarray | None, lps) -> None:
         """Logprobs of prompt tokens computed by one prefill call, in prompt order."""

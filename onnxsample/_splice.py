@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxsample import _splice_draft as draft
 from onnxsample.errors import ModelError
 from onnxsample.graphs.chain import (
     CHAIN_FUNCTION,
@@ -155,6 +156,7 @@ def splice(
     *,
     head: ir.Node | None,
     prompt_logprobs: bool = False,
+    draft_tokens: int = 0,
 ) -> ir.Model:
     """Add the sampler inputs, the row selection and the chain node to `base` (in place); with
     `head` (the LM-head node, see :func:`onnxsample._lm_head.find_lm_head`) the rows are gathered
@@ -166,6 +168,9 @@ def splice(
     With `prompt_logprobs`, ``sampler.prompt_rows`` [P] name more rows (prompt positions) whose
     logprobs of ``sampler.prompt_targets`` are returned; before an LM head they share its one
     MatMul with the slots' rows. P = 0 (every decode step) costs a few empty ops.
+
+    With `draft_tokens` K > 0 the chain scores up to K + 1 positions per slot and verifies the
+    slots' drafts (:mod:`onnxsample._splice_draft`).
     """
     sampler = ir.from_proto(
         build_sampler_model(chain, vocab, max_slots, gather_rows=head is None, **options)
@@ -178,19 +183,33 @@ def splice(
         value.doc_string = DOCS.get(template.name, "")
         graph.inputs.append(value)
         new_inputs[value.name] = value
+    for name, elem, dims in (
+        draft.draft_inputs(draft_tokens, "dist" in chain) if draft_tokens else []
+    ):
+        value = ir.Value(
+            name=name, shape=ir.Shape([max_slots, *dims[1:]]), type=ir.TensorType(elem)
+        )
+        value.doc_string = draft.DOCS[name]
+        graph.inputs.append(value)
+        new_inputs[name] = value
     active = _active_slots(graph, new_inputs["sampler.row_index"])
     slots = _op(graph, "Shape", [new_inputs["sampler.row_index"]], "slots")
     picked = {
         name: _op(graph, "Gather", [value, active], f"{name[len(_PREFIX) :]}_active", axis=0)
         for name, value in new_inputs.items()
     }
+    chain_in = picked
+    at = None
+    if draft_tokens:
+        at = draft.positions(graph, picked[draft.DRAFT_TOKENS], picked["sampler.row_index"])
+        chain_in = draft.per_row(graph, picked, at)
     prompt = _prompt_inputs(graph) if prompt_logprobs else None
     prompt_logits = None
     if head is not None:
         hidden = head.inputs[0]
         width = hidden.shape[2]
         padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
-        indices = picked["sampler.row_index"]
+        indices = chain_in["sampler.row_index"]
         if prompt is not None:
             indices = _op(graph, "Concat", [indices, prompt[0]], "head_rows_index", axis=0)
         rows = _op(graph, "Gather", [padded, indices], "hidden_rows", axis=0)
@@ -206,7 +225,7 @@ def splice(
         graph.append(moved)
         rows = _to_float(graph, moved.outputs[0], "logits")
         if prompt is not None:
-            count = _op(graph, "Shape", [active], "active_rows")
+            count = _op(graph, "Shape", [chain_in["sampler.row_index"]], "active_rows")
             zero = _const(graph, "sampler/head_rows_start", np.array([0]))
             end = _const(graph, "sampler/head_rows_end", np.array([2**62]))
             prompt_logits = _op(graph, "Slice", [rows, count, end], "prompt_logits")
@@ -215,7 +234,7 @@ def splice(
         rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
         if prompt is not None:
             prompt_logits = _op(graph, "Gather", [rows, prompt[0]], "prompt_logits", axis=0)
-    chain_inputs = [rows] + [picked[v.name] for v in sampler.graph.inputs[1:]]
+    chain_inputs = [rows] + [chain_in[v.name] for v in sampler.graph.inputs[1:]]
     node = ir.node(
         CHAIN_FUNCTION,
         chain_inputs,
@@ -225,12 +244,22 @@ def splice(
         doc_string=f"onnxsample sampler chain: {chain}",
     )
     graph.append(node)
+    results, specs = {}, {}
     for value, template in zip(node.outputs, sampler.graph.outputs, strict=True):
         tag = template.name[len(_PREFIX) :]
         value.name, value.type = f"sampler/{tag}_active_out", template.type
+        results[template.name] = value
+        specs[template.name] = (template.type, template.shape)
+    if at is not None:
+        results = draft.accept(graph, results, picked, at)
+        specs = draft.output_specs(specs, draft_tokens, max_slots)
+        draft.add_functions(base)
+    for name, (kind, shape) in specs.items():
+        tag = name[len(_PREFIX) :]
         state = new_inputs.get("sampler.output_counts") if tag == "output_counts_out" else None
-        out = _scatter_slots(graph, active, value, state, slots, tag)
-        out.name, out.type, out.shape = template.name, template.type, template.shape
+        out = _scatter_slots(graph, active, results[name], state, slots, tag)
+        out.name, out.type, out.shape = name, kind, shape
+        out.doc_string = draft.DOCS.get(name, "")
         graph.outputs.append(out)
     for key, function in sampler.functions.items():
         base.functions[key] = function

@@ -45,6 +45,7 @@ __all__ = [
     "COMPOSER_REVISION",
     "CONTRACT_VERSION",
     "GATHER_MODES",
+    "MAX_DRAFT_TOKENS",
     "STAGES",
     "compose",
     "composed_metadata",
@@ -53,6 +54,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 GATHER_MODES = ("auto", "lm_head", "logits")
+MAX_DRAFT_TOKENS = 16
+AUTO_DRAFT_TOKENS = 8
 _TWO_GB = 2**31 - 2**26  # protobuf's limit, with room for the graph itself
 STAGES = ("read", "splice", "check-gather", "save")
 
@@ -70,6 +73,7 @@ def compose(
     output_probs: bool = False,
     output_candidates: int = 0,
     prompt_logprobs: bool = False,
+    draft_tokens: int | str = 0,
     inline: bool = False,
     gather: str = "auto",
     progress: ProgressFn | None = None,
@@ -81,6 +85,9 @@ def compose(
     (move the row gather before the LM head when the pattern is found and verified), ``lm_head``
     (require that) or ``logits`` (gather rows of the full logits). `prompt_logprobs` adds the inputs
     and outputs that report the logprobs of prompt tokens (echo; see the README's graph contract).
+    `draft_tokens` K > 0 lets each slot verify up to K draft tokens per run (speculative decoding:
+    the ``sampler.draft_*`` inputs and outputs); it needs a GroupQueryAttention export.
+    ``"auto"`` is 8 for such an export and 0 for any other.
     """
     stage = progress or (lambda _name: None)
     chain = SamplerChain.full() if chain is None else SamplerChain(chain)
@@ -96,6 +103,7 @@ def compose(
     if out.suffix != ".onnx":
         raise InvalidParameter(f"output must be an .onnx file, got {out.name}")
 
+    _check_drafts(draft_tokens, output_probs, output_candidates)
     stage("read")
     base = load_model(source)
     fix_constant_shapes(base)
@@ -109,13 +117,22 @@ def compose(
         output_candidates=output_candidates,
     )
     prompt = bool(prompt_logprobs)
+    gqa = any(n.op_type == "GroupQueryAttention" for n in base.graph.all_nodes())
+    if draft_tokens == "auto":
+        draft_tokens = AUTO_DRAFT_TOKENS if gqa else 0
+    if draft_tokens and not gqa:
+        raise ModelError(
+            f"{source.name}: speculative decoding (draft_tokens={draft_tokens}) needs a "
+            "GroupQueryAttention graph: export with --layout gqa"
+        )
+    spliced = dict(prompt_logprobs=prompt, draft_tokens=draft_tokens)
     stage("splice")
     composed, mode = None, "logits"
     if gather != "logits":
         ir.passes.common.ShapeInferencePass()(base)  # exports rarely carry intermediate shapes
     head = find_lm_head(logits) if gather != "logits" else None
     if head is not None:
-        composed = splice(base, chain, vocab, max_slots, options, head=head, prompt_logprobs=prompt)
+        composed = splice(base, chain, vocab, max_slots, options, head=head, **spliced)
         mode = "lm_head"
     elif gather == "lm_head":
         raise ModelError(
@@ -135,14 +152,30 @@ def compose(
             base = load_model(source, check=False)
             fix_constant_shapes(base)
     if composed is None:
-        composed = splice(base, chain, vocab, max_slots, options, head=None, prompt_logprobs=prompt)
-    _finish(composed, chain, vocab, max_slots, {**options, "prompt": prompt}, mode, source, inline)
+        composed = splice(base, chain, vocab, max_slots, options, head=None, **spliced)
+    _finish(composed, chain, vocab, max_slots, {**options, **spliced}, mode, source, inline)
 
     stage("save")
     _save(composed, out)
     check_model(out)
     log.info("composed %s (%s, gather=%s) into %s", source.name, chain, mode, out)
     return out
+
+
+def _check_drafts(draft_tokens, output_probs: bool, output_candidates: int) -> None:
+    if draft_tokens == "auto":
+        draft_tokens = AUTO_DRAFT_TOKENS
+    if not isinstance(draft_tokens, int) or isinstance(draft_tokens, bool):
+        raise InvalidParameter(f"draft_tokens must be an integer, got {draft_tokens!r}")
+    if not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
+        raise InvalidParameter(
+            f"draft_tokens must be in [0, {MAX_DRAFT_TOKENS}], got {draft_tokens}"
+        )
+    if draft_tokens and (output_probs or output_candidates):
+        raise InvalidParameter(
+            "draft_tokens cannot be combined with output_probs or output_candidates "
+            "(those outputs describe one position per slot)"
+        )
 
 
 def _model_file(path: Path) -> Path:
@@ -178,7 +211,8 @@ def _finish(
         max_bias=options["max_bias"],
         output_probs=bool(options["output_probs"]),
         output_candidates=options["output_candidates"],
-        prompt_logprobs=options["prompt"],
+        prompt_logprobs=options["prompt_logprobs"],
+        draft_tokens=options["draft_tokens"],
         gather=mode,
         inline=inline,
         kv_layout="gqa" if gqa else "concat",

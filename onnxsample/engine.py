@@ -25,6 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample._drafter import (
+    DEFAULT_DRAFT_TOKENS,
+    DEFAULT_NGRAM,
+    SPECULATIVE_METHODS,
+    NgramDrafter,
+)
 from onnxsample._kv_concat import ConcatLayout
 from onnxsample._kv_shared import SharedKV, SharedLayout, kv_specs
 from onnxsample._model_info import ModelInfo
@@ -41,7 +47,13 @@ from onnxsample.params import SamplingParams
 from onnxsample.request import Request
 from onnxsample.tokenizer import TextStream
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "Engine", "Prompt"]
+__all__ = [
+    "DEFAULT_DRAFT_TOKENS",
+    "DEFAULT_NGRAM",
+    "DEFAULT_PREFILL_CHUNK",
+    "Engine",
+    "Prompt",
+]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +75,11 @@ class Engine:
     (default: the model's context). `max_queue` bounds the requests waiting for a slot (None: no
     bound). `prefill_chunk` is how many prompt tokens a step computes while other sequences decode
     (None: a whole prompt at once). `prefix_reuse` lets a request reuse the cached prefix a finished
-    request left in its slot (llama-server's ``cache_prompt``).
+    request left in its slot (llama-server's ``cache_prompt``). `speculative` ``"ngram"`` turns
+    on speculative decoding with drafts from n-gram prompt lookup: up to `draft_tokens` tokens per
+    step (default 4, at most what the model was composed for), matched on the last `ngram`
+    tokens or fewer; the graph verifies them with each request's own sampler chain, so the
+    output's distribution is unchanged (greedy output token for token).
 
     Use it as a context manager, or call :meth:`close`.
     """
@@ -80,6 +96,9 @@ class Engine:
         prefix_reuse: bool = True,
         tokenizer: str | Path | None = None,
         optimization: str = "all",
+        speculative: str | None = None,
+        draft_tokens: int | None = None,
+        ngram: int = DEFAULT_NGRAM,
     ) -> None:
         for name, value, low in (
             ("max_len", max_len, 2),
@@ -117,6 +136,10 @@ class Engine:
             if self.concurrency == 1 and meta.max_slots > 1:
                 log.info("%s has no position_ids input: one sequence at a time", self.path.name)
         self._inputs = set(inputs)
+        self.speculative, self.draft_tokens = _speculation(meta, speculative, draft_tokens)
+        self.ngram = ngram
+        if self.speculative:
+            NgramDrafter(self.draft_tokens, ngram)  # checks ngram now, not in the engine thread
         self._lock = threading.Lock()
         self._pending = 0  # submitted, not yet given a slot
         self._free = self.concurrency
@@ -299,9 +322,10 @@ class Engine:
         self.close(cancel=kind is not None)
 
     def __repr__(self) -> str:
+        spec = f", speculative={self.speculative}/{self.draft_tokens}" if self.speculative else ""
         return (
             f"Engine({self.path.name!r}, {self.device}, {self.max_slots} slots, "
-            f"kv={self.kv_layout}, chunk={self.prefill_chunk})"
+            f"kv={self.kv_layout}, chunk={self.prefill_chunk}{spec})"
         )
 
     # ---- the engine thread --------------------------------------------------------------------
@@ -327,6 +351,7 @@ class Engine:
             slots=self.concurrency,
             chunk=self.prefill_chunk,
             prefix_reuse=self.prefix_reuse,
+            drafter=NgramDrafter(self.draft_tokens, self.ngram) if self.speculative else None,
             on_change=self._on_change,
         )
 
@@ -393,3 +418,32 @@ class Engine:
                         item.request._fail(EngineClosed("the engine stopped"))
             except queue.Empty:
                 pass
+
+
+def _speculation(
+    meta: ComposedMetadata, method: str | None, draft_tokens: int | None
+) -> tuple[str | None, int]:
+    """The speculative method and draft length an engine uses (checked against the graph)."""
+    if method is None:
+        return None, 0
+    if method not in SPECULATIVE_METHODS:
+        raise InvalidParameter(
+            f"speculative must be {' or '.join(map(repr, SPECULATIVE_METHODS))} (None: off), "
+            f"got {method!r}"
+        )
+    if meta.kv_layout != "gqa":
+        raise InvalidParameter(
+            "speculative decoding needs a GroupQueryAttention export "
+            "(onnxsample export --layout gqa); this model grows its cache by concatenation"
+        )
+    if not meta.draft_tokens:
+        raise InvalidParameter(
+            "speculative decoding needs a model composed with draft tokens "
+            "(onnxsample compose --draft-tokens K)"
+        )
+    k = min(DEFAULT_DRAFT_TOKENS, meta.draft_tokens) if draft_tokens is None else draft_tokens
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= meta.draft_tokens:
+        raise InvalidParameter(
+            f"draft_tokens must be in [1, {meta.draft_tokens}] (the model's), got {draft_tokens!r}"
+        )
+    return method, k

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
+from onnxsample._drafter import DEFAULT_NGRAM
 from onnxsample.engine import DEFAULT_PREFILL_CHUNK, Engine, Prompt
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import SamplingParams
@@ -30,7 +31,8 @@ class Generator:
 
     The options are :class:`~onnxsample.Engine`'s: `provider` (``auto``, ``cpu``, ``cuda``),
     `threads` (ONNX Runtime intra-op threads), `tokenizer` (the export folder, default the model's),
-    `max_len` (KV positions per sequence, default the context), `prefill_chunk` and `prefix_reuse`.
+    `max_len` (KV positions per sequence, default the context), `prefill_chunk`, `prefix_reuse`,
+    and speculative decoding (`speculative`, `draft_tokens`, `ngram`).
     ``last_timings`` holds the timings of the last call.
     """
 
@@ -45,6 +47,9 @@ class Generator:
         max_len: int | None = None,
         prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK,
         prefix_reuse: bool = True,
+        speculative: str | None = None,
+        draft_tokens: int | None = None,
+        ngram: int = DEFAULT_NGRAM,
     ) -> None:
         self.engine = Engine(
             model,
@@ -56,6 +61,9 @@ class Generator:
             prefix_reuse=prefix_reuse,
             tokenizer=tokenizer,
             optimization=optimization,
+            speculative=speculative,
+            draft_tokens=draft_tokens,
+            ngram=ngram,
         )
         e = self.engine
         self.path, self.device, self.threads, self.meta = e.path, e.device, e.threads, e.meta
@@ -142,6 +150,8 @@ class Generator:
             generated_tokens=sum(c.timings.generated_tokens for c in completions),
             sequences=len(sequences),
             cached_tokens=sum(c.timings.cached_tokens for c in completions),
+            draft_tokens=sum(c.timings.draft_tokens for c in completions),
+            accepted_tokens=sum(c.timings.accepted_tokens for c in completions),
             ttft_s=(first or began) - began,
             prefill_s=after.prefill_s - before.prefill_s,
             decode_s=after.decode_s - before.decode_s,

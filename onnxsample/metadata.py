@@ -28,8 +28,9 @@ PREFIX = "onnxsample."
 CONTRACT_VERSION = "1"
 # Bumped when the composed graph's internals change (not its inputs and outputs), so that cached
 # composed models are rebuilt. 2: the chain runs on the active slots only. 3: kv_layout metadata.
-# 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options.
-COMPOSER_REVISION = "4"
+# 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options. 5: draft tokens
+# (speculative decoding) in the run options.
+COMPOSER_REVISION = "5"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 
@@ -42,7 +43,8 @@ class ComposedMetadata:
     ``max_slots`` (S), ``top_logprobs`` (L) and ``max_bias`` (NB) are the fixed sizes of the
     per-slot inputs and outputs. ``prompt_logprobs`` says whether the graph has the
     ``sampler.prompt_rows`` / ``sampler.prompt_targets`` inputs (logprobs of prompt tokens, for
-    echo). ``kv_layout`` is ``gqa`` (one preallocated buffer per layer, written in place) or
+    echo). ``draft_tokens`` (K) is how many draft tokens a slot can verify per run (speculative
+    decoding; 0: the graph has no ``sampler.draft_*`` inputs). ``kv_layout`` is ``gqa`` (one preallocated buffer per layer, written in place) or
     ``concat`` (the cache grows by concatenation); ``kv_head_size`` stands in for a symbolic head
     size. ``gather`` is where the rows are picked (``lm_head``: before the LM head; ``logits``).
     """
@@ -53,6 +55,7 @@ class ComposedMetadata:
     top_logprobs: int = 0
     max_bias: int = 0
     prompt_logprobs: bool = False
+    draft_tokens: int = 0
     output_probs: bool = False
     output_candidates: int = 0
     gather: str = "logits"
@@ -109,7 +112,14 @@ class ComposedMetadata:
 def _parse(key: str, raw: str) -> Any:
     if key == "chain":
         return SamplerChain(raw)
-    if key in ("max_slots", "vocab_size", "top_logprobs", "max_bias", "output_candidates"):
+    if key in (
+        "max_slots",
+        "vocab_size",
+        "top_logprobs",
+        "max_bias",
+        "output_candidates",
+        "draft_tokens",
+    ):
         return int(raw)
     if key == "kv_head_size":
         return int(raw) if raw else None

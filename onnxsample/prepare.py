@@ -25,8 +25,15 @@ __all__ = ["RUN_COMPOSE_OPTIONS", "cache_dir", "prepare"]
 log = logging.getLogger(__name__)
 
 # One graph for every request `onnxsample run` (and the engine) can make: 8 sequences, up to 20 top
-# logprobs, 16 logit-bias entries per sequence, and prompt logprobs (echo).
-RUN_COMPOSE_OPTIONS = {"max_slots": 8, "top_logprobs": 20, "max_bias": 16, "prompt_logprobs": True}
+# logprobs, 16 logit-bias entries per sequence, prompt logprobs (echo), and on GroupQueryAttention
+# exports up to 8 draft tokens per sequence and step (speculative decoding, used only when asked).
+RUN_COMPOSE_OPTIONS = {
+    "max_slots": 8,
+    "top_logprobs": 20,
+    "max_bias": 16,
+    "prompt_logprobs": True,
+    "draft_tokens": "auto",
+}
 
 
 def cache_dir() -> Path:

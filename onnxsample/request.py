@@ -29,7 +29,8 @@ class Timings:
     ``ttft_s`` runs from submission to the first token; ``queue_s`` is the part spent waiting for a
     slot; ``prefill_s`` is the time of the calls that processed the prompt (``cached_tokens`` of it
     were reused from the slot's previous request and not computed again); ``decode_s`` is the time
-    of the decode steps the request took part in.
+    of the decode steps the request took part in. With speculative decoding, ``draft_tokens``
+    were verified and ``accepted_tokens`` of them kept.
     """
 
     prompt_tokens: int = 0
@@ -40,6 +41,8 @@ class Timings:
     queue_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def prompt_tps(self) -> float:
@@ -63,6 +66,8 @@ class Timings:
             "decode_ms": round(self.decode_s * 1000, 2),
             "prompt_tokens_per_s": round(self.prompt_tps, 2),
             "decode_tokens_per_s": round(self.decode_tps, 2),
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
         }
 
 

@@ -212,9 +212,9 @@ def test_reused_decode_binding_matches_binding_every_step(generator, monkeypatch
     assert runner._binding is not None  # the decode steps kept theirs
     original = runner.run
 
-    def fresh_binding(call, uniform):
+    def fresh_binding(call, *uniforms):
         runner.invalidate()
-        return original(call, uniform)
+        return original(call, *uniforms)
 
     monkeypatch.setattr(runner, "run", fresh_binding)
     slow = generator.generate(PROMPTS[:3], params, max_new_tokens=12, chat=False)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from ray import serve
 
-from onnxsample.engine import DEFAULT_PREFILL_CHUNK, Engine
+from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK, Engine
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
 from onnxsample.serve.app import ServeSettings, create_app
@@ -56,6 +56,9 @@ class ReplicaOptions:
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
     provider: str = "auto"
     api_key: str | None = None
+    speculative: str | None = None
+    draft_tokens: int | None = None
+    ngram: int = DEFAULT_NGRAM
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,9 @@ class OnnxsampleReplica:
             max_len=options.max_len,
             max_queue=None,  # Serve keeps the queue; a replica takes only what its slots hold
             prefill_chunk=options.prefill_chunk,
+            speculative=options.speculative,
+            draft_tokens=options.draft_tokens,
+            ngram=options.ngram,
         )
         log.info("replica %s loaded %s", self.name, options.model)
 

@@ -1,0 +1,95 @@
+"""Draft tokens for speculative decoding, from the sequence itself: n-gram prompt lookup.
+
+For each decoding sequence, the last n tokens of prompt + output are looked up earlier in the same
+history (n from ``ngram`` down to 1, the most recent match of the longest n wins) and the tokens
+that followed that occurrence are the draft. This is vLLM's ``ngram`` speculator and llama.cpp's
+prompt lookup: free to compute, and right often wherever the answer repeats the context (editing
+code, quoting a document, rewriting text).
+
+A sequence whose drafts keep failing stops drafting for a while (1, 2, 4, ... 16 steps): its
+steps then cost what plain decoding costs. Alone, a verification that keeps no draft is a miss;
+with other sequences decoding, the draft is verified in a call of its own (GroupQueryAttention
+takes several new positions for one row per call), which a verification must pay for by keeping
+at least ``BATCHED_NEED`` drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxsample.errors import InvalidParameter
+
+SPECULATIVE_METHODS = ("ngram",)
+DEFAULT_NGRAM = 3
+DEFAULT_DRAFT_TOKENS = 4
+BATCHED_NEED = 2
+_MAX_BACKOFF = 16
+
+
+@dataclass
+class DraftStats:
+    """One sequence's drafting record: tokens drafted and accepted, its back-off, and how long
+    its next draft may be."""
+
+    drafted: int = 0
+    accepted: int = 0
+    misses: int = 0  # consecutive verification steps that kept nothing
+    skip: int = 0  # steps left without drafting
+    length: int = 0  # the next draft's cap (0: the drafter's draft_tokens)
+
+
+class NgramDrafter:
+    """Proposes up to `draft_tokens` tokens by n-gram lookup (n = `ngram` .. 1)."""
+
+    def __init__(self, draft_tokens: int, ngram: int = DEFAULT_NGRAM) -> None:
+        for name, value in (("draft_tokens", draft_tokens), ("ngram", ngram)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InvalidParameter(f"{name} must be an integer >= 1, got {value!r}")
+        self.draft_tokens, self.ngram = draft_tokens, ngram
+        self.batched = False  # other sequences decode in the same step
+
+    def draft(self, stats: DraftStats, history: np.ndarray, limit: int) -> list[int]:
+        """A sequence's draft this step (none while it backs off), at most `limit` tokens."""
+        if not self.allowed(stats):
+            return []
+        return self.propose(history, min(limit, stats.length or self.draft_tokens))
+
+    def propose(self, history: np.ndarray, limit: int) -> list[int]:
+        """Up to min(`limit`, draft_tokens) tokens to follow `history` (int64 [L]); [] when no
+        suffix of it occurred before."""
+        k = min(limit, self.draft_tokens)
+        size = len(history)
+        if k < 1 or size < 2:
+            return []
+        for n in range(min(self.ngram, size - 1), 0, -1):
+            # Windows over history[:-1], so the suffix itself (starting at size - n) is never one.
+            windows = np.lib.stride_tricks.sliding_window_view(history[:-1], n)
+            found = np.flatnonzero((windows == history[-n:]).all(axis=1))
+            if found.size:
+                start = int(found[-1]) + n
+                return history[start : start + k].tolist()
+        return []
+
+    @staticmethod
+    def allowed(stats: DraftStats) -> bool:
+        """Whether the sequence drafts this step (counts down its back-off)."""
+        if stats.skip > 0:
+            stats.skip -= 1
+            return False
+        return True
+
+    def record(self, stats: DraftStats, drafted: int, accepted: int) -> None:
+        """After a verification: the next draft may be one longer than this one when all of it
+        was kept, else one longer than what was kept; a miss (nothing kept; fewer than
+        ``BATCHED_NEED`` when batched) backs off 1, 2, 4, ... steps (at most 16), anything better
+        resets the back-off."""
+        stats.drafted += drafted
+        stats.accepted += accepted
+        stats.length = min(self.draft_tokens, accepted + 1)
+        if accepted >= (BATCHED_NEED if self.batched else 1):
+            stats.misses = 0
+            return
+        stats.misses += 1
+        stats.skip = min(2 ** (stats.misses - 1), _MAX_BACKOFF)

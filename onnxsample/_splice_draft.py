@@ -1,0 +1,227 @@
+"""Graph surgery for speculative decoding: score K + 1 positions per slot, keep what verifies.
+
+With ``draft_tokens`` = K > 0 the composed graph takes each slot's draft (``sampler.draft_tokens``
+[S, K], −1 past its end) and a uniform per draft position (``sampler.draft_uniform`` [S, K]). The
+sampler chain then runs once per scored (slot, position) pair instead of once per slot: the pairs
+are position 0 of every active slot and positions 1..k of a slot drafting k tokens, so a step
+without drafts scores exactly the rows a non-speculative graph would. Each pair reads the padded
+logits row ``row_index[slot] + position``, its slot's parameters, its own uniform and the penalty
+counts with the drafts before it; :mod:`onnxsample.graphs.speculative` holds the rule that keeps a
+draft and its proof that sampling stays exact.
+
+Position 0's results keep the contract's names (``sampler.next_token``, ``sampler.logprob``, ...);
+positions 1..K come back as ``sampler.draft_next_token`` etc. [S, K], with ``sampler.accepted``
+[S]: the slot emits ``next_token`` and then ``draft_next_token[:accepted]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from onnxsample.graphs._common import DOMAIN
+from onnxsample.graphs.chain import sampler_functions
+from onnxsample.graphs.speculative import (
+    Accept,
+    AddTokens,
+    DraftCounts,
+    DraftPositions,
+    PositionRows,
+)
+
+DRAFT_TOKENS, DRAFT_UNIFORM = "sampler.draft_tokens", "sampler.draft_uniform"
+ACCEPTED = "sampler.accepted"
+# Outputs per drafted position, after the contract's per-slot output of the same result.
+DRAFT_OUTPUTS = {
+    "sampler.next_token": "sampler.draft_next_token",
+    "sampler.logprob": "sampler.draft_logprob",
+    "sampler.top_logprob_ids": "sampler.draft_top_logprob_ids",
+    "sampler.top_logprobs": "sampler.draft_top_logprobs",
+}
+DOCS = {
+    DRAFT_TOKENS: "int64[S, K]: the slot's draft, fed as input positions 1..k after its last token "
+    "(row_index + i is position i's row); -1 ends it; all -1 = no draft",
+    DRAFT_UNIFORM: "float32[S, K]: the U(0,1) draws of positions 1..K (position 0 takes "
+    "sampler.uniform), from the slot's own generator",
+    ACCEPTED: "int64[S]: drafts kept; the slot emits next_token, then draft_next_token[:accepted]",
+    "sampler.draft_next_token": "int64[S, K]: the token sampled at position i + 1 (-1 if unscored)",
+    "sampler.draft_logprob": "float32[S, K]: its logprob under the raw distribution",
+    "sampler.draft_top_logprob_ids": "int64[S, K, L]: position i + 1's most likely tokens",
+    "sampler.draft_top_logprobs": "float32[S, K, L]: their logprobs",
+}
+_FUNCTIONS = (AddTokens, DraftPositions, PositionRows, DraftCounts, Accept)
+
+
+@dataclass
+class Positions:
+    """The scored (slot, position) pairs: `pairs` [R, 2], and per pair its active-slot index,
+    its position and its padded logits row ([R] each)."""
+
+    pairs: ir.Value
+    slot: ir.Value
+    position: ir.Value
+    rows: ir.Value
+
+
+def draft_inputs(draft_tokens: int, sampling: bool) -> list[tuple[str, ir.DataType, list]]:
+    """The speculative inputs: (name, element type, dims)."""
+    found = [(DRAFT_TOKENS, ir.DataType.INT64, ["S", draft_tokens])]
+    if sampling:
+        found.append((DRAFT_UNIFORM, ir.DataType.FLOAT, ["S", draft_tokens]))
+    return found
+
+
+def _call(graph: ir.Graph, function: str, inputs, outputs: int, tag: str) -> list[ir.Value]:
+    node = ir.node(function, inputs, domain=DOMAIN, num_outputs=outputs, name=f"sampler/{tag}")
+    for i, value in enumerate(node.outputs):
+        value.name = f"sampler/{tag}_{i}" if outputs > 1 else f"sampler/{tag}"
+    graph.append(node)
+    return list(node.outputs)
+
+
+def _op(graph: ir.Graph, op_type: str, inputs, name: str, **attributes) -> ir.Value:
+    node = ir.node(op_type, inputs, attributes or None, name=f"sampler/{name}")
+    node.outputs[0].name = f"sampler/{name}"
+    graph.append(node)
+    return node.outputs[0]
+
+
+def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    value.shape, value.dtype = value.const_value.shape, value.const_value.dtype
+    graph.register_initializer(value)
+    return value
+
+
+def positions(graph: ir.Graph, drafts: ir.Value, row_index: ir.Value) -> Positions:
+    """The pairs to score for the active slots' `drafts` [A, K] and `row_index` [A]."""
+    (pairs,) = _call(graph, "DraftPositions", [drafts, row_index], 1, "draft_positions")
+    slot, position, rows = _call(graph, "PositionRows", [pairs, row_index], 3, "draft_rows")
+    return Positions(pairs, slot, position, rows)
+
+
+def per_row(graph: ir.Graph, picked: dict[str, ir.Value], at: Positions) -> dict[str, ir.Value]:
+    """The chain's inputs for the scored pairs, from the active slots' inputs `picked`."""
+    drafts = picked[DRAFT_TOKENS]
+    out = {}
+    for name, value in picked.items():
+        tag = name.removeprefix("sampler.")
+        if name in (DRAFT_TOKENS, DRAFT_UNIFORM):
+            continue
+        if name == "sampler.row_index":
+            out[name] = at.rows
+        elif name == "sampler.uniform":
+            first = _op(
+                graph, "Unsqueeze", [value, _const(graph, "sampler/u_axis", np.array([1]))], "u0"
+            )
+            every = _op(graph, "Concat", [first, picked[DRAFT_UNIFORM]], "u_all", axis=1)
+            out[name] = _op(graph, "GatherND", [every, at.pairs], "u_rows")
+        elif name == "sampler.output_counts":
+            counts = [value, drafts, at.slot, at.position]
+            (out[name],) = _call(graph, "DraftCounts", counts, 1, "draft_counts")
+        else:
+            out[name] = _op(graph, "Gather", [value, at.slot], f"{tag}_rows", axis=0)
+    return out
+
+
+def _grid(graph: ir.Graph, rows: ir.Value, at: Positions, size: ir.Value, fill, tag: str):
+    """rows [R, ...] laid out as [A, K + 1, ...] by (slot, position); `fill` elsewhere."""
+    tag = f"grid_{tag}"
+    trailing = _op(
+        graph,
+        "Slice",
+        [
+            _op(graph, "Shape", [rows], f"{tag}_row_shape"),
+            _const(graph, f"sampler/{tag}_from", np.array([1])),
+            _const(graph, f"sampler/{tag}_to", np.array([2**62])),
+        ],
+        f"{tag}_trailing",
+    )
+    shape = _op(graph, "Concat", [size, trailing], f"{tag}_shape", axis=0)
+    base = _op(
+        graph,
+        "ConstantOfShape",
+        [shape],
+        f"{tag}_fill",
+        value=ir.tensor(np.array([fill], dtype=rows.dtype.numpy())),
+    )
+    return _op(graph, "ScatterND", [base, at.pairs, rows], f"{tag}")
+
+
+def accept(
+    graph: ir.Graph,
+    results: dict[str, ir.Value],
+    picked: dict[str, ir.Value],
+    at: Positions,
+) -> dict[str, ir.Value]:
+    """From the chain's per-pair `results` (by output name) to per-active-slot outputs: position
+    0 under the contract's names, positions 1..K under the draft names, ``sampler.accepted``, and
+    the counts with every emitted token added."""
+    drafts, row_index = picked[DRAFT_TOKENS], picked["sampler.row_index"]
+    size = _op(
+        graph,
+        "Concat",
+        [
+            _op(graph, "Shape", [drafts], "draft_slots", end=1),
+            _op(
+                graph,
+                "Add",
+                [
+                    _op(graph, "Shape", [drafts], "draft_width", start=1, end=2),
+                    _const(graph, "sampler/one_position", np.array([1])),
+                ],
+                "draft_positions_n",
+            ),
+        ],
+        "draft_grid_size",
+        axis=0,
+    )
+    zero = _const(graph, "sampler/position_zero", np.array(0))
+    first = _const(graph, "sampler/position_first", np.array([1]))
+    last = _const(graph, "sampler/position_last", np.array([2**62]))
+    axis = _const(graph, "sampler/position_axis", np.array([1]))
+    out: dict[str, ir.Value] = {}
+    tokens = None
+    for name, value in results.items():
+        if name not in DRAFT_OUTPUTS:
+            continue
+        tag = name.removeprefix("sampler.")
+        fill = -1 if name == "sampler.next_token" else 0
+        grid = _grid(graph, value, at, size, fill, tag)
+        if name == "sampler.next_token":
+            tokens = grid
+        out[name] = _op(graph, "Gather", [grid, zero], f"{tag}_first", axis=1)
+        out[DRAFT_OUTPUTS[name]] = _op(graph, "Slice", [grid, first, last, axis], f"{tag}_drafts")
+        out[name].dtype = out[DRAFT_OUTPUTS[name]].dtype = value.dtype
+    assert tokens is not None
+    accepted, emitted = _call(graph, "Accept", [tokens, drafts, row_index], 2, "accept")
+    out[ACCEPTED] = accepted
+    accepted.dtype = ir.DataType.INT64
+    if "sampler.output_counts" in picked:
+        counts = [picked["sampler.output_counts"], tokens, emitted]
+        (out["sampler.output_counts_out"],) = _call(graph, "AddTokens", counts, 1, "emitted")
+        out["sampler.output_counts_out"].dtype = ir.DataType.INT32
+    return out
+
+
+def add_functions(model: ir.Model) -> None:
+    """The speculative functions into `model.functions`."""
+    names = {script.name for script in _FUNCTIONS}
+    for proto in sampler_functions():
+        key = (proto.domain, proto.name, "")
+        if proto.name in names and key not in model.functions:
+            model.functions[key] = ir.serde.deserialize_function(proto)
+
+
+def output_specs(specs: dict[str, tuple], draft_tokens: int, max_slots: int) -> dict[str, tuple]:
+    """The composed graph's sampler outputs (name → (type, shape)): the contract's per-slot ones,
+    then ``sampler.accepted`` and one draft output per per-slot result, [S, K, ...]."""
+    out = dict(specs)
+    out[ACCEPTED] = (ir.TensorType(ir.DataType.INT64), ir.Shape([max_slots]))
+    for name, draft_name in DRAFT_OUTPUTS.items():
+        if name in specs:
+            kind, shape = specs[name]
+            out[draft_name] = (kind, ir.Shape([max_slots, draft_tokens, *list(shape)[1:]]))
+    return out

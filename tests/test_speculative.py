@@ -1,0 +1,466 @@
+"""Speculative decoding: the verifying graph (contract, acceptance, penalties, χ² of the emitted
+tokens against non-speculative sampling), the n-gram drafter, and the engine (greedy output token
+for token as without speculation, seeds, stops, limits, cancel, mixed batches, errors)."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper
+
+from onnxsample import Engine, InvalidParameter, ModelError, SamplingParams, compose
+from onnxsample._drafter import DraftStats, NgramDrafter
+from onnxsample._splice import reconcile_versions, splice
+from onnxsample.chain import SamplerChain
+from onnxsample.params import pack_sampling_params
+from onnxsample.sampler_model import sampler_feeds, sampler_session
+
+FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
+
+
+# ---- the verifying graph, on logits given as an input ------------------------------------------
+
+
+@functools.cache
+def _draft_model(chain: str, vocab: int, slots: int, drafts: int, top: int = 0) -> bytes:
+    """A composed graph whose "model" returns its input as the logits [B, T, V]."""
+    x = helper.make_tensor_value_info("logits_in", TensorProto.FLOAT, ["B", "T", vocab])
+    y = helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", "T", vocab])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["logits_in"], ["logits"])], "m", [x], [y]
+    )
+    base = ir.from_proto(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+    )
+    bias = 2 if "logit_bias" in chain else 0
+    options = dict(top_logprobs=top, max_bias=bias, output_probs=False, output_candidates=0)
+    model = splice(base, SamplerChain(chain), vocab, slots, options, head=None, draft_tokens=drafts)
+    model.graph.outputs[:] = [v for v in model.graph.outputs if v.name != "logits"]
+    reconcile_versions(model)
+    proto = ir.to_proto(model)
+    onnx.checker.check_model(proto, full_check=True)
+    return proto.SerializeToString()
+
+
+@functools.cache
+def _session(chain: str, vocab: int, slots: int, drafts: int, top: int = 0):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(
+        _draft_model(chain, vocab, slots, drafts, top), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _verify(logits, params, drafts, *, chain=FULL, rows=None, uniform=None, counts=None, top=0):
+    """Run the verifying graph: logits [B, T, V]; one SamplingParams (or None) and one draft
+    (list, [] for none) per slot; slot s reads batch row s unless `rows` says otherwise."""
+    logits = np.asarray(logits, np.float32)
+    _, t, vocab = logits.shape
+    slots, width = len(params), t - 1
+    session = _session(chain, vocab, slots, width, top)
+    names = {i.name for i in session.get_inputs()}
+    bias = 2 if "logit_bias" in chain else 0
+    feeds = pack_sampling_params(
+        params, SamplerChain(chain), slots, max_bias=bias, vocab_size=vocab, top_logprobs=top
+    )
+    feeds = {k: v for k, v in feeds.items() if k in names}
+    feeds["logits_in"] = logits
+    if rows is None:
+        rows = [0 if p is None else 1 + s * t for s, p in enumerate(params)]
+    feeds["sampler.row_index"] = np.asarray(rows, np.int64)
+    table = np.full((slots, width), -1, np.int64)
+    for s, draft in enumerate(drafts):
+        table[s, : len(draft)] = draft
+    feeds["sampler.draft_tokens"] = table
+    u = np.full((slots, t), 0.5, np.float32) if uniform is None else np.asarray(uniform, np.float32)
+    if "sampler.uniform" in names:
+        feeds["sampler.uniform"], feeds["sampler.draft_uniform"] = u[:, 0], u[:, 1:]
+    if "sampler.output_counts" in names:
+        feeds["sampler.prompt_mask"] = np.zeros((slots, vocab), bool)
+        feeds["sampler.output_counts"] = (
+            np.zeros((slots, vocab), np.int32) if counts is None else counts.astype(np.int32)
+        )
+    outputs = [o.name for o in session.get_outputs()]
+    return dict(zip(outputs, session.run(None, feeds), strict=True))
+
+
+def test_contract_inputs_and_outputs():
+    model = onnx.load_from_string(_draft_model(FULL, 12, 3, 4, 2))
+    shapes = {
+        v.name: [d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim]
+        for v in [*model.graph.input, *model.graph.output]
+    }
+    assert shapes["sampler.draft_tokens"] == [3, 4]
+    assert shapes["sampler.draft_uniform"] == [3, 4]
+    assert shapes["sampler.accepted"] == [3]
+    assert shapes["sampler.draft_next_token"] == [3, 4]
+    assert shapes["sampler.draft_logprob"] == [3, 4]
+    assert shapes["sampler.draft_top_logprob_ids"] == [3, 4, 2]
+    assert shapes["sampler.next_token"] == [3]
+    greedy = onnx.load_from_string(_draft_model("", 12, 3, 4))
+    assert "sampler.draft_uniform" not in {i.name for i in greedy.graph.input}
+
+
+GREEDY = SamplingParams(temperature=0)
+# Argmax per position of batch row 0: 3, 1, 4, 1, 5.
+ROW = np.full((5, 8), -1.0)
+ROW[[0, 1, 2, 3, 4], [3, 1, 4, 1, 5]] = 2.0
+
+
+@pytest.mark.parametrize(
+    ("draft", "accepted", "emitted"),
+    [
+        ([], 0, [3]),
+        ([3, 1, 4, 1], 4, [3, 1, 4, 1, 5]),  # every draft kept, and the token after them
+        ([3, 1, 0, 1], 2, [3, 1, 4]),  # the first mismatch emits the argmax there
+        ([0, 1, 4, 1], 0, [3]),
+        ([3, 1], 2, [3, 1, 4]),
+        ([3], 1, [3, 1]),
+    ],
+)
+def test_greedy_acceptance(draft, accepted, emitted):
+    found = _verify(ROW[None], [GREEDY], [draft])
+    assert found["sampler.accepted"][0] == accepted
+    tokens = [found["sampler.next_token"][0], *found["sampler.draft_next_token"][0][:accepted]]
+    assert tokens == emitted
+    counts = np.bincount(emitted, minlength=8)
+    assert found["sampler.output_counts_out"][0].tolist() == counts.tolist()
+
+
+def test_slots_with_and_without_drafts_and_inactive_ones():
+    """Slot 0 drafts, slot 1 decodes plainly, slot 2 is inactive (its stale draft is ignored),
+    slot 3 samples a row near the end of the logits and has no draft (no row past the end)."""
+    logits = np.stack([ROW, ROW[::-1], ROW, ROW])
+    params = [GREEDY, GREEDY, None, GREEDY]
+    rows = [1, 6, 0, 20]
+    found = _verify(logits, params, [[3, 1, 4], [], [3, 1], []], rows=rows)
+    assert found["sampler.accepted"].tolist() == [3, 0, 0, 0]
+    assert found["sampler.next_token"].tolist() == [3, 5, 0, 5]
+    assert found["sampler.draft_next_token"][0].tolist() == [1, 4, 1, -1]
+    assert found["sampler.output_counts_out"][2].sum() == 0  # inactive: no state change
+
+
+def test_logprobs_of_draft_positions_are_the_raw_distribution():
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=(1, 4, 8)).astype(np.float32)
+    drafts = [int(t) for t in logits[0, :3].argmax(-1)]
+    found = _verify(logits, [GREEDY], [drafts], top=2)
+    raw = logits[0] - np.log(np.exp(logits[0]).sum(-1, keepdims=True))
+    tokens = [found["sampler.next_token"][0], *found["sampler.draft_next_token"][0]]
+    lps = [found["sampler.logprob"][0], *found["sampler.draft_logprob"][0]]
+    for i, (token, lp) in enumerate(zip(tokens, lps, strict=True)):
+        assert lp == pytest.approx(raw[i, token], abs=1e-5)
+    assert found["sampler.draft_top_logprob_ids"][0, 0].tolist() == np.argsort(-raw[1])[:2].tolist()
+
+
+def test_penalties_see_the_drafts_before_each_position():
+    """Position i's penalty counts are the slot's counts plus drafts 0..i−1: with a strong
+    frequency penalty, a repeated draft token stops being the argmax."""
+    logits = np.zeros((1, 3, 6), np.float32)
+    logits[0, :, 2] = 3.0  # token 2 is the argmax everywhere, 1 the runner-up
+    logits[0, :, 1] = 2.0
+    params = SamplingParams(temperature=0, frequency_penalty=2.0)
+    found = _verify(logits, [params], [[2, 2]])
+    # position 0: 2 (no counts); position 1 sees one 2 (3 − 2 = 1 < 2): token 1 ≠ draft 2.
+    assert found["sampler.next_token"][0] == 2
+    assert found["sampler.accepted"][0] == 1
+    assert found["sampler.draft_next_token"][0, 0] == 1
+    assert found["sampler.output_counts_out"][0].tolist() == [0, 1, 1, 0, 0, 0]  # 2, then 1
+
+
+def _chi2_limit(df: int) -> float:
+    """χ² quantile at α = 1e-6 (Wilson–Hilferty)."""
+    z = 4.7534
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _final_probs(logits_row, params, counts) -> np.ndarray:
+    """The non-speculative chain's final distribution for one row (the standalone sampler)."""
+    vocab = len(logits_row)
+    session = sampler_session(FULL, vocab, 1, max_bias=2, output_probs=True)
+    rows = np.vstack([np.zeros(vocab), logits_row]).astype(np.float32)
+    feeds = sampler_feeds(FULL, rows, [params], max_bias=2, output_counts=counts[None])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feeds), strict=True))["sampler.probs"][0]
+
+
+DRAWS = 100_000
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.9, top_p=0.95),
+        SamplingParams(
+            temperature=1.1,
+            top_k=6,
+            min_p=0.02,
+            repetition_penalty=1.3,
+            presence_penalty=0.4,
+            frequency_penalty=0.8,
+        ),
+    ],
+)
+def test_emitted_tokens_follow_the_non_speculative_distribution(params):
+    """DRAWS slots verify the same one-token draft with their own uniforms. The outcomes — t0 ≠ d
+    alone, or d then t1 — must follow sequential sampling: t0 ~ p0 (the slot's counts), and after
+    d, t1 ~ p1 with d counted (penalties exact)."""
+    rng = np.random.default_rng(11)
+    vocab, draft = 8, 2
+    logits = rng.normal(size=(1, 2, vocab)).astype(np.float32)
+    logits[0, :, draft] += 1.0  # a likely draft, so both outcomes are frequent
+    counts = np.zeros(vocab, np.int32)
+    counts[[1, draft]] = [1, 2]
+    u = np.random.Generator(np.random.Philox(5)).random((DRAWS, 2), dtype=np.float32)
+    found = _verify(
+        logits,
+        [params] * DRAWS,
+        [[draft]] * DRAWS,
+        rows=np.ones(DRAWS, np.int64),
+        uniform=u,
+        counts=np.tile(counts, (DRAWS, 1)),
+    )
+    accepted = found["sampler.accepted"].astype(bool)
+    first, second = found["sampler.next_token"], found["sampler.draft_next_token"][:, 0]
+    observed = np.concatenate(
+        [
+            np.bincount(first[~accepted], minlength=vocab),
+            np.bincount(second[accepted], minlength=vocab),
+        ]
+    )
+    after = counts.copy()
+    after[draft] += 1
+    p0 = _final_probs(logits[0, 0], params, counts)
+    p1 = _final_probs(logits[0, 1], params, after)
+    expected = np.concatenate([np.where(np.arange(vocab) == draft, 0, p0), p0[draft] * p1]) * DRAWS
+    support = expected > 0
+    assert observed[~support].sum() == 0
+    chi2 = float(((observed[support] - expected[support]) ** 2 / expected[support]).sum())
+    assert chi2 < _chi2_limit(support.sum() - 1), (chi2, observed, expected.round())
+    if params.frequency_penalty:
+        # The check can fail: the same draws do not fit p1 without the draft counted.
+        wrong = p0[draft] * _final_probs(logits[0, 1], params, counts) * DRAWS
+        keep = wrong > 0
+        miss = ((observed[vocab:][keep] - wrong[keep]) ** 2 / wrong[keep]).sum()
+        assert miss > _chi2_limit(keep.sum() - 1)
+
+
+# ---- the drafter ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("history", "ngram", "limit", "draft"),
+    [
+        ([5, 6, 7, 8, 9, 5, 6, 7], 3, 4, [8, 9, 5, 6]),  # the 3-gram 5 6 7 recurs: what followed it
+        ([5, 6, 7, 8, 9, 5, 6, 7], 3, 2, [8, 9]),  # limit
+        ([1, 2, 3, 1, 2, 4, 1, 2], 2, 3, [4, 1, 2]),  # the most recent occurrence wins
+        ([1, 2, 3, 4, 9, 3, 7, 4], 3, 3, [9, 3, 7]),  # no 3- or 2-gram: the 1-gram 4
+        ([1, 2, 3, 4], 3, 3, []),  # nothing recurs
+        ([7], 3, 3, []),
+        ([7, 7], 3, 3, [7]),
+        ([5, 6, 7, 8, 9, 5, 6, 7], 3, 0, []),
+    ],
+)
+def test_ngram_drafts(history, ngram, limit, draft):
+    drafter = NgramDrafter(draft_tokens=4, ngram=ngram)
+    assert drafter.propose(np.asarray(history, np.int64), limit) == draft
+
+
+@pytest.mark.parametrize(("batched", "kept"), [(False, 1), (True, 2)])
+def test_drafts_back_off_after_misses(batched, kept):
+    drafter = NgramDrafter(4)
+    drafter.batched = batched
+    stats = DraftStats()
+    allowed = []
+    for accepted in (0, kept - 1, 0, kept):
+        drafter.record(stats, 4, accepted)
+        steps = 0
+        while not NgramDrafter.allowed(stats):
+            steps += 1
+        allowed.append(steps)
+    assert allowed == [1, 2, 4, 0]
+    assert (stats.drafted, stats.accepted) == (16, 2 * kept - 1)
+
+
+@pytest.mark.parametrize(("draft_tokens", "ngram"), [(0, 3), (4, 0), (4, True)])
+def test_drafter_rejects_bad_settings(draft_tokens, ngram):
+    with pytest.raises(InvalidParameter, match="must be an integer >= 1"):
+        NgramDrafter(draft_tokens, ngram)
+
+
+# ---- the engine -----------------------------------------------------------------------------------
+
+PROMPTS = {
+    "code edit": "Here is a function:\n\ndef area(width, height):\n    if width < 0 or height < 0:\n"
+    "        raise ValueError('negative size')\n    return width * height\n\n"
+    "Write it again with the function renamed to rectangle_area.",
+    "summarise": "The river Loire is the longest river in France. The Loire rises in the Massif "
+    "Central and flows north and then west to the Atlantic. Summarise: the Loire is",
+    "chat": [{"role": "user", "content": "List three colours of the rainbow, one per line."}],
+    "no repetition": "Tell me a short story about a lighthouse keeper.",
+}
+
+
+def _engine_pair(path, folder, **options):
+    plain = Engine(path, tokenizer=folder, threads=1, **options)
+    fast = Engine(path, tokenizer=folder, threads=1, speculative="ngram", **options)
+    return plain, fast
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_gqa_export, tmp_path_factory):
+    """The tiny GQA model composed with 4 slots and 4 draft tokens; engines with and without
+    speculation."""
+    path = compose(
+        tiny_gqa_export.output,
+        None,
+        tmp_path_factory.mktemp("spec") / "tiny.onnx",
+        max_slots=4,
+        top_logprobs=2,
+        max_bias=4,
+        draft_tokens=4,
+    )
+    plain, fast = _engine_pair(path, tiny_gqa_export.output)
+    yield plain, fast
+    plain.close()
+    fast.close()
+
+
+@pytest.fixture(scope="module")
+def embedded_pair(embedded_gqa_exports, tmp_path_factory):
+    """The embedded SmolLM2 with float compute (gguf blocks, accuracy level 0) composed with 8
+    draft tokens. At accuracy level 4 ONNX Runtime multiplies one row and several rows with
+    different int8 kernels, so there a verification run's logits differ from a one-token step's
+    as a prefill's do."""
+    export = embedded_gqa_exports["gguf-a0"]
+    path = compose(
+        export.output,
+        None,
+        tmp_path_factory.mktemp("spec-embedded") / "composed.onnx",
+        max_slots=4,
+        top_logprobs=2,
+        draft_tokens=8,
+    )
+    plain, fast = _engine_pair(path, export.output)
+    yield plain, fast
+    plain.close()
+    fast.close()
+
+
+def _together(engine, prompts, params, n):
+    requests = [engine.submit(p, params, max_new_tokens=n) for p in prompts]
+    return [r.result(timeout=300) for r in requests]
+
+
+def test_embedded_greedy_is_unchanged_token_for_token(embedded_pair):
+    """Each prompt alone, then all four in one batch (slots drafting and not, side by side)."""
+    plain, fast = embedded_pair
+    prompts = list(PROMPTS.values())
+    base = [plain.submit(p, GREEDY, max_new_tokens=64).result(timeout=300) for p in prompts]
+    before = fast.stats()
+    alone = [fast.submit(p, GREEDY, max_new_tokens=64).result(timeout=300) for p in prompts]
+    batch = _together(fast, prompts, GREEDY, 64)
+    for name, a, b, c in zip(PROMPTS, base, alone, batch, strict=True):
+        assert b.token_ids == a.token_ids, name
+        assert c.token_ids == a.token_ids, name
+        assert b.text == a.text
+    after = fast.stats()
+    drafted = after.drafted_tokens - before.drafted_tokens
+    accepted = after.accepted_tokens - before.accepted_tokens
+    assert 0 < accepted < drafted
+    assert after.decode_steps - before.decode_steps < sum(len(c.token_ids) for c in alone + batch)
+    code = alone[0].timings
+    assert code.draft_tokens > 0 and code.accepted_tokens > 0
+
+
+def test_embedded_sampling_with_penalties_keeps_the_seeded_stream(embedded_pair):
+    """One uniform per emitted token, from the request's own generator: the same seed gives the
+    same tokens with and without speculation (the logits agree to the last bits here)."""
+    plain, fast = embedded_pair
+    params = SamplingParams(
+        temperature=0.8, top_p=0.95, repetition_penalty=1.1, frequency_penalty=0.3, seed=7
+    )
+    prompt = PROMPTS["code edit"]
+    a = plain.submit(prompt, params, max_new_tokens=48).result(timeout=300)
+    b = fast.submit(prompt, params, max_new_tokens=48).result(timeout=300)
+    c = fast.submit(prompt, params, max_new_tokens=48).result(timeout=300)
+    assert b.token_ids == c.token_ids, "same seed, different text run to run"
+    assert b.token_ids == a.token_ids
+
+
+def test_tiny_model_mixed_batch_logprobs_and_limits(tiny_pair):
+    plain, fast = tiny_pair
+    params = SamplingParams(temperature=0, logprobs=True, top_logprobs=2)
+    prompts = ["Once upon a time", "a b c a b c a b", "def f(x):", "1 2 3 1 2 3"]
+    base = _together(plain, prompts, params, 40)
+    spec = _together(fast, prompts, params, 40)
+    for a, b in zip(base, spec, strict=True):
+        assert b.token_ids == a.token_ids
+        assert b.finish_reason == a.finish_reason
+        assert len(b.token_ids) <= 40
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-4)
+        assert [[t for t, _ in top] for top in b.top_logprobs] == [
+            [t for t, _ in top] for top in a.top_logprobs
+        ]
+    assert sum(c.timings.accepted_tokens for c in spec) > 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_token_limit_is_exact(tiny_pair, n):
+    _, fast = tiny_pair
+    done = fast.submit("a b c a b c a b c a b", GREEDY, max_new_tokens=n, chat=False).result()
+    assert len(done.token_ids) == n and done.finish_reason in ("length", "eos")
+
+
+def test_stop_strings_and_streaming_events(tiny_pair):
+    plain, fast = tiny_pair
+    params = SamplingParams(temperature=0, ignore_eos=True)
+    base = plain.submit("a b c a b c", params, max_new_tokens=40, chat=False).result()
+    stop = base.text[len(base.text) // 2 :][:3]
+    a = plain.submit("a b c a b c", params, max_new_tokens=40, stop=stop, chat=False).result()
+    request = fast.submit("a b c a b c", params, max_new_tokens=40, stop=stop, chat=False)
+    events = list(request)
+    b = events[-1].completion
+    assert b.text == a.text and b.finish_reason == a.finish_reason == "stop"
+    assert "".join(e.text for e in events) == b.text
+    # one event per emitted token, in order (a verified run emits several)
+    assert [e.token_id for e in events if e.token_id is not None] == b.token_ids
+
+
+def test_cancel_while_drafting(tiny_pair):
+    _, fast = tiny_pair
+    long = SamplingParams(temperature=0, ignore_eos=True)
+    request = fast.submit("a b c a b c a b c", long, max_new_tokens=400, chat=False)
+    next(iter(request))
+    request.cancel()
+    done = request.result(timeout=60)
+    assert done.finish_reason == "cancelled" and len(done.token_ids) < 400
+    assert fast.submit("x y", GREEDY, max_new_tokens=3, chat=False).result().token_ids
+
+
+def test_engine_errors(tiny_pair, tiny_gqa_export, tiny_export, tmp_path):
+    plain, _ = tiny_pair
+    with pytest.raises(InvalidParameter, match=r"draft_tokens must be in \[1, 4\]"):
+        Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="ngram", draft_tokens=5)
+    with pytest.raises(InvalidParameter, match="speculative must be 'ngram'"):
+        Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="draft-model")
+    with pytest.raises(InvalidParameter, match="ngram must be an integer >= 1"):
+        Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="ngram", ngram=0)
+    bare = compose(tiny_gqa_export.output, None, tmp_path / "bare.onnx", max_slots=2)
+    with pytest.raises(InvalidParameter, match="compose --draft-tokens"):
+        Engine(bare, tokenizer=tiny_gqa_export.output, speculative="ngram")
+    with pytest.raises(ModelError, match="GroupQueryAttention"):
+        compose(tiny_export.output, None, tmp_path / "concat.onnx", draft_tokens=4)
+    with pytest.raises(InvalidParameter, match="output_probs"):
+        compose(
+            tiny_gqa_export.output, None, tmp_path / "p.onnx", draft_tokens=4, output_probs=True
+        )
+    with pytest.raises(InvalidParameter, match=r"draft_tokens must be in \[0, 16\]"):
+        compose(tiny_gqa_export.output, None, tmp_path / "k.onnx", draft_tokens=17)
