@@ -12,6 +12,9 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsample import _splice_draft as draft
+from onnxsample._ir_build import const as _const
+from onnxsample._ir_build import op as _op
+from onnxsample._ir_build import trailing_shape
 from onnxsample.errors import ModelError
 from onnxsample.graphs.chain import (
     CHAIN_FUNCTION,
@@ -47,20 +50,6 @@ DOCS = {
     "sampler.prompt_targets": "int64[P]: the token whose logprob each prompt row reports (the next "
     "prompt token)",
 }
-
-
-def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
-    value.shape, value.dtype = value.const_value.shape, value.const_value.dtype
-    graph.register_initializer(value)
-    return value
-
-
-def _op(graph: ir.Graph, op_type: str, inputs, name: str, **attributes) -> ir.Value:
-    node = ir.node(op_type, inputs, attributes or None, name=f"sampler/{name}")
-    node.outputs[0].name = f"sampler/{name}"
-    graph.append(node)
-    return node.outputs[0]
 
 
 def _padded_rows(graph: ir.Graph, rows: ir.Value, width: int, tag: str) -> ir.Value:
@@ -120,16 +109,7 @@ def _scatter_slots(
 ) -> ir.Value:
     """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); the rest from `base`, or zeros."""
     if base is None:
-        trailing = _op(
-            graph,
-            "Slice",
-            [
-                _op(graph, "Shape", [rows], f"{name}_shape"),
-                _const(graph, f"sampler/{name}_from", np.array([1])),
-                _const(graph, f"sampler/{name}_to", np.array([2**62])),
-            ],
-            f"{name}_trailing",
-        )
+        trailing = trailing_shape(graph, rows, name)
         shape = _op(graph, "Concat", [slots, trailing], f"{name}_full_shape", axis=0)
         base = _op(
             graph,

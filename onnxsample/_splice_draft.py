@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from onnxsample._ir_build import const as _const
+from onnxsample._ir_build import op as _op
+from onnxsample._ir_build import trailing_shape
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.chain import sampler_functions
 from onnxsample.graphs.speculative import (
@@ -81,20 +84,6 @@ def _call(graph: ir.Graph, function: str, inputs, outputs: int, tag: str) -> lis
     return list(node.outputs)
 
 
-def _op(graph: ir.Graph, op_type: str, inputs, name: str, **attributes) -> ir.Value:
-    node = ir.node(op_type, inputs, attributes or None, name=f"sampler/{name}")
-    node.outputs[0].name = f"sampler/{name}"
-    graph.append(node)
-    return node.outputs[0]
-
-
-def _const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
-    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
-    value.shape, value.dtype = value.const_value.shape, value.const_value.dtype
-    graph.register_initializer(value)
-    return value
-
-
 def positions(graph: ir.Graph, drafts: ir.Value, row_index: ir.Value) -> Positions:
     """The pairs to score for the active slots' `drafts` [A, K] and `row_index` [A]."""
     (pairs,) = _call(graph, "DraftPositions", [drafts, row_index], 1, "draft_positions")
@@ -129,17 +118,8 @@ def per_row(graph: ir.Graph, picked: dict[str, ir.Value], at: Positions) -> dict
 def _grid(graph: ir.Graph, rows: ir.Value, at: Positions, size: ir.Value, fill, tag: str):
     """rows [R, ...] laid out as [A, K + 1, ...] by (slot, position); `fill` elsewhere."""
     tag = f"grid_{tag}"
-    trailing = _op(
-        graph,
-        "Slice",
-        [
-            _op(graph, "Shape", [rows], f"{tag}_row_shape"),
-            _const(graph, f"sampler/{tag}_from", np.array([1])),
-            _const(graph, f"sampler/{tag}_to", np.array([2**62])),
-        ],
-        f"{tag}_trailing",
-    )
-    shape = _op(graph, "Concat", [size, trailing], f"{tag}_shape", axis=0)
+    trailing = trailing_shape(graph, rows, tag)
+    shape = _op(graph, "Concat", [size, trailing], f"{tag}_size", axis=0)
     base = _op(
         graph,
         "ConstantOfShape",

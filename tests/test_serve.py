@@ -31,6 +31,9 @@ def models(tiny_gqa_export, tmp_path_factory) -> dict[str, Path]:
     return {
         "four": compose(tiny_gqa_export.output, None, folder / "four.onnx", max_slots=4, **options),
         "two": compose(tiny_gqa_export.output, None, folder / "two.onnx", max_slots=2, **options),
+        "drafts": compose(
+            tiny_gqa_export.output, None, folder / "drafts.onnx", draft_tokens=4, **options
+        ),
     }
 
 
@@ -298,6 +301,27 @@ def test_api_key(models):
             model=ok.models.list().data[0].id, messages=CHAT, max_tokens=2
         ).choices
         assert get(p, "/health")[0] == 200  # health stays open
+
+
+def test_speculative_serving_gives_the_same_answers(models, client):
+    """serve --speculative ngram: greedy and seeded answers as without it, drafts in /metrics."""
+    prompt = "a b c a b c a b c a b c"
+    asks = [dict(temperature=0), dict(temperature=0.9, seed=5, frequency_penalty=0.5)]
+
+    def answers(c, model):
+        return [
+            c.completions.create(model=model, prompt=prompt, max_tokens=24, **kw).choices[0].text
+            for kw in asks
+        ]
+
+    plain = answers(client, "tiny")
+    with served(models["drafts"], "--threads", "1", "--speculative", "ngram") as server:
+        url = f"http://127.0.0.1:{server.port}/v1"
+        fast = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        assert answers(fast, fast.models.list().data[0].id) == plain
+        drafted = _metric(server.port, "onnxsample_spec_decode_draft_tokens_total")
+        kept = _metric(server.port, "onnxsample_spec_decode_accepted_tokens_total")
+    assert 0 < kept <= drafted
 
 
 def test_a_full_queue_is_429_with_retry_after(models):

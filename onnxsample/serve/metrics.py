@@ -33,6 +33,16 @@ class Metrics:
         self.generated_tokens = Counter(
             "onnxsample_generation_tokens", "Tokens generated.", registry=r
         )
+        self.draft_tokens = Counter(
+            "onnxsample_spec_decode_draft_tokens",
+            "Draft tokens verified (speculative decoding).",
+            registry=r,
+        )
+        self.accepted_tokens = Counter(
+            "onnxsample_spec_decode_accepted_tokens",
+            "Draft tokens kept (speculative decoding).",
+            registry=r,
+        )
         self.requests = Counter(
             "onnxsample_requests", "Finished requests.", ["finish_reason"], registry=r
         )

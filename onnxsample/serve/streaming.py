@@ -29,6 +29,8 @@ def _finished(metrics: Metrics, completion: Completion) -> None:
     metrics.prompt_tokens.inc(t.prompt_tokens)
     metrics.cached_tokens.inc(t.cached_tokens)
     metrics.generated_tokens.inc(len(completion.token_ids))
+    metrics.draft_tokens.inc(t.draft_tokens)
+    metrics.accepted_tokens.inc(t.accepted_tokens)
     if completion.token_ids:
         metrics.ttft.observe(t.ttft_s)
 

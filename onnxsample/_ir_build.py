@@ -1,0 +1,38 @@
+"""Small onnx-ir builders the graph surgery shares: named constants, one-output nodes, and the
+trailing dimensions of a value's shape. Every node and value they make is named ``sampler/<name>``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+
+
+def const(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """`array` as an initializer of `graph` called `name`."""
+    value = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+    value.shape, value.dtype = value.const_value.shape, value.const_value.dtype
+    graph.register_initializer(value)
+    return value
+
+
+def op(graph: ir.Graph, op_type: str, inputs, name: str, **attributes) -> ir.Value:
+    """Append one `op_type` node to `graph`; its (only) output."""
+    node = ir.node(op_type, inputs, attributes or None, name=f"sampler/{name}")
+    node.outputs[0].name = f"sampler/{name}"
+    graph.append(node)
+    return node.outputs[0]
+
+
+def trailing_shape(graph: ir.Graph, value: ir.Value, name: str) -> ir.Value:
+    """Shape(value)[1:], for building [N, *trailing] tensors around `value`."""
+    return op(
+        graph,
+        "Slice",
+        [
+            op(graph, "Shape", [value], f"{name}_shape"),
+            const(graph, f"sampler/{name}_from", np.array([1])),
+            const(graph, f"sampler/{name}_to", np.array([2**62])),
+        ],
+        f"{name}_trailing",
+    )
