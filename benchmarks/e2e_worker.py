@@ -309,6 +309,7 @@ class LlamaCppEngine(Engine):
             n_threads=args.threads,
             n_threads_batch=args.threads,
             draft_model=draft,
+            logits_all=draft is not None,  # its speculative path reads every position's logits
             verbose=False,
         )
 

@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 
 from report_engine import engine_section, load_results  # noqa: E402  (benchmarks/ is on the path)
+from report_speculative import speculative_section  # noqa: E402
 
 ENGINE_LABELS = {
     "onnxsample": "onnxsample fp32-optimum",
@@ -465,6 +466,7 @@ def render(
         ".venv/bin/python benchmarks/engine.py load   # also chunked, prefix, echo",
         "bash scripts/build_llama_server.sh                 # llama-server, for serve.py",
         ".venv/bin/python benchmarks/serve.py",
+        ".venv/bin/python benchmarks/speculative.py         # llama.cpp from .venv-llamacpp",
         ".venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -481,6 +483,7 @@ def render(
     lines += e2e_section(e2e)
     lines += overhead_section(overhead)
     lines += engine_section(engine or {})
+    lines += speculative_section((engine or {}).get("speculative"))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -15,7 +15,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
     for kind in KINDS:
         path = folder / f"engine_{kind}.json"
         found[kind] = json.loads(path.read_text()) if path.is_file() else None
-    for name in ("serve", "serve_replicas", "serve_proxy"):  # benchmarks/serve.py
+    for name in ("serve", "serve_replicas", "serve_proxy", "speculative"):
         path = folder / f"{name}.json"
         found[name] = json.loads(path.read_text()) if path.is_file() else None
     return found

@@ -168,7 +168,7 @@ DraftTokens = Annotated[
     int | None,
     typer.Option(
         "--draft-tokens",
-        help="With --speculative: the most draft tokens per sequence and step (default 4; at most "
+        help="With --speculative: the most draft tokens per sequence and step (default 8; at most "
         "what the model was composed for, 8 for models `run` and `serve` compose).",
         min=1,
         show_default=False,

@@ -23,7 +23,8 @@ from onnxsample.errors import InvalidParameter
 
 SPECULATIVE_METHODS = ("ngram",)
 DEFAULT_NGRAM = 3
-DEFAULT_DRAFT_TOKENS = 4
+# 8 beat 4 at batch 8 (4 lost up to 12%) and matched it at batch 1: docs/benchmarks.md
+DEFAULT_DRAFT_TOKENS = 8
 BATCHED_NEED = 2
 _MAX_BACKOFF = 16
 

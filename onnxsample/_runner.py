@@ -7,7 +7,8 @@ penalty counts — is bound as device OrtValues.
 
 A decode step of a shared-buffer graph binds the same cache rows, parameters and outputs as the step
 before; building all of that anew costs Python time comparable to the sampler itself. Such calls
-carry a ``reuse`` key, and one IOBinding is kept while the key (rows, buffers, parameters) holds.
+carry a ``reuse`` key, and their IOBindings are kept while the buffers and parameters they bind
+hold.
 """
 
 from __future__ import annotations
@@ -64,8 +65,7 @@ class Runner:
                 if not all(isinstance(d, int) for d in out.shape) or out.type not in _TYPES:
                     raise ValueError(f"{out.name} must have a fixed shape, got {out.shape}")
                 self.host[out.name] = np.zeros(out.shape, _TYPES[out.type])
-        self._binding = None
-        self._key: tuple | None = None
+        self._bindings: dict[tuple | None, Any] = {}
 
     def run(
         self, call: Call, uniform: np.ndarray, draft_uniform: np.ndarray | None = None
@@ -75,12 +75,16 @@ class Runner:
         overwritten by the next call: read them before running another."""
         self.slots.static()  # rebuilt now if a slot changed, so the key below is current
         key = None if call.reuse is None else (*call.reuse, self.slots.generation)
-        reused = key is not None and key == self._key
+        reused = key in self._bindings
         if reused:
-            binding, order = self._binding, None
+            binding, order = self._bindings[key], None
         else:
             binding, order = self._bind(call)
-            self._binding, self._key = (binding, key) if key is not None else (None, None)
+            if key is not None:
+                # Keep the bindings of the same buffers and parameters (a step may make several
+                # calls: each drafting sequence's verification, then the others' decode).
+                current = {k: b for k, b in self._bindings.items() if k[-2:] == key[-2:]}
+                self._bindings = {**current, key: binding}
         binding.bind_cpu_input("input_ids", call.input_ids)
         binding.bind_cpu_input("attention_mask", call.mask)
         if self.has_positions:
@@ -115,8 +119,8 @@ class Runner:
         return host, presents
 
     def invalidate(self) -> None:
-        """Forget the kept binding (after its buffers changed outside a key's knowledge)."""
-        self._binding, self._key = None, None
+        """Forget the kept bindings (after their buffers changed outside a key's knowledge)."""
+        self._bindings = {}
 
     def _bind(self, call: Call) -> tuple[Any, list[str]]:
         """A fresh binding with the cache, the parameters and every output bound; the outputs'

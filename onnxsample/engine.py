@@ -77,7 +77,7 @@ class Engine:
     (None: a whole prompt at once). `prefix_reuse` lets a request reuse the cached prefix a finished
     request left in its slot (llama-server's ``cache_prompt``). `speculative` ``"ngram"`` turns
     on speculative decoding with drafts from n-gram prompt lookup: up to `draft_tokens` tokens per
-    step (default 4, at most what the model was composed for), matched on the last `ngram`
+    step (default 8, at most what the model was composed for), matched on the last `ngram`
     tokens or fewer; the graph verifies them with each request's own sampler chain, so the
     output's distribution is unchanged (greedy output token for token).
 

@@ -460,3 +460,28 @@ def test_report_replicas_and_proxy_sections(tmp_path: Path) -> None:
     text = md.read_text()
     assert "| greedy | 1 | 80 | 100 | 0.80× |" in text  # replicas first
     assert "| greedy | 40.0 | 63.0 | 9.0 | 11.5 | 23.0 ms | 2.5 ms |" in text
+
+
+def test_report_renders_the_speculative_table() -> None:
+    report = _module("report")
+
+    def row(rate, **extra):
+        return {"decode_tokens_per_s": rate, "ttft_ms": 10.0, "tokens": 64, **extra}
+
+    table = {
+        "onnxsample-off": row(50.0, tokens_per_call=1.0),
+        "onnxsample-k4": row(100.0, tokens_per_call=2.5, acceptance=0.75),
+        "llamacpp": row(40.0),
+        "llamacpp-lookup4": row(44.0),
+    }
+    data = {
+        "benchmark": "speculative",
+        "load_average": [[0.5, 0.4, 0.3], [1.5, 1.0, 0.5]],
+        "settings": {"new_tokens": 64, "ngram": 3, "prompt_tokens": {"code-edit": 900}},
+        "results": {"threads=2": {"code-edit": {"batch=1": table}}, "skipped": {"x": "why"}},
+    }
+    text = "\n".join(report.render(None, None, None, {"speculative": data}).splitlines())
+    assert "## Speculative decoding" in text and "code-edit 900" in text
+    assert "| code-edit | 1 | 50.0 | 100.0 (2.00×) | 0.75 | 2.50 | 40.0 | 44.0 (1.10×) |" in text
+    assert "Load average (1 min) during the run: 0.5–1.5." in text
+    assert "Not run: x (why)." in text

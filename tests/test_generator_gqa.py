@@ -209,7 +209,7 @@ def test_reused_decode_binding_matches_binding_every_step(generator, monkeypatch
     """Decode steps reuse one IOBinding (penalty counts double-buffered): same tokens, logprobs."""
     runner = generator.engine._scheduler.runner
     fast = generator.generate(PROMPTS[:3], params, max_new_tokens=12, chat=False)
-    assert runner._binding is not None  # the decode steps kept theirs
+    assert runner._bindings  # the decode steps kept theirs
     original = runner.run
 
     def fresh_binding(call, *uniforms):

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+from onnx.reference.ops import op_gather_elements
 
 from onnxsample import Engine, InvalidParameter, ModelError, SamplingParams, compose
 from onnxsample._drafter import DraftStats, NgramDrafter
@@ -58,8 +61,17 @@ def _session(chain: str, vocab: int, slots: int, drafts: int, top: int = 0):
     )
 
 
-def _verify(logits, params, drafts, *, chain=FULL, rows=None, uniform=None, counts=None, top=0):
-    """Run the verifying graph: logits [B, T, V]; one SamplingParams (or None) and one draft
+def _verify(logits, params, drafts, *, chain=FULL, top=0, **options):
+    """Run the verifying graph in ONNX Runtime (see :func:`_feeds`); its outputs by name."""
+    logits = np.asarray(logits, np.float32)
+    session = _session(chain, logits.shape[2], len(params), logits.shape[1] - 1, top)
+    feeds = _feeds(logits, params, drafts, chain=chain, top=top, **options)
+    outputs = [o.name for o in session.get_outputs()]
+    return dict(zip(outputs, session.run(None, feeds), strict=True))
+
+
+def _feeds(logits, params, drafts, *, chain=FULL, rows=None, uniform=None, counts=None, top=0):
+    """The verifying graph's inputs: logits [B, T, V]; one SamplingParams (or None) and one draft
     (list, [] for none) per slot; slot s reads batch row s unless `rows` says otherwise."""
     logits = np.asarray(logits, np.float32)
     _, t, vocab = logits.shape
@@ -87,8 +99,7 @@ def _verify(logits, params, drafts, *, chain=FULL, rows=None, uniform=None, coun
         feeds["sampler.output_counts"] = (
             np.zeros((slots, vocab), np.int32) if counts is None else counts.astype(np.int32)
         )
-    outputs = [o.name for o in session.get_outputs()]
-    return dict(zip(outputs, session.run(None, feeds), strict=True))
+    return feeds
 
 
 def test_contract_inputs_and_outputs():
@@ -173,6 +184,36 @@ def test_penalties_see_the_drafts_before_each_position():
     assert found["sampler.accepted"][0] == 1
     assert found["sampler.draft_next_token"][0, 0] == 1
     assert found["sampler.output_counts_out"][0].tolist() == [0, 1, 1, 0, 0, 0]  # 2, then 1
+
+
+def _take_along_axis(self, data, indices, axis=None):
+    return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
+
+
+def test_onnx_reference_evaluator_agrees(monkeypatch):
+    """The same verification in ``onnx.reference.ReferenceEvaluator``: sampled and greedy slots,
+    penalties, a draft, a plain slot and an inactive one."""
+    # The evaluator's GatherElements uses np.choose (at most 32/64 choices along the axis).
+    monkeypatch.setattr(op_gather_elements.GatherElements, "_run", _take_along_axis)
+    rng = np.random.default_rng(4)
+    logits = rng.normal(size=(3, 4, 12)).astype(np.float32)
+    drafts = [[int(t) for t in logits[0, :3].argmax(-1)], [], [5, 6]]
+    params = [
+        SamplingParams(temperature=0, frequency_penalty=0.5),
+        SamplingParams(temperature=0.8, top_k=5, top_p=0.9, repetition_penalty=1.2),
+        None,
+    ]
+    u = rng.random((3, 4)).astype(np.float32)
+    feeds = _feeds(logits, params, drafts, uniform=u, top=2)
+    found = _verify(logits, params, drafts, uniform=u, top=2)
+    model = onnx.load_from_string(_draft_model(FULL, 12, 3, 3, 2))
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        names = [o.name for o in model.graph.output]
+        reference = dict(zip(names, ReferenceEvaluator(model).run(None, feeds), strict=True))
+    assert found["sampler.accepted"][0] == 3
+    for name, value in found.items():
+        np.testing.assert_allclose(reference[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def _chi2_limit(df: int) -> float:
