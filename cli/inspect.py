@@ -60,8 +60,8 @@ def render_summary(s, *, brief: bool = False) -> None:
         head.add_row(
             "slots",
             f"{m.max_slots} (top logprobs {m.top_logprobs}, logit bias entries {m.max_bias}, "
-            f"prompt logprobs {'yes' if m.prompt_logprobs else 'no'}, gather before {gather}, "
-            f"KV layout {m.kv_layout})",
+            f"prompt logprobs {'yes' if m.prompt_logprobs else 'no'}, draft tokens "
+            f"{m.draft_tokens or 'none'}, gather before {gather}, KV layout {m.kv_layout})",
         )
         if s.chain_ops:
             head.add_row("chain ops", ", ".join(f"{op} {n}" for op, n in s.chain_ops.most_common()))
