@@ -163,6 +163,19 @@ def test_echo_scores_the_prompt(client):
     )
 
 
+@pytest.mark.parametrize("echo", [False, True])
+def test_streamed_text_offsets_count_from_the_start_of_the_choice(client, echo):
+    kw = dict(model="tiny", prompt="The cat sat on", max_tokens=8, logprobs=1, temperature=0)
+    whole = client.completions.create(echo=echo, **kw).choices[0].logprobs
+    offsets, tokens = [], []
+    for part in client.completions.create(echo=echo, stream=True, **kw):
+        if part.choices and part.choices[0].logprobs:
+            offsets += part.choices[0].logprobs.text_offset
+            tokens += part.choices[0].logprobs.tokens
+    assert tokens == whole.tokens
+    assert offsets == whole.text_offset
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="tiny", prompt="Once", max_tokens=20, temperature=0)
     text = full.choices[0].text

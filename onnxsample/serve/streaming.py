@@ -187,22 +187,32 @@ def completion_stream(
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
         return job.chunk(choice, **extra)
 
+    # Where each choice's next token starts in its whole text (the echoed prompt included), so
+    # that text_offset counts from the start of the choice as in a response that is not streamed.
+    offsets: dict[int, int] = {}
+
+    def logprobs_of(index: int, ids, lps, tops) -> dict:
+        found = convert.legacy_logprobs(tokenizer, ids, lps, tops, offsets.get(index, 0))
+        if found["tokens"]:
+            offsets[index] = found["text_offset"][-1] + len(found["tokens"][-1])
+        return found
+
     async def chunks() -> AsyncIterator[dict]:
         started: set[int] = set()
         async for k, event in _merged(job.requests, job.metrics):
             if event.index in echo and event.index not in started:
                 seq, logprobs = job.seqs[k], None
                 if n_logprobs is not None:  # written by the engine before this first event
-                    logprobs = convert.legacy_logprobs(
-                        tokenizer, seq.prompt, seq.prompt_logprobs, seq.prompt_tops
+                    logprobs = logprobs_of(
+                        event.index, seq.prompt, seq.prompt_logprobs, seq.prompt_tops
                     )
                 yield chunk(event.index, echo[event.index], logprobs=logprobs)
             started.add(event.index)
             if not score_only and (event.text or event.logprob is not None):
                 logprobs = None
                 if event.logprob is not None:
-                    logprobs = convert.legacy_logprobs(
-                        tokenizer, [event.token_id], [event.logprob], [event.top_logprobs]
+                    logprobs = logprobs_of(
+                        event.index, [event.token_id], [event.logprob], [event.top_logprobs]
                     )
                 yield chunk(event.index, event.text, logprobs=logprobs)
             if (c := event.completion) is not None:
