@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxsample.errors import InvalidParameter
+from onnxsample.metadata import ComposedMetadata
 
 SPECULATIVE_METHODS = ("ngram",)
 DEFAULT_NGRAM = 3
@@ -94,3 +95,40 @@ class NgramDrafter:
             return
         stats.misses += 1
         stats.skip = min(2 ** (stats.misses - 1), _MAX_BACKOFF)
+
+
+def check_method(method: str | None) -> None:
+    """Raise :class:`InvalidParameter` unless `method` is a speculative method or None (off)."""
+    if method is not None and method not in SPECULATIVE_METHODS:
+        raise InvalidParameter(
+            f"speculative must be {' or '.join(map(repr, SPECULATIVE_METHODS))} (None: off), "
+            f"got {method!r}"
+        )
+
+
+def speculation(
+    meta: ComposedMetadata, method: str | None, draft_tokens: int | None, ngram: int
+) -> tuple[str | None, int]:
+    """The speculative method and draft length an engine on a model described by `meta` uses:
+    `draft_tokens` (default ``DEFAULT_DRAFT_TOKENS``) checked against what the graph verifies,
+    and `ngram` checked too."""
+    check_method(method)
+    if method is None:
+        return None, 0
+    if meta.kv_layout != "gqa":
+        raise InvalidParameter(
+            "speculative decoding needs a GroupQueryAttention export "
+            "(onnxsample export --layout gqa); this model grows its cache by concatenation"
+        )
+    if not meta.draft_tokens:
+        raise InvalidParameter(
+            "speculative decoding needs a model composed with draft tokens "
+            "(onnxsample compose --draft-tokens K)"
+        )
+    k = min(DEFAULT_DRAFT_TOKENS, meta.draft_tokens) if draft_tokens is None else draft_tokens
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= meta.draft_tokens:
+        raise InvalidParameter(
+            f"draft_tokens must be in [1, {meta.draft_tokens}] (the model's), got {draft_tokens!r}"
+        )
+    NgramDrafter(k, ngram)
+    return method, k

@@ -189,8 +189,9 @@ class SharedLayout:
         hi = max(seq.slot for seq in seqs) + 1
         lens = np.asarray([len(self.tokens[r]) for r in range(lo, hi)], np.int64)
         # Every row feeds t tokens (GQA's one sequence length); each writes at its own length, so
-        # the drafts are trimmed to what the fullest row has room for.
-        room = self.kv.length - int(lens.max()) - 1
+        # the drafts are trimmed to what the fullest row has room for, leaving it one position
+        # free (where the pad of a later call that spans the row lands).
+        room = self.kv.length - int(lens.max()) - 2
         drafts = {s: d[:room] for s, d in (drafts or {}).items() if room > 0 and d}
         t = 1 + max((len(d) for d in drafts.values()), default=0)
         ids = np.full((hi - lo, t), self.pad, np.int64)

@@ -216,9 +216,9 @@ class Scheduler:
             if seq.limit:
                 room = min(room, seq.limit - len(seq.prompt) - len(seq.ids))
             draft = self.drafter.draft(seq.draft, seq.history(), room - 1)
-            if draft and seq.open_ended:
+            if draft and seq.open_ended:  # fed + drafts, and one position free after them
                 try:
-                    self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + len(draft))
+                    self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + len(draft) + 1)
                 except OnnxSampleError:
                     continue  # no room for the draft: decode plainly
             if draft:
@@ -287,10 +287,6 @@ class Scheduler:
         drafted = len(call.drafts.get(s, ()))
         accepted = call.accepted.get(s, 0)
         if drafted:
-            self.stats.drafted_tokens += drafted
-            self.stats.accepted_tokens += accepted
-            seq.timings.draft_tokens += drafted
-            seq.timings.accepted_tokens += accepted
             self.drafter.record(seq.draft, drafted, accepted)
             seq.keep_uniforms(accepted + 1)
         events = []
@@ -305,6 +301,12 @@ class Scheduler:
             self.stats.generated_tokens += 1
             if seq.finish is not None:
                 break
+        if drafted:  # kept drafts the request did not take (it finished first) are not counted
+            kept = min(accepted, len(events) - 1)
+            self.stats.drafted_tokens += drafted
+            self.stats.accepted_tokens += kept
+            seq.timings.draft_tokens += drafted
+            seq.timings.accepted_tokens += kept
         if seq.finish is not None:  # the slot is free before the request hears it has finished
             self.stats.finished += 1
             self._release(seq)

@@ -120,6 +120,7 @@ def compose(
     gqa = any(n.op_type == "GroupQueryAttention" for n in base.graph.all_nodes())
     if draft_tokens == "auto":
         draft_tokens = AUTO_DRAFT_TOKENS if gqa else 0
+        _check_drafts(draft_tokens, output_probs, output_candidates)
     if draft_tokens and not gqa:
         raise ModelError(
             f"{source.name}: speculative decoding (draft_tokens={draft_tokens}) needs a "
@@ -163,8 +164,10 @@ def compose(
 
 
 def _check_drafts(draft_tokens, output_probs: bool, output_candidates: int) -> None:
+    """Refuse a draft width out of range, or drafts with outputs of one position per slot
+    ("auto" is checked once it is resolved: 0 needs no check)."""
     if draft_tokens == "auto":
-        draft_tokens = AUTO_DRAFT_TOKENS
+        return
     if not isinstance(draft_tokens, int) or isinstance(draft_tokens, bool):
         raise InvalidParameter(f"draft_tokens must be an integer, got {draft_tokens!r}")
     if not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:

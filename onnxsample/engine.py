@@ -28,8 +28,9 @@ import numpy as np
 from onnxsample._drafter import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_NGRAM,
-    SPECULATIVE_METHODS,
     NgramDrafter,
+    check_method,
+    speculation,
 )
 from onnxsample._kv_concat import ConcatLayout
 from onnxsample._kv_shared import SharedKV, SharedLayout, kv_specs
@@ -109,6 +110,7 @@ class Engine:
                 not isinstance(value, int) or isinstance(value, bool) or value < low
             ):
                 raise InvalidParameter(f"{name} must be None or an integer >= {low}, got {value!r}")
+        check_method(speculative)  # before the model loads
         self.path = Path(model)
         if not self.path.is_file():
             raise ModelError(f"no such composed model: {self.path}")
@@ -136,10 +138,8 @@ class Engine:
             if self.concurrency == 1 and meta.max_slots > 1:
                 log.info("%s has no position_ids input: one sequence at a time", self.path.name)
         self._inputs = set(inputs)
-        self.speculative, self.draft_tokens = _speculation(meta, speculative, draft_tokens)
+        self.speculative, self.draft_tokens = speculation(meta, speculative, draft_tokens, ngram)
         self.ngram = ngram
-        if self.speculative:
-            NgramDrafter(self.draft_tokens, ngram)  # checks ngram now, not in the engine thread
         self._lock = threading.Lock()
         self._pending = 0  # submitted, not yet given a slot
         self._free = self.concurrency
@@ -418,32 +418,3 @@ class Engine:
                         item.request._fail(EngineClosed("the engine stopped"))
             except queue.Empty:
                 pass
-
-
-def _speculation(
-    meta: ComposedMetadata, method: str | None, draft_tokens: int | None
-) -> tuple[str | None, int]:
-    """The speculative method and draft length an engine uses (checked against the graph)."""
-    if method is None:
-        return None, 0
-    if method not in SPECULATIVE_METHODS:
-        raise InvalidParameter(
-            f"speculative must be {' or '.join(map(repr, SPECULATIVE_METHODS))} (None: off), "
-            f"got {method!r}"
-        )
-    if meta.kv_layout != "gqa":
-        raise InvalidParameter(
-            "speculative decoding needs a GroupQueryAttention export "
-            "(onnxsample export --layout gqa); this model grows its cache by concatenation"
-        )
-    if not meta.draft_tokens:
-        raise InvalidParameter(
-            "speculative decoding needs a model composed with draft tokens "
-            "(onnxsample compose --draft-tokens K)"
-        )
-    k = min(DEFAULT_DRAFT_TOKENS, meta.draft_tokens) if draft_tokens is None else draft_tokens
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= meta.draft_tokens:
-        raise InvalidParameter(
-            f"draft_tokens must be in [1, {meta.draft_tokens}] (the model's), got {draft_tokens!r}"
-        )
-    return method, k

@@ -237,8 +237,21 @@ def test_app_builder_autoscales_between_min_and_max(model):
         ({"model": "M", "replicas": "two"}, "'two' is not int"),
         ({"model": "M", "cpus": "0"}, "replica cpus must be > 0"),
         ({"model": "M", "min_replicas": "1"}, "both min_replicas and max_replicas"),
+        (
+            {"model": "M", "speculative": "ngram", "draft_tokens": "9"},
+            r"draft_tokens must be in \[1, 8\]",
+        ),
+        ({"model": "M", "speculative": "eagle"}, "speculative must be 'ngram'"),
     ],
-    ids=["no-model", "unknown-key", "not-a-number", "no-cpus", "half-autoscaling"],
+    ids=[
+        "no-model",
+        "unknown-key",
+        "not-a-number",
+        "no-cpus",
+        "half-autoscaling",
+        "draft-tokens",
+        "method",
+    ],
 )
 def test_app_builder_refuses_bad_arguments(model, args, message):
     from onnxsample.errors import InvalidParameter

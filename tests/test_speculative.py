@@ -458,6 +458,34 @@ def test_token_limit_is_exact(tiny_pair, n):
     _, fast = tiny_pair
     done = fast.submit("a b c a b c a b c a b", GREEDY, max_new_tokens=n, chat=False).result()
     assert len(done.token_ids) == n and done.finish_reason in ("length", "eos")
+    # drafts kept past the limit were never emitted, so they are not counted as accepted
+    assert done.timings.accepted_tokens <= max(n - 2, 0)
+
+
+class _Rows:
+    """A stand-in for the shared KV buffers: only their length matters to the call's shape."""
+
+    length = 512
+    generation = 0
+
+
+def test_a_full_draft_leaves_its_row_a_free_position():
+    """A verified draft may fill a row only up to one position before the buffer's end: a later
+    call over several rows writes its pad token just past what each row holds."""
+    from types import SimpleNamespace
+
+    from onnxsample._kv_shared import SharedLayout
+
+    layout = SharedLayout(_Rows(), slots=3, pad=0, limit=None)
+    layout.tokens[1] = [7] * 503
+    seq = SimpleNamespace(slot=1, ids=[7])
+    call = layout.decode([seq], {1: [7] * 8})
+    assert call.drafts[1] == [7] * 7  # trimmed: 503 held + 8 fed stays below 512
+    call.accepted = {1: 7}
+    layout.commit(call, {})
+    assert len(layout.tokens[1]) == 511
+    others = [SimpleNamespace(slot=0, ids=[1]), SimpleNamespace(slot=2, ids=[1])]
+    assert layout.decode(others).mask.shape[1] <= _Rows.length
 
 
 def test_stop_strings_and_streaming_events(tiny_pair):

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from ray import serve
 
+from onnxsample._drafter import speculation
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK, Engine
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
@@ -144,6 +145,8 @@ def build_application(options: ReplicaOptions, scaling: Scaling | None = None) -
     meta = composed_metadata(options.model)
     if meta is None:
         raise ModelError(f"{options.model} is not a composed model: run onnxsample compose first")
+    # the speculative settings fail here, not in every replica
+    speculation(meta, options.speculative, options.draft_tokens, options.ngram)
     deployment = serve.deployment(
         OnnxsampleReplica,
         name=APP_NAME,
