@@ -14,7 +14,6 @@ so every request brings its own parameters and seed without rebuilding anything.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import queue
 import threading
@@ -22,8 +21,6 @@ from collections.abc import Sequence as Seq
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from onnxsample._drafter import (
     DEFAULT_DRAFT_TOKENS,
@@ -35,18 +32,17 @@ from onnxsample._drafter import (
 from onnxsample._kv_concat import ConcatLayout
 from onnxsample._kv_shared import SharedKV, SharedLayout, kv_specs
 from onnxsample._model_info import ModelInfo
-from onnxsample._prompt import Prompt, prompt_tokens, stop_strings
+from onnxsample._prompt import Prompt
+from onnxsample._requests import Requests
 from onnxsample._runner import Runner
 from onnxsample._scheduler import Scheduler, Stats
 from onnxsample._sequence import Sequence
 from onnxsample._session import create_session
-from onnxsample._slots import SlotState, check_params
-from onnxsample._text import StopMatcher
+from onnxsample._slots import SlotState
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
 from onnxsample.request import Request
-from onnxsample.tokenizer import TextStream
 
 __all__ = [
     "DEFAULT_DRAFT_TOKENS",
@@ -64,7 +60,6 @@ log = logging.getLogger(__name__)
 DEFAULT_PREFILL_CHUNK = 128
 _PAST = "past_key_values."
 _CLOSE, _WAKE = object(), object()
-_ids = itertools.count()
 
 
 class Engine:
@@ -138,6 +133,9 @@ class Engine:
             if self.concurrency == 1 and meta.max_slots > 1:
                 log.info("%s has no position_ids input: one sequence at a time", self.path.name)
         self._inputs = set(inputs)
+        self._requests = Requests(
+            meta, self.tokenizer, self.info.eos_ids, self.limit, max_len, self._wake
+        )
         self.speculative, self.draft_tokens = speculation(meta, speculative, draft_tokens, ngram)
         self.ngram = ngram
         self._lock = threading.Lock()
@@ -244,63 +242,7 @@ class Engine:
         index: int = 0,
     ) -> Sequence:
         """Validate and tokenise one request (any thread): the engine's view of it."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
-            raise InvalidParameter(f"params must be SamplingParams, got {type(params).__name__}")
-        open_ended = max_new_tokens is None
-        if not open_ended and (
-            not isinstance(max_new_tokens, int)
-            or isinstance(max_new_tokens, bool)
-            or max_new_tokens < 1
-        ):
-            raise InvalidParameter(
-                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
-            )
-        check_params(self.meta, params)
-        early = self._early_params(params)
-        stops = stop_strings(stop)
-        ids = prompt_tokens(self.tokenizer, prompt, chat, system, self.vocab_size)
-        if len(ids) >= self.limit:
-            room = (
-                f"max_len={self.limit}"
-                if self.max_len == self.limit
-                else f"the model's context of {self.limit} tokens"
-            )
-            raise InvalidParameter(
-                f"the prompt is {len(ids)} tokens, which does not fit {room} "
-                f"(it must be at most {self.limit - 1})"
-            )
-        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy)
-        seed %= 2**64
-        request = Request(f"req-{next(_ids)}", index, self._wake)
-        return Sequence(
-            request,
-            ids,
-            params,
-            self.limit - len(ids) if open_ended else max_new_tokens,
-            TextStream(self.tokenizer, prompt_ids=ids),
-            StopMatcher(stops),
-            seed,
-            self.info.eos_ids,
-            self.limit,
-            early_params=early,
-            open_ended=open_ended,
-        )
-
-    def _early_params(self, params: SamplingParams) -> SamplingParams | None:
-        """For `min_tokens`: the parameters with every end-of-sequence id biased by -100."""
-        if not params.min_tokens or params.ignore_eos:
-            return None
-        bias = {**params.logit_bias, **dict.fromkeys(sorted(self.info.eos_ids), -100.0)}
-        early = replace(params, logit_bias=bias)
-        try:
-            check_params(self.meta, early)
-        except InvalidParameter:
-            raise InvalidParameter(
-                f"min_tokens needs {len(bias)} logit-bias entries (the request's and one per "
-                f"end-of-sequence id), more than this graph holds (max_bias={self.meta.max_bias})"
-            ) from None
-        return early
+        return self._requests.sequence(prompt, params, max_new_tokens, stop, chat, system, index)
 
     # ---- lifetime -----------------------------------------------------------------------------
 

@@ -1,0 +1,110 @@
+"""From what a caller submits to the engine's view of a request: :class:`Requests`.
+
+Runs in the caller's thread, before any work reaches the engine: parameters checked against the
+graph, the prompt tokenised and checked against the context, a seed chosen, and for ``min_tokens``
+the parameters that hold end-of-sequence back.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from onnxsample._prompt import Prompt, prompt_tokens, stop_strings
+from onnxsample._sequence import Sequence
+from onnxsample._slots import check_params
+from onnxsample._text import StopMatcher
+from onnxsample.errors import InvalidParameter
+from onnxsample.metadata import ComposedMetadata
+from onnxsample.params import SamplingParams
+from onnxsample.request import Request
+from onnxsample.tokenizer import TextStream, Tokenizer
+
+_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Requests:
+    """Makes :class:`~onnxsample._sequence.Sequence` objects for one engine: its graph (`meta`),
+    tokenizer and end-of-sequence ids, its `limit` of positions per sequence (`max_len` when that
+    set it), and `wake`, which a request calls when it is cancelled."""
+
+    meta: ComposedMetadata
+    tokenizer: Tokenizer
+    eos_ids: frozenset[int]
+    limit: int
+    max_len: int | None
+    wake: Callable[[], None]
+
+    def sequence(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None,
+        max_new_tokens: int | None,
+        stop: str | Seq[str] | None,
+        chat: bool | None,
+        system: str | None,
+        index: int = 0,
+    ) -> Sequence:
+        """Validate and tokenise one request; raise InvalidParameter for anything it cannot do."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise InvalidParameter(f"params must be SamplingParams, got {type(params).__name__}")
+        open_ended = max_new_tokens is None
+        if not open_ended and (
+            not isinstance(max_new_tokens, int)
+            or isinstance(max_new_tokens, bool)
+            or max_new_tokens < 1
+        ):
+            raise InvalidParameter(
+                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
+            )
+        check_params(self.meta, params)
+        early = self.early_params(params)
+        stops = stop_strings(stop)
+        ids = prompt_tokens(self.tokenizer, prompt, chat, system, self.meta.vocab_size)
+        if len(ids) >= self.limit:
+            room = (
+                f"max_len={self.limit}"
+                if self.max_len == self.limit
+                else f"the model's context of {self.limit} tokens"
+            )
+            raise InvalidParameter(
+                f"the prompt is {len(ids)} tokens, which does not fit {room} "
+                f"(it must be at most {self.limit - 1})"
+            )
+        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy)
+        seed %= 2**64
+        request = Request(f"req-{next(_ids)}", index, self.wake)
+        return Sequence(
+            request,
+            ids,
+            params,
+            self.limit - len(ids) if open_ended else max_new_tokens,
+            TextStream(self.tokenizer, prompt_ids=ids),
+            StopMatcher(stops),
+            seed,
+            self.eos_ids,
+            self.limit,
+            early_params=early,
+            open_ended=open_ended,
+        )
+
+    def early_params(self, params: SamplingParams) -> SamplingParams | None:
+        """For `min_tokens`: the parameters with every end-of-sequence id biased by -100."""
+        if not params.min_tokens or params.ignore_eos:
+            return None
+        bias = {**params.logit_bias, **dict.fromkeys(sorted(self.eos_ids), -100.0)}
+        early = replace(params, logit_bias=bias)
+        try:
+            check_params(self.meta, early)
+        except InvalidParameter:
+            raise InvalidParameter(
+                f"min_tokens needs {len(bias)} logit-bias entries (the request's and one per "
+                f"end-of-sequence id), more than this graph holds (max_bias={self.meta.max_bias})"
+            ) from None
+        return early
