@@ -24,6 +24,13 @@ def op(graph: ir.Graph, op_type: str, inputs, name: str, **attributes) -> ir.Val
     return node.outputs[0]
 
 
+def filled_like(graph: ir.Graph, lead: ir.Value, like: ir.Value, fill, name: str) -> ir.Value:
+    """A tensor of shape [*lead, *Shape(like)[1:]] and `like`'s type, every element `fill`."""
+    shape = op(graph, "Concat", [lead, trailing_shape(graph, like, name)], f"{name}_size", axis=0)
+    value = ir.tensor(np.array([fill], dtype=like.dtype.numpy()))
+    return op(graph, "ConstantOfShape", [shape], f"{name}_fill", value=value)
+
+
 def trailing_shape(graph: ir.Graph, value: ir.Value, name: str) -> ir.Value:
     """Shape(value)[1:], for building [N, *trailing] tensors around `value`."""
     return op(

@@ -59,6 +59,7 @@ class Runner:
         self.draft_width = int(drafts[0].shape[1]) if drafts else 0
         self.has_draft_uniform = DRAFT_UNIFORM in inputs
         self._no_drafts = np.full((len(self.slots.params), self.draft_width), -1, np.int64)
+        self._no_uniforms = np.full(self._no_drafts.shape, 0.5, np.float32)
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
             if out.name in HOST_OUTPUTS:
@@ -100,9 +101,8 @@ class Runner:
                     drafts[slot, : len(draft)] = draft
             binding.bind_cpu_input(DRAFT_TOKENS, drafts)
             if self.has_draft_uniform:
-                if draft_uniform is None:
-                    draft_uniform = np.full(drafts.shape, 0.5, np.float32)
-                binding.bind_cpu_input(DRAFT_UNIFORM, draft_uniform)
+                u = self._no_uniforms if draft_uniform is None else draft_uniform
+                binding.bind_cpu_input(DRAFT_UNIFORM, u)
         if self.has_prompt and not reused:
             binding.bind_cpu_input("sampler.prompt_rows", call.prompt_rows)
             binding.bind_cpu_input("sampler.prompt_targets", call.prompt_targets)

@@ -228,7 +228,7 @@ class Scheduler:
     def _run(self, call: Call) -> None:
         uniform = np.full(self.state.meta.max_slots, 0.5, np.float32)
         draft_uniform = None
-        if self.runner.draft_width:
+        if call.drafts:
             draft_uniform = np.full((len(uniform), self.runner.draft_width), 0.5, np.float32)
         for seq in call.sampling:
             if seq.slot in call.drafts:

@@ -13,8 +13,8 @@ import onnx_ir as ir
 
 from onnxsample import _splice_draft as draft
 from onnxsample._ir_build import const as _const
+from onnxsample._ir_build import filled_like
 from onnxsample._ir_build import op as _op
-from onnxsample._ir_build import trailing_shape
 from onnxsample.errors import ModelError
 from onnxsample.graphs.chain import (
     CHAIN_FUNCTION,
@@ -109,15 +109,7 @@ def _scatter_slots(
 ) -> ir.Value:
     """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); the rest from `base`, or zeros."""
     if base is None:
-        trailing = trailing_shape(graph, rows, name)
-        shape = _op(graph, "Concat", [slots, trailing], f"{name}_full_shape", axis=0)
-        base = _op(
-            graph,
-            "ConstantOfShape",
-            [shape],
-            f"{name}_zeros",
-            value=ir.tensor(np.zeros(1, dtype=rows.dtype.numpy())),
-        )
+        base = filled_like(graph, slots, rows, 0, name)
     indices = _op(
         graph,
         "Unsqueeze",

@@ -22,8 +22,8 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsample._ir_build import const as _const
+from onnxsample._ir_build import filled_like
 from onnxsample._ir_build import op as _op
-from onnxsample._ir_build import trailing_shape
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.chain import sampler_functions
 from onnxsample.graphs.speculative import (
@@ -118,16 +118,8 @@ def per_row(graph: ir.Graph, picked: dict[str, ir.Value], at: Positions) -> dict
 def _grid(graph: ir.Graph, rows: ir.Value, at: Positions, size: ir.Value, fill, tag: str):
     """rows [R, ...] laid out as [A, K + 1, ...] by (slot, position); `fill` elsewhere."""
     tag = f"grid_{tag}"
-    trailing = trailing_shape(graph, rows, tag)
-    shape = _op(graph, "Concat", [size, trailing], f"{tag}_size", axis=0)
-    base = _op(
-        graph,
-        "ConstantOfShape",
-        [shape],
-        f"{tag}_fill",
-        value=ir.tensor(np.array([fill], dtype=rows.dtype.numpy())),
-    )
-    return _op(graph, "ScatterND", [base, at.pairs, rows], f"{tag}")
+    base = filled_like(graph, size, rows, fill, tag)
+    return _op(graph, "ScatterND", [base, at.pairs, rows], tag)
 
 
 def accept(

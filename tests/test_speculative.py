@@ -349,29 +349,23 @@ PROMPTS = {
 }
 
 
-def _engine_pair(path, folder, **options):
-    plain = Engine(path, tokenizer=folder, threads=1, **options)
-    fast = Engine(path, tokenizer=folder, threads=1, speculative="ngram", **options)
-    return plain, fast
+def _engine_pair(export, path, **compose_options):
+    """`export` composed into `path`; engines on it without and with speculation, closed after."""
+    path = compose(export, None, path, **compose_options)
+    plain = Engine(path, tokenizer=export, threads=1)
+    fast = Engine(path, tokenizer=export, threads=1, speculative="ngram")
+    yield plain, fast
+    plain.close()
+    fast.close()
 
 
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_gqa_export, tmp_path_factory):
     """The tiny GQA model composed with 4 slots and 4 draft tokens; engines with and without
     speculation."""
-    path = compose(
-        tiny_gqa_export.output,
-        None,
-        tmp_path_factory.mktemp("spec") / "tiny.onnx",
-        max_slots=4,
-        top_logprobs=2,
-        max_bias=4,
-        draft_tokens=4,
-    )
-    plain, fast = _engine_pair(path, tiny_gqa_export.output)
-    yield plain, fast
-    plain.close()
-    fast.close()
+    path = tmp_path_factory.mktemp("spec") / "tiny.onnx"
+    options = dict(max_slots=4, top_logprobs=2, max_bias=4, draft_tokens=4)
+    yield from _engine_pair(tiny_gqa_export.output, path, **options)
 
 
 @pytest.fixture(scope="module")
@@ -380,19 +374,9 @@ def embedded_pair(embedded_gqa_exports, tmp_path_factory):
     draft tokens. At accuracy level 4 ONNX Runtime multiplies one row and several rows with
     different int8 kernels, so there a verification run's logits differ from a one-token step's
     as a prefill's do."""
-    export = embedded_gqa_exports["gguf-a0"]
-    path = compose(
-        export.output,
-        None,
-        tmp_path_factory.mktemp("spec-embedded") / "composed.onnx",
-        max_slots=4,
-        top_logprobs=2,
-        draft_tokens=8,
-    )
-    plain, fast = _engine_pair(path, export.output)
-    yield plain, fast
-    plain.close()
-    fast.close()
+    path = tmp_path_factory.mktemp("spec-embedded") / "composed.onnx"
+    options = dict(max_slots=4, top_logprobs=2, draft_tokens=8)
+    yield from _engine_pair(embedded_gqa_exports["gguf-a0"].output, path, **options)
 
 
 def _together(engine, prompts, params, n):
