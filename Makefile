@@ -42,7 +42,7 @@ format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
-# onnxruntime-genai's builder output for tests/test_compose_genai.py (own venv: .venv-genai).
+# onnxruntime-genai's builder output for tests/composer/test_compose_genai.py (own venv: .venv-genai).
 genai-model: setup
 	bash scripts/build_genai_model.sh
 

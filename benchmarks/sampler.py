@@ -25,8 +25,8 @@ import numpy as np
 import onnxruntime as ort
 
 from onnxsample import SamplingParams, sampler_feeds
+from onnxsample.composer.sampler_model import sampler_session
 from onnxsample.reference import run_chain
-from onnxsample.sampler_model import sampler_session
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 CHAINS = {

@@ -237,7 +237,7 @@ def _summary(runs: list[dict]) -> dict:
 def main() -> None:
     args = _parse()
     from onnxsample import prepare
-    from onnxsample._prompt import prompt_tokens
+    from onnxsample.text._prompt import prompt_tokens
 
     model = prepare(args.model)
     workloads = [w for w in args.workloads.split(",") if w]

@@ -53,7 +53,7 @@ def compose(
     serves every request. Open the result with `onnxsample inspect FILE --netron`.
     """
     from onnxsample.composer import compose as run_compose
-    from onnxsample.inspection import inspect_model
+    from onnxsample.composer.inspection import inspect_model
 
     start = time.perf_counter()
     with stages(_LABELS) as progress:

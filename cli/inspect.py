@@ -31,7 +31,7 @@ def inspect(
     ] = False,
 ) -> None:
     """Summarise a model: inputs and outputs, sampler chain and slots, op counts, size, metadata."""
-    from onnxsample.inspection import inspect_model
+    from onnxsample.composer.inspection import inspect_model
 
     summary = inspect_model(file)
     render_summary(summary)
@@ -40,7 +40,7 @@ def inspect(
 
 
 def render_summary(s, *, brief: bool = False) -> None:
-    """Print a :class:`~onnxsample.inspection.ModelSummary` (also used after `compose`)."""
+    """Print a :class:`~onnxsample.composer.inspection.ModelSummary` (also used after `compose`)."""
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
     head.add_column()
@@ -95,7 +95,7 @@ def render_summary(s, *, brief: bool = False) -> None:
 
 def _collapse_kv(values):
     """Show the KV cache as one row per kind instead of one per layer."""
-    from onnxsample.inspection import ValueSummary
+    from onnxsample.composer.inspection import ValueSummary
 
     shown, cache = [], {}
     for v in values:

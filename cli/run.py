@@ -122,7 +122,7 @@ def run(
 
     Example: onnxsample run -p "Why is the sky blue?" --seed 1   (the embedded model, streamed)
     """
-    from onnxsample.generator import Generator
+    from onnxsample.engine.generator import Generator
     from onnxsample.params import SamplingParams
     from onnxsample.prepare import prepare
 

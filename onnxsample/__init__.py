@@ -13,6 +13,8 @@ _check_runtime()
 
 from onnxsample.chain import SamplerChain  # noqa: E402
 from onnxsample.engine import Engine  # noqa: E402
+from onnxsample.engine.generator import Generator  # noqa: E402
+from onnxsample.engine.request import Completion, Request, StreamEvent, Timings  # noqa: E402
 from onnxsample.errors import (  # noqa: E402
     EngineClosed,
     ExportError,
@@ -24,11 +26,9 @@ from onnxsample.errors import (  # noqa: E402
     QueueFull,
     RuntimeUnavailable,
 )
-from onnxsample.generator import Generator  # noqa: E402
 from onnxsample.metadata import ComposedMetadata, composed_metadata  # noqa: E402
 from onnxsample.params import SamplingParams, pack_sampling_params  # noqa: E402
-from onnxsample.request import Completion, Request, StreamEvent, Timings  # noqa: E402
-from onnxsample.tokenizer import Tokenizer  # noqa: E402
+from onnxsample.text.tokenizer import Tokenizer  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -37,9 +37,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "compose": "onnxsample.composer",
     "prepare": "onnxsample.prepare",
-    "inspect_model": "onnxsample.inspection",
-    "build_sampler_model": "onnxsample.sampler_model",
-    "sampler_feeds": "onnxsample.sampler_model",
+    "inspect_model": "onnxsample.composer.inspection",
+    "build_sampler_model": "onnxsample.composer.sampler_model",
+    "sampler_feeds": "onnxsample.composer.sampler_model",
 }
 
 

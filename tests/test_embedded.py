@@ -128,7 +128,7 @@ def test_composed_embedded_model_uses_the_moved_gather(embedded_composed):
 
 @pytest.fixture(scope="session")
 def embedded_generator(embedded_export, embedded_composed):
-    from onnxsample.generator import Generator
+    from onnxsample.engine.generator import Generator
 
     return Generator(embedded_composed, tokenizer=embedded_export.output)
 

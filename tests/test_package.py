@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +53,46 @@ def test_running_a_composed_model_imports_no_graph_builder():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "True"], out.stdout + out.stderr
+
+
+ROOT = Path(__file__).resolve().parents[1]
+# Each room and the parts of the package it may import (besides itself); "contract" is the shared
+# top: chain, params, metadata, errors. README "Layout" draws the same picture.
+_CONTRACT = {"chain", "params", "metadata", "errors"}
+_ALLOWED = {
+    "onnxsample/text": {"errors"},
+    "onnxsample/engine": _CONTRACT | {"text"},
+    "onnxsample/composer": _CONTRACT | {"graphs"},
+    "onnxsample/serve": _CONTRACT | {"engine", "text"},
+    "graphs": {"chain", "graphs"},
+    "exporters": {"errors"},
+}
+_ROOM_NAME = {"graphs": "graphs", "exporters": "exporters"}
+
+
+def _imported_parts(folder: Path) -> dict[str, set[str]]:
+    """`onnxsample.X` for every X each module of `folder` imports (at any depth in the module)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "onnxsample" and len(parts) > 1:
+                    found.setdefault(parts[1], set()).add(path.relative_to(ROOT).as_posix())
+    return found
+
+
+@pytest.mark.parametrize("room", sorted(_ALLOWED))
+def test_imports_point_one_way(room):
+    """The engine never imports the composer nor the composer the engine; text needs only errors."""
+    own = _ROOM_NAME.get(room, room.split("/")[-1])
+    used = _imported_parts(ROOT / room)
+    stray = {part: files for part, files in used.items() if part not in _ALLOWED[room] | {own}}
+    assert not stray, f"{room} imports beyond its room: {stray}"

@@ -1,8 +1,8 @@
 """The composer: splice a sampler chain after an exported model's ``logits``.
 
-One call reads the model safely (:mod:`onnxsample.loading`), learns what it needs about it
-(:mod:`onnxsample._model_facts`), splices the chain (:mod:`onnxsample._splice`), moves the row
-gather before the LM head where that is checked to give the same logits (:mod:`onnxsample._lm_head`),
+One call reads the model safely (:mod:`onnxsample.composer.loading`), learns what it needs about it
+(:mod:`onnxsample.composer._model_facts`), splices the chain (:mod:`onnxsample.composer._splice`), moves the row
+gather before the LM head where that is checked to give the same logits (:mod:`onnxsample.composer._lm_head`),
 records the result's :class:`~onnxsample.metadata.ComposedMetadata`, and saves one file.
 
 The samplers stay ONNX local functions in domain ``onnxsample`` (one ``SamplerChain`` node that Netron
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import onnx_ir as ir
 
-from onnxsample._lm_head import find_lm_head, verify_lm_head
-from onnxsample._model_facts import (
+from onnxsample.chain import SamplerChain
+from onnxsample.composer._lm_head import find_lm_head, verify_lm_head
+from onnxsample.composer._model_facts import (
     check_names,
     fix_constant_shapes,
     genai_head_size,
@@ -29,11 +30,10 @@ from onnxsample._model_facts import (
     logits_output,
     vocab_size,
 )
-from onnxsample._splice import reconcile_versions, splice
-from onnxsample.chain import SamplerChain
+from onnxsample.composer._splice import reconcile_versions, splice
+from onnxsample.composer.loading import check_model, load_model
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.graphs.chain import DOMAIN
-from onnxsample.loading import check_model, load_model
 from onnxsample.metadata import (
     COMPOSER_REVISION,
     CONTRACT_VERSION,

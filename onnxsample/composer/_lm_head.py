@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsample._splice import reconcile_versions
+from onnxsample.composer._splice import reconcile_versions
 from onnxsample.errors import ModelError
 from onnxsample.params import pack_sampling_params
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from onnxsample import _splice_draft as draft
-from onnxsample._ir_build import const as _const
-from onnxsample._ir_build import filled_like
-from onnxsample._ir_build import op as _op
+from onnxsample.composer import _splice_draft as draft
+from onnxsample.composer._ir_build import const as _const
+from onnxsample.composer._ir_build import filled_like
+from onnxsample.composer._ir_build import op as _op
+from onnxsample.composer.sampler_model import IR_VERSION, OPSET, build_sampler_model
 from onnxsample.errors import ModelError
 from onnxsample.graphs.chain import (
     CHAIN_FUNCTION,
@@ -25,7 +26,6 @@ from onnxsample.graphs.chain import (
     prompt_outputs,
     used_functions,
 )
-from onnxsample.sampler_model import IR_VERSION, OPSET, build_sampler_model
 
 _PREFIX = "sampler."
 
@@ -131,7 +131,7 @@ def splice(
     draft_tokens: int = 0,
 ) -> ir.Model:
     """Add the sampler inputs, the row selection and the chain node to `base` (in place); with
-    `head` (the LM-head node, see :func:`onnxsample._lm_head.find_lm_head`) the rows are gathered
+    `head` (the LM-head node, see :func:`onnxsample.composer._lm_head.find_lm_head`) the rows are gathered
     before it.
 
     The chain runs on the active slots only (:func:`_active_slots`); its per-slot inputs are gathered
@@ -142,7 +142,7 @@ def splice(
     MatMul with the slots' rows. P = 0 (every decode step) costs a few empty ops.
 
     With `draft_tokens` K > 0 the chain scores up to K + 1 positions per slot and verifies the
-    slots' drafts (:mod:`onnxsample._splice_draft`).
+    slots' drafts (:mod:`onnxsample.composer._splice_draft`).
     """
     sampler = ir.from_proto(
         build_sampler_model(chain, vocab, max_slots, gather_rows=head is None, **options)

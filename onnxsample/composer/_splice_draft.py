@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from onnxsample._ir_build import const as _const
-from onnxsample._ir_build import filled_like
-from onnxsample._ir_build import op as _op
+from onnxsample.composer._ir_build import const as _const
+from onnxsample.composer._ir_build import filled_like
+from onnxsample.composer._ir_build import op as _op
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.chain import sampler_functions
 from onnxsample.graphs.speculative import (

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import onnx
 
+from onnxsample.composer.loading import check_external_data, read_proto
 from onnxsample.graphs.chain import CHAIN_FUNCTION, DOMAIN
-from onnxsample.loading import check_external_data, read_proto
 from onnxsample.metadata import ComposedMetadata, composed_metadata
 
 __all__ = ["ModelSummary", "ValueSummary", "inspect_model"]

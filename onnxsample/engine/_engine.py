@@ -3,7 +3,7 @@
 One scheduler thread owns the ONNX Runtime session, the slots, the KV cache and the sampler state;
 everything else talks to it through a thread-safe queue. :meth:`Engine.submit` tokenises and
 validates a request in the caller's thread (so bad input fails at once, costing the engine
-nothing) and returns a :class:`~onnxsample.request.Request` at once; the request joins the running
+nothing) and returns a :class:`~onnxsample.engine.request.Request` at once; the request joins the running
 batch at the engine's next step, or waits (FIFO) for a free slot. Past ``max_queue`` waiting
 requests, :meth:`~Engine.submit` raises :class:`~onnxsample.errors.QueueFull`.
 
@@ -22,27 +22,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from onnxsample._drafter import (
+from onnxsample.engine._drafter import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_NGRAM,
     NgramDrafter,
     check_method,
     speculation,
 )
-from onnxsample._kv_concat import ConcatLayout
-from onnxsample._kv_shared import SharedKV, SharedLayout, kv_specs
-from onnxsample._model_info import ModelInfo
-from onnxsample._prompt import Prompt
-from onnxsample._requests import Requests
-from onnxsample._runner import Runner
-from onnxsample._scheduler import Scheduler, Stats
-from onnxsample._sequence import Sequence
-from onnxsample._session import create_session
-from onnxsample._slots import SlotState
+from onnxsample.engine._kv_concat import ConcatLayout
+from onnxsample.engine._kv_shared import SharedKV, SharedLayout, kv_specs
+from onnxsample.engine._model_info import ModelInfo
+from onnxsample.engine._requests import Requests
+from onnxsample.engine._runner import Runner
+from onnxsample.engine._scheduler import Scheduler, Stats
+from onnxsample.engine._sequence import Sequence
+from onnxsample.engine._session import create_session
+from onnxsample.engine._slots import SlotState
+from onnxsample.engine.request import Request
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
-from onnxsample.request import Request
+from onnxsample.text._prompt import Prompt
 
 __all__ = [
     "DEFAULT_DRAFT_TOKENS",
@@ -199,7 +199,7 @@ class Engine:
         system: str | None = None,
         index: int = 0,
     ) -> Request:
-        """Queue one request; returns its :class:`~onnxsample.request.Request` at once.
+        """Queue one request; returns its :class:`~onnxsample.engine.request.Request` at once.
 
         `prompt` is a string (put through the chat template when `chat` is true or, with `chat`
         None, when the model has one), a list of token ids (used as they are), or a chat as a list

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample._layout import Call, prompt_positions, slot_rows
-from onnxsample._sequence import Sequence
-from onnxsample._slots import host_copy, ortvalue
+from onnxsample.engine._layout import Call, prompt_positions, slot_rows
+from onnxsample.engine._sequence import Sequence
+from onnxsample.engine._slots import host_copy, ortvalue
 from onnxsample.errors import ModelError
 
 _PAST, _PRESENT = "past_key_values.", "present."
@@ -121,7 +121,7 @@ def _bind_pasts(binding, pasts: dict[str, Any]) -> list[str]:
 
 
 class ConcatLayout:
-    """:class:`~onnxsample._layout.KVLayout` for graphs whose cache grows by concatenation.
+    """:class:`~onnxsample.engine._layout.KVLayout` for graphs whose cache grows by concatenation.
 
     `specs` maps each past input to (heads, head_dim, numpy dtype); with `keep_prefix` a finished
     sequence's cache is kept (on the host) for its slot's next request.

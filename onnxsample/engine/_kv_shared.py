@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample._layout import Call, prompt_positions, slot_rows
-from onnxsample._sequence import Sequence
+from onnxsample.engine._layout import Call, prompt_positions, slot_rows
+from onnxsample.engine._sequence import Sequence
 from onnxsample.errors import ModelError, OutOfMemory
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class SharedKV:
 
 
 class SharedLayout:
-    """:class:`~onnxsample._layout.KVLayout` over :class:`SharedKV`; `limit` caps the positions
+    """:class:`~onnxsample.engine._layout.KVLayout` over :class:`SharedKV`; `limit` caps the positions
     (the context or ``max_len``)."""
 
     def __init__(self, kv: SharedKV, slots: int, pad: int, limit: int | None) -> None:

@@ -1,8 +1,8 @@
 """How a KV-cache layout turns the scheduler's work into ONNX Runtime calls: :class:`KVLayout`.
 
-Two layouts implement it: :class:`~onnxsample._kv_shared.SharedLayout` (GroupQueryAttention graphs:
+Two layouts implement it: :class:`~onnxsample.engine._kv_shared.SharedLayout` (GroupQueryAttention graphs:
 one preallocated buffer per layer, row = slot, written in place) and
-:class:`~onnxsample._kv_concat.ConcatLayout` (optimum's graphs: explicit positions, a cache that
+:class:`~onnxsample.engine._kv_concat.ConcatLayout` (optimum's graphs: explicit positions, a cache that
 grows by concatenation). Both keep, per slot, the token ids whose keys and values they hold, so a new
 request can reuse the longest common prefix (llama-server's ``cache_prompt``).
 
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from onnxsample._sequence import Sequence
+from onnxsample.engine._sequence import Sequence
 
 _EMPTY = np.zeros(0, np.int64)
 

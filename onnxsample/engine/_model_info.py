@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from onnxsample.errors import ModelError
-from onnxsample.tokenizer import Tokenizer
+from onnxsample.text.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)

@@ -14,22 +14,22 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from onnxsample._prompt import Prompt, prompt_tokens, stop_strings
-from onnxsample._sequence import Sequence
-from onnxsample._slots import check_params
-from onnxsample._text import StopMatcher
+from onnxsample.engine._sequence import Sequence
+from onnxsample.engine._slots import check_params
+from onnxsample.engine.request import Request
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
-from onnxsample.request import Request
-from onnxsample.tokenizer import TextStream, Tokenizer
+from onnxsample.text._prompt import Prompt, prompt_tokens, stop_strings
+from onnxsample.text._stops import StopMatcher
+from onnxsample.text.tokenizer import TextStream, Tokenizer
 
 _ids = itertools.count()
 
 
 @dataclass(frozen=True)
 class Requests:
-    """Makes :class:`~onnxsample._sequence.Sequence` objects for one engine: its graph (`meta`),
+    """Makes :class:`~onnxsample.engine._sequence.Sequence` objects for one engine: its graph (`meta`),
     tokenizer and end-of-sequence ids, its `limit` of positions per sequence (`max_len` when that
     set it), and `wake`, which a request calls when it is cancelled."""
 

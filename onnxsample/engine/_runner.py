@@ -1,4 +1,4 @@
-"""One session run per :class:`~onnxsample._layout.Call`, with IOBinding.
+"""One session run per :class:`~onnxsample.engine._layout.Call`, with IOBinding.
 
 The host sends token ids, the mask, positions, ``sampler.row_index``, one uniform per slot and the
 prompt rows; it gets back token ids and logprobs (bound to preallocated host arrays) and, for a
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample._layout import Call
-from onnxsample._slots import COUNTS_OUT, SlotState, host_copy
+from onnxsample.engine._layout import Call
+from onnxsample.engine._slots import COUNTS_OUT, SlotState, host_copy
 
 log = logging.getLogger(__name__)
 

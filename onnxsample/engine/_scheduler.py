@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxsample._drafter import NgramDrafter
-from onnxsample._layout import Call, KVLayout, common_prefix
-from onnxsample._runner import Runner
-from onnxsample._sequence import Sequence
-from onnxsample._slots import SlotState
+from onnxsample.engine._drafter import NgramDrafter
+from onnxsample.engine._layout import Call, KVLayout, common_prefix
+from onnxsample.engine._runner import Runner
+from onnxsample.engine._sequence import Sequence
+from onnxsample.engine._slots import SlotState
 from onnxsample.errors import GenerationError, OnnxSampleError
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class Scheduler:
         """Each decoding sequence's draft (speculative decoding), where it has one: none while
         ``min_tokens`` holds end-of-sequence back, none past its token limit. With other
         sequences decoding, a draft costs a call of its own, so only sequences whose drafts keep
-        paying for that call draft (see :class:`~onnxsample._drafter.NgramDrafter`)."""
+        paying for that call draft (see :class:`~onnxsample.engine._drafter.NgramDrafter`)."""
         found: dict[int, list[int]] = {}
         if self.drafter is None:
             return found

@@ -1,7 +1,7 @@
 """One request's state inside the engine: its prompt, its place in the cache, what it generated.
 
 :meth:`Sequence.accept` takes one sampled token (and its logprobs) and returns the
-:class:`~onnxsample.request.StreamEvent` it produces: end-of-sequence, stop strings, the token
+:class:`~onnxsample.engine.request.StreamEvent` it produces: end-of-sequence, stop strings, the token
 limit and the end of the KV buffer are decided here, without ONNX Runtime, so they can be tested
 on their own.
 """
@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from onnxsample._drafter import DraftStats
-from onnxsample._text import StopMatcher
+from onnxsample.engine._drafter import DraftStats
+from onnxsample.engine.request import Completion, Request, StreamEvent, Timings, TopLogprobs
 from onnxsample.params import SamplingParams
-from onnxsample.request import Completion, Request, StreamEvent, Timings, TopLogprobs
-from onnxsample.tokenizer import TextStream
+from onnxsample.text._stops import StopMatcher
+from onnxsample.text.tokenizer import TextStream
 
 _U_MAX = np.nextafter(np.float32(1), np.float32(0))
 

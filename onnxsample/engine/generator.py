@@ -15,11 +15,12 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
-from onnxsample._drafter import DEFAULT_NGRAM
-from onnxsample.engine import DEFAULT_PREFILL_CHUNK, Engine, Prompt
+from onnxsample.engine._drafter import DEFAULT_NGRAM
+from onnxsample.engine._engine import DEFAULT_PREFILL_CHUNK, Engine
+from onnxsample.engine.request import Completion, StreamEvent, Timings
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import SamplingParams
-from onnxsample.request import Completion, StreamEvent, Timings
+from onnxsample.text._prompt import Prompt
 
 __all__ = ["Completion", "Generator", "StreamEvent", "Timings"]
 

@@ -24,9 +24,9 @@ from fastapi.staticfiles import StaticFiles
 
 from onnxsample import __version__
 from onnxsample.engine import Engine
+from onnxsample.engine.request import Completion
+from onnxsample.engine.request import Request as EngineRequest
 from onnxsample.errors import InvalidParameter, QueueFull
-from onnxsample.request import Completion
-from onnxsample.request import Request as EngineRequest
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.metrics import Metrics

@@ -6,11 +6,11 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
+from onnxsample.engine.request import Completion, TopLogprobs
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import SamplingParams
-from onnxsample.request import Completion, TopLogprobs
 from onnxsample.serve.schemas import SamplingFields
-from onnxsample.tokenizer import Tokenizer
+from onnxsample.text.tokenizer import Tokenizer
 
 MAX_N = 32
 _FIELDS = (

@@ -32,8 +32,8 @@ from pathlib import Path
 
 from ray import serve
 
-from onnxsample._drafter import speculation
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK, Engine
+from onnxsample.engine._drafter import speculation
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
 from onnxsample.serve.app import ServeSettings, create_app

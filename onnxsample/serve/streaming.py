@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from starlette.requests import Request as HTTPRequest
 
 from onnxsample.engine import Engine
+from onnxsample.engine.request import Completion, Request, StreamEvent
 from onnxsample.errors import OnnxSampleError
-from onnxsample.request import Completion, Request, StreamEvent
 from onnxsample.serve import convert
 from onnxsample.serve.errors import from_library
 from onnxsample.serve.metrics import Metrics

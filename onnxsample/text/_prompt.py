@@ -7,7 +7,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from onnxsample.errors import InvalidParameter
-from onnxsample.tokenizer import Tokenizer
+from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["Prompt", "prompt_tokens", "stop_strings"]
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxsample._chat_template import chat_template_of, compile_template
 from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.text._chat_template import chat_template_of, compile_template
 
 __all__ = ["TextStream", "Tokenizer"]
 

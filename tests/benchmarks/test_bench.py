@@ -15,7 +15,7 @@ import pytest
 
 from onnxsample.cli import main
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _module(name: str):

@@ -22,7 +22,7 @@ from onnxsample.params import SamplingParams, pack_sampling_params
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GENAI_DIR = ROOT / "artifacts" / "cache" / "genai-smollm2-fp32"
 GENAI_MODEL = GENAI_DIR / "model.onnx"
 MAX_SLOTS = 4
@@ -291,7 +291,7 @@ def test_greedy_decode_matches_the_plain_model(composed, plain, head_dim, prompt
 def test_generator_batches_the_genai_layout(composed, plain, head_dim, prompt_ids, embedded_export):
     """GroupQueryAttention: the prompts run as one batch in a shared, right-padded KV buffer, and
     each decodes as the plain model does (tests/test_generator_gqa.py covers the runtime itself)."""
-    from onnxsample.generator import Generator
+    from onnxsample.engine.generator import Generator
     from onnxsample.params import SamplingParams
 
     path, _ = composed

@@ -18,8 +18,8 @@ import pytest
 
 from onnxsample.composer import compose
 from onnxsample.engine import Engine
+from onnxsample.engine.generator import Generator
 from onnxsample.errors import EngineClosed, InvalidParameter, OutOfMemory, QueueFull
-from onnxsample.generator import Generator
 from onnxsample.params import SamplingParams
 
 PROMPTS = [

@@ -6,12 +6,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from onnxsample._text import StopMatcher
 from onnxsample.composer import compose
+from onnxsample.engine.generator import Generator
 from onnxsample.errors import InvalidParameter, RuntimeUnavailable
-from onnxsample.generator import Generator
 from onnxsample.params import SamplingParams
-from onnxsample.tokenizer import TextStream
+from onnxsample.text._stops import StopMatcher
+from onnxsample.text.tokenizer import TextStream
 
 PROMPTS = [
     "Once upon a time",

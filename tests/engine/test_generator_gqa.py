@@ -18,13 +18,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from onnxsample._kv_shared import SharedKV, SharedLayout, buffer_length
 from onnxsample.composer import compose
+from onnxsample.engine._kv_shared import SharedKV, SharedLayout, buffer_length
+from onnxsample.engine.generator import Generator
 from onnxsample.errors import InvalidParameter
-from onnxsample.generator import Generator
 from onnxsample.params import SamplingParams
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GENAI_MODEL = ROOT / "artifacts" / "cache" / "genai-smollm2-fp32" / "model.onnx"
 PROMPTS = [
     "The capital of France is",

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from onnxsample._sequence import Sequence
-from onnxsample._text import StopMatcher
+from onnxsample.engine._sequence import Sequence
+from onnxsample.engine.request import Request
 from onnxsample.params import SamplingParams
-from onnxsample.request import Request
-from onnxsample.tokenizer import TextStream, Tokenizer
+from onnxsample.text._stops import StopMatcher
+from onnxsample.text.tokenizer import TextStream, Tokenizer
 
 EOS = 2
 

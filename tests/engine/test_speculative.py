@@ -17,11 +17,11 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.ops import op_gather_elements
 
 from onnxsample import Engine, InvalidParameter, ModelError, SamplingParams, compose
-from onnxsample._drafter import DraftStats, NgramDrafter
-from onnxsample._splice import reconcile_versions, splice
 from onnxsample.chain import SamplerChain
+from onnxsample.composer._splice import reconcile_versions, splice
+from onnxsample.composer.sampler_model import sampler_feeds, sampler_session
+from onnxsample.engine._drafter import DraftStats, NgramDrafter
 from onnxsample.params import pack_sampling_params
-from onnxsample.sampler_model import sampler_feeds, sampler_session
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 
@@ -458,7 +458,7 @@ def test_a_full_draft_leaves_its_row_a_free_position():
     call over several rows writes its pad token just past what each row holds."""
     from types import SimpleNamespace
 
-    from onnxsample._kv_shared import SharedLayout
+    from onnxsample.engine._kv_shared import SharedLayout
 
     layout = SharedLayout(_Rows(), slots=3, pad=0, limit=None)
     layout.tokens[1] = [7] * 503

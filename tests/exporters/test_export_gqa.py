@@ -9,10 +9,10 @@ import numpy as np
 import onnx
 import pytest
 
+from onnxsample.composer.loading import check_model
 from onnxsample.errors import ExportError, InvalidParameter
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import mean_logprob, ort_greedy, torch_greedy
-from onnxsample.loading import check_model
 
 PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from onnxsample import InvalidParameter, SamplingParams, sampler_feeds
+from onnxsample.composer.sampler_model import sampler_session
 from onnxsample.graphs import CANDIDATES
 from onnxsample.reference import run_chain
-from onnxsample.sampler_model import sampler_session
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 CHI2_LIMIT = 40.5  # df 7, α = 1e-6

@@ -11,8 +11,8 @@ import torch
 from transformers.generation import logits_process as hf
 
 from onnxsample import SamplingParams, sampler_feeds
+from onnxsample.composer.sampler_model import sampler_session
 from onnxsample.reference import run_chain
-from onnxsample.sampler_model import sampler_session
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 

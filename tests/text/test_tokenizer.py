@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from onnxsample.errors import InvalidParameter, ModelError
-from onnxsample.tokenizer import TextStream, Tokenizer
+from onnxsample.text.tokenizer import TextStream, Tokenizer
 
 TEXTS = [
     "Hello world",
@@ -364,12 +364,12 @@ print(json.dumps(sorted(m.split(".")[0] for m in set(sys.modules) - before)))
 def test_the_tokenizer_never_imports_the_exporter_stack(tiny_export):
     """tokenizer.py's own imports, lazy ones included, measured after importing the package (so
     that what other modules import does not count), and the plain import in a fresh process."""
-    path = Path(__file__).resolve().parents[1] / "onnxsample" / "tokenizer.py"
+    path = Path(__file__).resolve().parents[2] / "onnxsample" / "text" / "tokenizer.py"
     probe = [sys.executable, "-c", _PROBE, str(path), str(tiny_export.output)]
     new = set(json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout))
     assert {"tokenizers", "jinja2"} <= new
     assert not new & {"torch", "transformers", "optimum"}
-    code = "import sys, onnxsample.tokenizer; print([m for m in ('torch', 'transformers', 'optimum') if m in sys.modules])"  # fmt: skip
+    code = "import sys, onnxsample.text.tokenizer; print([m for m in ('torch', 'transformers', 'optimum') if m in sys.modules])"  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

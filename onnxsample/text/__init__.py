@@ -1,0 +1,13 @@
+"""Text: what a prompt becomes and what tokens become, without transformers.
+
+Owns the runtime tokenizer (``tokenizers`` + the chat template rendered with jinja2, as
+transformers renders it), incremental detokenisation that never splits a UTF-8 character, stop
+strings, and turning a prompt (text, ids or chat messages) into token ids. It may import only
+``errors`` from the package: the engine and the server build on it, never the reverse.
+"""
+
+from onnxsample.text._prompt import Prompt, prompt_tokens, stop_strings
+from onnxsample.text._stops import StopMatcher
+from onnxsample.text.tokenizer import TextStream, Tokenizer
+
+__all__ = ["Prompt", "StopMatcher", "TextStream", "Tokenizer", "prompt_tokens", "stop_strings"]
