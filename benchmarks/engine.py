@@ -34,37 +34,21 @@ import threading
 import time
 from pathlib import Path
 
-from _load import Stamps, closed_loop, latency, pct
-from _machine import emit, load_average, machine, versions  # benchmarks/ is on the path
-
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"
-RESULTS = ROOT / "benchmarks" / "results"
-MESSAGE = (
-    "You are helping a friend plan a weekend trip to the mountains. Suggest a schedule for two "
-    "days with hiking, food and rest, and explain briefly why each part fits."
-)
-NEW_TOKENS = 128
+from _harness.machine import RUNTIME_PACKAGES, emit, load_average, machine, versions
+from _harness.measure import Stamps, closed_loop, latency, pct
+from _harness.script import RESULTS, logger, parser
+from _harness.workload import EMBEDDED_A4 as MODEL
+from _harness.workload import MESSAGE, NEW_TOKENS, SAMPLED, closed_batch_graph, trip_message
 
 
-def _composed(threads: int | None = None, **compose_options) -> Path:
+def _composed() -> Path:
+    """The embedded model composed as ``onnxsample run`` composes it."""
     import onnxsample as osx
 
-    if not compose_options:
-        return osx.prepare(MODEL)
-    name = "composed-" + "-".join(f"{k}{v}" for k, v in sorted(compose_options.items())) + ".onnx"
-    target = MODEL / name
-    if not target.is_file():
-        osx.compose(MODEL, None, target, **compose_options)
-    return target
+    return osx.prepare(MODEL)
 
 
 # ---- load -------------------------------------------------------------------------------------
-
-
-def _message(client: int, request: int) -> str:
-    """Each request its own user message (the chat template's system prompt is shared)."""
-    return f"(Trip {client}-{request}) {MESSAGE}"
 
 
 def _stream_times(events) -> Stamps:
@@ -81,14 +65,14 @@ def run_engine_load(
 ) -> dict:
     import onnxsample as osx
 
-    params = osx.SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, ignore_eos=True)
+    params = osx.SamplingParams(**SAMPLED, ignore_eos=True)
     options = {} if chunk is None else {"prefill_chunk": chunk}
     with osx.Engine(_composed(), threads=threads, **options) as engine:
         engine.submit(MESSAGE, params, max_new_tokens=4).result()  # warm-up
 
         def one(k: int, r: int) -> tuple[float, list[float], int]:
             p = dataclasses.replace(params, seed=1000 * k + r)
-            stamps = _stream_times(engine.submit(_message(k, r), p, max_new_tokens=NEW_TOKENS))
+            stamps = _stream_times(engine.submit(trip_message(k, r), p, max_new_tokens=NEW_TOKENS))
             return stamps.ttft, stamps.gaps, stamps.count
 
         return {"threads": threads, **closed_loop(clients, requests_per_client, one)}
@@ -98,23 +82,15 @@ def run_closed_batch(clients: int, threads: int, batches: int) -> dict:
     """The previous release's closed batch: N prompts per generate(), one batch after another."""
     import onnxsample as osx
 
-    path = MODEL / "composed-closed-batch.onnx"
-    if not path.is_file():
-        osx.compose(MODEL, None, path, max_slots=8, top_logprobs=20, max_bias=16)
-    gen = osx.Generator(path, threads=threads)
+    gen = osx.Generator(closed_batch_graph(MODEL), threads=threads)
     bias = {int(i): -100.0 for i in gen.eos_ids}  # EOS ignored, as above
-    params = [
-        osx.SamplingParams(
-            temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=k, logit_bias=bias
-        )
-        for k in range(clients)
-    ]
+    params = [osx.SamplingParams(**SAMPLED, seed=k, logit_bias=bias) for k in range(clients)]
     list(gen.stream([MESSAGE], params[:1], max_new_tokens=4))  # warm-up
     ttft, gaps, tokens = [], [], 0
     start = time.perf_counter()
     for b in range(batches):
         began, last = time.perf_counter(), {}
-        messages = [_message(k, b) for k in range(clients)]
+        messages = [trip_message(k, b) for k in range(clients)]
         for event in gen.stream(messages, params, max_new_tokens=NEW_TOKENS):
             if event.token_id is None:
                 continue
@@ -137,8 +113,9 @@ def run_closed_batch(clients: int, threads: int, batches: int) -> dict:
     }
 
 
-def load(args) -> dict:
+def load(args: argparse.Namespace) -> dict:
     """Each cell runs in a fresh process, the engine and the closed batch one after the other."""
+    log = logger("load")
     rows = []
     for rep in range(args.repeats):
         for threads in args.threads:
@@ -149,7 +126,7 @@ def load(args) -> dict:
                 if args.old_site:
                     row["closed_batch"] = _in_old_site(args.old_site, clients, threads, per_client)
                 row["load_average"] = load_average()
-                print(f"[load] {row}", file=sys.stderr)
+                log(row)
                 rows.append(row)
     keys = ("tokens_per_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99")
     median = []
@@ -176,17 +153,18 @@ def _in_old_site(site: str, clients: int, threads: int, batches: int) -> dict:
 # ---- chunked prefill --------------------------------------------------------------------------
 
 
-def chunked(args) -> dict:
+def chunked(args: argparse.Namespace) -> dict:
     """Two streams decode; a 2,000-token prompt arrives. Every gap between two tokens of a stream
     that overlaps the admission (from submission to the long prompt's first token) counts, the
     one that spans a whole unchunked prefill included. Each run is a fresh process, so that no
     run inherits another's memory (fresh pages are slow to fault in on a VM)."""
+    log = logger("chunked")
     rows = []
     for rep in range(args.repeats):
         for chunk in args.chunks:
             row = _in_process("_chunked_once", chunk, args.threads[0])
             rows.append({"repeat": rep, **row, "load_average": load_average()})
-            print(f"[chunked] {rows[-1]}", file=sys.stderr)
+            log(rows[-1])
     summary = {}
     for chunk in args.chunks:
         mine = [r for r in rows if r["chunk"] == chunk]
@@ -287,9 +265,10 @@ QUESTIONS = [
 ]
 
 
-def prefix(args) -> dict:
+def prefix(args: argparse.Namespace) -> dict:
     import onnxsample as osx
 
+    log = logger("prefix")
     path = _composed()
     rows = []
     for rep in range(args.repeats):
@@ -312,7 +291,7 @@ def prefix(args) -> dict:
                             "ttft_ms": round(done.timings.ttft_s * 1000, 1),
                         }
                     )
-                    print(f"[prefix] {rows[-1]}", file=sys.stderr)
+                    log(rows[-1])
     summary = {}
     for reuse in (True, False):
         for turn in range(1, len(QUESTIONS) + 1):
@@ -333,13 +312,13 @@ def prefix(args) -> dict:
 # ---- prompt logprobs --------------------------------------------------------------------------
 
 
-def echo(args) -> dict:
+def echo(args: argparse.Namespace) -> dict:
     """Prompt logprobs: a 500-token prefill asking for them vs not (same graph, no prefix reuse),
     and decode steps of a graph composed with them vs without (nothing asked). The variants
     alternate within each repetition, so machine noise hits both alike."""
     import onnxsample as osx
 
-    paths = {"with": _composed(), "without": _composed(max_slots=8, top_logprobs=20, max_bias=16)}
+    paths = {"with": _composed(), "without": closed_batch_graph(MODEL)}
     engines = {
         k: osx.Engine(p, threads=args.threads[0], prefix_reuse=False) for k, p in paths.items()
     }
@@ -384,22 +363,22 @@ def echo(args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=["load", "chunked", "prefix", "echo"])
-    parser.add_argument("--threads", type=int, nargs="+", default=[2])
-    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--requests", type=int, default=16, help="requests per client count")
-    parser.add_argument("--chunks", type=int, nargs="+", default=[0, 64, 128, 256, 512])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--old-site", help="folder with the previous release's package")
-    parser.add_argument("--output", help="also write the JSON here")
-    args = parser.parse_args()
+    p = parser(__doc__)
+    p.add_argument("what", choices=["load", "chunked", "prefix", "echo"])
+    p.add_argument("--threads", type=int, nargs="+", default=[2])
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--requests", type=int, default=16, help="requests per client count")
+    p.add_argument("--chunks", type=int, nargs="+", default=[0, 64, 128, 256, 512])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--old-site", help="folder with the previous release's package")
+    p.add_argument("--output", help="also write the JSON here")
+    args = p.parse_args()
     if not (MODEL / "model.onnx").is_file():
         sys.exit(f"export the embedded model first: onnxsample export -o {MODEL}")
     report = {"load": load, "chunked": chunked, "prefix": prefix, "echo": echo}[args.what](args)
     report |= {
         "machine": machine(),
-        "versions": versions("onnxsample", "onnxruntime", "numpy"),
+        "versions": versions(*RUNTIME_PACKAGES),
         "model": MODEL.name,
     }
     output = args.output or RESULTS / f"engine_{args.what}.json"

@@ -14,7 +14,6 @@ previous release, whose runtime imported transformers for its tokenizer: the "be
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -24,11 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _machine import emit, load_average, machine  # benchmarks/ is on the path
-
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"
-COMPOSED = MODEL / "composed-closed-batch.onnx"  # no prompt logprobs: the previous release runs it
+from _harness.machine import emit, load_average, machine
+from _harness.script import RESULTS, ROOT, parser
+from _harness.workload import closed_batch_graph
 
 
 def _du(path: Path) -> int:
@@ -52,9 +49,9 @@ def _median_wall(argv: list[str], repeats: int, env: dict | None = None, cwd: st
     return round(statistics.median(times), 3)
 
 
-def _cold_run(python: Path, repeats: int, site: str | None = None) -> float:
+def _cold_run(python: Path, composed: Path, repeats: int, site: str | None = None) -> float:
     code = "from onnxsample.cli import main; main()"
-    argv = [str(python), "-c", code, "run", str(COMPOSED), "-p", "hi", "-n", "1", "--no-stream"]
+    argv = [str(python), "-c", code, "run", str(composed), "-p", "hi", "-n", "1", "--no-stream"]
     env = {**os.environ, "PYTHONPATH": site} if site else None
     return _median_wall(argv, repeats, env, cwd=site or "/")
 
@@ -67,29 +64,28 @@ def _import_time(python: Path, repeats: int, site: str | None = None) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--old-site", help="folder with the previous release's package")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", default=str(ROOT / "benchmarks/results/install.json"))
-    args = parser.parse_args()
-    if not COMPOSED.is_file():
-        import onnxsample as osx
-
-        osx.compose(MODEL, None, COMPOSED, max_slots=8, top_logprobs=20, max_bias=16)
-    report: dict = {"benchmark": "install", "model": COMPOSED.name, "repeats": args.repeats}
+    p = parser(__doc__)
+    p.add_argument("--old-site", help="folder with the previous release's package")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--output", default=str(RESULTS / "install.json"))
+    args = p.parse_args()
+    composed = closed_batch_graph()  # no prompt logprobs: the previous release runs it
+    report: dict = {"benchmark": "install", "model": composed.name, "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:
         runtime = _venv(Path(tmp) / "cpu", "cpu")
         report["venv_mb"] = {"cpu": round(_du(runtime) / 2**20)}
         full = _venv(Path(tmp) / "full", "cpu,export")
         report["venv_mb"]["cpu,export"] = round(_du(full) / 2**20)
         shutil.rmtree(full)
-        report["cold_run_s"] = {"runtime venv": _cold_run(runtime / "bin/python", args.repeats)}
+        cold = _cold_run(runtime / "bin/python", composed, args.repeats)
+        report["cold_run_s"] = {"runtime venv": cold}
         report["import_s"] = {"runtime venv": _import_time(runtime / "bin/python", args.repeats)}
     dev = ROOT / ".venv" / "bin" / "python"
-    report["cold_run_s"]["full venv"] = _cold_run(dev, args.repeats)
+    report["cold_run_s"]["full venv"] = _cold_run(dev, composed, args.repeats)
     report["import_s"]["full venv"] = _import_time(dev, args.repeats)
     if args.old_site:
-        report["cold_run_s"]["before (full venv)"] = _cold_run(dev, args.repeats, args.old_site)
+        before = _cold_run(dev, composed, args.repeats, args.old_site)
+        report["cold_run_s"]["before (full venv)"] = before
         report["import_s"]["before (full venv)"] = _import_time(dev, args.repeats, args.old_site)
     report |= {"machine": machine(), "load": load_average()}
     emit(report, args.output, "install")

@@ -9,31 +9,24 @@ machine noise hits both alike; the median and the spread are reported, with the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
-from _machine import emit  # benchmarks/ is on the path when run as a script
+from _harness.machine import emit, load_average
+from _harness.measure import summary
+from _harness.script import ROOT, logger, parser
+from _harness.workload import EMBEDDED_FP32, ort_session
 
 from onnxsample.composer import compose
 from onnxsample.params import SamplingParams, pack_sampling_params
 
 CHAIN = "temperature,top_k,top_p,min_p,dist"
 SLOTS = 8
-
-
-def _session(path: Path, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _feeds(session: ort.InferenceSession, length: int, vocab: int) -> dict[str, np.ndarray]:
@@ -59,16 +52,17 @@ def _feeds(session: ort.InferenceSession, length: int, vocab: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, default=Path("artifacts/smollm2-135m-instruct"))
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512])
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
-    args = parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--model", type=Path, default=EMBEDDED_FP32.relative_to(ROOT))
+    p.add_argument("--lengths", type=int, nargs="+", default=[256, 512])
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--out", type=Path, help="also write the JSON here")
+    args = p.parse_args(argv)
 
+    log = logger("prefill_gather")
     vocab = 49152
-    load_before = os.getloadavg()
+    load_before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         variants = {
             "plain model (full logits)": args.model / "model.onnx",
@@ -81,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         results = []
         for threads in args.threads:
-            sessions = {name: _session(path, threads) for name, path in variants.items()}
+            sessions = {name: ort_session(path, threads) for name, path in variants.items()}
             for length in args.lengths:
                 feeds = {name: _feeds(s, length, vocab) for name, s in sessions.items()}
                 times: dict[str, list[float]] = {name: [] for name in sessions}
@@ -94,11 +88,8 @@ def main(argv: list[str] | None = None) -> None:
                         times[name].append((time.perf_counter() - start) * 1000)
                 row = {"threads": threads, "prompt_tokens": length}
                 for name, values in times.items():
-                    row[name] = {
-                        "median_ms": round(statistics.median(values), 2),
-                        "min_ms": round(min(values), 2),
-                        "max_ms": round(max(values), 2),
-                    }
+                    spread = summary(values, 2)
+                    row[name] = {f"{k}_ms": spread[k] for k in ("median", "min", "max")}
                 head = row["composed, gather before LM head"]["median_ms"]
                 row["speedup_vs_gather_after_logits"] = round(
                     row["composed, gather after logits"]["median_ms"] / head, 3
@@ -107,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                     row["plain model (full logits)"]["median_ms"] / head, 3
                 )
                 results.append(row)
-                print(json.dumps(row), file=sys.stderr)
+                log(json.dumps(row))
     report = {
         "benchmark": "prefill_gather",
         "model": str(args.model),
@@ -115,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         "max_slots": SLOTS,
         "repeats": args.repeats,
         "load_average_before": load_before,
-        "load_average_after": os.getloadavg(),
+        "load_average_after": load_average(),
         "onnxruntime": ort.__version__,
         "cpus": os.cpu_count(),
         "results": results,

@@ -1,35 +1,27 @@
-"""The serving-engine section of docs/benchmarks.md, from benchmarks/results/engine_*.json
-(written by benchmarks/engine.py). Standard library only."""
+"""The serving-engine section of docs/benchmarks.md, from benchmarks/results/engine_*.json (written
+by benchmarks/engine.py) and serve*.json (benchmarks/serve.py); :func:`load_results` also reads
+speculative.json for report_speculative.py. Standard library only."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _harness.script import RESULTS, read_json
+from _harness.tables import load_line, num, ratio, table
+
 KINDS = ("load", "chunked", "prefix", "echo")
 
 
 def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
-    found = {}
-    for kind in KINDS:
-        path = folder / f"engine_{kind}.json"
-        found[kind] = json.loads(path.read_text()) if path.is_file() else None
-    for name in ("serve", "serve_replicas", "serve_proxy", "speculative"):
-        path = folder / f"{name}.json"
-        found[name] = json.loads(path.read_text()) if path.is_file() else None
-    return found
-
-
-def _v(value, digits: int = 0) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def _ratio(a, b) -> str:
-    return "—" if not a or not b else f"{a / b:.2f}×"
+    """Every results file these sections read, by name (None where missing)."""
+    names = [f"engine_{kind}" for kind in KINDS]
+    names += ["serve", "serve_replicas", "serve_proxy", "speculative"]
+    found = {name: read_json(folder / f"{name}.json") for name in names}
+    return {name.removeprefix("engine_"): data for name, data in found.items()}
 
 
 def engine_section(results: dict[str, dict | None]) -> list[str]:
+    """Every serving table there are results for (nothing where there are none)."""
     if not any(results.values()):
         return []
     lines = [
@@ -48,6 +40,29 @@ def engine_section(results: dict[str, dict | None]) -> list[str]:
     return lines
 
 
+def _pair_head(a: str, b: str) -> list[str]:
+    """The columns of :func:`_pair_cells`, engine a labelled `a` and engine b `b`."""
+    head = [f"{a} tok/s", f"{b} tok/s", "ratio"]
+    return head + [f"{e} {what} p50 / p99" for what in ("TTFT", "ITL") for e in (a, b)]
+
+
+def _pair_cells(x: dict, y: dict, itl_digits: int) -> list[str]:
+    """x against y: tok/s of each, x ÷ y, TTFT p50 / p99 of each, ITL p50 / p99 of each."""
+    return [
+        num(x.get("tokens_per_s")),
+        num(y.get("tokens_per_s")),
+        ratio(x.get("tokens_per_s"), y.get("tokens_per_s")),
+        _p50_p99(x, "ttft_ms", 0),
+        _p50_p99(y, "ttft_ms", 0),
+        _p50_p99(x, "itl_ms", itl_digits),
+        _p50_p99(y, "itl_ms", itl_digits),
+    ]
+
+
+def _p50_p99(row: dict, what: str, digits: int) -> str:
+    return f"{num(row.get(f'{what}_p50'), digits)} / {num(row.get(f'{what}_p99'), digits)}"
+
+
 def _load(data: dict | None) -> list[str]:
     if not data:
         return []
@@ -59,20 +74,16 @@ def _load(data: dict | None) -> list[str]:
         "in one `generate` call, the next batch after it. Medians of the repetitions; latencies "
         "in ms.",
         "",
-        "| threads | clients | engine tok/s | closed tok/s | ratio | engine TTFT p50 / p99 | "
-        "closed TTFT p50 / p99 | engine ITL p50 / p99 | closed ITL p50 / p99 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for cell in data.get("median", []):
-        e, c = cell.get("engine", {}), cell.get("closed_batch", {})
-        lines.append(
-            f"| {cell['threads']} | {cell['clients']} | {_v(e.get('tokens_per_s'))} | "
-            f"{_v(c.get('tokens_per_s'))} | {_ratio(e.get('tokens_per_s'), c.get('tokens_per_s'))}"
-            f" | {_v(e.get('ttft_ms_p50'))} / {_v(e.get('ttft_ms_p99'))} | "
-            f"{_v(c.get('ttft_ms_p50'))} / {_v(c.get('ttft_ms_p99'))} | "
-            f"{_v(e.get('itl_ms_p50'))} / {_v(e.get('itl_ms_p99'))} | "
-            f"{_v(c.get('itl_ms_p50'))} / {_v(c.get('itl_ms_p99'))} |"
-        )
+    rows = [
+        [
+            c["threads"],
+            c["clients"],
+            *_pair_cells(c.get("engine", {}), c.get("closed_batch", {}), 0),
+        ]
+        for c in data.get("median", [])
+    ]
+    lines += table(["threads", "clients", *_pair_head("engine", "closed")], "rrrrrrrrr", rows)
     lines += _loads(data.get("rows", []))
     return [*lines, ""]
 
@@ -86,17 +97,18 @@ def _chunked(data: dict | None) -> list[str]:
         "Two streams decode; a 2,000-token prompt arrives. Every gap between two tokens of a "
         "stream that overlaps the admission counts. Medians of the repetitions.",
         "",
-        "| prefill chunk | admission s | stream tokens meanwhile | ITL p50 ms | ITL p99 ms | "
-        "longest gap ms |",
-        "|---:|---:|---:|---:|---:|---:|",
     ]
-    for chunk, m in data.get("median", {}).items():
-        label = "whole prompt" if chunk == "0" else chunk
-        lines.append(
-            f"| {label} | {_v(m['admission_s'], 2)} | {_v(m['stream_tokens_during'])} | "
-            f"{_v(m['itl_ms_p50'])} | {_v(m['itl_ms_p99'])} | {_v(m['itl_ms_max'])} |"
-        )
-    return [*lines, ""]
+    counts = ("stream_tokens_during", "itl_ms_p50", "itl_ms_p99", "itl_ms_max")
+    rows = [
+        [
+            "whole prompt" if chunk == "0" else chunk,
+            num(m["admission_s"], 2),
+            *(num(m[k]) for k in counts),
+        ]
+        for chunk, m in data.get("median", {}).items()
+    ]
+    head = ["prefill chunk", "admission s", "stream tokens meanwhile", "ITL p50 ms", "ITL p99 ms"]
+    return [*lines, *table([*head, "longest gap ms"], "rrrrrr", rows), ""]
 
 
 def _prefix(data: dict | None) -> list[str]:
@@ -109,18 +121,25 @@ def _prefix(data: dict | None) -> list[str]:
         "Each turn's time to first token; with reuse, a turn prefills only what the previous one "
         "did not leave in the slot. Medians of the repetitions.",
         "",
-        "| turn | prompt tokens | reused | TTFT ms, reuse | TTFT ms, no reuse | speed-up |",
-        "|---:|---:|---:|---:|---:|---:|",
     ]
+    rows = []
     turn = 1
     while f"reuse-turn{turn}" in med:
         r, n = med[f"reuse-turn{turn}"], med.get(f"no-reuse-turn{turn}", {})
-        lines.append(
-            f"| {turn} | {r['prompt_tokens']} | {r['cached_tokens']} | {_v(r['ttft_ms'], 1)} | "
-            f"{_v(n.get('ttft_ms'), 1)} | {_ratio(n.get('ttft_ms'), r['ttft_ms'])} |"
+        reused, alone = r["ttft_ms"], n.get("ttft_ms")
+        rows.append(
+            [
+                turn,
+                r["prompt_tokens"],
+                r["cached_tokens"],
+                num(reused, 1),
+                num(alone, 1),
+                ratio(alone, reused),
+            ]
         )
         turn += 1
-    return [*lines, ""]
+    head = ["turn", "prompt tokens", "reused", "TTFT ms, reuse", "TTFT ms, no reuse", "speed-up"]
+    return [*lines, *table(head, "rrrrrr", rows), ""]
 
 
 def _echo(data: dict | None) -> list[str]:
@@ -168,48 +187,36 @@ def _serve(data: dict | None) -> list[str]:
             "What HTTP + JSON add to one stream: the same chat through `Engine` in-process "
             "(*python-api*) against one client of `onnxsample serve`.",
             "",
-            "| mode | python-api TTFT p50 | serve TTFT p50 | python-api ITL p50 / p99 | "
-            "serve ITL p50 / p99 |",
-            "|---|---:|---:|---:|---:|",
         ]
+        api_rows = []
         for mode, a in api.items():
             o = cells.get(("onnxsample", mode, 1), {})
-            lines.append(
-                f"| {mode} | {_v(a.get('ttft_ms_p50'), 1)} | {_v(o.get('ttft_ms_p50'), 1)} | "
-                f"{_v(a.get('itl_ms_p50'), 1)} / {_v(a.get('itl_ms_p99'), 1)} | "
-                f"{_v(o.get('itl_ms_p50'), 1)} / {_v(o.get('itl_ms_p99'), 1)} |"
-            )
+            ttft = [num(a.get("ttft_ms_p50"), 1), num(o.get("ttft_ms_p50"), 1)]
+            api_rows.append([mode, *ttft, _p50_p99(a, "itl_ms", 1), _p50_p99(o, "itl_ms", 1)])
+        head = ["mode", "python-api TTFT p50", "serve TTFT p50", "python-api ITL p50 / p99"]
+        lines += table([*head, "serve ITL p50 / p99"], "lrrrr", api_rows)
     lines += _loads(rows)
     return [*lines, ""]
 
 
 def _loads(rows: list[dict]) -> list[str]:
-    loads = [r["load_average"][0] for r in rows if r.get("load_average")]
-    if not loads:
-        return []
-    return ["", f"Load average (1 min) during the runs: {min(loads)}–{max(loads)}."]
+    line = load_line([r["load_average"][0] for r in rows if r.get("load_average")])
+    return ["", line] if line else []
 
 
 def _pair_table(rows: list[dict], a: tuple[str, str], b: tuple[str, str]) -> list[str]:
     """Engine a (name, label) against engine b per mode and client count; ratio = a ÷ b."""
     (ea, la), (eb, lb) = a, b
     cells = {(r["engine"], r["mode"], r["clients"]): r for r in rows}
-    lines = [
-        f"| mode | clients | {la} tok/s | {lb} tok/s | ratio | {la} TTFT p50 / p99 | "
-        f"{lb} TTFT p50 / p99 | {la} ITL p50 / p99 | {lb} ITL p50 / p99 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    body = [
+        [
+            mode,
+            clients,
+            *_pair_cells(cells.get((ea, mode, clients), {}), cells.get((eb, mode, clients), {}), 1),
+        ]
+        for mode, clients in sorted({(r["mode"], r["clients"]) for r in rows if r["engine"] == ea})
     ]
-    for mode, clients in sorted({(r["mode"], r["clients"]) for r in rows if r["engine"] == ea}):
-        x, y = cells.get((ea, mode, clients), {}), cells.get((eb, mode, clients), {})
-        lines.append(
-            f"| {mode} | {clients} | {_v(x.get('tokens_per_s'))} | {_v(y.get('tokens_per_s'))} | "
-            f"{_ratio(x.get('tokens_per_s'), y.get('tokens_per_s'))} | "
-            f"{_v(x.get('ttft_ms_p50'))} / {_v(x.get('ttft_ms_p99'))} | "
-            f"{_v(y.get('ttft_ms_p50'))} / {_v(y.get('ttft_ms_p99'))} | "
-            f"{_v(x.get('itl_ms_p50'), 1)} / {_v(x.get('itl_ms_p99'), 1)} | "
-            f"{_v(y.get('itl_ms_p50'), 1)} / {_v(y.get('itl_ms_p99'), 1)} |"
-        )
-    return lines
+    return table(["mode", "clients", *_pair_head(la, lb)], "lrrrrrrrr", body)
 
 
 def _proxy(data: dict | None) -> list[str]:
@@ -223,24 +230,20 @@ def _proxy(data: dict | None) -> list[str]:
         f"--concurrency 1`, one replica with all {data.get('threads')} threads against one "
         "process, one client.",
         "",
-        "| mode | one process TTFT p50 | 1 replica TTFT p50 | one process ITL p50 | "
-        "1 replica ITL p50 | added TTFT | added per token |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    rows = data.get("rows", [])
-    cells = {(r["engine"], r["mode"]): r for r in rows if r.get("clients") == 1}
+    cells = {(r["engine"], r["mode"]): r for r in data.get("rows", []) if r.get("clients") == 1}
+    rows = []
     for mode in sorted({m for _, m in cells}):
         o, r = cells.get(("onnxsample", mode), {}), cells.get(("replicas", mode), {})
         added = [
             None if r.get(k) is None or o.get(k) is None else r[k] - o[k]
             for k in ("ttft_ms_p50", "itl_ms_p50")
         ]
-        lines.append(
-            f"| {mode} | {_v(o.get('ttft_ms_p50'), 1)} | {_v(r.get('ttft_ms_p50'), 1)} | "
-            f"{_v(o.get('itl_ms_p50'), 1)} | {_v(r.get('itl_ms_p50'), 1)} | "
-            f"{_v(added[0], 1)} ms | {_v(added[1], 1)} ms |"
-        )
-    return lines
+        p50s = [num(row.get(k), 1) for k in ("ttft_ms_p50", "itl_ms_p50") for row in (o, r)]
+        rows.append([mode, *p50s, *(f"{num(a, 1)} ms" for a in added)])
+    head = ["mode", "one process TTFT p50", "1 replica TTFT p50", "one process ITL p50"]
+    head += ["1 replica ITL p50", "added TTFT", "added per token"]
+    return [*lines, *table(head, "lrrrrrr", rows)]
 
 
 def _replicas(data: dict | None, proxy: dict | None = None) -> list[str]:

@@ -3,32 +3,18 @@
 
 from __future__ import annotations
 
+from _harness.tables import load_line, num, ratio_note, table
 
-def _v(row: dict | None, key: str, digits: int = 1) -> str:
-    value = (row or {}).get(key)
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def _x(row: dict | None, base: dict | None) -> str:
-    a, b = (row or {}).get("decode_tokens_per_s"), (base or {}).get("decode_tokens_per_s")
-    return "" if not a or not b else f" ({a / b:.2f}×)"
+_RATE = "decode_tokens_per_s"
 
 
 def speculative_section(data: dict | None) -> list[str]:
+    """Per thread count, a table of decode rates, drafts kept and tokens per call, per workload
+    and batch, against plain decoding and llama.cpp (nothing where there are no results)."""
     if not data:
         return []
     settings = data.get("settings", {})
-    ks = sorted(
-        {
-            int(name.removeprefix("onnxsample-k"))
-            for key, threads in data["results"].items()
-            if key.startswith("threads=")
-            for workload in threads.values()
-            for table in workload.values()
-            for name in table
-            if name.startswith("onnxsample-k")
-        }
-    )
+    ks = _draft_counts(data["results"])
     lines = [
         "## Speculative decoding",
         "",
@@ -50,36 +36,51 @@ def speculative_section(data: dict | None) -> list[str]:
         head = ["workload", "batch", "off"] + [f"K={k}" for k in ks]
         head += [f"kept K={k}" for k in ks] + [f"tok/call K={k}" for k in ks]
         head += ["llama.cpp", *(f"llama.cpp lookup {k}" for k in ks)]
-        lines += [
-            f"**{threads.replace('=', ' ')}**",
-            "",
-            "| " + " | ".join(head) + " |",
-            "|---|---:" + "|---:" * (len(head) - 2) + "|",
+        rows = [
+            [workload, batch.removeprefix("batch="), *_cells(engines, ks)]
+            for workload, batches in workloads.items()
+            for batch, engines in batches.items()
         ]
-        for workload, batches in workloads.items():
-            for batch, table in batches.items():
-                off = table.get("onnxsample-off")
-                peer = table.get("llamacpp")
-                cells = [workload, batch.removeprefix("batch="), _v(off, "decode_tokens_per_s")]
-                cells += [
-                    _v(table.get(f"onnxsample-k{k}"), "decode_tokens_per_s")
-                    + _x(table.get(f"onnxsample-k{k}"), off)
-                    for k in ks
-                ]
-                cells += [_v(table.get(f"onnxsample-k{k}"), "acceptance", 2) for k in ks]
-                cells += [_v(table.get(f"onnxsample-k{k}"), "tokens_per_call", 2) for k in ks]
-                cells.append(_v(peer, "decode_tokens_per_s"))
-                cells += [
-                    _v(table.get(f"llamacpp-lookup{k}"), "decode_tokens_per_s")
-                    + _x(table.get(f"llamacpp-lookup{k}"), peer)
-                    for k in ks
-                ]
-                lines.append("| " + " | ".join(cells) + " |")
-        lines.append("")
-    loads = [entry[0] for entry in data.get("load_average", [])]
-    if loads:
-        lines += [f"Load average (1 min) during the run: {min(loads)}–{max(loads)}.", ""]
+        lines += [f"**{threads.replace('=', ' ')}**", ""]
+        lines += [*table(head, "l" + "r" * (len(head) - 1), rows), ""]
+    line = load_line([entry[0] for entry in data.get("load_average", [])], "the run")
+    if line:
+        lines += [line, ""]
     skipped = data["results"].get("skipped")
     if skipped:
         lines += [f"Not run: {', '.join(f'{k} ({v})' for k, v in skipped.items())}.", ""]
     return lines
+
+
+def _draft_counts(results: dict) -> list[int]:
+    """The K values (draft tokens) of every onnxsample-kK engine in the results."""
+    return sorted(
+        {
+            int(name.removeprefix("onnxsample-k"))
+            for key, threads in results.items()
+            if key.startswith("threads=")
+            for workload in threads.values()
+            for engines in workload.values()
+            for name in engines
+            if name.startswith("onnxsample-k")
+        }
+    )
+
+
+def _cells(engines: dict, ks: list[int]) -> list[str]:
+    """One workload and batch: off, each K (× off), kept, tokens per call, llama.cpp, lookups."""
+
+    def field(name: str, key: str, digits: int = 1) -> str:
+        return num((engines.get(name) or {}).get(key), digits)
+
+    def rate(name: str, base: str) -> str:
+        mine, theirs = engines.get(name) or {}, engines.get(base) or {}
+        return field(name, _RATE) + ratio_note(mine.get(_RATE), theirs.get(_RATE))
+
+    cells = [field("onnxsample-off", _RATE)]
+    cells += [rate(f"onnxsample-k{k}", "onnxsample-off") for k in ks]
+    cells += [field(f"onnxsample-k{k}", "acceptance", 2) for k in ks]
+    cells += [field(f"onnxsample-k{k}", "tokens_per_call", 2) for k in ks]
+    cells.append(field("llamacpp", _RATE))
+    cells += [rate(f"llamacpp-lookup{k}", "llamacpp") for k in ks]
+    return cells

@@ -13,16 +13,15 @@ average before and after is printed with them.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
+from _harness.machine import emit, load_average
+from _harness.measure import median_ms
+from _harness.script import ints, parser
 
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import sampler_session
@@ -64,20 +63,6 @@ def _logits(rows: int, vocab: int, flat: bool = False, seed: int = 0) -> np.ndar
     for row in logits:
         row[rng.choice(vocab, 20, replace=False)] += np.linspace(16, 8, 20, dtype=np.float32)
     return logits
-
-
-def _time(call: Callable[[], object], budget: float, minimum: int = 5) -> float:
-    """Median milliseconds per call, repeated until ``budget`` seconds or ``minimum`` calls."""
-    call()
-    times: list[float] = []
-    start = time.perf_counter()
-    while len(times) < minimum or time.perf_counter() - start < budget:
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-        if len(times) >= 2000:
-            break
-    return statistics.median(times) * 1e3
 
 
 def _feeds(name: str, slots: int, vocab: int) -> dict[str, np.ndarray]:
@@ -134,31 +119,25 @@ def _transformers_call(name: str, feeds) -> Callable[[], object]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--slots", default="1,8", help="comma-separated S values")
-    parser.add_argument("--vocab", default="49152", help="comma-separated V values")
-    parser.add_argument(
-        "--chains", default="greedy,top_k,top_p,top_p_flat,full", help=",".join(CHAINS)
-    )
-    parser.add_argument("--threads", default="1", help="ORT intra-op threads (and torch threads)")
-    parser.add_argument("--impls", default="ort,numpy,transformers")
-    parser.add_argument("--budget", type=float, default=0.4, help="seconds per measurement")
-    parser.add_argument("--all", action="store_true", help="the whole matrix of the project")
-    args = parser.parse_args(argv)
+    p = parser(__doc__)
+    p.add_argument("--slots", default="1,8", help="comma-separated S values")
+    p.add_argument("--vocab", default="49152", help="comma-separated V values")
+    p.add_argument("--chains", default="greedy,top_k,top_p,top_p_flat,full", help=",".join(CHAINS))
+    p.add_argument("--threads", default="1", help="ORT intra-op threads (and torch threads)")
+    p.add_argument("--impls", default="ort,numpy,transformers")
+    p.add_argument("--budget", type=float, default=0.4, help="seconds per measurement")
+    p.add_argument("--all", action="store_true", help="the whole matrix of the project")
+    args = p.parse_args(argv)
     if args.all:
         args.slots, args.vocab, args.threads = "1,8,32,64", "49152,128256,256000", "1,2"
-
-    def ints(text: str) -> list[int]:
-        return [int(v) for v in text.split(",") if v]
-
     impls = args.impls.split(",")
-    load_before = os.getloadavg()
+    load_before = load_average()
     results = []
-    for vocab in ints(args.vocab):
-        for slots in ints(args.slots):
+    for vocab in ints(args.vocab, "vocab"):
+        for slots in ints(args.slots, "slots"):
             for name in args.chains.split(","):
                 feeds = _feeds(name, slots, vocab)
-                for threads in ints(args.threads):
+                for threads in ints(args.threads, "threads"):
                     row: dict[str, object] = {
                         "chain": name,
                         "slots": slots,
@@ -167,15 +146,16 @@ def main(argv: list[str] | None = None) -> None:
                     }
                     if "ort" in impls:
                         call = _ort_call(name, slots, vocab, threads, feeds)
-                        row["ort_ms"] = round(_time(call, args.budget), 4)
+                        row["ort_ms"] = round(median_ms(call, args.budget), 4)
                     if "numpy" in impls and threads == 1:
-                        row["numpy_ms"] = round(_time(_numpy_call(name, feeds), args.budget, 3), 4)
+                        call = _numpy_call(name, feeds)
+                        row["numpy_ms"] = round(median_ms(call, args.budget, 3), 4)
                     if "transformers" in impls:
                         import torch
 
                         torch.set_num_threads(threads)
                         call = _transformers_call(name, feeds)
-                        row["transformers_ms"] = round(_time(call, args.budget), 4)
+                        row["transformers_ms"] = round(median_ms(call, args.budget), 4)
                     if "ort_ms" in row and "transformers_ms" in row:
                         row["speedup_vs_transformers"] = round(
                             row["transformers_ms"] / row["ort_ms"],
@@ -187,13 +167,13 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "onnxruntime": ort.__version__,
-            "load_average_before": [round(v, 2) for v in load_before],
-            "load_average_after": [round(v, 2) for v in os.getloadavg()],
+            "load_average_before": load_before,
+            "load_average_after": load_average(),
         },
         "chains": {name: CHAIN_DOC[name] for name in args.chains.split(",")},
         "results": results,
     }
-    print(json.dumps(report, indent=1))
+    emit(report, None, "sampler")
 
 
 if __name__ == "__main__":

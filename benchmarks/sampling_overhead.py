@@ -29,60 +29,35 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+from _harness.machine import RUNTIME_PACKAGES, created, emit, load_average, run_record
+from _harness.measure import median_ms
+from _harness.script import RESULTS, ROOT, ints, logger, parser
+from _harness.workload import (
+    EMBEDDED_FP32,
+    REPETITION_PENALTY,
+    SAMPLED,
+    compose_cached,
+    ort_session,
+)
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from _machine import emit, load_average, machine, versions  # noqa: E402
-
-from onnxsample import (  # noqa: E402
+from onnxsample import (
     SamplerChain,
     SamplingParams,
     build_sampler_model,
-    compose,
     pack_sampling_params,
     prepare,
     sampler_feeds,
 )
-from onnxsample.prepare import _up_to_date  # noqa: E402
 
 EOS = 2
-FULL = SamplingParams(
-    temperature=0.8,
-    top_k=40,
-    top_p=0.95,
-    min_p=0.05,
-    repetition_penalty=1.1,
-    logit_bias={EOS: -100.0},
-)
+FULL = SamplingParams(**SAMPLED, repetition_penalty=REPETITION_PENALTY, logit_bias={EOS: -100.0})
 _U_MAX = np.nextafter(np.float32(1), np.float32(0))
-
-
-def session(path: Path | bytes, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    model = path if isinstance(path, bytes) else str(path)
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
-
-
-def composed_model(folder: Path, cache: Path, name: str, chain: str | None, **options) -> Path:
-    """Compose once into the cache; reuse it while it is newer than the model and was written by
-    this composer (``prepare``'s own check: contract version and composer revision)."""
-    out = cache / f"{name}.onnx"
-    if not _up_to_date(out, folder / "model.onnx"):
-        cache.mkdir(parents=True, exist_ok=True)
-        compose(folder, chain, out, **options)
-    return out
 
 
 class HostSampler:
@@ -221,7 +196,7 @@ def sampler_alone(batch: int, vocab: int, threads: int, budget: float) -> float:
     """Median ms of the standalone full-chain sampler model on LLM-like logits."""
     chain = SamplerChain.full()
     model = build_sampler_model(chain, vocab, batch, max_bias=16)
-    sess = session(model.SerializeToString(), threads)
+    sess = ort_session(model.SerializeToString(), threads)
     rng = np.random.default_rng(1)
     logits = rng.normal(0, 2, size=(batch + 1, vocab)).astype(np.float32)
     logits[:, :20] += np.linspace(16, 8, 20, dtype=np.float32)
@@ -230,20 +205,24 @@ def sampler_alone(batch: int, vocab: int, threads: int, budget: float) -> float:
     feeds = sampler_feeds(
         chain, logits, [FULL] * batch, uniform=rng.random(batch), prompt_mask=prompt, max_bias=16
     )
-    sess.run(None, feeds)
-    times, start = [], time.perf_counter()
-    while len(times) < 20 or time.perf_counter() - start < budget:
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return median_ms(lambda: sess.run(None, feeds), budget, minimum=20, most=None)
 
 
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 3) if values else float("nan")
 
 
-def measure_batch(args, models: dict[str, Path], batch: int, threads: int, prompt, vocab, log):
+def measure_batch(
+    args: argparse.Namespace,
+    models: dict[str, Path],
+    batch: int,
+    threads: int,
+    prompt: np.ndarray,
+    vocab: int,
+    log: Callable[[object], None],
+) -> dict:
+    """Every variant's decode steps at one batch size and thread count, alternated over the
+    repetitions: the median step times and the shares of sampling."""
     variants = {
         "graph_full": models[f"full-s{batch}"],
         "graph_greedy": models[f"greedy-s{batch}"],
@@ -254,7 +233,7 @@ def measure_batch(args, models: dict[str, Path], batch: int, threads: int, promp
     loops = {}
     for name, path in variants.items():
         slots = 8 if name == "graph_run" else batch
-        loops[name] = Loop(session(path, threads), batch, slots, vocab)
+        loops[name] = Loop(ort_session(path, threads), batch, slots, vocab)
     samples: dict[str, dict[str, list[float]]] = {n: {} for n in loops}
     names = list(loops)
     for rep in range(args.repeats):
@@ -298,8 +277,8 @@ def measure_batch(args, models: dict[str, Path], batch: int, threads: int, promp
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(ROOT / "artifacts/smollm2-135m-instruct"))
+    p = parser(__doc__)
+    p.add_argument("--model", default=str(EMBEDDED_FP32))
     p.add_argument("--batch", default="1,8,32")
     p.add_argument("--threads", default="1")
     p.add_argument("--steps", type=int, default=32, help="decode steps per loop")
@@ -308,15 +287,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--budget", type=float, default=1.0, help="seconds for the standalone sampler")
     p.add_argument("--cache", default=str(ROOT / "artifacts/cache/bench-sampling"))
-    p.add_argument("--output", default=str(HERE / "results/sampling_overhead.json"))
+    p.add_argument("--output", default=str(RESULTS / "sampling_overhead.json"))
     args = p.parse_args(argv)
-    batches = [int(b) for b in args.batch.split(",")]
-    threads_list = [int(t) for t in args.threads.split(",")]
-    if min(batches) < 1 or min(threads_list) < 1 or args.steps <= args.skip or args.repeats < 1:
-        raise SystemExit("batch and threads >= 1, --steps > --skip, --repeats >= 1")
-
-    def log(msg: str) -> None:
-        print(f"[sampling_overhead] {msg}", file=sys.stderr, flush=True)
+    batches, threads_list = ints(args.batch, "batch"), ints(args.threads, "threads")
+    if args.steps <= args.skip or args.repeats < 1:
+        raise SystemExit("--steps > --skip, --repeats >= 1")
+    log = logger("sampling_overhead")
 
     folder, cache = Path(args.model), Path(args.cache)
     if not (folder / "model.onnx").is_file():
@@ -327,14 +303,14 @@ def main(argv: list[str] | None = None) -> dict:
     models = {"plain": folder / "model.onnx", "run": prepare(folder)}
     for b in batches:
         log(f"composing the {b}-slot graphs (cached in {cache})")
-        models[f"full-s{b}"] = composed_model(
-            folder, cache, f"full-s{b}", None, max_slots=b, max_bias=16
+        models[f"full-s{b}"] = compose_cached(
+            folder, cache / f"full-s{b}.onnx", None, max_slots=b, max_bias=16
         )
         # gather="logits": composing the greedy chain with the gather moved before the LM head
         # fails in onnxsample 0.1.0 (its check probes it with temperature 1); at decode (one
         # row per sequence) both gathers cost the same.
-        models[f"greedy-s{b}"] = composed_model(
-            folder, cache, f"greedy-s{b}", "", max_slots=b, gather="logits"
+        models[f"greedy-s{b}"] = compose_cached(
+            folder, cache / f"greedy-s{b}.onnx", "", max_slots=b, gather="logits"
         )
     manifest = json.loads((folder / "onnxsample.json").read_text())
     vocab = int(manifest["model"]["vocab_size"])
@@ -345,11 +321,8 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     report = {
         "benchmark": "sampling_overhead",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
-        "load_average_before": load_before,
-        "load_average_after": load_average(),
-        "versions": versions("onnxsample", "onnxruntime", "numpy"),
+        "created": created(),
+        **run_record(load_before, *RUNTIME_PACKAGES),
         "settings": {
             "model": folder.name,
             "prompt_tokens": args.prompt_tokens,

@@ -15,7 +15,6 @@ engine is skipped with the reason. A third row, ``python-api``, streams the same
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -27,23 +26,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _load import Stamps, closed_loop, pct
-from _machine import emit, load_average, machine, versions  # benchmarks/ is on the path
+from _harness.machine import emit, load_average, machine, versions
+from _harness.measure import Stamps, closed_loop, pct
+from _harness.script import RESULTS, ROOT, logger, parser
+from _harness.workload import EMBEDDED_A4 as MODEL
+from _harness.workload import NEW_TOKENS, SAMPLED, trip_message
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"
 LLAMA_SERVER = ROOT / "artifacts" / "llama.cpp" / "build" / "bin" / "llama-server"
 SLOTS = 8
-NEW_TOKENS = 128
-MESSAGE = (
-    "You are helping a friend plan a weekend trip to the mountains. Suggest a schedule for two "
-    "days with hiking, food and rest, and explain briefly why each part fits."
-)
 ENGINES = ("onnxsample", "llama-server", "replicas", "python-api")
-MODES = {
-    "greedy": {"temperature": 0.0},
-    "sampled": {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05},
-}
+MODES = {"greedy": {"temperature": 0.0}, "sampled": SAMPLED}
 
 
 def _port() -> int:
@@ -137,7 +129,7 @@ def _load(port: int, mode: str, clients: int, requests: int) -> dict:
     def one(k: int, r: int) -> tuple[float, list[float], int]:
         body = {
             "model": model,
-            "messages": [{"role": "user", "content": f"(Trip {k}-{r}) {MESSAGE}"}],
+            "messages": [{"role": "user", "content": trip_message(k, r)}],
             "max_tokens": NEW_TOKENS,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -158,7 +150,7 @@ def _python_api(threads: int, mode: str, repeats: int) -> dict:
     params = {k: v for k, v in MODES[mode].items()}
     with osx.Engine(osx.prepare(MODEL), threads=threads) as engine:
         for r in range(repeats + 1):
-            chat = [{"role": "user", "content": f"(Trip 0-{r}) {MESSAGE}"}]
+            chat = [{"role": "user", "content": trip_message(0, r)}]
             p = osx.SamplingParams(**params, seed=r, ignore_eos=True)
             stamps = Stamps()
             for event in engine.submit(chat, p, max_new_tokens=NEW_TOKENS):
@@ -183,20 +175,21 @@ def _warm_up(port: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
-    parser.add_argument("--requests", type=int, default=32, help="requests per cell")
-    parser.add_argument(
+    p = parser(__doc__)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])
+    p.add_argument("--requests", type=int, default=32, help="requests per cell")
+    p.add_argument(
         "--engines",
         nargs="+",
         choices=ENGINES,
         default=["onnxsample", "llama-server", "python-api"],
         help="replicas: onnxsample serve --replicas on Ray Serve, the threads split between them",
     )
-    parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--output", default=str(ROOT / "benchmarks/results/serve.json"))
-    args = parser.parse_args()
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--output", default=str(RESULTS / "serve.json"))
+    args = p.parse_args()
+    log = logger("serve")
     engines = [e for e in args.engines if e != "python-api"]
     skipped = {}
     if "llama-server" in engines and not LLAMA_SERVER.is_file():
@@ -215,14 +208,14 @@ def main() -> None:
                         **_load(port, mode, clients, args.requests),
                     }
                     row["load_average"] = load_average()
-                    print(f"[serve] {row}", file=sys.stderr)
+                    log(row)
                     rows.append(row)
             finally:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=120)
         if "python-api" in args.engines:
             api = {"engine": "python-api", "mode": mode, **_python_api(args.threads, mode, 5)}
-            print(f"[serve] {api}", file=sys.stderr)
+            log(api)
             rows.append(api)
     report = {
         "benchmark": "serve",

@@ -26,17 +26,13 @@ average of the run.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-from _machine import emit, load_average, machine, versions  # noqa: E402
+from _harness.machine import emit, load_average, machine, versions
+from _harness.process import JsonLinesProcess
+from _harness.script import BENCHMARKS, RESULTS, ROOT, ints, logger, parser
 
 _CODE = "\n".join(
     [
@@ -124,7 +120,7 @@ WORKLOADS = {
 
 
 def _parse() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__doc__)
     p.add_argument("--threads", default="1,2", help="ONNX Runtime / llama.cpp threads to try")
     p.add_argument("--batch", default="1,8", help="batch sizes (ours; llama.cpp runs batch 1)")
     p.add_argument("--draft-tokens", default="4,8", help="K values to try with speculation on")
@@ -134,12 +130,11 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--model", help="export folder or composed model (default: the embedded one)")
     p.add_argument("--llamacpp-python", default=str(ROOT / ".venv-llamacpp/bin/python"))
-    p.add_argument("--output", type=Path, default=HERE / "results" / "speculative.json")
-    return p.parse_args()
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+    p.add_argument("--output", type=Path, default=RESULTS / "speculative.json")
+    args = p.parse_args()
+    for flag in ("threads", "batch", "draft_tokens"):
+        setattr(args, flag, ints(getattr(args, flag), flag.replace("_", "-")))
+    return args
 
 
 class _Ours:
@@ -187,30 +182,23 @@ class _LlamaCpp:
     def __init__(self, python: str, threads: int, lookup: int) -> None:
         from onnxsample.exporters import embedded_gguf
 
-        command = [python, str(HERE / "e2e_worker.py"), "llamacpp", "--threads", str(threads)]
+        command = [python, str(BENCHMARKS / "e2e_worker.py"), "llamacpp", "--threads", str(threads)]
         command += ["--gguf", str(embedded_gguf()), "--lookup", str(lookup)]
-        self.proc = subprocess.Popen(
-            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        ready = json.loads(self.proc.stdout.readline() or '{"ready": false, "error": "no reply"}')
-        if not ready.get("ready"):
-            raise RuntimeError(ready.get("error"))
-        self.versions = ready.get("versions", {})
+        self.worker = JsonLinesProcess(command)
+        if not self.worker.info.get("ready"):
+            raise RuntimeError(self.worker.info.get("error"))
+        self.versions = self.worker.info.get("versions", {})
 
     def run(self, ids: list[int], batch: int, new_tokens: int) -> dict:
         assert batch == 1, "llama-cpp-python's Llama API generates one sequence at a time"
         request = {"prompt_ids": ids, "batch": 1, "mode": "greedy", "new_tokens": new_tokens}
-        self.proc.stdin.write(json.dumps({**request, "seed": 0, "stop_at_eos": True}) + "\n")
-        self.proc.stdin.flush()
-        reply = json.loads(self.proc.stdout.readline())
+        reply = self.worker.request({**request, "seed": 0, "stop_at_eos": True})
         if not reply.get("ok"):
             raise RuntimeError(reply.get("error"))
         return {"tokens": reply["tokens"], "ttft_s": reply["ttft_s"], "decode_s": reply["decode_s"]}
 
     def close(self) -> None:
-        self.proc.stdin.write('{"quit": true}\n')
-        self.proc.stdin.flush()
-        self.proc.wait(timeout=60)
+        self.worker.close()
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -235,9 +223,11 @@ def _summary(runs: list[dict]) -> dict:
 
 
 def main() -> None:
-    args = _parse()
+    args = _parse()  # first: --help needs no onnxsample
     from onnxsample import prepare
     from onnxsample.text._prompt import prompt_tokens
+
+    log = logger("speculative")
 
     model = prepare(args.model)
     workloads = [w for w in args.workloads.split(",") if w]
@@ -245,9 +235,9 @@ def main() -> None:
     loads = [load_average()]
     results: dict = {}
     peers: dict = {}
-    for threads in _ints(args.threads):
+    for threads in args.threads:
         engines = {
-            f"onnxsample-k{k}" if k else "onnxsample-off": k for k in [0, *_ints(args.draft_tokens)]
+            f"onnxsample-k{k}" if k else "onnxsample-off": k for k in [0, *args.draft_tokens]
         }
         loaded = {name: _Ours(model, threads, k, args.ngram) for name, k in engines.items()}
         engine = loaded["onnxsample-off"].engine
@@ -256,7 +246,7 @@ def main() -> None:
             ids[w] = prompt_tokens(engine.tokenizer, chat, True, None, engine.vocab_size)
         for name, k in [
             ("llamacpp", 0),
-            *((f"llamacpp-lookup{k}", k) for k in _ints(args.draft_tokens)),
+            *((f"llamacpp-lookup{k}", k) for k in args.draft_tokens),
         ]:
             try:
                 loaded[name] = _LlamaCpp(args.llamacpp_python, threads, k)
@@ -268,13 +258,13 @@ def main() -> None:
             names = list(loaded)
             names = names[rep % len(names) :] + names[: rep % len(names)]
             for workload in workloads:
-                for batch in _ints(args.batch):
+                for batch in args.batch:
                     for name in names:
                         if name.startswith("llamacpp") and batch != 1:
                             continue
                         found = loaded[name].run(ids[workload], batch, args.new_tokens)
                         runs.setdefault((workload, batch, name), []).append(found)
-                        print(threads, workload, batch, name, _summary([found]), file=sys.stderr)
+                        log(f"{threads} {workload} {batch} {name} {_summary([found])}")
             loads.append(load_average())
         for engine in loaded.values():
             engine.close()

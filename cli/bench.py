@@ -15,7 +15,7 @@ import typer
 
 from onnxsample.errors import InvalidParameter, OnnxSampleError
 
-# The engines of benchmarks/e2e.py (kept in step by tests/test_bench.py).
+# The engines of benchmarks/e2e.py (kept in step by tests/benchmarks/test_e2e.py).
 ENGINES = (
     "onnxsample",
     "onnxsample-gqa-fp32",

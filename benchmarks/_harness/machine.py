@@ -1,4 +1,5 @@
-"""What every benchmark records beside its numbers: the machine, the load, package versions, memory.
+"""What every benchmark records beside its numbers: the machine, the load, package versions, memory,
+and the JSON report itself (:func:`emit`).
 
 Standard library only: the engine workers import it from other virtual environments.
 """
@@ -6,11 +7,16 @@ Standard library only: the engine workers import it from other virtual environme
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import platform
 import resource
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
+
+# What a run of our runtime depends on: the versions most reports record.
+RUNTIME_PACKAGES = ("onnxsample", "onnxruntime", "numpy")
 
 
 def load_average() -> list[float]:
@@ -19,6 +25,7 @@ def load_average() -> list[float]:
 
 
 def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -57,6 +64,22 @@ def versions(*names: str) -> dict[str, str]:
     return found
 
 
+def created() -> str:
+    """Now, in UTC, to the second: when a report was made."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def run_record(load_before: list[float], *packages: str) -> dict:
+    """The machine, the load average before the run (`load_before`) and now, and the versions of
+    `packages`: the keys a report keeps beside its settings and results."""
+    return {
+        "machine": machine(),
+        "load_average_before": load_before,
+        "load_average_after": load_average(),
+        "versions": versions(*packages),
+    }
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident set size: VmHWM, the high-water mark of its own address space.
 
@@ -88,8 +111,6 @@ def rss_mb() -> float:
 
 def emit(report: dict, output: str | Path | None, tag: str) -> None:
     """Print a benchmark's JSON report to stdout and, when asked, keep it in `output` too."""
-    import json
-
     text = json.dumps(report, indent=1)
     print(text)
     if output:

@@ -1,34 +1,14 @@
-"""The benchmark plumbing: the report generator, e2e's aggregation, and `onnxsample bench`'s front.
+"""The report generator: docs/benchmarks.md's sections and chart from synthetic results.
 
 No timing is asserted anywhere: the numbers here are synthetic.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-from onnxsample.cli import main
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _module(name: str):
-    """Load a benchmark script as a module, leaving sys.path as it was (the scripts extend it)."""
-    saved = list(sys.path)
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path[:] = saved
 
 
 def _stat(value: float) -> dict:
@@ -40,6 +20,17 @@ def _score(value: float, delta: float) -> dict:
 
 
 MACHINE = {"cpu": "Test CPU", "cpus": 2, "memory_gb": 24, "platform": "Linux", "python": "3.11"}
+
+
+def _record(benchmark: str, created: str, load_after: list[float]) -> dict:
+    """What a report holds beside its settings and results (the harness's run record)."""
+    return {
+        "benchmark": benchmark,
+        "created": created,
+        "machine": MACHINE,
+        "load_average_before": [0.3, 0.4, 0.5],
+        "load_average_after": load_after,
+    }
 
 
 ENGINE_TPS = (
@@ -73,11 +64,7 @@ def _e2e() -> dict:
                 }
             )
     return {
-        "benchmark": "e2e",
-        "created": "2026-11-22T05:00:00+00:00",
-        "machine": MACHINE,
-        "load_average_before": [0.3, 0.4, 0.5],
-        "load_average_after": [1.0, 0.6, 0.5],
+        **_record("e2e", "2026-11-22T05:00:00+00:00", [1.0, 0.6, 0.5]),
         "settings": {
             "message": "Hello",
             "prompt_tokens": 50,
@@ -147,11 +134,7 @@ def _overhead() -> dict:
         "host_numpy": 0.0247,
     }
     return {
-        "benchmark": "sampling_overhead",
-        "created": "2026-11-22T05:10:00+00:00",
-        "machine": MACHINE,
-        "load_average_before": [0.3, 0.4, 0.5],
-        "load_average_after": [0.9, 0.6, 0.5],
+        **_record("sampling_overhead", "2026-11-22T05:10:00+00:00", [0.9, 0.6, 0.5]),
         "settings": {
             "prompt_tokens": 64,
             "steps": 32,
@@ -166,8 +149,8 @@ def _overhead() -> dict:
     }
 
 
-def test_report_writes_markdown_and_chart(tmp_path: Path) -> None:
-    report = _module("report")
+def test_report_writes_markdown_and_chart(bench, tmp_path: Path) -> None:
+    report = bench("report")
     (tmp_path / "e2e.json").write_text(json.dumps(_e2e()))
     (tmp_path / "so.json").write_text(json.dumps(_overhead()))
     md, png = tmp_path / "docs" / "benchmarks.md", tmp_path / "docs" / "benchmarks.png"
@@ -195,8 +178,8 @@ def test_report_writes_markdown_and_chart(tmp_path: Path) -> None:
     assert "0.50% of a decode step ✅" in text
 
 
-def test_report_renders_variants_quality_and_llamacpp_target() -> None:
-    report = _module("report")
+def test_report_renders_variants_quality_and_llamacpp_target(bench) -> None:
+    report = bench("report")
     text = report.render(_e2e(), None, None)
     # the main table: vs onnxsample (20), vs llama.cpp (32), quality with its delta
     assert (
@@ -218,8 +201,8 @@ def test_report_renders_variants_quality_and_llamacpp_target() -> None:
     assert "| 1.25× | — | ❌ no quality score |" in report.render(data, None, None)
 
 
-def test_report_reads_old_engine_names(tmp_path: Path) -> None:
-    report = _module("report")
+def test_report_reads_old_engine_names(bench, tmp_path: Path) -> None:
+    report = bench("report")
     data = _e2e()
     data["results"][0]["engine"] = "onnxsample-gqa"
     data["engines"]["onnxsample-gqa"] = {"status": "ok", "versions": {}}
@@ -229,114 +212,8 @@ def test_report_reads_old_engine_names(tmp_path: Path) -> None:
     assert "onnxsample on genai's builder graph" in text
 
 
-def test_engine_names_agree_across_the_scripts() -> None:
-    e2e, worker, report = _module("e2e"), _module("e2e_worker"), _module("report")
-    assert set(e2e.ENGINES) == set(worker.ENGINES) == set(report.ENGINE_LABELS)
-    assert set(e2e.ENGINES) == set(importlib.import_module("onnxsample.cli.bench").ENGINES)
-    assert set(e2e.ALIASES.values()) <= set(e2e.ENGINES)
-    assert report.ALIASES == e2e.ALIASES
-    assert set(e2e.VARIANTS) | {e2e.GENAI_GRAPH} == set(report.OURS)
-    assert e2e.REFERENCE in e2e.VARIANTS
-    assert e2e.VARIANTS[e2e.REFERENCE][1]["precision"] == "fp32"
-
-
-def test_e2e_engine_flag_takes_variants_and_old_names() -> None:
-    e2e = _module("e2e")
-    args = e2e.parse_args(
-        ["--engines", "onnxsample-gguf-a4, llamacpp,onnxsample-gqa,onnxsample-genai-graph"]
-    )
-    assert args.engines == ["onnxsample-gguf-a4", "llamacpp", "onnxsample-genai-graph"]
-    assert args.quality_tokens == 64 and args.cache.endswith("bench-e2e")
-    assert e2e.parse_args([]).engines == list(e2e.ENGINES)
-    with pytest.raises(SystemExit, match="--quality-tokens"):
-        e2e.parse_args(["--quality-tokens", "-1"])
-
-
-def test_e2e_scores_each_onnx_file_once(monkeypatch) -> None:
-    e2e = _module("e2e")
-    verify = importlib.import_module("onnxsample.exporters._verify")
-    calls = []
-
-    def fake(path, ids, tokens, threads=None):
-        calls.append(Path(path).name)
-        if Path(path).name == "bad.onnx":
-            raise RuntimeError("no such input\nmore")
-        return -0.123456
-
-    monkeypatch.setattr(verify, "mean_logprob", fake)
-    models = {
-        "onnxsample": {"scored": Path("/a/model.onnx")},
-        "optimum": {"scored": Path("/a/model.onnx")},
-        "genai": {"scored": Path("/g/bad.onnx")},
-        "llamacpp": {"scored": None},
-        "__reference__": {"model": Path("/r/model.onnx")},
-    }
-    scores = e2e.score_onnx(models, [1, 2], [3, 4], 1, lambda _msg: None)
-    assert calls == ["model.onnx", "bad.onnx"]
-    assert (
-        scores["onnxsample"]
-        == scores["optimum"]
-        == {
-            "mean_logprob": -0.1235,
-            "scored_on": "/a/model.onnx",
-        }
-    )
-    assert scores["genai"]["mean_logprob"] is None
-    assert scores["genai"]["reason"] == "RuntimeError: no such input"
-    assert "llamacpp" not in scores
-    assert e2e._with_delta(dict(scores["onnxsample"]), -0.1)["delta_vs_fp32"] == -0.0235
-
-
-def test_worker_log_softmax_matches_the_exporters() -> None:
-    import numpy as np
-
-    worker = _module("e2e_worker")
-    verify = importlib.import_module("onnxsample.exporters._verify")
-    logits = np.random.default_rng(0).normal(size=(5, 11)).astype(np.float32) * 10
-    tokens = [0, 3, 10, 3, 7]
-    assert worker._mean_logprob(logits, tokens) == pytest.approx(
-        verify._mean_logprob(logits.astype(np.float64), tokens)
-    )
-
-
-def test_worker_serves_score_requests(monkeypatch) -> None:
-    import io
-
-    worker = _module("e2e_worker")
-
-    class Fake(worker.Engine):
-        def run(self, req: dict) -> dict:
-            return {"tokens": [req["new_tokens"]], "ttft_s": 0.1, "decode_s": 0.2}
-
-        def score(self, prompt_ids, tokens) -> float:
-            return -float(len(prompt_ids) + len(tokens))
-
-    class Unscored(Fake):
-        score = worker.Engine.score
-
-    monkeypatch.setitem(worker.ENGINES, "fake", Fake)
-    monkeypatch.setitem(worker.ENGINES, "unscored", Unscored)
-    requests = [
-        {"prompt_ids": [1, 2], "batch": 1, "mode": "greedy", "new_tokens": 4, "seed": 0},
-        {"score": {"prompt_ids": [1, 2], "tokens": [3, 4, 5]}},
-        {"quit": True},
-    ]
-    args = worker.argparse.Namespace(threads=1, hf="", gguf="/m.gguf")
-    replies = []
-    for name in ("fake", "unscored"):
-        lines = "".join(json.dumps(r) + "\n" for r in requests)
-        monkeypatch.setattr(sys, "stdin", io.StringIO(lines))
-        out = io.StringIO()
-        worker.serve(name, args, out)
-        replies.append([json.loads(line) for line in out.getvalue().splitlines()])
-    ready, run, score = replies[0]
-    assert ready["ready"] and run["ok"] and run["tokens"] == [4] and run["prompt_tokens"] == 2
-    assert score == {"ok": True, "mean_logprob": -5.0, "scored_on": "/m.gguf"}
-    assert replies[1][2]["ok"] is False and replies[1][2]["unsupported"] is True
-
-
-def test_report_without_results(tmp_path: Path) -> None:
-    report = _module("report")
+def test_report_without_results(bench, tmp_path: Path) -> None:
+    report = bench("report")
     md = tmp_path / "benchmarks.md"
     missing = str(tmp_path / "none.json")
     report.main(["--e2e", missing, "--sampling", missing, "--md", str(md), "--png", "x.png"])
@@ -344,60 +221,8 @@ def test_report_without_results(tmp_path: Path) -> None:
     assert "run `python benchmarks/e2e.py`" in text and "![" not in text
 
 
-def test_e2e_aggregates_median_and_spread() -> None:
-    e2e = _module("e2e")
-    runs = []
-    for rep, decode_s in enumerate((2.0, 1.0, 4.0)):
-        run = {"engine": "genai", "threads": 1, "batch": 2, "mode": "greedy", "repeat": rep}
-        run.update(ok=True, prompt_tokens=10, tokens=[5, 5], ttft_s=0.1, decode_s=decode_s)
-        run["peak_rss_mb"] = 100.0 + rep
-        runs.append(e2e._derive(run))
-    runs.append({"engine": "genai", "ok": False, "error": "boom"})
-    (row,) = e2e.aggregate(runs)
-    assert row["decode_tokens_per_s"] == {"median": 4.0, "min": 2.0, "max": 8.0, "n": 3}
-    assert row["prefill_tokens_per_s"]["median"] == pytest.approx(200.0)
-    assert row["peak_rss_mb"] == 102.0 and row["tokens_per_sequence"] == [5]
-
-
-def _run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(argv))
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
-def test_bench_help(capsys) -> None:
-    code, out, _ = _run_cli(capsys, "bench", "--help")
-    assert code == 0
-    assert "--engines" in out and "--new-tokens" in out
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "message"),
-    [
-        ("--engines", "onnxsample,vllm", "--engines takes a comma-separated subset"),
-        ("--batch", "0", "--batch takes comma-separated integers >= 1"),
-        ("--threads", "two", "--threads takes comma-separated integers >= 1"),
-        ("--modes", "beam", "--modes takes a comma-separated subset"),
-        ("--repeats", "0", "--repeats must be >= 1"),
-    ],
-)
-def test_bench_rejects_bad_flags(capsys, flag: str, value: str, message: str) -> None:
-    code, _, err = _run_cli(capsys, "bench", flag, value)
-    assert code == 1
-    assert message in err and len(err.strip().splitlines()) == 1
-
-
-def test_bench_outside_a_checkout(capsys, monkeypatch, tmp_path: Path) -> None:
-    bench_cli = importlib.import_module("onnxsample.cli.bench")
-    monkeypatch.setattr(bench_cli, "__file__", str(tmp_path / "cli" / "bench.py"))
-    code, _, err = _run_cli(capsys, "bench", "--repeats", "1")
-    assert code == 1
-    assert "runs from a source checkout" in err
-
-
-def test_report_marks_disturbed_repetitions() -> None:
-    report = _module("report")
+def test_report_marks_disturbed_repetitions(bench) -> None:
+    report = bench("report")
     data = _e2e()
     data["results"][0]["decode_tokens_per_s"]["min"] = 5.0  # onnxsample, batch 1: one slow repeat
     text = report.render(data, None, None)
@@ -432,8 +257,8 @@ def _serve_row(engine: str, mode: str, clients: int, tok_s: float) -> dict:
     ],
     ids=["against-llama-server", "skipped-with-python-api"],
 )  # fmt: skip
-def test_report_serve_section(tmp_path: Path, rows, skipped, expect) -> None:
-    report = _module("report")
+def test_report_serve_section(bench, tmp_path: Path, rows, skipped, expect) -> None:
+    report = bench("report")
     (tmp_path / "serve.json").write_text(
         json.dumps({"threads": 2, "slots": 8, "new_tokens": 128, "rows": rows, "skipped": skipped})
     )
@@ -446,8 +271,8 @@ def test_report_serve_section(tmp_path: Path, rows, skipped, expect) -> None:
         assert line in text
 
 
-def test_report_replicas_and_proxy_sections(tmp_path: Path) -> None:
-    report = _module("report")
+def test_report_replicas_and_proxy_sections(bench, tmp_path: Path) -> None:
+    report = bench("report")
     rows = [_serve_row("onnxsample", "greedy", 1, 100.0), _serve_row("replicas", "greedy", 1, 80.0)]
     rows[1] = {**rows[1], "ttft_ms_p50": 63.0, "itl_ms_p50": 11.5}
     for name, n in (("serve_replicas", 2), ("serve_proxy", 1)):
@@ -462,8 +287,8 @@ def test_report_replicas_and_proxy_sections(tmp_path: Path) -> None:
     assert "| greedy | 40.0 | 63.0 | 9.0 | 11.5 | 23.0 ms | 2.5 ms |" in text
 
 
-def test_report_renders_the_speculative_table() -> None:
-    report = _module("report")
+def test_report_renders_the_speculative_table(bench) -> None:
+    report = bench("report")
 
     def row(rate, **extra):
         return {"decode_tokens_per_s": rate, "ttft_ms": 10.0, "tokens": 64, **extra}

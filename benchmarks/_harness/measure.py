@@ -1,8 +1,10 @@
-"""Closed-loop load shared by the engine and serve benchmarks: N client threads, each sending one
-request after another, and the latency percentiles of what they saw."""
+"""How the benchmarks measure: closed-loop load (N client threads, each sending one request after
+another), when each token of a stream arrived, latency percentiles, a timed call's median, and the
+median and spread of repeated runs."""
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -44,6 +46,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def latency(ttft: list[float], gaps: list[float]) -> dict:
+    """Time to first token and inter-token latency, p50 and p99, in ms."""
     return {
         "ttft_ms_p50": pct(ttft, 50),
         "ttft_ms_p99": pct(ttft, 99),
@@ -83,4 +86,31 @@ def closed_loop(clients: int, per_client: int, one: OneRequest) -> dict:
         "wall_s": round(wall, 2),
         "tokens_per_s": round(tokens[0] / wall, 1),
         **latency(ttft, gaps),
+    }
+
+
+def median_ms(
+    call: Callable[[], object], budget: float, minimum: int = 5, most: int | None = 2000
+) -> float:
+    """Median milliseconds of one call after a warm-up call, repeated until `budget` seconds have
+    passed and `minimum` calls were made (at most `most` calls; None: no limit)."""
+    call()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < minimum or time.perf_counter() - start < budget:
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+        if most is not None and len(times) >= most:
+            break
+    return statistics.median(times) * 1e3
+
+
+def summary(values: list[float], digits: int = 3) -> dict:
+    """Median, min, max (rounded) and count of repeated measurements."""
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "n": len(values),
     }
