@@ -14,10 +14,9 @@ from onnxsample.graphs.chain import (
     build_chain_function,
     chain_inputs,
     chain_outputs,
-    sampler_functions,
-    used_functions,
 )
 from onnxsample.graphs.dist import BLOCK, Dist, DistRows
+from onnxsample.graphs.library import sampler_functions, used_functions
 from onnxsample.graphs.logit_bias import LogitBias
 from onnxsample.graphs.logprobs import Logprob, TopLogprobs
 from onnxsample.graphs.min_p import MinP

@@ -30,6 +30,15 @@ def Candidates(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FL
 
 
 @script(onnxsample)
+def SortedRow(z: FLOAT["S", "V"]) -> FLOAT["S", "V"]:
+    """The whole row sorted descending: the static chain's one sort, from which top-k's k-th value
+    and top-p's wider and exact prefixes are read (the same numbers the branching chain's fallback
+    ``TopK`` calls return). z: FLOAT["S", "V"] → FLOAT["S", "V"]."""
+    values, _ = op.TopK(z, op.Shape(z, start=1, end=2), axis=1, largest=1, sorted=1)
+    return values
+
+
+@script(onnxsample)
 def Contained(
     z: FLOAT["S", "V"], candidates: FLOAT["S", "C"], floor: FLOAT["S", 1]
 ) -> BOOL["S", 1]:

@@ -9,7 +9,8 @@ block the target falls in.
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import NEG_INF, T_BOOL, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import NEG_INF, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs.candidates import Contained, Truncate
 
 BLOCK = 256
@@ -64,6 +65,35 @@ def RowDraw(z: FLOAT["S", "V"], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
 
 
 @script(onnxsample)
+def CandidateDraw(
+    z: FLOAT["S", "V"],
+    candidates: FLOAT["S", "C"],
+    candidate_ids: INT64["S", "C"],
+    top: FLOAT["S", 1],
+    floor: FLOAT["S", 1],
+    whole_rows: BOOL["S", 1],
+    u: FLOAT["S", 1],
+) -> tuple[INT64["S", 1], BOOL["S", 1]]:
+    """The draw among the candidates, put back in id order, and whether it is the slot's draw (its
+    kept set lies inside the candidates and it need not draw from the whole row).
+
+    z: FLOAT["S", "V"]; candidates, candidate_ids: [S, C] (descending); top, floor: FLOAT["S", 1];
+    whole_rows: BOOL["S", 1]; u: FLOAT["S", 1] → (INT64["S", 1], BOOL["S", 1]).
+    """
+    zero_f = op.Constant(value_float=0.0)
+    last = op.Constant(value_ints=[-1])
+    inside = op.And(Contained(z, candidates, floor), op.Not(whole_rows))
+    count = op.Shape(candidates, start=1, end=2)
+    _, by_id = op.TopK(op.Neg(op.Cast(candidate_ids, to=T_FLOAT)), count, axis=1, sorted=1)
+    ids = op.GatherElements(candidate_ids, by_id, axis=1)
+    values = op.GatherElements(candidates, by_id, axis=1)
+    weights = op.Where(op.GreaterOrEqual(values, floor), op.Exp(op.Sub(values, top)), zero_f)
+    total = op.Gather(op.CumSum(weights, op.Constant(value_int=1)), last, axis=1)
+    position = op.Cast(InverseCdf(weights, op.Mul(u, total)), to=T_INT64)
+    return op.GatherElements(ids, position, axis=1), inside
+
+
+@script(onnxsample)
 def Dist(
     z: FLOAT["S", "V"],
     candidates: FLOAT["S", "C"],
@@ -82,27 +112,36 @@ def Dist(
     typical-p, whose kept set is not a floor); uniform: FLOAT["S"] in [0, 1) → INT64["S"].
     """
     axis = op.Constant(value_ints=[1])
-    zero_f = op.Constant(value_float=0.0)
-    last = op.Constant(value_ints=[-1])
     u = op.Unsqueeze(uniform, axis)
-    inside = op.And(Contained(z, candidates, floor), op.Not(whole_rows))
-    count = op.Shape(candidates, start=1, end=2)
-    _, by_id = op.TopK(op.Neg(op.Cast(candidate_ids, to=T_FLOAT)), count, axis=1, sorted=1)
-    ids = op.GatherElements(candidate_ids, by_id, axis=1)
-    values = op.GatherElements(candidates, by_id, axis=1)
-    weights = op.Where(op.GreaterOrEqual(values, floor), op.Exp(op.Sub(values, top)), zero_f)
-    total = op.Gather(op.CumSum(weights, op.Constant(value_int=1)), last, axis=1)
-    position = op.Cast(InverseCdf(weights, op.Mul(u, total)), to=T_INT64)
-    token = op.GatherElements(ids, position, axis=1)
-    if op.Cast(op.ReduceMin(op.Cast(inside, to=T_INT64), keepdims=0), to=T_BOOL):
-        drawn = op.Identity(token)
-    else:
+    token, inside = CandidateDraw(z, candidates, candidate_ids, top, floor, whole_rows, u)
+    if AnyRow(op.Not(inside)):
         cut = op.And(op.Not(inside), op.Greater(floor, op.Constant(value_float=NEG_INF)))
-        if op.Cast(op.ReduceMax(op.Cast(cut, to=T_INT64), keepdims=0), to=T_BOOL):
+        if AnyRow(cut):
             row = Truncate(z, floor)
         else:
             row = op.Identity(z)
         drawn = op.Where(inside, token, RowDraw(row, u))
+    else:
+        drawn = op.Identity(token)
+    return op.Squeeze(drawn, axis)
+
+
+@script(onnxsample)
+def DistStatic(
+    z: FLOAT["S", "V"],
+    candidates: FLOAT["S", "C"],
+    candidate_ids: INT64["S", "C"],
+    top: FLOAT["S", 1],
+    floor: FLOAT["S", 1],
+    whole_rows: BOOL["S", 1],
+    uniform: FLOAT["S"],
+) -> INT64["S"]:
+    """``Dist`` without control flow: both draws, each slot taking the one ``Dist`` takes for it
+    (truncating at a floor of −inf changes nothing). Same inputs and output."""
+    axis = op.Constant(value_ints=[1])
+    u = op.Unsqueeze(uniform, axis)
+    token, inside = CandidateDraw(z, candidates, candidate_ids, top, floor, whole_rows, u)
+    drawn = op.Where(inside, token, RowDraw(Truncate(z, floor), u))
     return op.Squeeze(drawn, axis)
 
 

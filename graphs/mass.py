@@ -13,7 +13,8 @@ compute the same prefix sums over the same order, so the kept set is the same wh
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import T_BOOL, T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs.candidates import CANDIDATES
 
 
@@ -53,10 +54,23 @@ def MassThreshold(
     candidates = op.Constant(value_ints=[CANDIDATES])
     vocab = op.Shape(key, start=1, end=2)
     threshold, reached = PrefixThreshold(key, p, mass, candidates)
-    missed = op.Cast(op.Not(op.Or(reached, off)), to=T_INT64)
-    if op.Cast(op.ReduceMax(missed, keepdims=0), to=T_BOOL):
+    if AnyRow(op.Not(op.Or(reached, off))):
         exact, _ = PrefixThreshold(key, p, mass, vocab)
         result = op.Identity(exact)
     else:
         result = op.Identity(threshold)
     return result
+
+
+@script(onnxsample)
+def MassThresholdStatic(
+    key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], off: BOOL["S", 1]
+) -> FLOAT["S", 1]:
+    """``MassThreshold`` without control flow: both prefixes, each slot taking the candidates'
+    threshold where they reach its mass (the same number as the whole sort's there). Same inputs
+    and output."""
+    candidates = op.Constant(value_ints=[CANDIDATES])
+    vocab = op.Shape(key, start=1, end=2)
+    threshold, reached = PrefixThreshold(key, p, mass, candidates)
+    exact, _ = PrefixThreshold(key, p, mass, vocab)
+    return op.Where(op.Or(reached, off), threshold, exact)

@@ -9,7 +9,48 @@ multiplied by it. Frequency and presence follow the OpenAI rule over output toke
 from onnxscript import BOOL, FLOAT, INT32, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import T_BOOL, T_FLOAT, T_INT32, T_INT64, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import T_BOOL, T_FLOAT, T_INT32, onnxsample
+
+
+@script(onnxsample)
+def RepetitionRule(
+    x: FLOAT["S", "V"],
+    prompt_mask: BOOL["S", "V"],
+    output_counts: INT32["S", "V"],
+    repetition_penalty: FLOAT["S"],
+) -> FLOAT["S", "V"]:
+    """seen = prompt_mask ∨ (count > 0); x' = seen ? (x > 0 ? x / r : x · r) : x.
+
+    x: FLOAT["S", "V"]; prompt_mask: BOOL["S", "V"]; output_counts: INT32["S", "V"];
+    repetition_penalty: FLOAT["S"] → FLOAT["S", "V"]. r = 1 leaves x bit for bit.
+    """
+    axis = op.Constant(value_ints=[1])
+    zero_f = op.Constant(value_float=0.0)
+    r = op.Unsqueeze(repetition_penalty, axis)
+    seen = op.Or(prompt_mask, op.Cast(output_counts, to=T_BOOL))
+    repeated = op.Where(op.Greater(x, zero_f), op.Div(x, r), op.Mul(x, r))
+    return op.Where(seen, repeated, x)
+
+
+@script(onnxsample)
+def AdditiveRule(
+    x: FLOAT["S", "V"],
+    output_counts: INT32["S", "V"],
+    presence_penalty: FLOAT["S"],
+    frequency_penalty: FLOAT["S"],
+) -> FLOAT["S", "V"]:
+    """x' = x − (count · f + (count > 0) · p).
+
+    x: FLOAT["S", "V"]; output_counts: INT32["S", "V"]; the penalties FLOAT["S"] → FLOAT["S", "V"].
+    p = f = 0 leaves x bit for bit.
+    """
+    axis = op.Constant(value_ints=[1])
+    one_f = op.Constant(value_float=1.0)
+    count = op.Cast(output_counts, to=T_FLOAT)
+    f = op.Unsqueeze(frequency_penalty, axis)
+    p = op.Unsqueeze(presence_penalty, axis)
+    return op.Sub(x, op.Add(op.Mul(count, f), op.Mul(op.Min(count, one_f), p)))
 
 
 @script(onnxsample)
@@ -28,29 +69,35 @@ def Penalties(
     FLOAT["S"]. Each rule runs only when some slot sets it; neutral values r = 1, p = f = 0 leave x
     bit for bit.
     """
-    axis = op.Constant(value_ints=[1])
     zero_f = op.Constant(value_float=0.0)
     one_f = op.Constant(value_float=1.0)
-    r = op.Unsqueeze(repetition_penalty, axis)
-    repeat = op.Cast(op.Not(op.Equal(repetition_penalty, one_f)), to=T_INT64)
-    if op.Cast(op.ReduceMax(repeat, keepdims=0), to=T_BOOL):
-        seen = op.Or(prompt_mask, op.Cast(output_counts, to=T_BOOL))
-        repeated = op.Where(op.Greater(x, zero_f), op.Div(x, r), op.Mul(x, r))
-        x1 = op.Where(seen, repeated, x)
+    if AnyRow(op.Not(op.Equal(repetition_penalty, one_f))):
+        x1 = RepetitionRule(x, prompt_mask, output_counts, repetition_penalty)
     else:
         x1 = op.Identity(x)
     additive = op.Or(
         op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
     )
-    if op.Cast(op.ReduceMax(op.Cast(additive, to=T_INT64), keepdims=0), to=T_BOOL):
-        count = op.Cast(output_counts, to=T_FLOAT)
-        f = op.Unsqueeze(frequency_penalty, axis)
-        p = op.Unsqueeze(presence_penalty, axis)
-        penalty = op.Add(op.Mul(count, f), op.Mul(op.Min(count, one_f), p))
-        x2 = op.Sub(x1, penalty)
+    if AnyRow(additive):
+        x2 = AdditiveRule(x1, output_counts, presence_penalty, frequency_penalty)
     else:
         x2 = op.Identity(x1)
     return x2
+
+
+@script(onnxsample)
+def PenaltiesStatic(
+    x: FLOAT["S", "V"],
+    prompt_mask: BOOL["S", "V"],
+    output_counts: INT32["S", "V"],
+    repetition_penalty: FLOAT["S"],
+    presence_penalty: FLOAT["S"],
+    frequency_penalty: FLOAT["S"],
+) -> FLOAT["S", "V"]:
+    """``Penalties`` without control flow: both rules on every row (neutral values are exact
+    no-ops). Same inputs and output."""
+    x1 = RepetitionRule(x, prompt_mask, output_counts, repetition_penalty)
+    return AdditiveRule(x1, output_counts, presence_penalty, frequency_penalty)
 
 
 @script(onnxsample)

@@ -1,10 +1,24 @@
 """Non-finite logits, as the project's users rely on: NaN becomes −inf, +inf becomes the largest
-float32, and a row left with no finite logit becomes a row that can only produce token 0."""
+float32, and a row left with no finite logit becomes a row that can only produce token 0.
+
+Each function has a static twin (``...Static``) for graphs without control flow (CUDA graphs): it
+always computes what the branching one computes only when some row needs it. Both return the same
+numbers: the fix leaves finite logits and −inf exactly as they are.
+"""
 
 from onnxscript import BOOL, FLOAT, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import FLT_MAX, NEG_INF, POS_INF, T_BOOL, T_INT64, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import FLT_MAX, NEG_INF, POS_INF, onnxsample
+
+
+@script(onnxsample)
+def FixNonFinite(logits: FLOAT["S", "V"]) -> FLOAT["S", "V"]:
+    """−inf where logits is NaN, else min(logits, FLT_MAX). FLOAT[S, V] → FLOAT[S, V]."""
+    ninf = op.Constant(value_float=NEG_INF)
+    big = op.Constant(value_float=FLT_MAX)
+    return op.Min(op.Where(op.IsNaN(logits), ninf, logits), big)
 
 
 @script(onnxsample)
@@ -15,17 +29,15 @@ def Sanitize(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
     FLOAT[S, 1]). Two reductions decide whether anything needs fixing (a NaN makes the sum NaN, a
     +inf the maximum), so finite logits pass through without a write.
     """
-    ninf = op.Constant(value_float=NEG_INF)
     pinf = op.Constant(value_float=POS_INF)
-    big = op.Constant(value_float=FLT_MAX)
     axis = op.Constant(value_ints=[1])
     row_max = op.ReduceMax(logits, axis, keepdims=1)
     suspicious = op.Or(
-        op.IsNaN(op.ReduceSum(logits, keepdims=0)),
-        op.Equal(op.ReduceMax(row_max, keepdims=0), pinf),
+        AnyRow(op.IsNaN(op.ReduceSum(logits, axis, keepdims=1))),
+        AnyRow(op.Equal(row_max, pinf)),
     )
     if suspicious:
-        out = op.Min(op.Where(op.IsNaN(logits), ninf, logits), big)
+        out = FixNonFinite(logits)
         out_max = op.ReduceMax(out, axis, keepdims=1)
     else:
         out = op.Identity(logits)
@@ -34,9 +46,32 @@ def Sanitize(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
 
 
 @script(onnxsample)
+def SanitizeStatic(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
+    """``Sanitize`` without control flow. FLOAT[S, V] → (FLOAT[S, V], FLOAT[S, 1])."""
+    out = FixNonFinite(logits)
+    return out, op.ReduceMax(out, op.Constant(value_ints=[1]), keepdims=1)
+
+
+@script(onnxsample)
 def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
     """The maximum of each row. z: FLOAT[S, V] → FLOAT[S, 1]."""
     return op.ReduceMax(z, op.Constant(value_ints=[1]), keepdims=1)
+
+
+@script(onnxsample)
+def OnlyToken0(z: FLOAT["S", "V"], finite: BOOL["S", 1]) -> FLOAT["S", "V"]:
+    """z where the row has a finite maximum, else [0, −inf, …, −inf].
+
+    z: FLOAT[S, V]; finite: BOOL[S, 1] → FLOAT[S, V].
+    """
+    ninf = op.Constant(value_float=NEG_INF)
+    zero_f = op.Constant(value_float=0.0)
+    zero_i = op.Constant(value_int=0)
+    one_i = op.Constant(value_int=1)
+    vocab = op.Squeeze(op.Shape(z, start=1, end=2))
+    ids = op.Range(zero_i, vocab, one_i)
+    only_token0 = op.Where(op.Equal(ids, zero_i), zero_f, ninf)
+    return op.Where(finite, z, only_token0)
 
 
 @script(onnxsample)
@@ -50,21 +85,27 @@ def FiniteRows(z: FLOAT["S", "V"], row_max: FLOAT["S", 1]) -> tuple[FLOAT["S", "
     ninf = op.Constant(value_float=NEG_INF)
     pinf = op.Constant(value_float=POS_INF)
     big = op.Constant(value_float=FLT_MAX)
-    zero_f = op.Constant(value_float=0.0)
-    zero_i = op.Constant(value_int=0)
-    one_i = op.Constant(value_int=1)
     axis = op.Constant(value_ints=[1])
-    if op.Equal(op.ReduceMax(row_max, keepdims=0), pinf):
+    if AnyRow(op.Equal(row_max, pinf)):
         clamped = op.Min(z, big)
     else:
         clamped = op.Identity(z)
     finite = op.Greater(row_max, ninf)
-    empty = op.Cast(op.Not(finite), to=T_INT64)
-    if op.Cast(op.ReduceMax(empty, keepdims=0), to=T_BOOL):
-        vocab = op.Squeeze(op.Shape(z, start=1, end=2))
-        ids = op.Range(zero_i, vocab, one_i)
-        only_token0 = op.Where(op.Equal(ids, zero_i), zero_f, ninf)
-        out = op.Where(finite, clamped, only_token0)
+    if AnyRow(op.Not(finite)):
+        out = OnlyToken0(clamped, finite)
     else:
         out = op.Identity(clamped)
     return out, op.Squeeze(finite, axis)
+
+
+@script(onnxsample)
+def FiniteRowsStatic(
+    z: FLOAT["S", "V"], row_max: FLOAT["S", 1]
+) -> tuple[FLOAT["S", "V"], BOOL["S"]]:
+    """``FiniteRows`` without control flow. z: FLOAT[S, V]; row_max: FLOAT[S, 1] → (FLOAT[S, V],
+    BOOL[S])."""
+    ninf = op.Constant(value_float=NEG_INF)
+    big = op.Constant(value_float=FLT_MAX)
+    finite = op.Greater(row_max, ninf)
+    out = OnlyToken0(op.Min(z, big), finite)
+    return out, op.Squeeze(finite, op.Constant(value_ints=[1]))

@@ -7,7 +7,8 @@ overflow the logits to ±inf and turn the draw into a uniform pick among the ove
 from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import GREEDY_BELOW, T_BOOL, T_INT64, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import GREEDY_BELOW, T_INT64, onnxsample
 
 
 @script(onnxsample)
@@ -41,8 +42,7 @@ def GreedyRows(z: FLOAT["S", "V"], temperature: FLOAT["S"]) -> INT64["S"]:
     """
     zero_f = op.Constant(value_float=0.0)
     eps = op.Constant(value_float=GREEDY_BELOW)
-    greedy = op.Cast(op.Less(temperature, eps), to=T_INT64)
-    if op.Cast(op.ReduceMax(greedy, keepdims=0), to=T_BOOL):
+    if AnyRow(op.Less(temperature, eps)):
         token = Greedy(z)
     else:
         token = op.Cast(op.Mul(temperature, zero_f), to=T_INT64)

@@ -3,7 +3,8 @@
 from onnxscript import DOUBLE, FLOAT, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import T_BOOL, T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained
 
 
@@ -38,6 +39,18 @@ def NucleusFloor(
 
 
 @script(onnxsample)
+def MassTotal(z: FLOAT["S", "N"], top: FLOAT["S", 1], floor: FLOAT["S", 1]) -> DOUBLE["S", 1]:
+    """Σ exp(z − top) over z ≥ floor, in float64: the normaliser of what the earlier filters left,
+    over the candidates (exact when the kept set lies inside them) or over the whole row.
+
+    z: FLOAT["S", "N"]; top, floor: FLOAT["S", 1] → DOUBLE["S", 1].
+    """
+    zero_f = op.Constant(value_float=0.0)
+    weights = op.Where(op.GreaterOrEqual(z, floor), op.Exp(op.Sub(z, top)), zero_f)
+    return op.ReduceSum(op.Cast(weights, to=T_DOUBLE), op.Constant(value_ints=[1]), keepdims=1)
+
+
+@script(onnxsample)
 def TopP(
     z: FLOAT["S", "V"],
     candidates: FLOAT["S", "C"],
@@ -61,31 +74,24 @@ def TopP(
     """
     axis = op.Constant(value_ints=[1])
     one_f = op.Constant(value_float=1.0)
-    zero_f = op.Constant(value_float=0.0)
     mass = op.Unsqueeze(top_p, axis)
     off = op.GreaterOrEqual(mass, one_f)
-    if op.Cast(op.ReduceMax(op.Cast(op.Not(off), to=T_INT64), keepdims=0), to=T_BOOL):
+    if AnyRow(op.Not(off)):
         inside = Contained(z, candidates, floor)
-        weights = op.Where(
-            op.GreaterOrEqual(candidates, floor), op.Exp(op.Sub(candidates, top)), zero_f
-        )
-        candidate_total = op.ReduceSum(op.Cast(weights, to=T_DOUBLE), axis, keepdims=1)
-        outside = op.Cast(op.Not(op.Or(inside, off)), to=T_INT64)
-        if op.Cast(op.ReduceMax(outside, keepdims=0), to=T_BOOL):
-            row = op.Where(op.GreaterOrEqual(z, floor), op.Exp(op.Sub(z, top)), zero_f)
-            row_total = op.ReduceSum(op.Cast(row, to=T_DOUBLE), axis, keepdims=1)
-            total = op.Where(inside, candidate_total, row_total)
+        candidate_total = MassTotal(candidates, top, floor)
+        if AnyRow(op.Not(op.Or(inside, off))):
+            total = op.Where(inside, candidate_total, MassTotal(z, top, floor))
         else:
             total = op.Identity(candidate_total)
         nucleus, reached_mass = NucleusFloor(candidates, top, floor, total, mass)
         missed = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
-        if op.Cast(op.ReduceMax(op.Cast(missed, to=T_INT64), keepdims=0), to=T_BOOL):
+        if AnyRow(missed):
             vocab = op.Shape(z, start=1, end=2)
             wider = op.Min(op.Constant(value_ints=[WIDER_CANDIDATES]), vocab)
             wide_z, _ = op.TopK(z, wider, axis=1, largest=1, sorted=1)
             wide, wide_mass = NucleusFloor(wide_z, top, floor, total, mass)
             still = op.Not(op.Or(op.GreaterOrEqual(wide_mass, mass), off))
-            if op.Cast(op.ReduceMax(op.Cast(still, to=T_INT64), keepdims=0), to=T_BOOL):
+            if AnyRow(still):
                 sorted_z, _ = op.TopK(z, vocab, axis=1, largest=1, sorted=1)
                 exact, _ = NucleusFloor(sorted_z, top, floor, total, mass)
                 beyond = op.Where(still, exact, wide)
@@ -98,3 +104,36 @@ def TopP(
     else:
         out = op.Identity(floor)
     return out
+
+
+@script(onnxsample)
+def TopPStatic(
+    z: FLOAT["S", "V"],
+    candidates: FLOAT["S", "C"],
+    sorted_z: FLOAT["S", "V"],
+    top: FLOAT["S", 1],
+    floor: FLOAT["S", 1],
+    top_p: FLOAT["S"],
+) -> FLOAT["S", 1]:
+    """``TopP`` without control flow: every path computed, each slot taking the one ``TopP`` takes
+    for it, so the floors are the same numbers. The ``WIDER_CANDIDATES`` largest are the leading
+    columns of `sorted_z` (the whole row sorted descending, shared by the static chain).
+
+    z, sorted_z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; top, floor: FLOAT["S", 1];
+    top_p: FLOAT["S"] → FLOAT["S", 1].
+    """
+    axis = op.Constant(value_ints=[1])
+    one_f = op.Constant(value_float=1.0)
+    mass = op.Unsqueeze(top_p, axis)
+    off = op.GreaterOrEqual(mass, one_f)
+    inside = Contained(z, candidates, floor)
+    total = op.Where(inside, MassTotal(candidates, top, floor), MassTotal(z, top, floor))
+    nucleus, reached_mass = NucleusFloor(candidates, top, floor, total, mass)
+    missed = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
+    wider = op.Min(op.Constant(value_ints=[WIDER_CANDIDATES]), op.Shape(z, start=1, end=2))
+    wide_z = op.Slice(sorted_z, op.Constant(value_ints=[0]), wider, axis)
+    wide, wide_mass = NucleusFloor(wide_z, top, floor, total, mass)
+    still = op.Not(op.Or(op.GreaterOrEqual(wide_mass, mass), off))
+    exact, _ = NucleusFloor(sorted_z, top, floor, total, mass)
+    threshold = op.Where(missed, op.Where(still, exact, wide), nucleus)
+    return op.Where(off, floor, op.Max(floor, threshold))

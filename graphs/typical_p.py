@@ -3,9 +3,30 @@
 from onnxscript import BOOL, FLOAT, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import NEG_INF, T_BOOL, T_INT64, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import NEG_INF, onnxsample
 from onnxsample.graphs.candidates import Truncate
-from onnxsample.graphs.mass import MassThreshold
+from onnxsample.graphs.mass import MassThreshold, MassThresholdStatic
+
+
+@script(onnxsample)
+def TypicalKey(
+    z: FLOAT["S", "V"], floor: FLOAT["S", 1]
+) -> tuple[FLOAT["S", "V"], FLOAT["S", "V"], FLOAT["S", "V"]]:
+    """Over the kept tokens (z ≥ floor): key = −|−log p − H| (larger = more typical), p, and the
+    kept logits (−inf elsewhere).
+
+    z: FLOAT["S", "V"]; floor: FLOAT["S", 1] → (key, p, kept): FLOAT["S", "V"] each.
+    """
+    axis = op.Constant(value_ints=[1])
+    zero_f = op.Constant(value_float=0.0)
+    kept = Truncate(z, floor)
+    logp = op.LogSoftmax(kept, axis=1)
+    p = op.Exp(logp)
+    plogp = op.Mul(logp, p)
+    entropy = op.Neg(op.ReduceSum(op.Where(op.IsNaN(plogp), zero_f, plogp), axis, keepdims=1))
+    key = op.Neg(op.Abs(op.Sub(op.Neg(logp), entropy)))
+    return key, p, kept
 
 
 @script(onnxsample)
@@ -19,21 +40,30 @@ def TypicalP(
     where it is on BOOL["S", 1]: their kept set is not a floor, so they draw from the whole row).
     """
     axis = op.Constant(value_ints=[1])
-    zero_f = op.Constant(value_float=0.0)
     one_f = op.Constant(value_float=1.0)
     ninf = op.Constant(value_float=NEG_INF)
     mass = op.Unsqueeze(typical_p, axis)
     off = op.GreaterOrEqual(mass, one_f)
-    on = op.Cast(op.Not(off), to=T_INT64)
-    if op.Cast(op.ReduceMax(on, keepdims=0), to=T_BOOL):
-        kept = Truncate(z, floor)
-        logp = op.LogSoftmax(kept, axis=1)
-        p = op.Exp(logp)
-        plogp = op.Mul(logp, p)
-        entropy = op.Neg(op.ReduceSum(op.Where(op.IsNaN(plogp), zero_f, plogp), axis, keepdims=1))
-        key = op.Neg(op.Abs(op.Sub(op.Neg(logp), entropy)))
+    if AnyRow(op.Not(off)):
+        key, p, kept = TypicalKey(z, floor)
         threshold = op.Where(off, ninf, MassThreshold(key, p, mass, off))
         out = op.Where(op.GreaterOrEqual(key, threshold), kept, ninf)
     else:
         out = op.Identity(z)
     return out, op.Not(off)
+
+
+@script(onnxsample)
+def TypicalPStatic(
+    z: FLOAT["S", "V"], floor: FLOAT["S", 1], typical_p: FLOAT["S"]
+) -> tuple[FLOAT["S", "V"], BOOL["S", 1]]:
+    """``TypicalP`` without control flow (off slots come back truncated to their floor, which the
+    draw applies anyway). Same inputs and outputs."""
+    axis = op.Constant(value_ints=[1])
+    one_f = op.Constant(value_float=1.0)
+    ninf = op.Constant(value_float=NEG_INF)
+    mass = op.Unsqueeze(typical_p, axis)
+    off = op.GreaterOrEqual(mass, one_f)
+    key, p, kept = TypicalKey(z, floor)
+    threshold = op.Where(off, ninf, MassThresholdStatic(key, p, mass, off))
+    return op.Where(op.GreaterOrEqual(key, threshold), kept, ninf), op.Not(off)

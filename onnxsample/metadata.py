@@ -29,8 +29,9 @@ CONTRACT_VERSION = "1"
 # Bumped when the composed graph's internals change (not its inputs and outputs), so that cached
 # composed models are rebuilt. 2: the chain runs on the active slots only. 3: kv_layout metadata.
 # 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options. 5: draft tokens
-# (speculative decoding) in the run options.
-COMPOSER_REVISION = "5"
+# (speculative decoding) in the run options. 6: batch-wide conditions valid on empty rows (CUDA);
+# the static chain.
+COMPOSER_REVISION = "6"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 
@@ -47,6 +48,8 @@ class ComposedMetadata:
     decoding; 0: the graph has no ``sampler.draft_*`` inputs). ``kv_layout`` is ``gqa`` (one preallocated buffer per layer, written in place) or
     ``concat`` (the cache grows by concatenation); ``kv_head_size`` stands in for a symbolic head
     size. ``gather`` is where the rows are picked (``lm_head``: before the LM head; ``logits``).
+    ``static``: the chain has no control flow and no data-dependent shape (every slot's row is
+    computed each call), so a decode step can be captured as a CUDA graph.
     """
 
     chain: SamplerChain
@@ -60,6 +63,7 @@ class ComposedMetadata:
     output_candidates: int = 0
     gather: str = "logits"
     inline: bool = False
+    static: bool = False
     kv_layout: str = "concat"
     kv_head_size: int | None = None
     contract: str = CONTRACT_VERSION
@@ -123,7 +127,7 @@ def _parse(key: str, raw: str) -> Any:
         return int(raw)
     if key == "kv_head_size":
         return int(raw) if raw else None
-    if key in ("prompt_logprobs", "output_probs", "inline"):
+    if key in ("prompt_logprobs", "output_probs", "inline", "static"):
         return raw.lower() == "true"
     if key == "kv_layout" and raw not in KV_LAYOUTS:
         raise ModelError(f"unknown kv_layout {raw!r} (expected one of {', '.join(KV_LAYOUTS)})")

@@ -74,6 +74,7 @@ def compose(
     output_candidates: int = 0,
     prompt_logprobs: bool = False,
     draft_tokens: int | str = 0,
+    static: bool = False,
     inline: bool = False,
     gather: str = "auto",
     progress: ProgressFn | None = None,
@@ -87,7 +88,9 @@ def compose(
     and outputs that report the logprobs of prompt tokens (echo; see the README's graph contract).
     `draft_tokens` K > 0 lets each slot verify up to K draft tokens per run (speculative decoding:
     the ``sampler.draft_*`` inputs and outputs); it needs a GroupQueryAttention export.
-    ``"auto"`` is 8 for such an export and 0 for any other.
+    ``"auto"`` is 8 for such an export and 0 for any other. `static` builds the chain without
+    control flow or data-dependent shapes (the same tokens; a decode step can be captured as a
+    CUDA graph); it verifies no drafts, so ``"auto"`` then means 0.
     """
     stage = progress or (lambda _name: None)
     chain = SamplerChain.full() if chain is None else SamplerChain(chain)
@@ -119,14 +122,19 @@ def compose(
     prompt = bool(prompt_logprobs)
     gqa = any(n.op_type == "GroupQueryAttention" for n in base.graph.all_nodes())
     if draft_tokens == "auto":
-        draft_tokens = AUTO_DRAFT_TOKENS if gqa else 0
+        draft_tokens = AUTO_DRAFT_TOKENS if gqa and not static else 0
         _check_drafts(draft_tokens, output_probs, output_candidates)
+    if draft_tokens and static:
+        raise InvalidParameter(
+            "a static chain verifies no drafts (draft_tokens must be 0): speculative decoding "
+            "needs the branching chain"
+        )
     if draft_tokens and not gqa:
         raise ModelError(
             f"{source.name}: speculative decoding (draft_tokens={draft_tokens}) needs a "
             "GroupQueryAttention graph: export with --layout gqa"
         )
-    spliced = dict(prompt_logprobs=prompt, draft_tokens=draft_tokens)
+    spliced = dict(prompt_logprobs=prompt, draft_tokens=draft_tokens, static=bool(static))
     stage("splice")
     composed, mode = None, "logits"
     if gather != "logits":
@@ -216,6 +224,7 @@ def _finish(
         output_candidates=options["output_candidates"],
         prompt_logprobs=options["prompt_logprobs"],
         draft_tokens=options["draft_tokens"],
+        static=options["static"],
         gather=mode,
         inline=inline,
         kv_layout="gqa" if gqa else "concat",

@@ -17,14 +17,14 @@ from onnxsample.composer._ir_build import filled_like
 from onnxsample.composer._ir_build import op as _op
 from onnxsample.composer.sampler_model import IR_VERSION, OPSET, build_sampler_model
 from onnxsample.errors import ModelError
-from onnxsample.graphs.chain import (
-    CHAIN_FUNCTION,
-    DOMAIN,
+from onnxsample.graphs._common import DOMAIN
+from onnxsample.graphs.chain import CHAIN_FUNCTION
+from onnxsample.graphs.library import used_functions
+from onnxsample.graphs.prompt_logprobs import (
     PROMPT_FUNCTION,
     PROMPT_INPUTS,
     build_prompt_function,
     prompt_outputs,
-    used_functions,
 )
 
 _PREFIX = "sampler."
@@ -129,6 +129,7 @@ def splice(
     head: ir.Node | None,
     prompt_logprobs: bool = False,
     draft_tokens: int = 0,
+    static: bool = False,
 ) -> ir.Model:
     """Add the sampler inputs, the row selection and the chain node to `base` (in place); with
     `head` (the LM-head node, see :func:`onnxsample.composer._lm_head.find_lm_head`) the rows are gathered
@@ -143,9 +144,15 @@ def splice(
 
     With `draft_tokens` K > 0 the chain scores up to K + 1 positions per slot and verifies the
     slots' drafts (:mod:`onnxsample.composer._splice_draft`).
+
+    With `static` the chain runs on every slot (an inactive one samples the dummy row and keeps its
+    state), so no shape depends on the data: no ``NonZero``, no scatter back, nothing the host
+    must read before the step ends (CUDA graphs).
     """
     sampler = ir.from_proto(
-        build_sampler_model(chain, vocab, max_slots, gather_rows=head is None, **options)
+        build_sampler_model(
+            chain, vocab, max_slots, gather_rows=head is None, static=static, **options
+        )
     )
     graph = base.graph
     logits = next(v for v in graph.outputs if v.name == "logits")
@@ -164,12 +171,16 @@ def splice(
         value.doc_string = draft.DOCS[name]
         graph.inputs.append(value)
         new_inputs[name] = value
-    active = _active_slots(graph, new_inputs["sampler.row_index"])
+    active = None if static else _active_slots(graph, new_inputs["sampler.row_index"])
     slots = _op(graph, "Shape", [new_inputs["sampler.row_index"]], "slots")
-    picked = {
-        name: _op(graph, "Gather", [value, active], f"{name[len(_PREFIX) :]}_active", axis=0)
-        for name, value in new_inputs.items()
-    }
+    picked = (
+        dict(new_inputs)
+        if active is None
+        else {
+            name: _op(graph, "Gather", [value, active], f"{name[len(_PREFIX) :]}_active", axis=0)
+            for name, value in new_inputs.items()
+        }
+    )
     chain_in = picked
     at = None
     if draft_tokens:
@@ -229,14 +240,17 @@ def splice(
     for name, (kind, shape) in specs.items():
         tag = name[len(_PREFIX) :]
         state = new_inputs.get("sampler.output_counts") if tag == "output_counts_out" else None
-        out = _scatter_slots(graph, active, results[name], state, slots, tag)
+        if active is None:
+            out = _op(graph, "Identity", [results[name]], tag)
+        else:
+            out = _scatter_slots(graph, active, results[name], state, slots, tag)
         out.name, out.type, out.shape = name, kind, shape
         out.doc_string = draft.DOCS.get(name, "")
         graph.outputs.append(out)
     for key, function in sampler.functions.items():
         base.functions[key] = function
     if prompt is not None:
-        _prompt_logprobs(base, prompt_logits, prompt[1], options["top_logprobs"])
+        _prompt_logprobs(base, prompt_logits, prompt[1], options["top_logprobs"], static)
     base.opset_imports[DOMAIN] = 1
     return base
 
@@ -251,9 +265,11 @@ def _prompt_inputs(graph: ir.Graph) -> tuple[ir.Value, ir.Value]:
     return values[0], values[1]
 
 
-def _prompt_logprobs(model: ir.Model, rows: ir.Value, targets: ir.Value, top: int) -> None:
+def _prompt_logprobs(
+    model: ir.Model, rows: ir.Value, targets: ir.Value, top: int, static: bool
+) -> None:
     """The PromptLogprobs node on the prompt rows' logits, its outputs and its functions."""
-    function = build_prompt_function(top)
+    function = build_prompt_function(top, static=static)
     for proto in used_functions(function):
         key = (proto.domain, proto.name, "")
         if key not in model.functions:

@@ -25,7 +25,7 @@ from onnxsample.composer._ir_build import const as _const
 from onnxsample.composer._ir_build import filled_like
 from onnxsample.composer._ir_build import op as _op
 from onnxsample.graphs._common import DOMAIN
-from onnxsample.graphs.chain import sampler_functions
+from onnxsample.graphs.library import sampler_functions
 from onnxsample.graphs.speculative import (
     Accept,
     AddTokens,

@@ -23,19 +23,20 @@ from onnx import helper
 
 from onnxsample.chain import SamplerChain
 from onnxsample.errors import InvalidParameter
+from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.chain import (
     CHAIN_FUNCTION,
-    DOMAIN,
-    PROMPT_FUNCTION,
-    PROMPT_INPUTS,
     ChainConfig,
     build_chain_function,
-    build_prompt_function,
     chain_inputs,
     chain_outputs,
-    merge_functions,
+)
+from onnxsample.graphs.library import merge_functions, used_functions
+from onnxsample.graphs.prompt_logprobs import (
+    PROMPT_FUNCTION,
+    PROMPT_INPUTS,
+    build_prompt_function,
     prompt_outputs,
-    used_functions,
 )
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import MAX_TOP_LOGPROBS, SamplingParams, pack_sampling_params
@@ -59,6 +60,7 @@ def sampler_config(
     output_probs: bool = False,
     output_candidates: int = 0,
     gather_rows: bool = True,
+    static: bool = False,
 ) -> ChainConfig:
     """Check the build options and return the graph configuration they describe."""
     chain = SamplerChain(chain)
@@ -90,6 +92,7 @@ def sampler_config(
         output_probs=bool(output_probs),
         output_candidates=output_candidates,
         gather_rows=bool(gather_rows),
+        static=bool(static),
     )
 
 
@@ -104,6 +107,7 @@ def build_sampler_model(
     output_candidates: int = 0,
     gather_rows: bool = True,
     prompt_logprobs: bool = False,
+    static: bool = False,
 ) -> onnx.ModelProto:
     """Build the standalone sampler model for ``chain``.
 
@@ -118,6 +122,9 @@ def build_sampler_model(
     int64[P] (rows of the padded logits and the token that follows each) and returns
     ``sampler.prompt_logprob`` float32[P] and, with L > 0, ``sampler.prompt_top_logprob_ids`` /
     ``sampler.prompt_top_logprobs`` [P, L] (it needs ``gather_rows``).
+
+    ``static`` builds the chain without control flow or data-dependent shapes (the same tokens,
+    kept sets and logprobs; see :class:`~onnxsample.graphs.ChainConfig`).
     """
     if prompt_logprobs and not gather_rows:
         raise InvalidParameter("prompt_logprobs needs gather_rows: prompt rows index the logits")
@@ -130,6 +137,7 @@ def build_sampler_model(
         output_probs=output_probs,
         output_candidates=output_candidates,
         gather_rows=gather_rows,
+        static=static,
     )
     dims = {
         "S": max_slots,
@@ -180,7 +188,8 @@ def build_sampler_model(
                 name="prompt_logprobs",
             )
         )
-        functions = merge_functions(functions, used_functions(build_prompt_function(top_logprobs)))
+        prompt_fn = build_prompt_function(top_logprobs, static=config.static)
+        functions = merge_functions(functions, used_functions(prompt_fn))
     graph = helper.make_graph(nodes, "onnxsample_sampler", inputs, outputs)
     model = helper.make_model(
         graph,
@@ -199,6 +208,7 @@ def build_sampler_model(
         prompt_logprobs=prompt_logprobs,
         output_probs=config.output_probs,
         output_candidates=output_candidates,
+        static=config.static,
     )
     helper.set_model_props(model, meta.to_props())
     logger.debug("built sampler model %s (S=%d, V=%d)", meta.chain, max_slots, vocab_size)

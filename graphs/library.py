@@ -1,0 +1,188 @@
+"""The library of sampler functions: every ONNX local function of the ``onnxsample`` domain, the
+opsets they import, a builder for the bodies of the functions assembled from them (the chain, the
+prompt logprobs), and the closure of the functions a graph calls.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import onnx
+from onnx import helper
+
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    T_INT64,
+)
+from onnxsample.graphs.candidates import Candidates, Contained, SortedRow, Truncate
+from onnxsample.graphs.dist import (
+    CandidateDraw,
+    Dist,
+    DistRows,
+    DistStatic,
+    InverseCdf,
+    RowDraw,
+)
+from onnxsample.graphs.logit_bias import LogitBias
+from onnxsample.graphs.logprobs import Logprob, TopLogprobs
+from onnxsample.graphs.mass import MassThreshold, MassThresholdStatic, PrefixThreshold
+from onnxsample.graphs.min_p import MinP
+from onnxsample.graphs.penalties import (
+    AdditiveRule,
+    Penalties,
+    PenaltiesStatic,
+    RepetitionRule,
+    UpdateCounts,
+)
+from onnxsample.graphs.probs import FinalProbs
+from onnxsample.graphs.sanitize import (
+    FiniteRows,
+    FiniteRowsStatic,
+    FixNonFinite,
+    OnlyToken0,
+    RowMax,
+    Sanitize,
+    SanitizeStatic,
+)
+from onnxsample.graphs.speculative import (
+    Accept,
+    AddTokens,
+    DraftCounts,
+    DraftPositions,
+    PositionRows,
+)
+from onnxsample.graphs.temperature import Greedy, GreedyRows, SelectGreedy, Temperature
+from onnxsample.graphs.top_k import TopK, TopKOff, TopKStatic
+from onnxsample.graphs.top_p import MassTotal, NucleusFloor, TopP, TopPStatic
+from onnxsample.graphs.typical_p import TypicalKey, TypicalP, TypicalPStatic
+
+__all__ = ["FunctionBody", "merge_functions", "opsets", "sampler_functions", "used_functions"]
+
+_SCRIPTS = (
+    AnyRow,
+    FixNonFinite,
+    Sanitize,
+    SanitizeStatic,
+    RowMax,
+    OnlyToken0,
+    FiniteRows,
+    FiniteRowsStatic,
+    LogitBias,
+    RepetitionRule,
+    AdditiveRule,
+    Penalties,
+    PenaltiesStatic,
+    UpdateCounts,
+    Temperature,
+    Greedy,
+    GreedyRows,
+    SelectGreedy,
+    Candidates,
+    SortedRow,
+    Contained,
+    Truncate,
+    TopKOff,
+    TopK,
+    TopKStatic,
+    MassTotal,
+    NucleusFloor,
+    PrefixThreshold,
+    MassThreshold,
+    MassThresholdStatic,
+    TopP,
+    TopPStatic,
+    MinP,
+    TypicalKey,
+    TypicalP,
+    TypicalPStatic,
+    InverseCdf,
+    RowDraw,
+    CandidateDraw,
+    Dist,
+    DistStatic,
+    DistRows,
+    Logprob,
+    TopLogprobs,
+    FinalProbs,
+    AddTokens,
+    DraftPositions,
+    PositionRows,
+    DraftCounts,
+    Accept,
+)
+
+
+@functools.cache
+def _script_functions() -> tuple[bytes, ...]:
+    protos = []
+    for fn in _SCRIPTS:
+        proto = fn.to_function_proto()
+        del proto.opset_import[:]
+        proto.opset_import.extend(opsets())
+        protos.append(proto.SerializeToString())
+    return tuple(protos)
+
+
+def opsets() -> list[onnx.OperatorSetIdProto]:
+    """The default domain at opset 18 and the ``onnxsample`` domain."""
+    return [helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
+
+
+def sampler_functions() -> list[onnx.FunctionProto]:
+    """Every sampler function of the ``onnxsample`` domain (fresh copies)."""
+    out = []
+    for data in _script_functions():
+        proto = onnx.FunctionProto()
+        proto.ParseFromString(data)
+        out.append(proto)
+    return out
+
+
+class FunctionBody:
+    """Collects the nodes of a function assembled from sampler functions."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+
+    def call(self, function: str, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+        self.nodes.append(
+            helper.make_node(function, list(inputs), list(outputs), domain=DOMAIN, name=function)
+        )
+
+    def op(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], **attrs) -> None:
+        self.nodes.append(helper.make_node(op_type, list(inputs), list(outputs), **attrs))
+
+    def constant_int64(self, name: str, value: int) -> None:
+        tensor = helper.make_tensor(name, T_INT64, [1], [value])
+        self.op("Constant", [], [name], value=tensor)
+
+
+def used_functions(chain: onnx.FunctionProto) -> list[onnx.FunctionProto]:
+    """Every sampler function ``chain`` calls, directly or through another one, callees first, and
+    ``chain`` last."""
+    library = {f.name: f for f in sampler_functions()}
+    ordered: dict[str, onnx.FunctionProto] = {}
+
+    def visit(nodes: Sequence[onnx.NodeProto]) -> None:
+        for node in nodes:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g.node)
+            if node.domain == DOMAIN and node.op_type in library and node.op_type not in ordered:
+                visit(library[node.op_type].node)
+                ordered[node.op_type] = library[node.op_type]
+
+    visit(chain.node)
+    return [*ordered.values(), chain]
+
+
+def merge_functions(*groups: Sequence[onnx.FunctionProto]) -> list[onnx.FunctionProto]:
+    """The functions of every group, each once (callees before their callers, as given)."""
+    merged: dict[tuple[str, str], onnx.FunctionProto] = {}
+    for group in groups:
+        for function in group:
+            merged.setdefault((function.domain, function.name), function)
+    return list(merged.values())

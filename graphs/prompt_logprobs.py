@@ -1,0 +1,56 @@
+"""Prompt logprobs (echo): the raw log-softmax of prompt rows at the tokens that follow them."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from onnxsample.graphs._common import DOMAIN, T_FLOAT, T_INT64
+from onnxsample.graphs.chain import PREFIX
+from onnxsample.graphs.library import FunctionBody, opsets
+
+__all__ = ["PROMPT_FUNCTION", "PROMPT_INPUTS", "build_prompt_function", "prompt_outputs"]
+
+PROMPT_FUNCTION = "PromptLogprobs"
+# Prompt logprobs (echo): per prompt position p, a padded-logits row and the token that follows.
+PROMPT_INPUTS = [
+    (PREFIX + "prompt_rows", T_INT64, ("P",)),
+    (PREFIX + "prompt_targets", T_INT64, ("P",)),
+]
+
+
+def prompt_outputs(top_logprobs: int) -> list[tuple[str, int, tuple[str, ...]]]:
+    """The prompt-logprob outputs: each target's logprob, and with L > 0 the L most likely tokens."""
+    found = [(PREFIX + "prompt_logprob", T_FLOAT, ("P",))]
+    if top_logprobs > 0:
+        found += [
+            (PREFIX + "prompt_top_logprob_ids", T_INT64, ("P", "L")),
+            (PREFIX + "prompt_top_logprobs", T_FLOAT, ("P", "L")),
+        ]
+    return found
+
+
+def build_prompt_function(top_logprobs: int, static: bool = False) -> onnx.FunctionProto:
+    """``onnxsample.PromptLogprobs(rows: FLOAT[P, V], targets: INT64[P])``: the raw log-softmax of
+    each row at its target token (what OpenAI's ``echo`` reports for prompt tokens), and with
+    ``top_logprobs`` = L > 0 the L most likely tokens of each row and their logprobs. The same
+    functions as the sampled token's logprob, so both agree bit for bit; P may be 0. `static`
+    builds it without control flow."""
+    body = FunctionBody()
+    body.call("SanitizeStatic" if static else "Sanitize", ["rows"], ["x", "x_max"])
+    body.call("Logprob", ["x", "x_max", "targets"], ["logprob", "row_max", "log_total"])
+    outputs = ["logprob"]
+    if top_logprobs > 0:
+        body.constant_int64("top_count", top_logprobs)
+        top_inputs = ["x", "row_max", "log_total", "top_count"]
+        body.call("TopLogprobs", top_inputs, ["top_logprob_ids", "top_logprobs"])
+        outputs += ["top_logprob_ids", "top_logprobs"]
+    return helper.make_function(
+        DOMAIN,
+        PROMPT_FUNCTION,
+        ["rows", "targets"],
+        outputs,
+        body.nodes,
+        opsets(),
+        doc_string="Logprobs of prompt tokens under the raw distribution",
+    )

@@ -1,0 +1,179 @@
+"""The static chain (no control flow, no data-dependent shape) against the branching chain: the same
+outputs bit for bit on llama.cpp's tables, random rows of every parameter mix and the edge rows, and
+a graph a CUDA graph can capture."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+import onnx.inliner
+import pytest
+
+from onnxsample import SamplingParams, sampler_feeds
+from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
+
+FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
+OPTIONS = dict(top_logprobs=3, max_bias=4, output_probs=True, prompt_logprobs=True)
+_session = functools.cache(sampler_session)
+
+
+def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[list, list, list[str]]:
+    vocab = feeds["logits"].shape[1]
+    branching = _session(chain, vocab, slots, **options)
+    static = _session(chain, vocab, slots, static=True, **options)
+    names = [o.name for o in branching.get_outputs()]
+    assert names == [o.name for o in static.get_outputs()]
+    return branching.run(None, feeds), static.run(None, feeds), names
+
+
+def _assert_same(chain: str, feeds: dict, slots: int, **options) -> dict[str, np.ndarray]:
+    a, b, names = _both(chain, feeds, slots, **options)
+    for name, x, y in zip(names, a, b, strict=True):
+        np.testing.assert_array_equal(x, y, err_msg=name)
+    return dict(zip(names, b, strict=True))
+
+
+LLAMA = np.log(np.array([[0.1, 0.2, 0.3, 0.4]], dtype=np.float32))
+
+
+@pytest.mark.parametrize(
+    ("chain", "params", "kept"),
+    [
+        ("top_k,dist", SamplingParams(top_k=3), 3),
+        ("top_p,dist", SamplingParams(top_p=0.7), 2),  # an exact float32 tie: 2 tokens
+        ("top_p,dist", SamplingParams(top_p=0.8), 3),
+        ("min_p,dist", SamplingParams(min_p=0.26), 3),
+        ("typical_p,dist", SamplingParams(typical_p=0.5), None),
+        ("top_k,top_p,min_p,dist", SamplingParams(top_k=3, top_p=0.7), 2),
+        (FULL, SamplingParams(top_k=3, top_p=0.8, min_p=0.05), 3),
+    ],
+)
+def test_llama_cpp_tables(chain, params, kept):
+    for rows in (LLAMA, LLAMA[:, ::-1].copy()):
+        padded = np.vstack([np.zeros((1, 4), np.float32), rows])
+        for u in (0.0, 0.3, 0.6, 0.99):
+            feeds = sampler_feeds(chain, padded, [params], uniform=[u])
+            out = _assert_same(chain, feeds, 1, output_probs=True)
+            if kept is not None:
+                assert np.count_nonzero(out["sampler.probs"][0]) == kept
+
+
+def _random_params(rng: np.random.Generator, vocab: int) -> SamplingParams | None:
+    if rng.random() < 0.15:
+        return None
+    return SamplingParams(
+        temperature=float(rng.choice([0.0, 0.5, 1.0, 1.7])),
+        top_k=int(rng.choice([0, 1, 5, 63, 64, 65, 200, vocab - 1, vocab + 10])),
+        top_p=float(rng.choice([1.0, 0.9, 0.5, 0.99, 0.9999])),
+        min_p=float(rng.choice([0.0, 0.0, 0.05])),
+        typical_p=float(rng.choice([1.0, 1.0, 0.9])),
+        repetition_penalty=float(rng.choice([1.0, 1.3])),
+        presence_penalty=float(rng.choice([0.0, 0.5])),
+        frequency_penalty=float(rng.choice([0.0, -0.4])),
+        logit_bias={int(rng.integers(vocab)): float(rng.uniform(-5, 5))},
+    )
+
+
+@pytest.mark.parametrize("vocab", [300, 2000])
+@pytest.mark.parametrize("seed", range(6))
+def test_random_rows_every_parameter_mix(vocab, seed):
+    """Flat rows (the nucleus beyond the candidates, then beyond the wider set) and peaked ones."""
+    rng = np.random.default_rng(seed)
+    slots = 6
+    for _ in range(8):
+        scale = rng.choice([0.3, 1.0, 4.0])
+        logits = rng.normal(0, scale, (slots + 1, vocab)).astype(np.float32)
+        params = [_random_params(rng, vocab) for _ in range(slots)]
+        mask = rng.random((slots, vocab)) < 0.05
+        counts = ((rng.random((slots, vocab)) < 0.05) * rng.integers(1, 4, (slots, vocab))).astype(
+            np.int32
+        )
+        feeds = sampler_feeds(
+            FULL,
+            logits,
+            params,
+            uniform=rng.random(slots),
+            prompt_mask=mask,
+            output_counts=counts,
+            max_bias=4,
+            prompt_rows=rng.integers(0, slots + 1, 3),
+            prompt_targets=rng.integers(0, vocab, 3),
+        )
+        _assert_same(FULL, feeds, slots, **OPTIONS)
+
+
+def _edge_rows(vocab: int) -> np.ndarray:
+    rows = np.zeros((7, vocab), np.float32)
+    rows[1] = np.nan
+    rows[2] = -np.inf
+    rows[3] = -np.inf
+    rows[3, vocab // 2] = 0.5  # one finite logit
+    rows[4, ::2], rows[4, 1::2] = 1e30, -1e30
+    rows[5, min(3, vocab - 1)] = np.inf
+    rows[6] = np.linspace(-3, 3, vocab)
+    return rows
+
+
+@pytest.mark.parametrize("vocab", [1, 5, 300])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.7, top_k=2, top_p=0.9, min_p=0.1, typical_p=0.8),
+        SamplingParams(repetition_penalty=1.5, presence_penalty=1.0, frequency_penalty=1.0),
+    ],
+    ids=["neutral", "greedy", "filters", "penalties"],
+)
+def test_edge_rows(vocab, params):
+    rows = _edge_rows(vocab)
+    slots = rows.shape[0] - 1
+    counts = np.ones((slots, vocab), np.int32)
+    feeds = sampler_feeds(
+        FULL,
+        rows,
+        [params] * slots,
+        uniform=np.linspace(0, 0.99, slots),
+        output_counts=counts,
+        max_bias=4,
+        prompt_rows=[1, 2, 3],
+        prompt_targets=[0, 0, 0],
+    )
+    options = {**OPTIONS, "top_logprobs": min(3, vocab)}
+    out = _assert_same(FULL, feeds, slots, **options)
+    assert not np.isnan(out["sampler.logprob"]).any()
+
+
+def test_empty_prompt_rows_and_inactive_slots():
+    """Zero prompt rows and no active slot: the reductions the CUDA provider refuses on an empty
+    axis (keepdims=0) are gone from both chains, and both agree."""
+    logits = np.random.default_rng(0).normal(size=(1, 50)).astype(np.float32)
+    feeds = sampler_feeds(FULL, logits, [None] * 3, max_bias=4, prompt_rows=[], prompt_targets=[])
+    out = _assert_same(FULL, feeds, 3, **OPTIONS)
+    assert out["sampler.prompt_logprob"].shape == (0,)
+
+
+def _all_nodes(model: onnx.ModelProto):
+    inlined = onnx.inliner.inline_local_functions(model)
+    stack = [inlined.graph]
+    while stack:
+        graph = stack.pop()
+        for node in graph.node:
+            yield node
+            stack += [a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH]
+
+
+@pytest.mark.parametrize("chain", [FULL, "temperature,top_k,top_p,dist", "", "penalties"])
+def test_static_graph_has_no_control_flow(chain):
+    options = {**OPTIONS, "max_bias": 4 if "logit_bias" in chain else 0}
+    model = build_sampler_model(chain, 1000, 4, static=True, **options)
+    onnx.checker.check_model(model, full_check=True)
+    ops = {node.op_type for node in _all_nodes(model)}
+    assert not ops & {"If", "Loop", "Scan", "NonZero"}, ops
+    branching = {
+        node.op_type for node in _all_nodes(build_sampler_model(chain, 1000, 4, **options))
+    }
+    if chain:
+        assert "If" in branching  # the branching chain skips work no slot needs
