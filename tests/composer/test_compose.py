@@ -1,19 +1,17 @@
-"""The composer on the tiny model: greedy parity, slots, the moved gather, and bad models."""
+"""The composer on the tiny model: greedy parity, slots, the moved gather, the chain as a local
+function, a greedy-only chain, and prompt logprobs. Bad models and options: test_compose_errors.py."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
 from onnxsample.chain import SamplerChain
 from onnxsample.composer import compose, composed_metadata
-from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.params import SamplingParams, pack_sampling_params
 
 SLOTS = 4
@@ -219,136 +217,6 @@ def test_added_inputs_carry_doc_strings(composed):
     model = onnx.load(str(composed), load_external_data=False)
     docs = {i.name: i.doc_string for i in model.graph.input if i.name.startswith("sampler.")}
     assert docs and all(docs.values()), docs
-
-
-# ---- bad models -------------------------------------------------------------------------------
-
-
-def _tiny_graph(
-    output_name="logits",
-    dtype=TensorProto.FLOAT,
-    rank=3,
-    input_name="x",
-    opset=18,
-    initializer=None,
-) -> onnx.ModelProto:
-    shape = ["b", "t", 8][:rank] if rank <= 3 else ["b", "t", 8, 1]
-    x = helper.make_tensor_value_info(input_name, dtype, shape)
-    y = helper.make_tensor_value_info(output_name, dtype, shape)
-    inits = [initializer] if initializer is not None else []
-    nodes = [helper.make_node("Identity", [input_name], [output_name])]
-    graph = helper.make_graph(nodes, "g", [x], [y], initializer=inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-
-
-def _external(folder: Path, location: str, *, offset=0, length=32) -> onnx.ModelProto:
-    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[8])
-    w.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
-        w.external_data.add(key=key, value=value)
-    return _tiny_graph(initializer=w)
-
-
-def _write(folder: Path, model: onnx.ModelProto, name="model.onnx") -> Path:
-    path = folder / name
-    path.write_bytes(model.SerializeToString())
-    return path
-
-
-def _case_truncated(tmp: Path, composed_file: Path) -> Path:
-    data = composed_file.read_bytes()
-    path = tmp / "cut.onnx"
-    path.write_bytes(data[: len(data) // 3])
-    return path
-
-
-def _case_symlink(tmp: Path, _composed: Path) -> Path:
-    (tmp / "real.bin").write_bytes(bytes(64))
-    os.symlink(tmp / "real.bin", tmp / "w.bin")
-    return _write(tmp, _external(tmp, "w.bin"))
-
-
-def _case_hardlink(tmp: Path, _composed: Path) -> Path:
-    (tmp / "real.bin").write_bytes(bytes(64))
-    os.link(tmp / "real.bin", tmp / "w.bin")
-    return _write(tmp, _external(tmp, "w.bin"))
-
-
-def _case_beyond_end(tmp: Path, _composed: Path) -> Path:
-    (tmp / "w.bin").write_bytes(bytes(16))
-    return _write(tmp, _external(tmp, "w.bin", offset=8, length=32))
-
-
-BAD_MODELS = {
-    "no logits": (
-        lambda t, c: _write(t, _tiny_graph(output_name="scores")),
-        "has no 'logits' output",
-    ),
-    "integer logits": (
-        lambda t, c: _write(t, _tiny_graph(dtype=TensorProto.INT64)),
-        "'logits' must be a float tensor",
-    ),
-    "rank-2 logits": (lambda t, c: _write(t, _tiny_graph(rank=2)), "'logits' must have rank 3"),
-    "old opset": (
-        lambda t, c: _write(t, _tiny_graph(opset=13)),
-        "opset 13; the samplers need opset >= 18",
-    ),
-    "truncated file": (_case_truncated, "not a readable ONNX model"),
-    "not a model": (
-        lambda t, c: _write(t, onnx.ModelProto(), "empty.onnx"),
-        "fails the ONNX checker",
-    ),
-    "external data with ..": (
-        lambda t, c: _write(t, _external(t, "../secret.bin")),
-        "'..' is refused",
-    ),
-    "external data absolute": (
-        lambda t, c: _write(t, _external(t, "/etc/passwd")),
-        "absolute paths are refused",
-    ),
-    "external data symlink": (_case_symlink, "is a symbolic link"),
-    "external data hardlink": (_case_hardlink, "is hard-linked"),
-    "external data beyond end": (_case_beyond_end, "lie beyond the file's end"),
-    "external data missing": (lambda t, c: _write(t, _external(t, "gone.bin")), "does not exist"),
-    "name collision": (
-        lambda t, c: _write(t, _tiny_graph(input_name="sampler.temperature")),
-        "already has a value named 'sampler.temperature'",
-    ),
-    "composed twice": (lambda t, c: c, "is composed already (sampler chain temperature,dist)"),
-    "missing file": (lambda t, c: t / "nope.onnx", "no such model file"),
-    "folder without model": (lambda t, c: t, "holds no model.onnx"),
-}
-
-
-@pytest.mark.parametrize("case", list(BAD_MODELS))
-def test_bad_models_are_refused_clearly(case, tmp_path, tiny_export):
-    make, message = BAD_MODELS[case]
-    composed_file = tmp_path / "composed_once.onnx"
-    if case in ("composed twice", "truncated file"):
-        compose(tiny_export.output, "temperature,dist", composed_file, max_slots=2)
-    (tmp_path / "work").mkdir()
-    path = make(tmp_path / "work", composed_file)
-    with pytest.raises(ModelError, match=None) as info:
-        compose(path, None, tmp_path / "out.onnx")
-    assert message in str(info.value)
-    assert "\n" not in str(info.value)
-    assert not (tmp_path / "out.onnx").exists()
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"gather": "middle"}, "gather must be one of auto, lm_head, logits, got 'middle'"),
-        ({"chain": "top_k,bogus"}, "bogus"),
-        ({"max_slots": 0}, "max_slots must be"),
-        ({"top_logprobs": 21}, "top_logprobs must be in [0, 20], got 21"),
-    ],
-)
-def test_invalid_options(tiny_export, tmp_path, kwargs, message):
-    chain = kwargs.pop("chain", None)
-    with pytest.raises(InvalidParameter) as info:
-        compose(tiny_export.output, chain, tmp_path / "x.onnx", **kwargs)
-    assert message in str(info.value)
 
 
 def test_greedy_only_chain_composes_and_returns_the_argmax(

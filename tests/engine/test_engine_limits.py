@@ -1,0 +1,167 @@
+"""The serving engine on the tiny model, in both KV layouts, at the edges of what a request may ask:
+bad requests refused at submit, stop strings, a tiny temperature, min_tokens, a greedy-only graph,
+the end of the cache and of the context; and its faults and shutdown: a failed KV allocation, closing
+with and without cancel."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from onnxsample.composer import compose
+from onnxsample.engine import Engine
+from onnxsample.errors import EngineClosed, InvalidParameter, OutOfMemory
+from onnxsample.params import SamplingParams
+
+PROMPTS = [
+    "Once upon a time",
+    "The weather today is",
+    "def fibonacci(n):",
+    "Paris is the capital of",
+]
+LONG = " ".join(f"word{i}" for i in range(90))  # ~180 tokens: several chunks of 32
+GREEDY = SamplingParams(temperature=0)
+
+
+def _seeded(seed: int, **extra) -> SamplingParams:
+    return SamplingParams(temperature=0.9, top_k=50, seed=seed, **extra)
+
+
+def _alone(engine: Engine, prompt, params, n=16, **kw):
+    return engine.submit(prompt, params, max_new_tokens=n, chat=False, **kw).result(timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"params": SamplingParams(seed=-1)}, "seed must be an integer in [0, 2**64), got -1"),
+        ({"params": SamplingParams(seed=1.5)}, "seed must be an integer"),
+        ({"params": SamplingParams(top_p=1.5)}, "top_p must be in (0, 1], got 1.5"),
+        ({"params": SamplingParams(top_logprobs=5)}, "top_logprobs"),
+        ({"params": SamplingParams(prompt_logprobs=4)}, "prompt_logprobs=4 is more than"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+        ({"prompt": "word " * 700}, "does not fit the model's context of 512 tokens"),
+        ({"prompt": [1, 2, 10**9]}, "token ids must be integers in [0, 49152)"),
+        ({"prompt": []}, "the prompt is empty"),
+        ({"prompt": ""}, "the prompt is empty"),
+        ({"prompt": [{"role": "user"}]}, "'content'"),
+        ({"prompt": 3.5}, "a prompt is a string"),
+        ({"stop": ["a", 3]}, "stop must be a string or a list of strings"),
+    ],
+)
+def test_bad_requests_fail_at_submit(engine, kwargs, message):
+    kwargs = dict(kwargs)  # the table is shared by both layouts
+    prompt = kwargs.pop("prompt", PROMPTS[0])
+    params = kwargs.pop("params", GREEDY)
+    before = engine.stats()
+    with pytest.raises(InvalidParameter) as info:
+        engine.submit(prompt, params, chat=False, **kwargs)
+    assert message in str(info.value)
+    assert engine.stats() == before
+
+
+def test_a_plain_stop_string_is_one_stop_string(engine):
+    full = _alone(engine, PROMPTS[0], GREEDY, 24)
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
+    assert len(stop) == 3
+    done = _alone(engine, PROMPTS[0], GREEDY, 24, stop=stop)
+    assert done.finish_reason == "stop" and done.text == full.text[: full.text.index(stop)]
+
+
+@pytest.mark.parametrize("temperature", [1e-30, 1e-7, 9e-6])
+def test_a_tiny_temperature_is_greedy(engine, temperature):
+    greedy = _alone(engine, PROMPTS[3], GREEDY, 16)
+    tiny = _alone(engine, PROMPTS[3], SamplingParams(temperature=temperature, seed=1), 16)
+    assert tiny.token_ids == greedy.token_ids
+
+
+def test_a_greedy_only_graph_runs(models, layout, tmp_path):
+    _, folder = models[layout, 4]
+    path = compose(folder, "", tmp_path / "greedy.onnx", max_slots=2)
+    with Engine(path, tokenizer=folder, threads=1) as engine:
+        a = engine.submit(PROMPTS[0], GREEDY, max_new_tokens=8, chat=False)
+        b = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=8, chat=False)
+        assert a.result(timeout=60).token_ids and b.result(timeout=60).token_ids
+        with pytest.raises(InvalidParameter, match="needs the dist sampler"):
+            engine.submit(PROMPTS[0], SamplingParams(temperature=0.5), chat=False)
+
+
+def test_generation_ends_with_length_at_the_end_of_the_cache(fresh, engine):
+    short = fresh(max_len=24)
+    done = short.submit(PROMPTS[2], GREEDY, max_new_tokens=100, chat=False).result(timeout=60)
+    full = _alone(engine, PROMPTS[2], GREEDY, 40)
+    room = 24 - len(done.prompt_token_ids)
+    assert done.token_ids == full.token_ids[:room]
+    if len(full.token_ids) >= room:
+        assert done.finish_reason == "length" and len(done.token_ids) == room
+    with pytest.raises(
+        InvalidParameter, match=r"does not fit max_len=24 \(it must be at most 23\)"
+    ):
+        short.submit(LONG, GREEDY, chat=False)
+
+
+def test_a_failed_kv_allocation_fails_that_request_only(models, tmp_path):
+    """A request whose cache cannot be allocated fails with OutOfMemory; the others go on."""
+    path, folder = models["gqa", 4]
+    huge = tmp_path / "huge-context"
+    shutil.copytree(folder, huge, ignore=shutil.ignore_patterns("*.onnx", "*.data"))
+    manifest = json.loads((huge / "onnxsample.json").read_text())
+    manifest["model"]["max_position_embeddings"] = 2**40  # a context no machine can hold
+    (huge / "onnxsample.json").write_text(json.dumps(manifest))
+    with Engine(path, tokenizer=huge, threads=1) as engine:
+        running = engine.submit(PROMPTS[0], _seeded(1), max_new_tokens=30, chat=False)
+        next(iter(running))
+        greedy = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=2**39, chat=False)
+        with pytest.raises(OutOfMemory, match="cannot allocate the KV cache"):
+            greedy.result(timeout=60)
+        assert running.result(timeout=60).token_ids
+        after = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=5, chat=False)
+        assert after.result(timeout=60).token_ids
+
+
+def test_a_closed_engine_refuses_requests(models, layout):
+    path, folder = models[layout, 2]
+    engine = Engine(path, tokenizer=folder, threads=1)
+    request = engine.submit(PROMPTS[0], GREEDY, max_new_tokens=5, chat=False)
+    engine.close()  # drains: the running request finishes
+    assert request.result(timeout=0).token_ids
+    with pytest.raises(EngineClosed):
+        engine.submit(PROMPTS[0], GREEDY, chat=False)
+    engine.close()  # idempotent
+
+
+def test_close_with_cancel_stops_running_requests(models, layout):
+    path, folder = models[layout, 2]
+    engine = Engine(path, tokenizer=folder, threads=1)
+    long = SamplingParams(temperature=0.7, seed=2, ignore_eos=True)
+    requests = [engine.submit(p, long, max_new_tokens=400, chat=False) for p in PROMPTS]
+    next(iter(requests[0]))
+    engine.close(cancel=True, timeout=60)
+    assert {r.result(timeout=0).finish_reason for r in requests} == {"cancelled"}
+
+
+def test_min_tokens_holds_end_of_sequence_back(engine):
+    """A bias that forces EOS at once: with min_tokens=5 the first five tokens are something else."""
+    eos = min(engine.eos_ids)
+    forced = SamplingParams(temperature=0, logit_bias={eos: 100.0})
+    assert _alone(engine, PROMPTS[0], forced, 20).token_ids == []
+    held = SamplingParams(temperature=0, logit_bias={eos: 100.0}, min_tokens=5)
+    done = _alone(engine, PROMPTS[0], held, 20)
+    assert len(done.token_ids) == 5 and done.finish_reason == "eos"
+    assert eos not in done.token_ids
+
+
+def test_min_tokens_needs_room_in_the_bias_table(engine):
+    full = {i: 1.0 for i in range(10, 12)}  # the graph holds 2 entries
+    with pytest.raises(InvalidParameter, match="min_tokens needs 3 logit-bias entries"):
+        engine.submit(PROMPTS[0], SamplingParams(logit_bias=full, min_tokens=2), chat=False)
+
+
+def test_without_a_token_limit_generation_runs_to_the_end_of_the_context(fresh):
+    short = fresh(max_len=60)
+    p = SamplingParams(temperature=0.8, seed=4, ignore_eos=True)
+    done = short.submit(PROMPTS[1], p, max_new_tokens=None, chat=False).result(timeout=120)
+    assert done.finish_reason == "length"
+    assert len(done.prompt_token_ids) + len(done.token_ids) == 60

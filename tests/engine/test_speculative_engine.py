@@ -1,0 +1,239 @@
+"""Speculative decoding in the engine: the n-gram drafter (drafts, back-off, settings) and the
+engine with it (greedy output token for token as without speculation, seeds, stops, limits, cancel,
+mixed batches, errors)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxsample import Engine, InvalidParameter, ModelError, SamplingParams, compose
+from onnxsample.engine._drafter import DraftStats, NgramDrafter
+
+GREEDY = SamplingParams(temperature=0)
+
+
+# ---- the drafter ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("history", "ngram", "limit", "draft"),
+    [
+        ([5, 6, 7, 8, 9, 5, 6, 7], 3, 4, [8, 9, 5, 6]),  # the 3-gram 5 6 7 recurs: what followed it
+        ([5, 6, 7, 8, 9, 5, 6, 7], 3, 2, [8, 9]),  # limit
+        ([1, 2, 3, 1, 2, 4, 1, 2], 2, 3, [4, 1, 2]),  # the most recent occurrence wins
+        ([1, 2, 3, 4, 9, 3, 7, 4], 3, 3, [9, 3, 7]),  # no 3- or 2-gram: the 1-gram 4
+        ([1, 2, 3, 4], 3, 3, []),  # nothing recurs
+        ([7], 3, 3, []),
+        ([7, 7], 3, 3, [7]),
+        ([5, 6, 7, 8, 9, 5, 6, 7], 3, 0, []),
+    ],
+)
+def test_ngram_drafts(history, ngram, limit, draft):
+    drafter = NgramDrafter(draft_tokens=4, ngram=ngram)
+    assert drafter.propose(np.asarray(history, np.int64), limit) == draft
+
+
+@pytest.mark.parametrize(("batched", "kept"), [(False, 1), (True, 2)])
+def test_drafts_back_off_after_misses(batched, kept):
+    drafter = NgramDrafter(4)
+    drafter.batched = batched
+    stats = DraftStats()
+    allowed = []
+    for accepted in (0, kept - 1, 0, kept):
+        drafter.record(stats, 4, accepted)
+        steps = 0
+        while not NgramDrafter.allowed(stats):
+            steps += 1
+        allowed.append(steps)
+    assert allowed == [1, 2, 4, 0]
+    assert (stats.drafted, stats.accepted) == (16, 2 * kept - 1)
+
+
+@pytest.mark.parametrize(("draft_tokens", "ngram"), [(0, 3), (4, 0), (4, True)])
+def test_drafter_rejects_bad_settings(draft_tokens, ngram):
+    with pytest.raises(InvalidParameter, match="must be an integer >= 1"):
+        NgramDrafter(draft_tokens, ngram)
+
+
+# ---- the engine -----------------------------------------------------------------------------------
+
+PROMPTS = {
+    "code edit": "Here is a function:\n\ndef area(width, height):\n    if width < 0 or height < 0:\n"
+    "        raise ValueError('negative size')\n    return width * height\n\n"
+    "Write it again with the function renamed to rectangle_area.",
+    "summarise": "The river Loire is the longest river in France. The Loire rises in the Massif "
+    "Central and flows north and then west to the Atlantic. Summarise: the Loire is",
+    "chat": [{"role": "user", "content": "List three colours of the rainbow, one per line."}],
+    "no repetition": "Tell me a short story about a lighthouse keeper.",
+}
+
+
+def _engine_pair(export, path, **compose_options):
+    """`export` composed into `path`; engines on it without and with speculation, closed after."""
+    path = compose(export, None, path, **compose_options)
+    plain = Engine(path, tokenizer=export, threads=1)
+    fast = Engine(path, tokenizer=export, threads=1, speculative="ngram")
+    yield plain, fast
+    plain.close()
+    fast.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_gqa_export, tmp_path_factory):
+    """The tiny GQA model composed with 4 slots and 4 draft tokens; engines with and without
+    speculation."""
+    path = tmp_path_factory.mktemp("spec") / "tiny.onnx"
+    options = dict(max_slots=4, top_logprobs=2, max_bias=4, draft_tokens=4)
+    yield from _engine_pair(tiny_gqa_export.output, path, **options)
+
+
+@pytest.fixture(scope="module")
+def embedded_pair(embedded_gqa_exports, tmp_path_factory):
+    """The embedded SmolLM2 with float compute (gguf blocks, accuracy level 0) composed with 8
+    draft tokens. At accuracy level 4 ONNX Runtime multiplies one row and several rows with
+    different int8 kernels, so there a verification run's logits differ from a one-token step's
+    as a prefill's do."""
+    path = tmp_path_factory.mktemp("spec-embedded") / "composed.onnx"
+    options = dict(max_slots=4, top_logprobs=2, draft_tokens=8)
+    yield from _engine_pair(embedded_gqa_exports["gguf-a0"].output, path, **options)
+
+
+def _together(engine, prompts, params, n):
+    requests = [engine.submit(p, params, max_new_tokens=n) for p in prompts]
+    return [r.result(timeout=300) for r in requests]
+
+
+def test_embedded_greedy_is_unchanged_token_for_token(embedded_pair):
+    """Each prompt alone, then all four in one batch (slots drafting and not, side by side)."""
+    plain, fast = embedded_pair
+    prompts = list(PROMPTS.values())
+    base = [plain.submit(p, GREEDY, max_new_tokens=64).result(timeout=300) for p in prompts]
+    before = fast.stats()
+    alone = [fast.submit(p, GREEDY, max_new_tokens=64).result(timeout=300) for p in prompts]
+    batch = _together(fast, prompts, GREEDY, 64)
+    for name, a, b, c in zip(PROMPTS, base, alone, batch, strict=True):
+        assert b.token_ids == a.token_ids, name
+        assert c.token_ids == a.token_ids, name
+        assert b.text == a.text
+    after = fast.stats()
+    drafted = after.drafted_tokens - before.drafted_tokens
+    accepted = after.accepted_tokens - before.accepted_tokens
+    assert 0 < accepted < drafted
+    assert after.decode_steps - before.decode_steps < sum(len(c.token_ids) for c in alone + batch)
+    code = alone[0].timings
+    assert code.draft_tokens > 0 and code.accepted_tokens > 0
+
+
+def test_embedded_sampling_with_penalties_keeps_the_seeded_stream(embedded_pair):
+    """One uniform per emitted token, from the request's own generator: the same seed gives the
+    same tokens with and without speculation (the logits agree to the last bits here)."""
+    plain, fast = embedded_pair
+    params = SamplingParams(
+        temperature=0.8, top_p=0.95, repetition_penalty=1.1, frequency_penalty=0.3, seed=7
+    )
+    prompt = PROMPTS["code edit"]
+    a = plain.submit(prompt, params, max_new_tokens=48).result(timeout=300)
+    b = fast.submit(prompt, params, max_new_tokens=48).result(timeout=300)
+    c = fast.submit(prompt, params, max_new_tokens=48).result(timeout=300)
+    assert b.token_ids == c.token_ids, "same seed, different text run to run"
+    assert b.token_ids == a.token_ids
+
+
+def test_tiny_model_mixed_batch_logprobs_and_limits(tiny_pair):
+    plain, fast = tiny_pair
+    params = SamplingParams(temperature=0, logprobs=True, top_logprobs=2)
+    prompts = ["Once upon a time", "a b c a b c a b", "def f(x):", "1 2 3 1 2 3"]
+    base = _together(plain, prompts, params, 40)
+    spec = _together(fast, prompts, params, 40)
+    for a, b in zip(base, spec, strict=True):
+        assert b.token_ids == a.token_ids
+        assert b.finish_reason == a.finish_reason
+        assert len(b.token_ids) <= 40
+        np.testing.assert_allclose(b.logprobs, a.logprobs, atol=1e-4)
+        assert [[t for t, _ in top] for top in b.top_logprobs] == [
+            [t for t, _ in top] for top in a.top_logprobs
+        ]
+    assert sum(c.timings.accepted_tokens for c in spec) > 0
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_token_limit_is_exact(tiny_pair, n):
+    _, fast = tiny_pair
+    done = fast.submit("a b c a b c a b c a b", GREEDY, max_new_tokens=n, chat=False).result()
+    assert len(done.token_ids) == n and done.finish_reason in ("length", "eos")
+    # drafts kept past the limit were never emitted, so they are not counted as accepted
+    assert done.timings.accepted_tokens <= max(n - 2, 0)
+
+
+class _Rows:
+    """A stand-in for the shared KV buffers: only their length matters to the call's shape."""
+
+    length = 512
+    generation = 0
+
+
+def test_a_full_draft_leaves_its_row_a_free_position():
+    """A verified draft may fill a row only up to one position before the buffer's end: a later
+    call over several rows writes its pad token just past what each row holds."""
+    from types import SimpleNamespace
+
+    from onnxsample.engine._kv_shared import SharedLayout
+
+    layout = SharedLayout(_Rows(), slots=3, pad=0, limit=None)
+    layout.tokens[1] = [7] * 503
+    seq = SimpleNamespace(slot=1, ids=[7])
+    call = layout.decode([seq], {1: [7] * 8})
+    assert call.drafts[1] == [7] * 7  # trimmed: 503 held + 8 fed stays below 512
+    call.accepted = {1: 7}
+    layout.commit(call, {})
+    assert len(layout.tokens[1]) == 511
+    others = [SimpleNamespace(slot=0, ids=[1]), SimpleNamespace(slot=2, ids=[1])]
+    assert layout.decode(others).mask.shape[1] <= _Rows.length
+
+
+def test_stop_strings_and_streaming_events(tiny_pair):
+    plain, fast = tiny_pair
+    params = SamplingParams(temperature=0, ignore_eos=True)
+    base = plain.submit("a b c a b c", params, max_new_tokens=40, chat=False).result()
+    stop = base.text[len(base.text) // 2 :][:3]
+    a = plain.submit("a b c a b c", params, max_new_tokens=40, stop=stop, chat=False).result()
+    request = fast.submit("a b c a b c", params, max_new_tokens=40, stop=stop, chat=False)
+    events = list(request)
+    b = events[-1].completion
+    assert b.text == a.text and b.finish_reason == a.finish_reason == "stop"
+    assert "".join(e.text for e in events) == b.text
+    # one event per emitted token, in order (a verified run emits several)
+    assert [e.token_id for e in events if e.token_id is not None] == b.token_ids
+
+
+def test_cancel_while_drafting(tiny_pair):
+    _, fast = tiny_pair
+    long = SamplingParams(temperature=0, ignore_eos=True)
+    request = fast.submit("a b c a b c a b c", long, max_new_tokens=400, chat=False)
+    next(iter(request))
+    request.cancel()
+    done = request.result(timeout=60)
+    assert done.finish_reason == "cancelled" and len(done.token_ids) < 400
+    assert fast.submit("x y", GREEDY, max_new_tokens=3, chat=False).result().token_ids
+
+
+def test_engine_errors(tiny_pair, tiny_gqa_export, tiny_export, tmp_path):
+    plain, _ = tiny_pair
+    with pytest.raises(InvalidParameter, match=r"draft_tokens must be in \[1, 4\]"):
+        Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="ngram", draft_tokens=5)
+    with pytest.raises(InvalidParameter, match="speculative must be 'ngram'"):
+        Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="draft-model")
+    with pytest.raises(InvalidParameter, match="ngram must be an integer >= 1"):
+        Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="ngram", ngram=0)
+    bare = compose(tiny_gqa_export.output, None, tmp_path / "bare.onnx", max_slots=2)
+    with pytest.raises(InvalidParameter, match="compose --draft-tokens"):
+        Engine(bare, tokenizer=tiny_gqa_export.output, speculative="ngram")
+    with pytest.raises(ModelError, match="GroupQueryAttention"):
+        compose(tiny_export.output, None, tmp_path / "concat.onnx", draft_tokens=4)
+    with pytest.raises(InvalidParameter, match="output_probs"):
+        compose(
+            tiny_gqa_export.output, None, tmp_path / "p.onnx", draft_tokens=4, output_probs=True
+        )
+    with pytest.raises(InvalidParameter, match=r"draft_tokens must be in \[0, 16\]"):
+        compose(tiny_gqa_export.output, None, tmp_path / "k.onnx", draft_tokens=17)

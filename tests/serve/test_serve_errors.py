@@ -1,0 +1,242 @@
+"""`onnxsample serve`'s errors and limits: every error in OpenAI's shape (invalid values naming the
+parameter, a prompt over the context, an unknown model, raw bodies the client will not send, and
+generated bodies that must never get a 5xx), the API key, a full queue (429), health before the model
+is loaded (503), and a client that goes away freeing its slot."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+
+import openai
+import pytest
+from _http import free_port, get, metric, post, served
+
+KEY = "sk-test-key"
+CHAT = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def _chat(client, **kwargs):
+    return client.chat.completions.create(model="tiny", messages=CHAT, **kwargs)
+
+
+def _metric(port: int, name: str) -> float:
+    return metric(get(port, "/metrics")[1].decode(), name)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param", "message"),
+    [
+        ({"top_p": 1.5}, "top_p", "top_p must be in (0, 1], got 1.5"),
+        ({"temperature": -1}, "temperature", "temperature must be finite and >= 0, got -1"),
+        ({"seed": -4}, "seed", "seed must be an integer in [0, 2**64), got -4"),
+        ({"max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
+        ({"extra_body": {"top_k": -2}}, "top_k", "top_k must be an integer >= 0"),
+        ({"logit_bias": {"99999999": 5}}, "logit_bias", "logit_bias token id must be in"),
+        ({"top_logprobs": 3}, "top_logprobs", "top_logprobs needs logprobs=true"),
+        ({"n": 0}, "n", "n must be in [1, 32], got 0"),
+        ({"extra_body": {"temperature": "hot"}}, "temperature", "temperature"),
+    ],
+)
+def test_invalid_values_are_400_naming_the_parameter(client, kwargs, param, message):
+    with pytest.raises(openai.BadRequestError) as info:
+        _chat(client, **{"max_tokens": 4, **kwargs})
+    error = info.value.body
+    assert error["param"] == param and message in error["message"], error
+    assert info.value.status_code == 400 and "Traceback" not in error["message"]
+
+
+def test_a_prompt_longer_than_the_context(client):
+    with pytest.raises(openai.BadRequestError, match=r"\d+ tokens, which does not fit .* 512"):
+        client.completions.create(model="tiny", prompt="word " * 600, max_tokens=2)
+
+
+def test_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError, match="'gpt-9' does not exist"):
+        client.chat.completions.create(model="gpt-9", messages=CHAT)
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (b'{"messages": "hi"}', 400, "messages"),
+        (b'{"messages": []}', 400, "messages"),
+        (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}' + b" " * 5_000_000,
+            413,
+            "over",
+        ),
+    ],
+)
+def test_raw_bodies_get_openai_errors(port, body, status, fragment):
+    code, data = post(port, "/v1/chat/completions", body)
+    assert code == status and fragment in data["error"]["message"], data
+    assert set(data["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_client_that_goes_away_frees_its_slot(port):
+    body = json.dumps(
+        {"model": "tiny", "prompt": "Once", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    seen = b""
+    while seen.count(b"data:") < 4:  # three tokens after the headers' first chunk
+        seen += sock.recv(4096)
+    assert _metric(port, "onnxsample_slots_busy") >= 1
+    sock.close()
+    deadline = time.monotonic() + 30
+    while _metric(port, "onnxsample_slots_busy") > 0:
+        assert time.monotonic() < deadline, "the slot stayed busy"
+        time.sleep(0.1)
+
+
+def test_api_key(models):
+    with served(models["two"], "--threads", "1", "--api-key", KEY) as server:
+        p = server.port
+        url = f"http://127.0.0.1:{p}/v1"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0)
+        assert ok.chat.completions.create(
+            model=ok.models.list().data[0].id, messages=CHAT, max_tokens=2
+        ).choices
+        assert get(p, "/health")[0] == 200  # health stays open
+
+
+def test_a_full_queue_is_429_with_retry_after(models):
+    with served(models["two"], "--threads", "1", "--max-queue", "0") as server:
+        p = server.port
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{p}/v1", api_key="x", max_retries=0)
+        long = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
+        streams = [
+            client.completions.create(
+                model=client.models.list().data[0].id, prompt="Once", stream=True, **long
+            )
+            for _ in range(2)
+        ]
+        for s in streams:
+            next(iter(s))
+        with pytest.raises(openai.RateLimitError) as info:
+            client.completions.create(
+                model=client.models.list().data[0].id, prompt="x", max_tokens=2
+            )
+        assert info.value.response.headers["retry-after"] == "1"
+        for s in streams:
+            s.close()
+
+
+def test_health_is_503_until_the_model_is_loaded(models, tiny_gqa_export):
+    """An in-process server whose engine loads only when the test says so."""
+    import uvicorn
+
+    from onnxsample.engine import Engine
+    from onnxsample.serve import ServeSettings, create_app
+
+    gate = threading.Event()
+
+    def load() -> Engine:
+        gate.wait(60)
+        return Engine(models["two"], tokenizer=tiny_gqa_export.output, threads=1)
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(load, ServeSettings("tiny")), port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        code, body = get(port, "/health")
+        assert code == 503 and json.loads(body)["error"]["message"] == "loading the model"
+        status, data = post(port, "/v1/completions", b'{"prompt": "x"}')
+        assert status == 503 and data["error"]["type"] == "service_unavailable"
+        gate.set()
+        while get(port, "/health")[0] != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        gate.set()
+        server.should_exit = True
+        thread.join(30)
+
+
+FUZZ_FIELDS = [
+    "model", "messages", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p",
+    "n", "seed", "stop", "stream", "stream_options", "logprobs", "top_logprobs", "echo",
+    "logit_bias", "presence_penalty", "frequency_penalty", "user", "top_k", "min_p", "typical_p",
+    "repetition_penalty", "ignore_eos", "min_tokens", "unknown_field",
+]  # fmt: skip
+
+
+def _fuzz_bodies():
+    from hypothesis import strategies as st
+
+    scalar = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**70), 2**70),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.text(max_size=20),
+    )
+    value = st.recursive(
+        scalar,
+        lambda inner: (
+            st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        ),
+        max_leaves=8,
+    )
+    message = st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant", "bot"]), "content": value}
+    )
+    plausible = {
+        "messages": st.lists(message, min_size=0, max_size=3) | value,
+        "prompt": st.text(max_size=30) | st.lists(st.integers(-5, 60000), max_size=5) | value,
+        "max_tokens": st.integers(-2, 40) | value,
+        "n": st.integers(-1, 3) | value,
+    }
+    return st.dictionaries(
+        st.sampled_from(FUZZ_FIELDS),
+        st.deferred(lambda: value),
+        max_size=8,
+    ).flatmap(
+        lambda body: st.fixed_dictionaries(
+            {k: plausible.get(k, st.just(v)) for k, v in body.items()}
+        )
+    )
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_no_generated_body_gets_a_5xx(port, path):
+    from hypothesis import HealthCheck, given, settings
+
+    @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(_fuzz_bodies())
+    def check(body):
+        body.setdefault("max_tokens", 3) if isinstance(body, dict) else None
+        data = json.dumps(body, allow_nan=True).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        try:
+            conn.request("POST", path, data, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            text = response.read()
+        finally:
+            conn.close()
+        assert response.status < 500, (body, text)
+        if response.status >= 400:
+            assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}
+            assert b"Traceback" not in text
+
+    check()
