@@ -48,6 +48,15 @@ AccuracyLevel = Annotated[
         "on CPUs); 0 computes in float (exact for gguf).",
     ),
 ]
+Device = Annotated[
+    str,
+    typer.Option(
+        "--device",
+        help="cpu (fp32 activations) or cuda: the GPU export, our GroupQueryAttention graph in fp16 "
+        "(KV cache too; quantised weights as fp16 MatMulNBits) where every compute node has a "
+        "CUDA kernel. Verified on the CPU.",
+    ),
+]
 VerifyTokens = Annotated[
     int,
     typer.Option(
@@ -117,6 +126,15 @@ GraphDraftTokens = Annotated[
         help="K > 0 lets every slot verify up to K draft tokens per run (speculative decoding, "
         "`run --speculative ngram`); GroupQueryAttention exports only. Free when unused.",
         min=0,
+    ),
+]
+Static = Annotated[
+    bool,
+    typer.Option(
+        "--static",
+        help="A chain with no control flow and no data-dependent shapes, so a decode step can be "
+        "captured as a CUDA graph (run/serve --cuda-graph). Same tokens; it computes every path, "
+        "so it is slower on the CPU. No draft verification.",
     ),
 ]
 Inline = Annotated[

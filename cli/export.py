@@ -32,6 +32,7 @@ def export(
     layout: opt.Layout = "auto",
     precision: opt.Precision = "auto",
     accuracy_level: opt.AccuracyLevel = 4,
+    device: opt.Device = "cpu",
     force: opt.Force = False,
     verify_tokens: opt.VerifyTokens = 8,
     keep_hf: opt.KeepHF = False,
@@ -42,6 +43,7 @@ def export(
     quantised blocks (Q4_0, Q4_1, Q8_0), so the export computes what llama.cpp computes.
     The folder also gets the tokenizer, chat template, generation config and a manifest
     (onnxsample.json). An existing export of the same source is reused unless --force.
+    `--device cuda` writes the GPU export (fp16).
     """
     from onnxsample.exporters import export as run_export
 
@@ -52,6 +54,7 @@ def export(
             layout=layout,
             precision=precision,
             accuracy_level=accuracy_level,
+            device=device,
             force=force,
             verify_tokens=verify_tokens,
             keep_hf=keep_hf,
@@ -98,6 +101,8 @@ def _summary(result) -> None:
 
 
 def _precision(m: dict) -> str:
+    if m.get("device") == "cuda":
+        return f"{m['precision']} (GPU export: fp16 activations)"
     if m["precision"] in ("int8", "int4", "gguf"):
         return f"{m['precision']} (accuracy level {m.get('accuracy_level', 0)})"
     return m["precision"]

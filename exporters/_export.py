@@ -21,6 +21,7 @@ from onnxsample.exporters._verify import VerifyResult, verify_export
 log = logging.getLogger(__name__)
 
 LAYOUTS = ("auto", "gqa", "optimum")
+DEVICES = ("cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4", "gguf")
 ACCURACY_LEVELS = (0, 4)
 STAGES = ("check", "load", "export", "verify")
@@ -68,8 +69,12 @@ class ExportResult:
         return self.manifest.get("verify", {})
 
 
-def export_name(name: str, layout: str, precision: str, accuracy_level: int) -> str:
+def export_name(
+    name: str, layout: str, precision: str, accuracy_level: int, device: str = "cpu"
+) -> str:
     """Folder name of an export: the source's name, plus what is not the optimum fp32 default."""
+    if device == "cuda":
+        return f"{name}-{layout}-{precision}-cuda"
     if (layout, precision) == ("optimum", "fp32"):
         return name
     suffix = f"-{layout}-{precision}"
@@ -77,15 +82,33 @@ def export_name(name: str, layout: str, precision: str, accuracy_level: int) -> 
 
 
 def resolve_options(
-    src: Source, info: gguf.GGUFInfo | None, model_type: str, layout: str, precision: str
+    src: Source,
+    info: gguf.GGUFInfo | None,
+    model_type: str,
+    layout: str,
+    precision: str,
+    device: str = "cpu",
 ) -> tuple[str, str]:
     """(layout, precision) with ``auto`` decided for this source; refuse what cannot be combined.
 
     `model_type` is the HF config's (for a GGUF: its architecture). ``auto`` layout is ``gqa`` for
     Llama-family models and ``optimum`` otherwise; ``auto`` precision is ``gguf`` (the file's own
-    blocks) for a GGUF whose weights are all transplantable, else fp32.
+    blocks) for a GGUF whose weights are all transplantable, else fp32 (fp16 for ``cuda``).
+
+    ``device="cuda"`` is the GPU export: our GQA graph with fp16 activations and KV cache, where
+    every compute node has a CUDA kernel (CUDA's GroupQueryAttention takes fp16/bf16 only).
     """
-    _check_choices(layout, precision)
+    _check_choices(layout, precision, device)
+    if device == "cuda":
+        if layout == "optimum":
+            raise ExportError(
+                "--device cuda writes our GroupQueryAttention layout (fp16): drop --layout optimum"
+            )
+        if precision == "fp32":
+            raise ExportError(
+                "--device cuda computes in fp16 (CUDA's attention has no fp32 kernel): use "
+                "--precision auto, fp16, int4, int8 or gguf"
+            )
     families = _llama.LLAMA_GGUF_ARCHITECTURES if info is not None else _llama.LLAMA_HF_TYPES
     llama = model_type in families
     if layout == "auto":
@@ -96,7 +119,8 @@ def resolve_options(
         )
     transplantable = info is not None and not _untransplantable(info)
     if precision == "auto":
-        precision = "gguf" if layout == "gqa" and transplantable else "fp32"
+        float_precision = "fp16" if device == "cuda" else "fp32"
+        precision = "gguf" if layout == "gqa" and transplantable else float_precision
     if layout == "optimum" and precision not in ("fp32", "fp16"):
         raise ExportError(f"precision {precision} needs --layout gqa (optimum: fp32, fp16)")
     if precision == "gguf":
@@ -114,16 +138,20 @@ def resolve_options(
     return layout, precision
 
 
-def _lossy(precision: str, accuracy_level: int) -> str:
+def _lossy(precision: str, accuracy_level: int, device: str = "cpu") -> str:
     """Why an export does not compute what transformers computes ('' when it should)."""
     if precision in ("int8", "int4"):
         return "re-quantised weights"
+    if device == "cuda" or precision == "fp16":
+        return "fp16 activations"
     if precision == "gguf" and accuracy_level == 4:
         return "int8 activations"
     return ""
 
 
-def _check_choices(layout: str, precision: str) -> None:
+def _check_choices(layout: str, precision: str, device: str = "cpu") -> None:
+    if device not in DEVICES:
+        raise InvalidParameter(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if layout not in LAYOUTS:
         raise InvalidParameter(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if precision not in PRECISIONS:
@@ -137,8 +165,10 @@ def _untransplantable(info: gguf.GGUFInfo) -> list[str]:
     return sorted(set(info.tensor_types) - {*_gguf_quant.TRANSPLANTABLE, "F32", "F16"})
 
 
-def default_output(source: Source, layout: str, precision: str, accuracy_level: int) -> Path:
-    return Path("artifacts") / export_name(source.name, layout, precision, accuracy_level)
+def default_output(
+    source: Source, layout: str, precision: str, accuracy_level: int, device: str = "cpu"
+) -> Path:
+    return Path("artifacts") / export_name(source.name, layout, precision, accuracy_level, device)
 
 
 def export(
@@ -148,6 +178,7 @@ def export(
     layout: str = "auto",
     precision: str = "auto",
     accuracy_level: int = 4,
+    device: str = "cpu",
     force: bool = False,
     verify_tokens: int = 8,
     keep_hf: bool = False,
@@ -160,6 +191,9 @@ def export(
     or ``auto``; `precision` is fp32/fp16, int8/int4 (ORT's block quantiser, gqa only), ``gguf``
     (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, exactly) or ``auto`` (see :func:`resolve_options`).
     `accuracy_level` 4 lets quantised MatMuls use int8 activations (faster), 0 computes in float.
+    `device` ``cuda`` writes the GPU export: the gqa layout with fp16 activations and KV cache,
+    float weights in fp16 and quantised ones as fp16 ``MatMulNBits`` (accuracy level 0: CUDA has
+    no int8-activation path); ``cpu`` (the default) computes in fp32.
     An existing export with the same request and exporter versions is reused unless `force`; a
     different one is an error. `progress(stage)` is called as each of :data:`STAGES` starts.
     """
@@ -168,7 +202,7 @@ def export(
         raise InvalidParameter(f"accuracy_level must be 0 or 4, got {accuracy_level!r}")
     if verify_tokens < 0:
         raise InvalidParameter(f"verify_tokens must be >= 0, got {verify_tokens}")
-    _check_choices(layout, precision)
+    _check_choices(layout, precision, device)
     start = time.perf_counter()
     stage = progress or (lambda _name: None)
 
@@ -178,17 +212,17 @@ def export(
     model_type = (
         info.architecture if info is not None else hf.check_hf_folder(src.path)["model_type"]
     )
-    layout, precision = resolve_options(src, info, model_type, layout, precision)
-    if precision not in _QUANTISED:
+    layout, precision = resolve_options(src, info, model_type, layout, precision, device)
+    if precision not in _QUANTISED or device == "cuda":
         accuracy_level = 0
     out = (
         Path(output)
         if output is not None
-        else default_output(src, layout, precision, accuracy_level)
+        else default_output(src, layout, precision, accuracy_level, device)
     )
     out = out.expanduser().absolute()
     _fs.check_output(out)
-    key = _manifest.request_key(src.digest(), layout, precision, accuracy_level)
+    key = _manifest.request_key(src.digest(), layout, precision, accuracy_level, device)
     reused = _reuse(out, key, force)
     if reused is not None:
         return ExportResult(out, reused, True, time.perf_counter() - start, _peak_rss())
@@ -197,7 +231,7 @@ def export(
     with _fs.staged_folder(out) as tmp:
         if layout == "gqa":
             config, generation, tokenizer, model = _export_gqa(
-                src, info, tmp, precision, accuracy_level, verify_tokens, stage
+                src, info, tmp, precision, accuracy_level, device, verify_tokens, stage
             )
         else:
             config, generation, tokenizer, model = _export_optimum(
@@ -210,7 +244,7 @@ def export(
                 model,
                 tokenizer,
                 verify_tokens,
-                lossy=_lossy(precision, accuracy_level),
+                lossy=_lossy(precision, accuracy_level, device),
             )
         else:
             checked = VerifyResult(0, None, note="skipped (verify_tokens=0)")
@@ -238,7 +272,9 @@ def _export_optimum(src: Source, info, tmp: Path, precision: str, keep_hf: bool,
     return model.config, model.generation_config, tokenizer, model
 
 
-def _export_gqa(src: Source, info, tmp: Path, precision, accuracy_level, verify_tokens, stage):
+def _export_gqa(
+    src: Source, info, tmp: Path, precision, accuracy_level, device, verify_tokens, stage
+):
     """Our GroupQueryAttention graph; transformers only reads the tokenizer (and the reference
     model for the verify step)."""
     from onnxsample.exporters import gqa
@@ -256,7 +292,8 @@ def _export_gqa(src: Source, info, tmp: Path, precision, accuracy_level, verify_
         spec, weights = _llama.read_hf(src.path)
         _copy_hf_files(src.path, tmp)
     stage("export")
-    gqa.write_gqa(spec, weights, tmp / "model.onnx", precision, accuracy_level)
+    activations = "fp16" if device == "cuda" or precision == "fp16" else "fp32"
+    gqa.write_gqa(spec, weights, tmp / "model.onnx", precision, accuracy_level, activations)
     del weights
     model = None
     if verify_tokens:

@@ -258,6 +258,7 @@ def linear_nodes(
     name: str,
     accuracy_level: int,
     initializer: Callable[[str, np.ndarray], ir.Value],
+    activations: ir.DataType | None = None,
 ) -> ir.Value:
     """Emit ``y = x @ dequantize(w).T`` as a `com.microsoft.MatMulNBits` (+ the Q4_1 correction).
 
@@ -277,21 +278,27 @@ def linear_nodes(
     Args:
         tape: records the nodes; the model must import "com.microsoft" version 1 and the default
             domain at opset 18 or later.
-        x: float32 ``[..., K]`` (rank 3 ``[B, S, K]`` in the models we build).
+        x: float32 or float16 ``[..., K]`` (rank 3 ``[B, S, K]`` in the models we build); the
+            scales and the Q4_1 minimums take its type (GGUF stores both in fp16: exact).
         w: the weight, ``K`` inputs to ``N`` outputs.
         name: prefix of the node, value and initializer names.
         accuracy_level: MatMulNBits' accuracy_level (0 = float32 compute, 4 = int8 activations).
         initializer: registers ``(name, array)`` as an initializer and returns its value.
+        activations: x's float type where x does not carry one (default: x's, else float32).
 
     Returns:
-        The output value, float32 ``[..., N]``.
+        The output value, ``[..., N]`` of x's type.
     """
     if accuracy_level not in range(5):
         raise ValueError(f"accuracy_level must be 0..4, got {accuracy_level}")
-    if x.dtype is not None and x.dtype != ir.DataType.FLOAT:
-        raise ValueError(f"{name}: MatMulNBits input must be float32, got {x.dtype}")
+    floats = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
+    kind = x.dtype or activations or ir.DataType.FLOAT
+    if kind not in floats:
+        raise ValueError(f"{name}: MatMulNBits input must be float32 or float16, got {kind}")
+    dtype = floats[kind]
     leading = None if x.shape is None else list(x.shape)[:-1]
-    inputs = [x, initializer(f"{name}.qweight", w.packed), initializer(f"{name}.scales", w.scales)]
+    scales = initializer(f"{name}.scales", w.scales.astype(dtype))
+    inputs = [x, initializer(f"{name}.qweight", w.packed), scales]
     if w.zero_points is not None:
         inputs.append(initializer(f"{name}.qzeros", w.zero_points))
     y = tape.op(
@@ -307,7 +314,7 @@ def linear_nodes(
         domain="com.microsoft",
         name=f"{name}/MatMulNBits",
     )
-    _named(y, f"{name}/MatMulNBits/output_0", leading, [w.n])
+    _named(y, f"{name}/MatMulNBits/output_0", leading, [w.n], kind)
     if w.mins is None:
         return y
     rank = 3 if leading is None else len(leading) + 1
@@ -317,26 +324,34 @@ def linear_nodes(
         [x, initializer(f"{name}.block_shape", block_shape)],
         name=f"{name}/BlockSum/Reshape",
     )
-    _named(blocks, f"{name}/BlockSum/Reshape/output_0", leading, [w.n_blocks, w.block_size])
+    _named(blocks, f"{name}/BlockSum/Reshape/output_0", leading, [w.n_blocks, w.block_size], kind)
     sums = tape.op(
         "ReduceSum",
         [blocks, initializer(f"{name}.block_axes", np.array([-1], dtype=np.int64))],
         attributes={"keepdims": 0},
         name=f"{name}/BlockSum/ReduceSum",
     )
-    _named(sums, f"{name}/BlockSum/output_0", leading, [w.n_blocks])
+    _named(sums, f"{name}/BlockSum/output_0", leading, [w.n_blocks], kind)
     correction = tape.op(
-        "MatMul", [sums, initializer(f"{name}.mins", w.mins)], name=f"{name}/MinsMatMul"
+        "MatMul",
+        [sums, initializer(f"{name}.mins", w.mins.astype(dtype))],
+        name=f"{name}/MinsMatMul",
     )
-    _named(correction, f"{name}/MinsMatMul/output_0", leading, [w.n])
+    _named(correction, f"{name}/MinsMatMul/output_0", leading, [w.n], kind)
     out = tape.op("Add", [y, correction], name=f"{name}/AddMins")
-    return _named(out, f"{name}/AddMins/output_0", leading, [w.n])
+    return _named(out, f"{name}/AddMins/output_0", leading, [w.n], kind)
 
 
-def _named(value: ir.Value, name: str, leading: list | None, trailing: list[int]) -> ir.Value:
-    """Name a float32 value; give it the shape ``[*leading, *trailing]`` when `leading` is known."""
+def _named(
+    value: ir.Value,
+    name: str,
+    leading: list | None,
+    trailing: list[int],
+    dtype: ir.DataType = ir.DataType.FLOAT,
+) -> ir.Value:
+    """Name a float value; give it the shape ``[*leading, *trailing]`` when `leading` is known."""
     value.name = name
-    value.dtype = ir.DataType.FLOAT
+    value.dtype = dtype
     if leading is not None:
         value.shape = ir.Shape([*leading, *trailing])
     return value

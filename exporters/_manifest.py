@@ -58,10 +58,11 @@ def describe_io(model_path: Path) -> dict[str, Any]:
 
 
 def request_key(
-    source_digest: str, layout: str, precision: str, accuracy_level: int
+    source_digest: str, layout: str, precision: str, accuracy_level: int, device: str = "cpu"
 ) -> dict[str, Any]:
-    """The part of a manifest that decides whether an existing export can be reused."""
-    return {
+    """The part of a manifest that decides whether an existing export can be reused. ``device``
+    is recorded for GPU exports only (a manifest without it is a CPU export)."""
+    key = {
         "format_version": FORMAT_VERSION,
         "source_sha256": source_digest,
         "layout": layout,
@@ -69,6 +70,9 @@ def request_key(
         "accuracy_level": accuracy_level,
         "exporter": stack_versions(),
     }
+    if device != "cpu":
+        key["device"] = device
+    return key
 
 
 def read_manifest(folder: Path) -> dict[str, Any] | None:
@@ -82,7 +86,8 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
-    return all(manifest.get(k) == v for k, v in key.items())
+    same_device = manifest.get("device", "cpu") == key.get("device", "cpu")
+    return same_device and all(manifest.get(k) == v for k, v in key.items())
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:

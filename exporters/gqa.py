@@ -67,14 +67,15 @@ class _Graph:
     def linear(self, x: ir.Value, weight: Any, name: str) -> ir.Value:
         """x @ weight.T for a float [N, K] array or a GGUF-transplanted quantised weight."""
         if isinstance(weight, _gguf_quant.QuantizedWeight) and (
-            weight.bits == 4 or self.accuracy_level == 4
+            weight.bits == 4 or self.accuracy_level == 4 or self.dtype == ir.DataType.FLOAT16
         ):
             return _gguf_quant.linear_nodes(
-                self.tape, x, weight, name, self.accuracy_level, self.const
+                self.tape, x, weight, name, self.accuracy_level, self.const, self.dtype
             )
         if isinstance(weight, _gguf_quant.QuantizedWeight):
-            # ORT's 8-bit MatMulNBits is ~20x slower than 4-bit below accuracy level 4; the float
-            # matrix holds the same values.
+            # ORT's 8-bit MatMulNBits is ~20x slower than 4-bit below accuracy level 4 on the CPU
+            # (fp32 activations); the float matrix holds the same values. CUDA's fp16 kernel has
+            # a fused 8-bit path, so fp16 graphs keep the blocks.
             weight = weight.dequantize()
         w = self.const(f"{name}.weight", np.asarray(weight, self.np_dtype).T)
         return self.op("MatMul", [x, w], f"{name}/MatMul")
@@ -235,15 +236,16 @@ def write_gqa(
     path: Path,
     precision: str = "fp32",
     accuracy_level: int = 0,
+    activations: str = "fp32",
 ) -> None:
     """Build the decoder and save it as `path` with its weights in `path`.data.
 
-    ``int8``/``int4`` build the fp32 graph, then ORT's MatMulNBits quantiser turns every MatMul with
+    `activations` (``fp32``/``fp16``) is the float type of activations, KV cache and float weights.
+    ``int8``/``int4`` build the float graph, then ORT's MatMulNBits quantiser turns every MatMul with
     a constant weight into 4- or 8-bit blocks of 32 (symmetric), the LM head included (it is a
     materialised matrix here, also for tied embeddings).
     """
-    float_precision = "fp16" if precision == "fp16" else "fp32"
-    model = build_gqa_model(spec, weights, precision=float_precision, accuracy_level=accuracy_level)
+    model = build_gqa_model(spec, weights, precision=activations, accuracy_level=accuracy_level)
     if precision in ("int8", "int4"):
         model = _ort_quantise(model, 8 if precision == "int8" else 4, accuracy_level)
     path.parent.mkdir(parents=True, exist_ok=True)

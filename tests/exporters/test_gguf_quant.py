@@ -37,12 +37,15 @@ def _reference(data: np.ndarray, qtype: str) -> np.ndarray:
 
 
 def _session(
-    w: QuantizedWeight, accuracy_level: int, x_shape: list | None = None
+    w: QuantizedWeight,
+    accuracy_level: int,
+    x_shape: list | None = None,
+    dtype: ir.DataType = ir.DataType.FLOAT,
 ) -> tuple[onnx.ModelProto, ort.InferenceSession]:
     """A one-layer model `x -> linear_nodes(x)`; x is [b, s, K] unless `x_shape` says otherwise."""
     tape = ir.tape.Tape()
     shape = ir.Shape(["b", "s", w.k] if x_shape is None else x_shape)
-    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=shape)
+    x = ir.Value(name="x", type=ir.TensorType(dtype), shape=shape)
     if x_shape == []:
         x.shape = None  # type: ignore[assignment]  # unknown rank: linear_nodes assumes [B, S, K]
 
@@ -110,6 +113,27 @@ def test_ort_matches_the_dequantised_matmul(qtype, n, k, accuracy_level, toleran
     expected = x.astype(np.float64) @ _reference(data, qtype).T.astype(np.float64)
     assert y.shape == (2, 3, n)
     assert np.max(np.abs(y - expected)) <= tolerance * np.max(np.abs(expected))
+
+
+@pytest.mark.parametrize("qtype", TRANSPLANTABLE)
+@pytest.mark.parametrize(("n", "k"), SHAPES)
+def test_fp16_activations_keep_the_blocks(qtype, n, k):
+    """The GPU export's linear layers: fp16 activations, the GGUF's fp16 scales and minimums as they
+    are, 8-bit blocks kept as MatMulNBits too (CUDA's fp16 kernel has a fused 8-bit path)."""
+    data = _quantized(qtype, n, k)
+    w = from_gguf(data, qtype, k)
+    proto, session = _session(w, 0, dtype=ir.DataType.FLOAT16)
+    onnx.checker.check_model(proto, full_check=True)
+    initializers = {t.name: t for t in proto.graph.initializer}
+    assert initializers["layer.scales"].data_type == onnx.TensorProto.FLOAT16
+    assert np.array_equal(
+        onnx.numpy_helper.to_array(initializers["layer.scales"]).astype(np.float32), w.scales
+    )  # GGUF stores d in fp16: nothing is rounded
+    x = np.random.default_rng(1).standard_normal((2, 3, k)).astype(np.float16)
+    (y,) = session.run(None, {"x": x})
+    assert y.dtype == np.float16 and y.shape == (2, 3, n)
+    expected = x.astype(np.float64) @ _reference(data, qtype).T.astype(np.float64)
+    assert np.max(np.abs(y - expected)) <= 3e-3 * np.max(np.abs(expected))
 
 
 def test_node_names_and_correction_graph():
