@@ -43,3 +43,27 @@ def trailing_shape(graph: ir.Graph, value: ir.Value, name: str) -> ir.Value:
         ],
         f"{name}_trailing",
     )
+
+
+def scatter_rows(
+    graph: ir.Graph, base: ir.Value, index: ir.Value, rows: ir.Value, name: str
+) -> ir.Value:
+    """`base` with its row ``index[i]`` replaced by ``rows[i]`` (along axis 0), any rank.
+
+    ScatterElements with the index broadcast over each row: the CUDA provider's ScatterND prints a
+    warning for every such node at every session start, ScatterElements does not.
+    """
+    trailing = trailing_shape(graph, rows, f"{name}_rows")
+    one = const(graph, f"sampler/{name}_one", np.array([1]))
+    ones = op(
+        graph, "Max", [op(graph, "Min", [trailing, one], f"{name}_min1"), one], f"{name}_ones"
+    )
+    lead = const(graph, f"sampler/{name}_lead", np.array([-1]))
+    column = op(
+        graph,
+        "Reshape",
+        [index, op(graph, "Concat", [lead, ones], f"{name}_column_shape", axis=0)],
+        f"{name}_column",
+    )
+    full = op(graph, "Expand", [column, op(graph, "Shape", [rows], f"{name}_full")], f"{name}_at")
+    return op(graph, "ScatterElements", [base, full, rows], f"{name}_scattered", axis=0)

@@ -13,7 +13,7 @@ import onnx_ir as ir
 
 from onnxsample.composer import _splice_draft as draft
 from onnxsample.composer._ir_build import const as _const
-from onnxsample.composer._ir_build import filled_like
+from onnxsample.composer._ir_build import filled_like, scatter_rows
 from onnxsample.composer._ir_build import op as _op
 from onnxsample.composer.sampler_model import IR_VERSION, OPSET, build_sampler_model
 from onnxsample.errors import ModelError
@@ -110,13 +110,7 @@ def _scatter_slots(
     """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); the rest from `base`, or zeros."""
     if base is None:
         base = filled_like(graph, slots, rows, 0, name)
-    indices = _op(
-        graph,
-        "Unsqueeze",
-        [active, _const(graph, f"sampler/{name}_axis", np.array([-1]))],
-        f"{name}_indices",
-    )
-    return _op(graph, "ScatterND", [base, indices, rows], f"{name}_scattered")
+    return scatter_rows(graph, base, active, rows, name)
 
 
 def splice(

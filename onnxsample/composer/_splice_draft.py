@@ -22,7 +22,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsample.composer._ir_build import const as _const
-from onnxsample.composer._ir_build import filled_like
+from onnxsample.composer._ir_build import filled_like, scatter_rows, trailing_shape
 from onnxsample.composer._ir_build import op as _op
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.library import sampler_functions
@@ -118,8 +118,29 @@ def per_row(graph: ir.Graph, picked: dict[str, ir.Value], at: Positions) -> dict
 def _grid(graph: ir.Graph, rows: ir.Value, at: Positions, size: ir.Value, fill, tag: str):
     """rows [R, ...] laid out as [A, K + 1, ...] by (slot, position); `fill` elsewhere."""
     tag = f"grid_{tag}"
-    base = filled_like(graph, size, rows, fill, tag)
-    return _op(graph, "ScatterND", [base, at.pairs, rows], tag)
+    width = _op(
+        graph,
+        "Slice",
+        [
+            size,
+            _const(graph, f"sampler/{tag}_width_from", np.array([1])),
+            _const(graph, f"sampler/{tag}_width_to", np.array([2])),
+        ],
+        f"{tag}_width",
+    )
+    cells = _op(graph, "ReduceProd", [size], f"{tag}_cells", keepdims=1)
+    flat = _op(
+        graph,
+        "Add",
+        [_op(graph, "Mul", [at.slot, width], f"{tag}_start"), at.position],
+        f"{tag}_cell",
+    )
+    base = filled_like(graph, cells, rows, fill, tag)
+    laid = scatter_rows(graph, base, flat, rows, tag)
+    shape = _op(
+        graph, "Concat", [size, trailing_shape(graph, rows, f"{tag}_each")], f"{tag}_layout", axis=0
+    )
+    return _op(graph, "Reshape", [laid, shape], tag)
 
 
 def accept(
