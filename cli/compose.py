@@ -44,6 +44,7 @@ def compose(
     candidates: opt.Candidates = 0,
     prompt_logprobs: opt.PromptLogprobs = False,
     draft_tokens: opt.GraphDraftTokens = 0,
+    static: opt.Static = False,
     inline: opt.Inline = False,
     gather: opt.Gather = "auto",
 ) -> None:
@@ -68,6 +69,7 @@ def compose(
             output_candidates=candidates,
             prompt_logprobs=prompt_logprobs,
             draft_tokens=draft_tokens,
+            static=static,
             inline=inline,
             gather=gather,
             progress=progress,

@@ -55,7 +55,8 @@ def render_summary(s, *, brief: bool = False) -> None:
     )
     if s.composed:
         m = s.sampler
-        head.add_row("sampler chain", str(m.chain) or "greedy only")
+        kind = " (static: no control flow, CUDA-graph capturable)" if m.static else ""
+        head.add_row("sampler chain", (str(m.chain) or "greedy only") + kind)
         gather = "the LM head" if m.gather == "lm_head" else "sampling"
         head.add_row(
             "slots",

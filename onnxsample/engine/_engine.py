@@ -40,7 +40,7 @@ from onnxsample.engine._session import create_session
 from onnxsample.engine._slots import SlotState
 from onnxsample.engine.request import Request
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
-from onnxsample.metadata import ComposedMetadata
+from onnxsample.metadata import ComposedMetadata, composed_metadata
 from onnxsample.params import SamplingParams
 from onnxsample.text._prompt import Prompt
 
@@ -75,7 +75,10 @@ class Engine:
     on speculative decoding with drafts from n-gram prompt lookup: up to `draft_tokens` tokens per
     step (default 8, at most what the model was composed for), matched on the last `ngram`
     tokens or fewer; the graph verifies them with each request's own sampler chain, so the
-    output's distribution is unchanged (greedy output token for token).
+    output's distribution is unchanged (greedy output token for token). `cuda_graph` (CUDA
+    provider, a model composed with ``static=True``) replays each decode step as a captured CUDA
+    graph: every slot decodes with one shape, inputs written in place into fixed device buffers;
+    prefill runs uncaptured.
 
     Use it as a context manager, or call :meth:`close`.
     """
@@ -95,6 +98,7 @@ class Engine:
         speculative: str | None = None,
         draft_tokens: int | None = None,
         ngram: int = DEFAULT_NGRAM,
+        cuda_graph: bool = False,
     ) -> None:
         for name, value, low in (
             ("max_len", max_len, 2),
@@ -111,8 +115,12 @@ class Engine:
             raise ModelError(f"no such composed model: {self.path}")
         self.threads, self.max_len, self.max_queue = threads, max_len, max_queue
         self.prefill_chunk, self.prefix_reuse = prefill_chunk, bool(prefix_reuse)
+        if cuda_graph:
+            if provider == "cpu":
+                raise InvalidParameter("cuda_graph needs the CUDA provider (provider='cuda')")
+            _check_cuda_graph(composed_metadata(self.path), self.path.name)
         self.session, self.device = create_session(
-            self.path, provider, threads=threads, optimization=optimization
+            self.path, provider, threads=threads, optimization=optimization, cuda_graph=cuda_graph
         )
         meta = ComposedMetadata.from_session(self.session)
         if meta is None:
@@ -120,11 +128,18 @@ class Engine:
                 f"{self.path.name} is not a composed model: run `onnxsample compose` on it first"
             )
         self.meta = meta
+        self.cuda_graph = bool(cuda_graph)
+        if cuda_graph and self.device not in _GRAPH_DEVICES:
+            raise InvalidParameter(
+                f"cuda_graph needs the CUDA provider; the session runs on {self.device}"
+            )
         self.info = ModelInfo.read(Path(tokenizer) if tokenizer is not None else self.path.parent)
         self.tokenizer = self.info.tokenizer
         self.limit = min(x for x in (self.info.context_length, max_len, 2**62) if x)
         inputs = {i.name: i for i in self.session.get_inputs()}
         self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
+        if self.device == "cuda":
+            _warn_if_cpu_shaped(meta, self._pasts, self.path)
         if meta.kv_layout == "gqa":
             self.concurrency = meta.max_slots
         else:
@@ -280,14 +295,14 @@ class Engine:
         specs = kv_specs(self._pasts, meta.kv_head_size, self.path.name)
         if meta.kv_layout == "gqa":
             layout: Any = SharedLayout(
-                SharedKV(specs, self.device), meta.max_slots, pad, self.limit
+                SharedKV(specs, self.device), meta.max_slots, pad, self.limit, fixed=self.cuda_graph
             )
         else:
             if self.max_len is not None:
                 log.info("max_len bounds the context of concat-layout models only through checks")
             layout = ConcatLayout(specs, meta.max_slots, self.device, self.prefix_reuse)
         return Scheduler(
-            Runner(self.session, self.device, state),
+            Runner(self.session, self.device, state, cuda_graph=self.cuda_graph),
             layout,
             state,
             slots=self.concurrency,
@@ -360,3 +375,34 @@ class Engine:
                         item.request._fail(EngineClosed("the engine stopped"))
             except queue.Empty:
                 pass
+
+
+# Devices a CUDA-graph engine may run on (the tests run the same calls uncaptured on the CPU).
+_GRAPH_DEVICES = ("cuda",)
+
+
+def _check_cuda_graph(meta: ComposedMetadata | None, name: str) -> None:
+    """Refuse, before loading it, a model whose decode steps could not be captured."""
+    if meta is None:
+        raise ModelError(f"{name} is not a composed model: run `onnxsample compose` on it first")
+    if not meta.static:
+        raise InvalidParameter(
+            f"cuda_graph needs a static sampler chain: {name} has control flow "
+            "(onnxsample compose --static)"
+        )
+    if meta.kv_layout != "gqa":
+        raise InvalidParameter(
+            f"cuda_graph needs a GroupQueryAttention export (fixed KV buffers): {name} grows its "
+            "cache by concatenation (onnxsample export --device cuda)"
+        )
+
+
+def _warn_if_cpu_shaped(meta: ComposedMetadata, pasts: dict, path: Path) -> None:
+    """One warning when a CUDA session runs an export whose attention cannot run on CUDA."""
+    if meta.kv_layout == "gqa" and any(arg.type == "tensor(float)" for arg in pasts.values()):
+        log.warning(
+            "%s computes attention in fp32, which CUDA's GroupQueryAttention does not take: "
+            "attention and the KV cache stay on the CPU, with copies every step. Export for the "
+            "GPU instead: onnxsample export --device cuda",
+            path.name,
+        )

@@ -21,6 +21,10 @@ through raw pointers (row r starts at ``data_ptr() + r * row_bytes``), the same 
 The buffers hold a row for every slot from the first request on and grow in positions on demand
 (doubling, contents copied); an allocation that fails leaves the old buffers in place and fails only
 the request that asked.
+
+With ``fixed`` (CUDA graphs), every decode call has one shape while the buffers stay: all rows,
+one token each, a mask as wide as the buffer. GQA reads each row's length from the mask, so the
+extra columns cost no attention; the call is the same whichever slots decode.
 """
 
 from __future__ import annotations
@@ -138,8 +142,11 @@ class SharedLayout:
     """:class:`~onnxsample.engine._layout.KVLayout` over :class:`SharedKV`; `limit` caps the positions
     (the context or ``max_len``)."""
 
-    def __init__(self, kv: SharedKV, slots: int, pad: int, limit: int | None) -> None:
+    def __init__(
+        self, kv: SharedKV, slots: int, pad: int, limit: int | None, *, fixed: bool = False
+    ) -> None:
         self.kv, self.slots, self.pad, self.limit = kv, slots, pad, limit
+        self.fixed = fixed
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.decoding: set[int] = set()
 
@@ -185,8 +192,13 @@ class SharedLayout:
         )
 
     def decode(self, seqs: list[Sequence], drafts: dict[int, list[int]] | None = None) -> Call:
-        lo = min(seq.slot for seq in seqs)
-        hi = max(seq.slot for seq in seqs) + 1
+        if self.fixed:
+            lo, hi = 0, self.slots
+            for r in set(range(self.slots)) - {seq.slot for seq in seqs}:
+                del self.tokens[r][self.kv.length - 1 :]  # room for the pad it is fed
+        else:
+            lo = min(seq.slot for seq in seqs)
+            hi = max(seq.slot for seq in seqs) + 1
         lens = np.asarray([len(self.tokens[r]) for r in range(lo, hi)], np.int64)
         # Every row feeds t tokens (GQA's one sequence length); each writes at its own length, so
         # the drafts are trimmed to what the fullest row has room for, leaving it one position
@@ -200,7 +212,7 @@ class SharedLayout:
             fed = [seq.ids[-1], *drafts.get(seq.slot, ())]
             ids[seq.slot - lo, : len(fed)] = fed
             rows[seq.slot] = 1 + (seq.slot - lo) * t
-        width = np.arange(lens.max() + t)
+        width = np.arange(self.kv.length if self.fixed else lens.max() + t)
         mask = (width < lens[:, None] + t).astype(np.int64)
         return Call(
             "decode",

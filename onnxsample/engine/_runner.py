@@ -9,6 +9,9 @@ A decode step of a shared-buffer graph binds the same cache rows, parameters and
 before; building all of that anew costs Python time comparable to the sampler itself. Such calls
 carry a ``reuse`` key, and their IOBindings are kept while the buffers and parameters they bind
 hold.
+
+With `cuda_graph` the decode steps go to :class:`~onnxsample.engine._graphs.CapturedDecode` and
+every other call runs uncaptured.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
 from onnxsample.engine._slots import COUNTS_OUT, SlotState, host_copy
 
@@ -47,7 +51,7 @@ _TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 class Runner:
     """Runs calls on `session`; `slots` supplies the sampler inputs and the penalty state."""
 
-    def __init__(self, session, device: str, slots: SlotState) -> None:
+    def __init__(self, session, device: str, slots: SlotState, *, cuda_graph: bool = False) -> None:
         self.session, self.device, self.slots = session, device, slots
         inputs = {i.name for i in session.get_inputs()}
         self.outputs = [o.name for o in session.get_outputs()]
@@ -67,6 +71,8 @@ class Runner:
                     raise ValueError(f"{out.name} must have a fixed shape, got {out.shape}")
                 self.host[out.name] = np.zeros(out.shape, _TYPES[out.type])
         self._bindings: dict[tuple | None, Any] = {}
+        self.graphs = CapturedDecode(session, device, slots, self.host) if cuda_graph else None
+        self._options = run_options(UNCAPTURED) if cuda_graph else None
 
     def run(
         self, call: Call, uniform: np.ndarray, draft_uniform: np.ndarray | None = None
@@ -74,17 +80,19 @@ class Runner:
         """Run `call` with one uniform per slot (and, in a speculative graph, per draft position
         [S, K]): (host outputs by name, the presents it asked for). The host arrays are
         overwritten by the next call: read them before running another."""
-        self.slots.static()  # rebuilt now if a slot changed, so the key below is current
-        key = None if call.reuse is None else (*call.reuse, self.slots.generation)
+        if self.graphs is not None and call.kind == "decode" and not call.drafts:
+            return self.graphs.run(call, uniform if self.has_uniform else None), {}
+        self.slots.static()  # rewritten in place if a slot changed
+        key = call.reuse
         reused = key in self._bindings
         if reused:
             binding, order = self._bindings[key], None
         else:
             binding, order = self._bind(call)
             if key is not None:
-                # Keep the bindings of the same buffers and parameters (a step may make several
-                # calls: each drafting sequence's verification, then the others' decode).
-                current = {k: b for k, b in self._bindings.items() if k[-2:] == key[-2:]}
+                # Keep the bindings of the same KV buffers (a step may make several calls: each
+                # drafting sequence's verification, then the others' decode).
+                current = {k: b for k, b in self._bindings.items() if k[-1:] == key[-1:]}
                 self._bindings = {**current, key: binding}
         binding.bind_cpu_input("input_ids", call.input_ids)
         binding.bind_cpu_input("attention_mask", call.mask)
@@ -107,7 +115,7 @@ class Runner:
             binding.bind_cpu_input("sampler.prompt_rows", call.prompt_rows)
             binding.bind_cpu_input("sampler.prompt_targets", call.prompt_targets)
         self.slots.bind_counts(binding)
-        self.session.run_with_iobinding(binding)
+        self.session.run_with_iobinding(binding, self._options)
         self.slots.advance()
         host: dict[str, Any] = dict(self.host)
         presents: dict[str, Any] = {}

@@ -8,7 +8,9 @@ and logs that once.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import io
 import logging
 import os
 from pathlib import Path
@@ -45,8 +47,11 @@ def create_session(
     *,
     threads: int | None = None,
     optimization: str = "all",
+    cuda_graph: bool = False,
 ):
-    """An InferenceSession on the requested provider; returns (session, device) with device 'cuda'/'cpu'."""
+    """An InferenceSession on the requested provider; returns (session, device) with device
+    'cuda'/'cpu'. `cuda_graph` turns on the CUDA provider's graph capture (``enable_cuda_graph``):
+    ONNX Runtime refuses a model it cannot capture (control flow, nodes off CUDA, host copies)."""
     import onnxruntime as ort
 
     global _warned_fallback
@@ -71,7 +76,8 @@ def create_session(
             f"{', '.join(available)}; install onnxsample[gpu] in place of onnxsample[cpu]"
         )
     want_cuda = provider == "cuda" or (provider == "auto" and _CUDA in available)
-    providers = [_CUDA, _CPU] if want_cuda else [_CPU]
+    cuda_options = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    providers = [(_CUDA, cuda_options), _CPU] if want_cuda else [_CPU]
     options = ort.SessionOptions()
     options.graph_optimization_level = levels[optimization]
     options.log_severity_level = 3  # errors only: ORT's warnings about our If subgraphs are noise
@@ -79,10 +85,14 @@ def create_session(
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
     if want_cuda and hasattr(ort, "preload_dlls"):
+        said = io.StringIO()  # it prints what it could not load; stdout may be `run --json`
         try:
-            ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* pip packages, when present
+            with contextlib.redirect_stdout(said):
+                ort.preload_dlls()  # CUDA/cuDNN from the nvidia-* pip packages, when present
         except Exception as exc:  # the check below reports what is missing
             log.debug("preload_dlls: %s", exc)
+        if said.getvalue().strip():
+            log.debug("preload_dlls: %s", said.getvalue().strip())
     try:
         session = ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:

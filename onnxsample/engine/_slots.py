@@ -4,6 +4,10 @@
 into the ``sampler.*`` parameter inputs and kept as device OrtValues until a slot changes), its
 prompt mask, and the penalty counts (``sampler.output_counts``), which live on the device in two
 buffers that swap roles every call: the graph reads one and writes the other.
+
+Every device buffer is allocated once and written in place afterwards, so its address never
+changes: a bound IOBinding stays valid, and a captured CUDA graph reads the values of the step
+it replays.
 """
 
 from __future__ import annotations
@@ -59,8 +63,7 @@ def pack_slots(meta: ComposedMetadata, slots: list[SamplingParams | None]) -> di
 class SlotState:
     """Parameters, prompt masks and penalty counts of the S slots of one session.
 
-    ``generation`` changes whenever the parameter inputs are rebuilt, so a cached IOBinding knows
-    when to bind them anew.
+    ``parity`` says which of the two count buffers the next call reads (0 or 1).
     """
 
     def __init__(self, meta: ComposedMetadata, inputs: set[str], device: str) -> None:
@@ -68,29 +71,30 @@ class SlotState:
         self.device = device
         self.inputs = inputs
         self.params: list[SamplingParams | None] = [None] * meta.max_slots
-        self.generation = 0
         self._static: dict[str, Any] | None = None
+        self._stale = True
         S, V = meta.max_slots, meta.vocab_size
         self.penalties = COUNTS in inputs
         self._mask = np.zeros((S, V), bool) if self.penalties else None
         self.counts = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
-        self._spare = None
+        self._spare = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
+        self.parity = 0
 
     def assign(self, slot: int, params: SamplingParams, prompt: list[int]) -> None:
         """A new sequence takes `slot`: its parameters, its prompt's tokens, zero output counts."""
         self.params[slot] = params
-        self._static = None
+        self._stale = True
         if self.penalties:
             self._mask[slot] = False
             self._mask[slot, prompt] = True
             counts = host_copy(self.counts)
             counts[slot] = 0
-            self.counts = ortvalue(counts, self.device)
+            self.counts.update_inplace(counts)
 
     def update(self, slot: int, params: SamplingParams) -> None:
         """New parameters for the sequence in `slot`; its prompt mask and counts stay."""
         self.params[slot] = params
-        self._static = None
+        self._stale = True
 
     def release(self, slot: int) -> None:
         """The slot's sequence left; its inputs stay as they are until the slot is assigned again
@@ -98,26 +102,25 @@ class SlotState:
         self.params[slot] = None
 
     def static(self) -> dict[str, Any]:
-        """The parameter inputs (and the prompt mask) as device OrtValues, rebuilt after a change."""
-        if self._static is None:
+        """The parameter inputs (and the prompt mask) as device OrtValues: allocated once, then
+        rewritten in place after a slot changed (the same objects, at the same addresses)."""
+        if self._stale:
             arrays = pack_slots(self.meta, self.params)
             if self.penalties:
                 arrays[PROMPT_MASK] = self._mask
-            self._static = {
-                k: ortvalue(v, self.device) for k, v in arrays.items() if k in self.inputs
-            }
-            self.generation += 1
+            arrays = {k: v for k, v in arrays.items() if k in self.inputs}
+            if self._static is None:
+                self._static = {k: ortvalue(v, self.device) for k, v in arrays.items()}
+            else:
+                for name, value in arrays.items():
+                    self._static[name].update_inplace(np.ascontiguousarray(value))
+            self._stale = False
         return self._static
 
     def bind_counts(self, binding) -> None:
         """Bind the counts the graph reads and the buffer it writes (swapped by :meth:`advance`)."""
         if not self.penalties:
             return
-        import onnxruntime as ort
-
-        if self._spare is None:
-            shape = self.counts.shape()
-            self._spare = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.int32, self.device, 0)
         binding.bind_ortvalue_input(COUNTS, self.counts)
         binding.bind_ortvalue_output(COUNTS_OUT, self._spare)
 
@@ -125,3 +128,4 @@ class SlotState:
         """After a successful call: the written counts become the state."""
         if self.penalties:
             self.counts, self._spare = self._spare, self.counts
+            self.parity ^= 1

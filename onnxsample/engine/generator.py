@@ -33,7 +33,7 @@ class Generator:
     The options are :class:`~onnxsample.Engine`'s: `provider` (``auto``, ``cpu``, ``cuda``),
     `threads` (ONNX Runtime intra-op threads), `tokenizer` (the export folder, default the model's),
     `max_len` (KV positions per sequence, default the context), `prefill_chunk`, `prefix_reuse`,
-    and speculative decoding (`speculative`, `draft_tokens`, `ngram`).
+    speculative decoding (`speculative`, `draft_tokens`, `ngram`) and `cuda_graph`.
     ``last_timings`` holds the timings of the last call.
     """
 
@@ -51,6 +51,7 @@ class Generator:
         speculative: str | None = None,
         draft_tokens: int | None = None,
         ngram: int = DEFAULT_NGRAM,
+        cuda_graph: bool = False,
     ) -> None:
         self.engine = Engine(
             model,
@@ -65,6 +66,7 @@ class Generator:
             speculative=speculative,
             draft_tokens=draft_tokens,
             ngram=ngram,
+            cuda_graph=cuda_graph,
         )
         e = self.engine
         self.path, self.device, self.threads, self.meta = e.path, e.device, e.threads, e.meta

@@ -1,0 +1,157 @@
+"""Decode steps as CUDA graphs: every input and output at a fixed device address, replayed.
+
+ONNX Runtime's CUDA provider (``enable_cuda_graph``) captures the kernels of one run and replays
+them for every later run with the same ``gpu_graph_id``, without launching a kernel from the host
+and without copying inputs or outputs: the host must write the next step's inputs into the very
+buffers the graph was captured with, and read its outputs from the ones it wrote. So a decode step
+here binds device buffers only, allocated once per graph:
+
+- the per-step inputs (``input_ids``, ``attention_mask``, ``sampler.row_index``,
+  ``sampler.uniform``), overwritten in place from the host before each replay;
+- the KV buffers, the sampler parameters and the penalty counts, which live on the device anyway
+  (the counts swap buffers every step, so each layout has one graph per parity);
+- the outputs, copied to the host after the replay (only ``sampler.next_token`` and the logprobs
+  come back).
+
+One graph serves one *bucket*: the same KV buffers (a grown cache is a new bucket) and the same
+counts parity. A bucket's first runs are ordinary (ONNX Runtime needs a warm-up before capture),
+then it is captured and replayed. Prefill calls, whose shape follows the prompt, run uncaptured
+(``gpu_graph_id`` -1).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from onnxsample.engine._layout import Call
+from onnxsample.engine._slots import COUNTS_OUT, SlotState
+
+log = logging.getLogger(__name__)
+
+UNCAPTURED = "-1"
+_STEP_INPUTS = ("input_ids", "attention_mask", "sampler.row_index", "sampler.uniform")
+_EMPTY_INPUTS = ("sampler.prompt_rows", "sampler.prompt_targets")
+_DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+
+
+def run_options(graph_id: str):
+    """ONNX Runtime run options that pick captured graph `graph_id` (-1: run uncaptured)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", graph_id)
+    return options
+
+
+@dataclass
+class _Graph:
+    """One bucket: its graph id, its binding and the device buffers it was bound with."""
+
+    graph_id: int
+    binding: Any
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    options: Any
+    runs: int = 0
+
+
+class CapturedDecode:
+    """Decode calls of a fixed-shape layout as CUDA graphs on `session` (see the module docs).
+
+    `host_outputs` maps the outputs that come back to the host to their arrays (read after each
+    step, as an uncaptured run would fill them).
+    """
+
+    def __init__(self, session, device: str, slots: SlotState, host_outputs: dict) -> None:
+        self.session, self.device, self.slots = session, device, slots
+        self.host_outputs = host_outputs
+        self.outputs = [o.name for o in session.get_outputs()]
+        self._types = {i.name: i.type for i in session.get_inputs()}
+        self._graphs: dict[tuple, _Graph] = {}
+        self._next_id = 0
+
+    @property
+    def captured(self) -> int:
+        """Buckets that have had a graph id (captured, or warming up to be)."""
+        return len(self._graphs)
+
+    def run(self, call: Call, uniform: np.ndarray | None) -> dict[str, np.ndarray]:
+        """Run decode `call` (from a fixed layout: ``call.reuse`` names its KV buffers) as its
+        bucket's graph; the host outputs by name."""
+        assert call.reuse is not None and not call.drafts, "a fixed decode call"
+        self.slots.static()  # parameters rewritten in place when a slot changed
+        key = (*call.reuse, self.slots.parity)
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = self._bind(call, key)
+        feeds = {
+            "input_ids": call.input_ids,
+            "attention_mask": call.mask,
+            "sampler.row_index": call.row_index,
+            "sampler.uniform": uniform,
+        }
+        for name, value in feeds.items():
+            if name in graph.inputs and value is not None:
+                graph.inputs[name].update_inplace(np.ascontiguousarray(value, _dtype(value)))
+        self.session.run_with_iobinding(graph.binding, graph.options)
+        graph.runs += 1
+        self.slots.advance()
+        return {name: graph.outputs[name].numpy() for name in self.host_outputs}
+
+    def _bind(self, call: Call, key: tuple) -> _Graph:
+        import onnxruntime as ort
+
+        if self._graphs and not any(k[:-1] == key[:-1] for k in self._graphs):
+            log.info("the KV buffers changed: capturing new decode graphs (%s)", key)
+        binding = self.session.io_binding()
+        outputs: dict[str, Any] = {}
+        for name in call.bind_kv(binding):
+            outputs[name] = None  # bound by the layout, written in place
+        inputs: dict[str, Any] = {}
+        step = {
+            "input_ids": call.input_ids,
+            "attention_mask": call.mask,
+            "sampler.row_index": call.row_index,
+        }
+        for name in (*_STEP_INPUTS, *_EMPTY_INPUTS):
+            if name not in self._types:
+                continue
+            array = step.get(name)
+            if array is None:
+                shape = (self.slots.meta.max_slots,) if name == "sampler.uniform" else (0,)
+                array = np.zeros(shape, _DTYPES[self._types[name]])
+            inputs[name] = ort.OrtValue.ortvalue_from_numpy(
+                np.ascontiguousarray(array), self.device, 0
+            )
+            binding.bind_ortvalue_input(name, inputs[name])
+        for name, value in self.slots.static().items():
+            binding.bind_ortvalue_input(name, value)
+        self.slots.bind_counts(binding)
+        if self.slots.penalties:
+            outputs[COUNTS_OUT] = None
+        for name in self.outputs:
+            if name in outputs:
+                continue
+            if name in self.host_outputs:
+                host = self.host_outputs[name]
+                value = ort.OrtValue.ortvalue_from_shape_and_type(
+                    host.shape, host.dtype, self.device, 0
+                )
+                binding.bind_ortvalue_output(name, value)
+                outputs[name] = value
+            else:  # the prompt outputs: empty in a decode step
+                binding.bind_output(name, self.device)
+        graph_id = self._next_id
+        self._next_id += 1
+        graph = _Graph(graph_id, binding, inputs, outputs, run_options(str(graph_id)))
+        self._graphs[key] = graph
+        log.debug("decode bucket %s is CUDA graph %d", key, graph_id)
+        return graph
+
+
+def _dtype(value: np.ndarray) -> type:
+    return np.float32 if np.asarray(value).dtype.kind == "f" else np.int64

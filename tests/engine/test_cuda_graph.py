@@ -1,0 +1,67 @@
+"""The CUDA-graph engine's calls, checked for their numbers on the CPU: a static chain gives the
+branching chain's tokens and logprobs, and so do fixed-shape decode steps (every slot, the mask as
+wide as the KV buffer, inputs written in place into buffers bound once) — the calls a CUDA graph
+replays. The CPU provider ignores `gpu_graph_id`, so here they run uncaptured; the simulated device
+(tests/cuda_sim) shows the capture itself."""
+
+from __future__ import annotations
+
+import pytest
+
+import onnxsample.engine._engine as engine_module
+from onnxsample import Generator, InvalidParameter, SamplingParams
+from onnxsample.composer import compose
+
+OPTIONS = {"max_slots": 4, "top_logprobs": 3, "max_bias": 4, "prompt_logprobs": True}
+PROMPTS = ["Hello there", "The quick brown fox jumps over", "One two three four", "a"]
+PARAMS = [
+    SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3),
+    SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, logprobs=True),
+    SamplingParams(
+        temperature=1.0,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=0.2,
+        logit_bias={5: 2.0, 7: -100.0},
+        seed=4,
+    ),
+    SamplingParams(temperature=0.7, min_p=0.1, typical_p=0.9, seed=5, logprobs=True),
+]
+
+
+@pytest.fixture(scope="module")
+def graphs(tiny_gqa_export, tmp_path_factory) -> dict:
+    folder = tmp_path_factory.mktemp("cuda-graph")
+    source = tiny_gqa_export.output
+    return {
+        "source": source,
+        "static": compose(source, None, folder / "static.onnx", static=True, **OPTIONS),
+        "branching": compose(source, None, folder / "branching.onnx", **OPTIONS),
+    }
+
+
+def _run(model, source, **options) -> list:
+    with Generator(model, tokenizer=source, threads=1, **options) as generator:
+        # Continuous batching: the last two join while the first two decode.
+        done = generator.generate(PROMPTS, PARAMS, max_new_tokens=20, chat=False)
+        return [(c.token_ids, c.logprobs) for c in done]
+
+
+def test_static_chain_and_fixed_decode_steps_give_the_branching_chains_output(graphs, monkeypatch):
+    reference = _run(graphs["branching"], graphs["source"])
+    assert _run(graphs["static"], graphs["source"]) == reference
+    monkeypatch.setattr(engine_module, "_GRAPH_DEVICES", ("cuda", "cpu"))
+    assert _run(graphs["static"], graphs["source"], cuda_graph=True) == reference
+
+
+@pytest.mark.parametrize(
+    ("model", "provider", "message"),
+    [
+        ("static", "cpu", "cuda_graph needs the CUDA provider"),
+        ("static", "auto", "cuda_graph needs the CUDA provider; the session runs on cpu"),
+        ("branching", "auto", "cuda_graph needs a static sampler chain"),
+    ],
+)
+def test_cuda_graph_refuses_what_it_cannot_capture(graphs, model, provider, message):
+    with pytest.raises(InvalidParameter, match=message):
+        Generator(graphs[model], tokenizer=graphs["source"], provider=provider, cuda_graph=True)
