@@ -13,7 +13,7 @@ PROMPT  ?= Explain in a few sentences why the sky is blue.
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test test-deps lint format clean genai-model
+.PHONY: setup run test test-deps lint format clean genai-model cuda-sim
 
 setup: $(STAMP)
 
@@ -46,6 +46,11 @@ format: setup
 genai-model: setup
 	bash scripts/build_genai_model.sh
 
+# The simulated CUDA device for the cuda_sim tests (own venv: .cuda-sim/, onnxruntime-gpu over stub
+# CUDA libraries built with gcc; nothing is computed, ORT's host code runs for real).
+cuda-sim:
+	bash scripts/cuda_sim/build.sh
+
 # What the tests need beyond the venv: Debian's chromium and chromedriver (the Netron page test).
 test-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
@@ -55,7 +60,9 @@ test-deps:
 test: setup lint test-deps
 	@if [ "$$CI" = "true" ]; then $(MAKE) genai-model; \
 	  else $(MAKE) genai-model || echo "make genai-model failed: the genai-layout tests will skip"; fi
+	@if [ "$$CI" = "true" ]; then $(MAKE) cuda-sim; \
+	  else $(MAKE) cuda-sim || echo "make cuda-sim failed: the cuda_sim tests will skip"; fi
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .cuda-sim build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,218 @@
+"""Runs inside the simulated CUDA device's venv (onnxruntime-gpu over stand-in CUDA libraries, see
+scripts/cuda_sim/build.sh) and prints one JSON object: what ONNX Runtime's real host code did.
+
+    python _probe.py placement MODEL [--cuda-graph]
+    python _probe.py engine MODEL SCENARIO [--cuda-graph] [--tokenizer DIR]
+
+The simulated device computes nothing: every value read back from it is zero (token ids, If
+conditions, NonZero counts), so a probe checks what runs and what is copied, never a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import json
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import onnx
+import onnxruntime as ort
+
+_STATS = ("launches", "captures", "capture_errors", "graph_launches", "d2h", "default", "h2d")
+
+
+def counters() -> dict[str, int]:
+    """The stand-in libcudart's counters (kernel launches, captures, copies by direction)."""
+    lib = ctypes.CDLL("libcudart.so.13")
+    out = (ctypes.c_long * 9)()
+    lib.fakecuda_stats(out)
+    return dict(zip(_STATS, out[: len(_STATS)], strict=True))
+
+
+def placement(model: str, cuda_graph: bool) -> dict:
+    """ORT's node → provider assignment, the Memcpy nodes it inserted (with what they feed), and
+    whether the session accepted CUDA-graph capture."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.add_session_config_entry("session.record_ep_graph_assignment_info", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        optimized = Path(tmp) / "optimized.onnx"
+        options.optimized_model_filepath = str(optimized)
+        cuda = {"enable_cuda_graph": "1"} if cuda_graph else {}
+        try:
+            session = ort.InferenceSession(
+                model, options, providers=[("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+            )
+        except Exception as exc:  # ORT refuses capture at session creation
+            return {"created": False, "error": str(exc).splitlines()[0]}
+        graph = onnx.load(str(optimized), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    copies = []
+    for node in graph.node:
+        if node.op_type.startswith("Memcpy"):
+            source = producer.get(node.input[0])
+            users = [n.op_type for n in graph.node if node.output[0] in n.input]
+            copies.append([node.op_type, source.op_type if source else "input", *users])
+    assigned = collections.Counter()
+    off_cuda = []
+    for subgraph in session.get_provider_graph_assignment_info():
+        for node in subgraph.get_nodes():
+            assigned[subgraph.ep_name] += 1
+            if subgraph.ep_name != "CUDAExecutionProvider":
+                off_cuda.append([node.op_type, node.name])
+    control = [n.op_type for n in graph.node if n.op_type in ("If", "Loop", "Scan", "NonZero")]
+    shape_only = _shape_arithmetic(graph)
+    present = _all_names(graph)
+    compute_off_cuda = [
+        [op, name] for op, name in off_cuda if name not in shape_only and name in present
+    ]
+    return {
+        "created": True,
+        "providers": session.get_providers(),
+        "nodes": dict(assigned),
+        "off_cuda": sorted(off_cuda),
+        "compute_off_cuda": sorted(compute_off_cuda),
+        "unknown": sorted([op, name] for op, name in off_cuda if name not in present),
+        "memcpy": copies,
+        "control_flow": sorted(control),
+    }
+
+
+def _shape_arithmetic(graph: onnx.GraphProto, known: set[str] | None = None) -> set[str]:
+    """Nodes (in `graph` and its subgraphs) that compute only from tensor shapes and constants,
+    what ORT keeps on the CPU by design: Shape/Size of anything, then any node whose inputs are
+    all such values."""
+    known = {t.name for t in graph.initializer} | {""} | (known or set())
+    names = set()
+    for node in graph.node:  # a topological order
+        if node.op_type in ("Shape", "Size", "Constant") or all(i in known for i in node.input):
+            known.update(node.output)
+            names.add(node.name)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= _shape_arithmetic(attr.g, set(known))
+    return names
+
+
+def _all_names(graph: onnx.GraphProto) -> set[str]:
+    names = set()
+    for node in graph.node:
+        names.add(node.name)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                names |= _all_names(attr.g)
+    return names
+
+
+def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -> dict:
+    """Run one engine scenario on the CUDA provider; what it did and what it copied."""
+    from onnxsample import Engine, SamplingParams
+
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=1)
+    options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
+    if scenario == "copies":
+        options["prefix_reuse"] = False  # both requests prefill the same way
+    prompt = list(range(10, 30))
+    if scenario == "chunked":
+        options["prefill_chunk"] = 6
+    if scenario == "speculative":
+        options.update(speculative="ngram", draft_tokens=4)
+        prompt = [7, 8, 9] * 8
+    result: dict = {"scenario": scenario}
+    with Engine(model, **options) as eng:
+        result["device"] = eng.device
+        base = counters()
+        if scenario == "batch-cancel":
+            requests = [eng.submit(prompt[: 5 + i], params, max_new_tokens=12) for i in range(3)]
+            requests[1].cancel()
+            done = [r.result(timeout=120) for r in requests]
+            result["finish"] = [c.finish_reason for c in done]
+        elif scenario == "copies":
+            # Per decode step, in a steady state: the difference between two requests that differ
+            # only in length, after a first one has warmed up (and captured) the decode step.
+            _complete(eng, prompt, params, 4)
+            buffers = _device_buffers(eng)
+            first, short = _counted(eng, prompt, params, 6)
+            second, long = _counted(eng, prompt, params, 14)
+            steps = len(long.token_ids) - len(short.token_ids)
+            result["per_step"] = {k: (second[k] - first[k]) / steps for k in ("h2d", "d2h")}
+            result["buffers_kept"] = _device_buffers(eng) == buffers
+            result["host_outputs"] = sorted(eng._scheduler.runner.host)
+        else:
+            if scenario == "penalties":
+                params = SamplingParams(
+                    temperature=0.7,
+                    repetition_penalty=1.2,
+                    presence_penalty=0.5,
+                    frequency_penalty=0.3,
+                    logit_bias={5: 3.0, 9: -100.0},
+                    seed=2,
+                )
+            if scenario == "prompt-logprobs":
+                params = SamplingParams(prompt_logprobs=2, logprobs=True, top_logprobs=2)
+            if scenario == "greedy":
+                params = SamplingParams(temperature=0.0)
+            completion = _complete(eng, prompt, params, 10)
+            result["tokens"] = len(completion.token_ids)
+            result["finish"] = completion.finish_reason
+            if scenario == "prompt-logprobs":
+                result["prompt_logprobs"] = len(completion.prompt_logprobs or [])
+        stats = eng.stats()
+        result["decode_steps"] = stats.decode_steps
+        result["prefill_calls"] = stats.prefill_calls
+        result["drafted"] = stats.drafted_tokens
+        result["counters"] = {k: v - base[k] for k, v in counters().items()}
+        result["failure"] = repr(eng.failure) if eng.failure else None
+    return result
+
+
+def _counted(eng, prompt, params, n):
+    before = counters()
+    completion = _complete(eng, prompt, params, n)
+    after = counters()
+    return {k: after[k] - before[k] for k in _STATS}, completion
+
+
+def _complete(eng, prompt, params, n):
+    return eng.submit(prompt, params, max_new_tokens=n, chat=False).result(timeout=120)
+
+
+def _device_buffers(eng) -> dict[str, object]:
+    """Where the KV buffers, the penalty counts and the sampler parameters live on the device."""
+    state = eng._scheduler.state
+    kv = eng._scheduler.layout.kv
+    found: dict[str, object] = {n: v.data_ptr() for n, v in kv.buffers.items()}
+    found["counts"] = sorted(v.data_ptr() for v in (state.counts, state._spare) if v is not None)
+    found.update({n: v.data_ptr() for n, v in state.static().items()})
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("command", choices=("placement", "engine"))
+    parser.add_argument("model")
+    parser.add_argument("scenario", nargs="?")
+    parser.add_argument("--cuda-graph", action="store_true")
+    parser.add_argument("--tokenizer")
+    args = parser.parse_args()
+    try:
+        if args.command == "placement":
+            report = placement(args.model, args.cuda_graph)
+        else:
+            report = engine(args.model, args.scenario, args.cuda_graph, args.tokenizer)
+        report["ok"] = True
+    except Exception as exc:
+        report = {
+            "ok": False,
+            "error": f"{type(exc).__name__}: {exc}",
+            "trace": traceback.format_exc(),
+        }
+    json.dump(report, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Every engine path on the CUDA provider (simulated device): no ONNX Runtime error, the copies a
+decode step makes, buffers that stay where they are, and decode steps captured and replayed as
+CUDA graphs. Token values are not checked here: the simulated device computes nothing (every token
+reads back as 0); tests/engine/test_cuda_graph.py checks the same calls' tokens on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.cuda_sim
+
+SCENARIOS = [
+    ("whole", "static"),
+    ("whole", "branching"),
+    ("chunked", "static"),
+    ("chunked", "branching"),
+    ("prompt-logprobs", "static"),
+    ("prompt-logprobs", "branching"),
+    ("penalties", "static"),
+    ("penalties", "branching"),
+    ("greedy", "static-greedy"),
+    ("greedy", "branching-greedy"),
+    ("speculative", "branching"),
+    ("batch-cancel", "static"),
+    ("batch-cancel", "branching"),
+]
+
+
+@pytest.mark.parametrize(("scenario", "variant"), SCENARIOS)
+def test_engine_path_runs(device, gpu_models, scenario, variant):
+    report = device.probe(
+        "engine", gpu_models[variant], scenario, "--tokenizer", gpu_models["folder"]
+    )
+    assert report["device"] == "cuda"
+    assert report["failure"] is None
+    assert "Error" not in report["stderr"], report["stderr"][-2000:]
+    if scenario == "batch-cancel":
+        assert report["finish"][1] == "cancelled" and report["finish"][0] == "length"
+    else:
+        assert report["tokens"] == 10 and report["finish"] == "length"
+    if scenario == "chunked":
+        assert report["prefill_calls"] >= 4  # 20 prompt tokens in chunks of 6
+    if scenario == "prompt-logprobs":
+        assert report["prompt_logprobs"] == 20
+    if scenario == "speculative":
+        assert report["drafted"] > 0, "no draft was verified"
+
+
+@pytest.mark.parametrize("variant", ["static", "branching"])
+def test_a_decode_step_copies_only_what_the_host_needs(device, gpu_models, variant):
+    """Per decode step the host writes input_ids, attention_mask, row_index and the uniforms and
+    reads next_token and the logprobs; the KV buffers, penalty counts and parameters stay on the
+    device, at the same addresses from step to step."""
+    report = device.probe(
+        "engine", gpu_models[variant], "copies", "--tokenizer", gpu_models["folder"]
+    )
+    assert report["buffers_kept"]
+    per_step = report["per_step"]
+    if variant == "static":
+        assert per_step == {"h2d": 4, "d2h": len(report["host_outputs"])}, report
+    else:  # the If conditions come back, and shapes go out to device ops
+        assert per_step["h2d"] > 4 and per_step["d2h"] > len(report["host_outputs"]), report
+
+
+def test_decode_steps_are_captured_and_replayed(device, gpu_models):
+    """A CUDA-graph engine: the session accepts capture, the first decode steps warm up and capture
+    (one graph per counts parity), every later one is a replay; prefill runs uncaptured."""
+    report = device.probe(
+        "engine",
+        gpu_models["static"],
+        "copies",
+        "--cuda-graph",
+        "--tokenizer",
+        gpu_models["folder"],
+    )
+    counts = report["counters"]
+    assert counts["capture_errors"] == 0
+    assert counts["captures"] == 2  # one per parity of the penalty counts' two buffers
+    assert counts["graph_launches"] >= report["decode_steps"] - 4
+    assert report["buffers_kept"]
+    assert report["per_step"] == {"h2d": 4, "d2h": len(report["host_outputs"])}
+
+
+def test_cuda_graph_needs_a_static_chain(device, gpu_models):
+    report = device.probe(
+        "engine",
+        gpu_models["branching"],
+        "whole",
+        "--cuda-graph",
+        "--tokenizer",
+        gpu_models["folder"],
+        expect_ok=False,
+    )
+    assert "InvalidParameter: cuda_graph needs a static sampler chain" in report["error"]
+
+
+def test_a_cpu_shaped_export_gets_one_warning(device, gpu_models):
+    report = device.probe("engine", gpu_models["cpu-shaped"], "whole")
+    warnings = [line for line in report["stderr"].splitlines() if "export --device cuda" in line]
+    assert len(warnings) == 1, report["stderr"][-2000:]
