@@ -152,7 +152,21 @@ Gather = Annotated[
 ]
 
 # ---- running a model (run, serve) ---------------------------------------------------------------
-Provider = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+Provider = Annotated[
+    str,
+    typer.Option(
+        help="auto, cpu or cuda. With cuda the embedded model (or an export folder's model) is "
+        "exported for the GPU (export --device cuda) on first use."
+    ),
+]
+CudaGraph = Annotated[
+    bool,
+    typer.Option(
+        "--cuda-graph",
+        help="With --provider cuda: replay each decode step as a captured CUDA graph (composes a "
+        "static chain; no speculative decoding).",
+    ),
+]
 Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)]
 MaxLen = Annotated[
     int | None,
@@ -202,10 +216,35 @@ Ngram = Annotated[
 ]
 
 
-def speculation(speculative: str | None, draft_tokens: int | None, ngram: int) -> dict:
-    """The engine's speculative-decoding keywords from the three options (checked together)."""
+def engine_options(
+    speculative: str | None,
+    draft_tokens: int | None,
+    ngram: int,
+    provider: str = "auto",
+    cuda_graph: bool = False,
+) -> dict:
+    """The engine's decoding keywords from the options, checked together before any model is
+    prepared: speculative decoding, the CUDA-graph mode, and a CUDA provider that is there."""
+    from onnxsample.engine._session import require_provider
     from onnxsample.errors import InvalidParameter
 
+    require_provider(provider)
     if speculative is None and draft_tokens is not None:
         raise InvalidParameter("--draft-tokens needs --speculative ngram")
-    return {"speculative": speculative, "draft_tokens": draft_tokens, "ngram": ngram}
+    if cuda_graph and provider != "cuda":
+        raise InvalidParameter("--cuda-graph needs --provider cuda")
+    if cuda_graph and speculative is not None:
+        raise InvalidParameter(
+            "--cuda-graph replays a static chain, which verifies no drafts: drop --speculative"
+        )
+    spec = {"speculative": speculative, "draft_tokens": draft_tokens, "ngram": ngram}
+    return {**spec, "cuda_graph": cuda_graph} if cuda_graph else spec
+
+
+def preparation(provider: str, spec: dict) -> dict:
+    """What `prepare` builds for these options: the GPU export for --provider cuda, a static
+    chain for --cuda-graph."""
+    return {
+        "device": "cuda" if provider == "cuda" else "cpu",
+        "static": bool(spec.get("cuda_graph")),
+    }

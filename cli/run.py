@@ -111,6 +111,7 @@ def run(
         bool, typer.Option("--json", help="One JSON object per prompt and line.")
     ] = False,
     provider: opt.Provider = "auto",
+    cuda_graph: opt.CudaGraph = False,
     threads: opt.Threads = None,
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
@@ -145,9 +146,9 @@ def run(
         top_logprobs=logprobs,
     )
     params.validate()
-    spec = opt.speculation(speculative, draft_tokens, ngram)
+    spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph)
     with stages(_LABELS) as progress:
-        composed = prepare(model, progress=progress)
+        composed = prepare(model, progress=progress, **opt.preparation(provider, spec))
         progress("session")
         generator = Generator(
             composed,

@@ -73,6 +73,7 @@ def serve(
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
     provider: opt.Provider = "auto",
+    cuda_graph: opt.CudaGraph = False,
     speculative: opt.Speculative = None,
     draft_tokens: opt.DraftTokens = None,
     ngram: opt.Ngram = DEFAULT_NGRAM,
@@ -141,7 +142,7 @@ def serve(
     then per replica (default: --replica-cpus, at least 1) and --max-queue is how many requests
     wait at the proxy before 503.
     """
-    spec = opt.speculation(speculative, draft_tokens, ngram)
+    spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph)
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,
@@ -163,7 +164,7 @@ def serve(
         ) from None
     from onnxsample.engine import Engine
 
-    composed, name = _prepared(model, max_slots, served_model_name)
+    composed, name = _prepared(model, max_slots, served_model_name, provider, spec)
 
     def load() -> Engine:
         return Engine(
@@ -227,7 +228,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         max_queued=max(1, max_queue),
     )
     scaling.check()
-    composed, name = _prepared(model, max_slots, served_model_name)
+    composed, name = _prepared(model, max_slots, served_model_name, provider, spec)
     options = ray_serve.ReplicaOptions(
         model=str(composed),
         served_model_name=name,
@@ -248,12 +249,15 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
     ray_serve.run(app, scaling, host=host, port=port, address=ray_address, on_ready=ready)
 
 
-def _prepared(model: Path | None, max_slots: int | None, served_name: str | None):
+def _prepared(
+    model: Path | None, max_slots: int | None, served_name: str | None, provider: str, spec: dict
+):
     """The composed model to serve (composed or exported first when needed) and its API name."""
     from onnxsample.prepare import prepare
 
+    how = opt.preparation(provider, spec)
     with stages(_LABELS) as progress:
-        composed = prepare(model, progress=progress, max_slots=max_slots).resolve()
+        composed = prepare(model, progress=progress, max_slots=max_slots, **how).resolve()
     return composed, served_name or composed.parent.name
 
 

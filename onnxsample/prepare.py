@@ -1,8 +1,10 @@
 """From what a user names (nothing, an export folder, an .onnx file) to a composed model to run.
 
-Nothing means the embedded SmolLM2: exported into the user cache on first use. An export folder or a
-plain model is composed on the fly with the full chain and room for every run option (top logprobs,
-logit bias); an existing, up-to-date `composed.onnx` beside the model is used as it is.
+Nothing means the embedded SmolLM2: exported into the user cache on first use (for the GPU with
+``device="cuda"``: the fp16 GQA export). An export folder or a plain model is composed on the fly
+with the full chain and room for every run option (top logprobs, logit bias); an existing,
+up-to-date `composed.onnx` beside the model is used as it is. ``static`` composes the chain without
+control flow (CUDA graphs) beside it, as `composed-static.onnx`.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _composed(path: Path) -> ComposedMetadata | None:
     return composed_metadata(path)
 
 
-def _up_to_date(composed: Path, model: Path, slots: int) -> bool:
+def _up_to_date(composed: Path, model: Path, slots: int, static: bool = False) -> bool:
     if not composed.is_file():
         return False
     if model.is_file() and composed.stat().st_mtime < model.stat().st_mtime:
@@ -59,6 +61,7 @@ def _up_to_date(composed: Path, model: Path, slots: int) -> bool:
         and meta.contract == CONTRACT_VERSION
         and meta.composer_revision == COMPOSER_REVISION
         and meta.max_slots == slots
+        and meta.static == static
     )
 
 
@@ -67,23 +70,32 @@ def prepare(
     *,
     progress: Callable[[str], None] | None = None,
     max_slots: int | None = None,
+    device: str = "cpu",
+    static: bool = False,
 ) -> Path:
     """The composed model to run for `model`, exporting and composing it first when needed.
 
     A composed file is used as it is (its slots included). An export folder or a plain model is
     composed with :data:`RUN_COMPOSE_OPTIONS`, and `max_slots` slots when given (kept apart:
-    ``composed-s16.onnx``)."""
+    ``composed-s16.onnx``); `static` composes the chain without control flow and without draft
+    verification (``composed-static.onnx``). `device` ``cuda`` exports the embedded model for the
+    GPU (fp16)."""
     slots = max_slots or RUN_COMPOSE_OPTIONS["max_slots"]
     if not isinstance(slots, int) or slots < 1:
         raise InvalidParameter(f"max_slots must be an integer >= 1, got {max_slots!r}")
-    suffix = "" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}"
+    if device not in ("cpu", "cuda"):
+        raise InvalidParameter(f"device must be cpu or cuda, got {device!r}")
+    suffix = ("-static" if static else "") + (
+        "" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}"
+    )
     if model is None:
         from onnxsample.exporters import export
         from onnxsample.exporters._export import export_name
         from onnxsample.exporters.embedded import EMBEDDED_NAME
 
-        # The fastest export that keeps llama.cpp's quality: our GQA graph on the GGUF's own blocks.
-        options = {"layout": "gqa", "precision": "gguf", "accuracy_level": 4}
+        # The fastest export that keeps llama.cpp's quality: our GQA graph on the GGUF's own blocks
+        # (int8 activations on the CPU as llama.cpp; fp16 on the GPU).
+        options = {"layout": "gqa", "precision": "gguf", "accuracy_level": 4, "device": device}
         folder = cache_dir() / export_name(EMBEDDED_NAME, **options)
         export(None, folder, progress=progress, **options)
     else:
@@ -96,22 +108,24 @@ def prepare(
             folder = path.parent
             if path.name != "model.onnx":
                 target = path.with_name(f"{path.stem}.composed{suffix}.onnx")
-                if _up_to_date(target, path, slots):
+                if _up_to_date(target, path, slots, static):
                     return target
-                return _compose(path, target, progress, slots)
+                return _compose(path, target, progress, slots, static)
         elif path.is_dir():
             folder = path
         else:
             raise ModelError(f"no such model file or folder: {path}")
     target = folder / f"composed{suffix}.onnx"
-    if _up_to_date(target, folder / "model.onnx", slots):
+    if _up_to_date(target, folder / "model.onnx", slots, static):
         log.info("using %s", target)
         return target
-    return _compose(folder, target, progress, slots)
+    return _compose(folder, target, progress, slots, static)
 
 
-def _compose(source: Path, target: Path, progress, slots: int) -> Path:
+def _compose(source: Path, target: Path, progress, slots: int, static: bool = False) -> Path:
     from onnxsample.composer import compose  # onnxscript: only when a graph is built
 
     options = {**RUN_COMPOSE_OPTIONS, "max_slots": slots}
+    if static:
+        options.update(static=True, draft_tokens=0)
     return compose(source, None, target, progress=progress, **options)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from onnxsample.errors import InvalidParameter, ModelError, RuntimeUnavailable
 
-__all__ = ["PROVIDERS", "create_session"]
+__all__ = ["PROVIDERS", "create_session", "require_provider"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,20 @@ def _cuda_load_error() -> str:
     return "the CUDA provider loaded but the session did not use it (no usable GPU?)"
 
 
+def require_provider(provider: str) -> None:
+    """Raise unless `provider` is one we know and, for ``cuda``, this onnxruntime build has it."""
+    import onnxruntime as ort
+
+    if provider not in PROVIDERS:
+        raise InvalidParameter(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    available = ort.get_available_providers()
+    if provider == "cuda" and _CUDA not in available:
+        raise RuntimeUnavailable(
+            f"provider 'cuda' is not available: onnxruntime {ort.__version__} offers only "
+            f"{', '.join(available)}; install onnxsample[gpu] in place of onnxsample[cpu]"
+        )
+
+
 def create_session(
     path: str | Path,
     provider: str = "auto",
@@ -55,8 +69,7 @@ def create_session(
     import onnxruntime as ort
 
     global _warned_fallback
-    if provider not in PROVIDERS:
-        raise InvalidParameter(f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}")
+    require_provider(provider)
     if threads is not None and (not isinstance(threads, int) or threads < 1):
         raise InvalidParameter(f"threads must be an integer >= 1, got {threads!r}")
     levels = {
@@ -69,13 +82,9 @@ def create_session(
         raise InvalidParameter(
             f"optimization must be one of {', '.join(levels)}, got {optimization!r}"
         )
-    available = ort.get_available_providers()
-    if provider == "cuda" and _CUDA not in available:
-        raise RuntimeUnavailable(
-            f"provider 'cuda' is not available: onnxruntime {ort.__version__} offers only "
-            f"{', '.join(available)}; install onnxsample[gpu] in place of onnxsample[cpu]"
-        )
-    want_cuda = provider == "cuda" or (provider == "auto" and _CUDA in available)
+    want_cuda = provider == "cuda" or (
+        provider == "auto" and _CUDA in ort.get_available_providers()
+    )
     cuda_options = {"enable_cuda_graph": "1"} if cuda_graph else {}
     providers = [(_CUDA, cuda_options), _CPU] if want_cuda else [_CPU]
     options = ort.SessionOptions()

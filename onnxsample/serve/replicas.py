@@ -60,6 +60,7 @@ class ReplicaOptions:
     speculative: str | None = None
     draft_tokens: int | None = None
     ngram: int = DEFAULT_NGRAM
+    cuda_graph: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class OnnxsampleReplica:
             speculative=options.speculative,
             draft_tokens=options.draft_tokens,
             ngram=options.ngram,
+            cuda_graph=options.cuda_graph,
         )
         log.info("replica %s loaded %s", self.name, options.model)
 

@@ -98,3 +98,31 @@ def test_a_cpu_shaped_export_gets_one_warning(device, gpu_models):
     report = device.probe("engine", gpu_models["cpu-shaped"], "whole")
     warnings = [line for line in report["stderr"].splitlines() if "export --device cuda" in line]
     assert len(warnings) == 1, report["stderr"][-2000:]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--cuda-graph"], ["--speculative", "ngram"], []],
+    ids=["cuda-graph", "speculative", "branching"],
+)
+def test_run_provider_cuda_prints_only_its_json(device, tiny_gpu_export, tmp_path, flags):
+    """`onnxsample run FOLDER --provider cuda --json` composes for the GPU by itself; stdout holds
+    the JSON lines only (nothing from preload_dlls) and stderr no ONNX Runtime warning."""
+    import json
+    import shutil
+    import subprocess
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_gpu_export.output, folder, ignore=shutil.ignore_patterns("composed*"))
+    cli = device.python.parent / "onnxsample"
+    command = [str(cli), "run", str(folder), "--provider", "cuda", "-p", "hi", "-n", "4", "--json"]
+    proc = subprocess.run(
+        [*command, *flags], capture_output=True, text=True, env=device.env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [line] = proc.stdout.splitlines()
+    assert json.loads(line)["finish_reason"] == "length"
+    assert "W:onnxruntime" not in proc.stderr and "warning" not in proc.stderr.lower()
+    assert "cuda," in proc.stderr.splitlines()[-1]
+    expected = "composed-static.onnx" if "--cuda-graph" in flags else "composed.onnx"
+    assert (folder / expected).is_file()
