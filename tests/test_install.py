@@ -115,3 +115,32 @@ def test_what_the_runtime_lacks_names_the_extra(
     lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and message in lines[0], done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_gpu_extra_brings_what_the_cuda_provider_loads(runtime_venv, tmp_path):
+    """`pip install onnxsample[gpu]` in a fresh venv: onnxruntime-gpu with the CUDA 13 runtime,
+    cuBLAS and cuDNN 9 (the sampler's float reductions need cuDNN), and never onnxruntime itself.
+    Resolved by pip (a dry run: the ~2 GB of NVIDIA wheels are not downloaded)."""
+    import json
+
+    report = tmp_path / "report.json"
+    pip = [str(runtime_venv / "bin" / "python"), "-m", "pip", "install", "-q", "--dry-run"]
+    subprocess.run(
+        [
+            *pip,
+            "--ignore-installed",
+            "--disable-pip-version-check",
+            "--report",
+            str(report),
+            "-c",
+            str(ROOT / "constraints.txt"),
+            f"{ROOT}[gpu]",
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    names = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+    wanted = {"onnxruntime-gpu", "nvidia-cuda-runtime", "nvidia-cublas", "nvidia-cudnn-cu13"}
+    assert wanted <= names, sorted(names)
+    assert "onnxruntime" not in names
