@@ -122,3 +122,16 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+CHAT = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def chat(client, **kwargs):
+    """One chat completion of the tiny model through the `openai` client."""
+    return client.chat.completions.create(model="tiny", messages=CHAT, **kwargs)
+
+
+def metric_value(port: int, name: str) -> float:
+    """One sample of the server's /metrics."""
+    return metric(get(port, "/metrics")[1].decode(), name)

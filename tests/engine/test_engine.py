@@ -14,28 +14,11 @@ import threading
 import numpy as np
 import onnxruntime as ort
 import pytest
+from _engine_cases import GREEDY, LONG, PROMPTS, alone, seeded
 
-from onnxsample.engine import Engine
 from onnxsample.engine.generator import Generator
 from onnxsample.errors import QueueFull
 from onnxsample.params import SamplingParams
-
-PROMPTS = [
-    "Once upon a time",
-    "The weather today is",
-    "def fibonacci(n):",
-    "Paris is the capital of",
-]
-LONG = " ".join(f"word{i}" for i in range(90))  # ~180 tokens: several chunks of 32
-GREEDY = SamplingParams(temperature=0)
-
-
-def _seeded(seed: int, **extra) -> SamplingParams:
-    return SamplingParams(temperature=0.9, top_k=50, seed=seed, **extra)
-
-
-def _alone(engine: Engine, prompt, params, n=16, **kw):
-    return engine.submit(prompt, params, max_new_tokens=n, chat=False, **kw).result(timeout=120)
 
 
 def test_the_layout_is_what_the_graph_says(engine, layout):
@@ -44,8 +27,8 @@ def test_the_layout_is_what_the_graph_says(engine, layout):
 
 def test_two_threads_get_what_each_gets_alone(engine):
     """Two threads stream at once; each gets exactly its tokens alone, with the same seed."""
-    jobs = [(PROMPTS[i], _seeded(10 + i)) for i in range(4)] + [(LONG, _seeded(7))]
-    alone = [_alone(engine, p, s, 24).token_ids for p, s in jobs]
+    jobs = [(PROMPTS[i], seeded(10 + i)) for i in range(4)] + [(LONG, seeded(7))]
+    solo = [alone(engine, p, s, 24).token_ids for p, s in jobs]
     got: dict[int, list[int]] = {}
 
     def client(indices):
@@ -58,17 +41,17 @@ def test_two_threads_get_what_each_gets_alone(engine):
         t.start()
     for t in threads:
         t.join(timeout=300)
-    assert [got[i] for i in range(5)] == alone
+    assert [got[i] for i in range(5)] == solo
 
 
 def test_a_paused_stream_is_not_disturbed_by_another_request(models, layout):
     """The bug of the closed-batch Generator: pause stream A, run generate(), resume A."""
     path, folder = models[layout, 4]
     with Generator(path, tokenizer=folder, threads=1) as gen:
-        [expected] = gen.generate(PROMPTS[0], _seeded(5), max_new_tokens=20, chat=False)
-        stream = gen.stream(PROMPTS[0], _seeded(5), max_new_tokens=20, chat=False)
+        [expected] = gen.generate(PROMPTS[0], seeded(5), max_new_tokens=20, chat=False)
+        stream = gen.stream(PROMPTS[0], seeded(5), max_new_tokens=20, chat=False)
         head = [next(stream) for _ in range(4)]
-        [other] = gen.generate(PROMPTS[1], _seeded(6), max_new_tokens=20, chat=False)
+        [other] = gen.generate(PROMPTS[1], seeded(6), max_new_tokens=20, chat=False)
         rest = list(stream)
     tokens = [e.token_id for e in head + rest if e.token_id is not None]
     assert tokens[: len(expected.token_ids)] == expected.token_ids
@@ -80,15 +63,15 @@ def test_two_threads_on_one_generator(models, layout):
     """The batch API is as safe: two threads calling generate() on one Generator at once."""
     path, folder = models[layout, 4]
     with Generator(path, tokenizer=folder, threads=1) as gen:
-        alone = {
-            i: gen.generate(PROMPTS[i], _seeded(40 + i), max_new_tokens=16, chat=False)[0].token_ids
+        solo = {
+            i: gen.generate(PROMPTS[i], seeded(40 + i), max_new_tokens=16, chat=False)[0].token_ids
             for i in range(4)
         }
         got: dict[int, list[int]] = {}
 
         def client(indices):
             for i in indices:
-                [done] = gen.generate(PROMPTS[i], _seeded(40 + i), max_new_tokens=16, chat=False)
+                [done] = gen.generate(PROMPTS[i], seeded(40 + i), max_new_tokens=16, chat=False)
                 got[i] = done.token_ids
 
         threads = [threading.Thread(target=client, args=(ix,)) for ix in ([0, 1], [2, 3])]
@@ -96,11 +79,11 @@ def test_two_threads_on_one_generator(models, layout):
             t.start()
         for t in threads:
             t.join(timeout=300)
-    assert got == alone
+    assert got == solo
 
 
 def test_a_late_request_starts_while_an_early_one_decodes(engine):
-    early = engine.submit(PROMPTS[0], _seeded(1, ignore_eos=True), max_new_tokens=120, chat=False)
+    early = engine.submit(PROMPTS[0], seeded(1, ignore_eos=True), max_new_tokens=120, chat=False)
     stream = iter(early)
     for _ in range(3):
         next(stream)
@@ -144,14 +127,14 @@ def test_queue_full_is_a_typed_error_at_once(fresh):
 
 
 def test_async_iteration_and_result(engine):
-    expected = _alone(engine, PROMPTS[2], _seeded(9), 12)
+    expected = alone(engine, PROMPTS[2], seeded(9), 12)
 
     async def main():
         pieces = []
-        request = engine.submit(PROMPTS[2], _seeded(9), max_new_tokens=12, chat=False)
+        request = engine.submit(PROMPTS[2], seeded(9), max_new_tokens=12, chat=False)
         async for event in request:
             pieces.append(event)
-        other = await engine.submit(PROMPTS[2], _seeded(9), max_new_tokens=12, chat=False).aresult()
+        other = await engine.submit(PROMPTS[2], seeded(9), max_new_tokens=12, chat=False).aresult()
         return pieces, other
 
     pieces, other = asyncio.run(main())
@@ -167,9 +150,9 @@ def test_chunked_prefill_gives_the_same_tokens_and_prompt_logprobs(fresh, layout
     over more or fewer rows, so prompt logprobs agree to float rounding in both."""
     reference = fresh(prefill_chunk=None, prefix_reuse=False)
     engine = fresh(prefill_chunk=chunk, prefix_reuse=False)
-    params = _seeded(21, prompt_logprobs=2, logprobs=True)
-    a = _alone(reference, LONG, params, 12)
-    b = _alone(engine, LONG, params, 12)
+    params = seeded(21, prompt_logprobs=2, logprobs=True)
+    a = alone(reference, LONG, params, 12)
+    b = alone(engine, LONG, params, 12)
     assert b.token_ids == a.token_ids
     assert [[t for t, _ in top] for top in b.prompt_top_logprobs[1:]] == [
         [t for t, _ in top] for top in a.prompt_top_logprobs[1:]
@@ -185,7 +168,7 @@ def test_streams_keep_decoding_while_a_long_prompt_is_admitted(fresh):
     """With chunks of 16, a 180-token prompt takes several steps, and the running stream gets a
     token in each of them."""
     engine = fresh(prefill_chunk=16)
-    running = engine.submit(PROMPTS[0], _seeded(2, ignore_eos=True), max_new_tokens=60, chat=False)
+    running = engine.submit(PROMPTS[0], seeded(2, ignore_eos=True), max_new_tokens=60, chat=False)
     stream = iter(running)
     next(stream)
     before = engine.stats()
@@ -201,7 +184,7 @@ def test_streams_keep_decoding_while_a_long_prompt_is_admitted(fresh):
 def test_prompt_logprobs_are_the_plain_models(engine, tiny_export):
     """Echo: each prompt token's logprob under the raw distribution, computed in the graph."""
     params = SamplingParams(temperature=0, prompt_logprobs=3)
-    done = _alone(engine, LONG, params, 1)
+    done = alone(engine, LONG, params, 1)
     ids = done.prompt_token_ids
     session = ort.InferenceSession(str(tiny_export.model_path), providers=["CPUExecutionProvider"])
     feeds = {
@@ -225,7 +208,7 @@ def test_prompt_logprobs_are_the_plain_models(engine, tiny_export):
 
 
 def test_a_request_without_prompt_logprobs_gets_none(engine):
-    done = _alone(engine, PROMPTS[0], GREEDY, 2)
+    done = alone(engine, PROMPTS[0], GREEDY, 2)
     assert done.prompt_logprobs is None and done.prompt_top_logprobs is None
 
 
@@ -235,19 +218,19 @@ def test_prefix_reuse_computes_only_the_new_tokens(fresh):
     chat = [{"role": "user", "content": LONG}]
     turns = {}
     for name, engine in (("reuse", reuse), ("plain", plain)):
-        first = engine.submit(chat, _seeded(31), max_new_tokens=10).result(timeout=120)
+        first = engine.submit(chat, seeded(31), max_new_tokens=10).result(timeout=120)
         follow = [
             *chat,
             {"role": "assistant", "content": first.text},
             {"role": "user", "content": "And then?"},
         ]
-        second = engine.submit(follow, _seeded(32), max_new_tokens=10).result(timeout=120)
+        second = engine.submit(follow, seeded(32), max_new_tokens=10).result(timeout=120)
         turns[name] = (first, second)
     first, second = turns["reuse"]
     assert first.timings.cached_tokens == 0
     assert second.timings.cached_tokens >= len(first.prompt_token_ids) - 2
     assert turns["plain"][1].timings.cached_tokens == 0
     assert second.token_ids == turns["plain"][1].token_ids
-    again = reuse.submit(chat, _seeded(31), max_new_tokens=10).result(timeout=120)
+    again = reuse.submit(chat, seeded(31), max_new_tokens=10).result(timeout=120)
     assert again.token_ids == first.token_ids  # the same prompt again: all but 2 tokens reused
     assert again.timings.cached_tokens == len(again.prompt_token_ids) - 2

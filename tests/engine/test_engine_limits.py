@@ -9,28 +9,12 @@ import json
 import shutil
 
 import pytest
+from _engine_cases import GREEDY, LONG, PROMPTS, alone, seeded
 
 from onnxsample.composer import compose
 from onnxsample.engine import Engine
 from onnxsample.errors import EngineClosed, InvalidParameter, OutOfMemory
 from onnxsample.params import SamplingParams
-
-PROMPTS = [
-    "Once upon a time",
-    "The weather today is",
-    "def fibonacci(n):",
-    "Paris is the capital of",
-]
-LONG = " ".join(f"word{i}" for i in range(90))  # ~180 tokens: several chunks of 32
-GREEDY = SamplingParams(temperature=0)
-
-
-def _seeded(seed: int, **extra) -> SamplingParams:
-    return SamplingParams(temperature=0.9, top_k=50, seed=seed, **extra)
-
-
-def _alone(engine: Engine, prompt, params, n=16, **kw):
-    return engine.submit(prompt, params, max_new_tokens=n, chat=False, **kw).result(timeout=120)
 
 
 @pytest.mark.parametrize(
@@ -63,17 +47,17 @@ def test_bad_requests_fail_at_submit(engine, kwargs, message):
 
 
 def test_a_plain_stop_string_is_one_stop_string(engine):
-    full = _alone(engine, PROMPTS[0], GREEDY, 24)
+    full = alone(engine, PROMPTS[0], GREEDY, 24)
     stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
     assert len(stop) == 3
-    done = _alone(engine, PROMPTS[0], GREEDY, 24, stop=stop)
+    done = alone(engine, PROMPTS[0], GREEDY, 24, stop=stop)
     assert done.finish_reason == "stop" and done.text == full.text[: full.text.index(stop)]
 
 
 @pytest.mark.parametrize("temperature", [1e-30, 1e-7, 9e-6])
 def test_a_tiny_temperature_is_greedy(engine, temperature):
-    greedy = _alone(engine, PROMPTS[3], GREEDY, 16)
-    tiny = _alone(engine, PROMPTS[3], SamplingParams(temperature=temperature, seed=1), 16)
+    greedy = alone(engine, PROMPTS[3], GREEDY, 16)
+    tiny = alone(engine, PROMPTS[3], SamplingParams(temperature=temperature, seed=1), 16)
     assert tiny.token_ids == greedy.token_ids
 
 
@@ -91,7 +75,7 @@ def test_a_greedy_only_graph_runs(models, layout, tmp_path):
 def test_generation_ends_with_length_at_the_end_of_the_cache(fresh, engine):
     short = fresh(max_len=24)
     done = short.submit(PROMPTS[2], GREEDY, max_new_tokens=100, chat=False).result(timeout=60)
-    full = _alone(engine, PROMPTS[2], GREEDY, 40)
+    full = alone(engine, PROMPTS[2], GREEDY, 40)
     room = 24 - len(done.prompt_token_ids)
     assert done.token_ids == full.token_ids[:room]
     if len(full.token_ids) >= room:
@@ -111,7 +95,7 @@ def test_a_failed_kv_allocation_fails_that_request_only(models, tmp_path):
     manifest["model"]["max_position_embeddings"] = 2**40  # a context no machine can hold
     (huge / "onnxsample.json").write_text(json.dumps(manifest))
     with Engine(path, tokenizer=huge, threads=1) as engine:
-        running = engine.submit(PROMPTS[0], _seeded(1), max_new_tokens=30, chat=False)
+        running = engine.submit(PROMPTS[0], seeded(1), max_new_tokens=30, chat=False)
         next(iter(running))
         greedy = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=2**39, chat=False)
         with pytest.raises(OutOfMemory, match="cannot allocate the KV cache"):
@@ -146,9 +130,9 @@ def test_min_tokens_holds_end_of_sequence_back(engine):
     """A bias that forces EOS at once: with min_tokens=5 the first five tokens are something else."""
     eos = min(engine.eos_ids)
     forced = SamplingParams(temperature=0, logit_bias={eos: 100.0})
-    assert _alone(engine, PROMPTS[0], forced, 20).token_ids == []
+    assert alone(engine, PROMPTS[0], forced, 20).token_ids == []
     held = SamplingParams(temperature=0, logit_bias={eos: 100.0}, min_tokens=5)
-    done = _alone(engine, PROMPTS[0], held, 20)
+    done = alone(engine, PROMPTS[0], held, 20)
     assert len(done.token_ids) == 5 and done.finish_reason == "eos"
     assert eos not in done.token_ids
 

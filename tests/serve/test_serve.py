@@ -11,21 +11,11 @@ import json
 
 import openai
 import pytest
-from _http import get, metric, post, served
-
-CHAT = [{"role": "user", "content": "Tell me about the sea."}]
-
-
-def _chat(client, **kwargs):
-    return client.chat.completions.create(model="tiny", messages=CHAT, **kwargs)
-
-
-def _metric(port: int, name: str) -> float:
-    return metric(get(port, "/metrics")[1].decode(), name)
+from _http import chat, get, metric_value, post, served
 
 
 def test_chat_completion(client):
-    done = _chat(client, max_tokens=8, seed=3)
+    done = chat(client, max_tokens=8, seed=3)
     assert done.object == "chat.completion" and done.id.startswith("chatcmpl-")
     assert done.model == "tiny" and done.system_fingerprint.startswith("onnxsample-")
     [choice] = done.choices
@@ -41,9 +31,9 @@ def test_chat_completion(client):
 
 
 def test_streamed_chat_equals_the_whole_answer(client):
-    whole = _chat(client, max_tokens=12, seed=5, temperature=0.9)
+    whole = chat(client, max_tokens=12, seed=5, temperature=0.9)
     chunks = list(
-        _chat(
+        chat(
             client,
             max_tokens=12,
             seed=5,
@@ -79,29 +69,29 @@ def test_completion_prompt_forms(client, prompt, choices):
 
 
 def test_n_choices_are_reproducible_and_distinct(client):
-    a = _chat(client, max_tokens=10, seed=11, n=2, temperature=1.0)
-    b = _chat(client, max_tokens=10, seed=11, n=2, temperature=1.0)
+    a = chat(client, max_tokens=10, seed=11, n=2, temperature=1.0)
+    b = chat(client, max_tokens=10, seed=11, n=2, temperature=1.0)
     texts = [c.message.content for c in a.choices]
     assert texts == [c.message.content for c in b.choices]
     assert texts[0] != texts[1]
-    one = _chat(client, max_tokens=10, seed=12, temperature=1.0)  # choice 1 is seed 11 + 1
+    one = chat(client, max_tokens=10, seed=12, temperature=1.0)  # choice 1 is seed 11 + 1
     assert one.choices[0].message.content == texts[1]
 
 
 def test_a_seeded_answer_does_not_depend_on_other_requests(client):
-    alone = _chat(client, max_tokens=16, seed=77, temperature=0.8).choices[0].message.content
+    alone = chat(client, max_tokens=16, seed=77, temperature=0.8).choices[0].message.content
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         noise = [
-            pool.submit(_chat, client, max_tokens=20, seed=i, temperature=1.0) for i in range(7)
+            pool.submit(chat, client, max_tokens=20, seed=i, temperature=1.0) for i in range(7)
         ]
-        mine = pool.submit(_chat, client, max_tokens=16, seed=77, temperature=0.8)
+        mine = pool.submit(chat, client, max_tokens=16, seed=77, temperature=0.8)
         assert mine.result().choices[0].message.content == alone
         for f in noise:
             f.result()
 
 
 def test_chat_logprobs(client):
-    done = _chat(client, max_tokens=5, seed=2, logprobs=True, top_logprobs=3, temperature=0)
+    done = chat(client, max_tokens=5, seed=2, logprobs=True, top_logprobs=3, temperature=0)
     content = done.choices[0].logprobs.content
     assert len(content) == done.usage.completion_tokens
     for entry in content:
@@ -182,10 +172,10 @@ def test_64_concurrent_streams_each_get_their_own_answer(client):
     def ask(i: int, stream: bool) -> str:
         kwargs = {"max_tokens": 12, "seed": 1000 + i, "temperature": 0.9}
         if not stream:
-            return _chat(client, **kwargs).choices[0].message.content
+            return chat(client, **kwargs).choices[0].message.content
         return "".join(
             c.choices[0].delta.content or ""
-            for c in _chat(client, stream=True, **kwargs)
+            for c in chat(client, stream=True, **kwargs)
             if c.choices
         )
 
@@ -211,8 +201,8 @@ def test_speculative_serving_gives_the_same_answers(models, client):
         url = f"http://127.0.0.1:{server.port}/v1"
         fast = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
         assert answers(fast, fast.models.list().data[0].id) == plain
-        drafted = _metric(server.port, "onnxsample_spec_decode_draft_tokens_total")
-        kept = _metric(server.port, "onnxsample_spec_decode_accepted_tokens_total")
+        drafted = metric_value(server.port, "onnxsample_spec_decode_draft_tokens_total")
+        kept = metric_value(server.port, "onnxsample_spec_decode_accepted_tokens_total")
     assert 0 < kept <= drafted
 
 

@@ -13,18 +13,9 @@ import time
 
 import openai
 import pytest
-from _http import free_port, get, metric, post, served
+from _http import CHAT, chat, free_port, get, metric_value, post, served
 
 KEY = "sk-test-key"
-CHAT = [{"role": "user", "content": "Tell me about the sea."}]
-
-
-def _chat(client, **kwargs):
-    return client.chat.completions.create(model="tiny", messages=CHAT, **kwargs)
-
-
-def _metric(port: int, name: str) -> float:
-    return metric(get(port, "/metrics")[1].decode(), name)
 
 
 @pytest.mark.parametrize(
@@ -43,7 +34,7 @@ def _metric(port: int, name: str) -> float:
 )
 def test_invalid_values_are_400_naming_the_parameter(client, kwargs, param, message):
     with pytest.raises(openai.BadRequestError) as info:
-        _chat(client, **{"max_tokens": 4, **kwargs})
+        chat(client, **{"max_tokens": 4, **kwargs})
     error = info.value.body
     assert error["param"] == param and message in error["message"], error
     assert info.value.status_code == 400 and "Traceback" not in error["message"]
@@ -92,10 +83,10 @@ def test_a_client_that_goes_away_frees_its_slot(port):
     seen = b""
     while seen.count(b"data:") < 4:  # three tokens after the headers' first chunk
         seen += sock.recv(4096)
-    assert _metric(port, "onnxsample_slots_busy") >= 1
+    assert metric_value(port, "onnxsample_slots_busy") >= 1
     sock.close()
     deadline = time.monotonic() + 30
-    while _metric(port, "onnxsample_slots_busy") > 0:
+    while metric_value(port, "onnxsample_slots_busy") > 0:
         assert time.monotonic() < deadline, "the slot stayed busy"
         time.sleep(0.1)
 
