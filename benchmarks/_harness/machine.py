@@ -11,6 +11,8 @@ import json
 import os
 import platform
 import resource
+import shutil
+import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -51,6 +53,25 @@ def machine() -> dict:
         "platform": platform.platform(),
         "python": sys.version.split()[0],
     }
+
+
+def gpus() -> list[str]:
+    """The NVIDIA GPUs of this machine as ``nvidia-smi`` names them (name, memory, driver); empty
+    where there is no nvidia-smi or it fails."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    query = "--query-gpu=name,memory.total,driver_version"
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", query, "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    lines = out.stdout.splitlines() if out.returncode == 0 else []
+    return [line.strip() for line in lines if line.strip()]
 
 
 def versions(*names: str) -> dict[str, str]:

@@ -48,13 +48,13 @@ def ort_session(model: Path | bytes, threads: int) -> Any:
 
 def compose_cached(model: Path, out: Path, chain: str | None, **options: Any) -> Path:
     """Compose `model` (an export folder or an .onnx file) into `out` once; reuse it while it is
-    newer than the model and was written by this composer with as many slots (``prepare``'s own
-    check: contract version, composer revision, slots)."""
+    newer than the model and was written by this composer with as many slots and the same
+    ``static`` option (``prepare``'s own check: contract version, composer revision, slots)."""
     from onnxsample import compose
     from onnxsample.prepare import _up_to_date
 
     source = model / "model.onnx" if model.is_dir() else model
-    if not _up_to_date(out, source, options["max_slots"]):
+    if not _up_to_date(out, source, options["max_slots"], options.get("static", False)):
         out.parent.mkdir(parents=True, exist_ok=True)
         compose(model, chain, out, **options)
     return out

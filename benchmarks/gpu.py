@@ -1,0 +1,298 @@
+"""GPU decode: the sampler inside the graph (branching chain; static chain replayed as a CUDA graph)
+against the plain model with sampling on the host, at batch sizes up to 64.
+
+    python benchmarks/gpu.py [--model artifacts/smollm2-135m-instruct-gqa-gguf-cuda]
+        [--batch 1,8,32,64] [--new-tokens 128] [--repeats 3] [--output FILE] [--provider cuda]
+        [--max-slots N]
+
+The model is a GroupQueryAttention export (``onnxsample export --device cuda -o DIR``). Each batch
+size B decodes B copies of one ~50-token chat prompt (the serving benchmarks' trip message), EOS
+ignored, ``--new-tokens`` tokens each, sampled (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05;
+a seed per request, one generator for the plain loop). Engines, alternated within each repetition
+after a warm-up per batch:
+
+- ``branching``: :class:`onnxsample.Engine` on the export composed with the full chain
+  (``composed-bench-branching-sN.onnx`` beside it, N = ``--max-slots``, default the largest batch);
+- ``static-cuda-graph``: the chain composed ``static=True``, ``Engine(cuda_graph=True)``: each decode
+  step replays a captured CUDA graph over all N slots (``--provider cuda`` only; skipped otherwise);
+- ``plain-host-sampling``: ``model.onnx`` alone, driven by the loop below: one preallocated KV
+  buffer per layer bound as past and present, each prompt prefilled in its own call (as the engine
+  does), then B rows per decode step, whose logits [B, V] are copied to the host and sampled with
+  numpy (the same settings: top-k by argpartition, then top-p, then min-p on the 40 candidates).
+
+Per engine and batch: decode tokens/s (tokens after each sequence's first, over the time of the
+decode calls: ``Engine.stats()`` deltas for the engines; the engine prefills the later prompts
+between decode steps, so its first steps hold fewer rows), ms per decode step (decode time over
+steps), time to first token (median over the B requests); median and min/max over repeats, and the
+ratio of the medians against ``branching``. JSON to stdout and ``--output`` (default
+``benchmarks/results/gpu.json``), with the machine, the GPUs, versions and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from _harness.machine import emit, gpus, load_average, machine, versions
+from _harness.measure import summary
+from _harness.script import RESULTS, ROOT, ints, logger, parser
+from _harness.workload import SAMPLED, compose_cached, trip_message
+
+MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-cuda"
+# The full chain with the room the serving path composes: bias entries, no logprobs, no drafts.
+COMPOSE = {"top_logprobs": 0, "max_bias": 16, "prompt_logprobs": False, "draft_tokens": 0}
+ENGINES = ("branching", "static-cuda-graph", "plain-host-sampling")
+KEYS = ("decode_tokens_per_s", "ms_per_step", "ttft_ms")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = parser(__doc__)
+    p.add_argument("--model", type=Path, default=MODEL, help="GQA export folder")
+    p.add_argument("--batch", default="1,8,32,64", help="batch sizes (comma-separated)")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--provider", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--max-slots", type=int, help="slots composed (default: the largest batch)")
+    p.add_argument("--output", type=Path, default=RESULTS / "gpu.json")
+    args = p.parse_args(argv)
+    args.batch = ints(args.batch, "batch")
+    args.max_slots = args.max_slots or max(args.batch)
+    if args.max_slots < max(args.batch):
+        p.error(f"--max-slots {args.max_slots} is below the largest batch {max(args.batch)}")
+    if args.new_tokens < 2 or args.repeats < 1:
+        p.error("--new-tokens takes at least 2 (one decode step) and --repeats at least 1")
+    return args
+
+
+def host_sample(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """One token per row of `logits` [B, V]: temperature, top-k, top-p, then min-p (on the top-k
+    candidates), then a draw from what is left."""
+    z = logits.astype(np.float32) / np.float32(SAMPLED["temperature"])
+    k = min(SAMPLED["top_k"], z.shape[1])
+    idx = np.argpartition(-z, k - 1, axis=1)[:, :k]
+    top = np.take_along_axis(z, idx, 1)
+    order = np.argsort(-top, axis=1, kind="stable")
+    idx, top = np.take_along_axis(idx, order, 1), np.take_along_axis(top, order, 1)
+    p = np.exp(top - top[:, :1])
+    p /= p.sum(1, keepdims=True)
+    keep = np.cumsum(p, 1) - p < SAMPLED["top_p"]  # the smallest prefix that reaches top_p
+    keep &= p >= SAMPLED["min_p"] * p[:, :1]
+    c = np.cumsum(np.where(keep, p, 0), 1)
+    u = rng.random((len(c), 1)) * c[:, -1:]
+    pick = np.minimum((c < u).sum(1), k - 1)
+    return idx[np.arange(len(idx)), pick]
+
+
+class InGraph:
+    """A composed model on :class:`onnxsample.Engine` (sampling inside the graph)."""
+
+    def __init__(self, path: Path, provider: str, cuda_graph: bool = False) -> None:
+        from onnxsample import Engine
+
+        self.engine = Engine(path, provider=provider, cuda_graph=cuda_graph, prefix_reuse=False)
+        self.device = self.engine.device
+
+    def run(self, ids: list[int], batch: int, new_tokens: int, seed: int) -> dict:
+        from onnxsample import SamplingParams
+
+        before = self.engine.stats()
+        requests = [
+            self.engine.submit(
+                ids,
+                SamplingParams(**SAMPLED, ignore_eos=True, seed=seed + b),
+                max_new_tokens=new_tokens,
+            )
+            for b in range(batch)
+        ]
+        done = [r.result(timeout=3600) for r in requests]
+        after = self.engine.stats()
+        return _row(
+            after.generated_tokens - before.generated_tokens - batch,
+            after.decode_s - before.decode_s,
+            after.decode_steps - before.decode_steps,
+            [c.timings.ttft_s for c in done],
+        )
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+class PlainHost:
+    """``model.onnx`` with no sampler: IOBinding over one shared KV buffer per layer, the logits
+    copied to the host each step and sampled there with numpy."""
+
+    def __init__(self, folder: Path, provider: str) -> None:
+        from onnxsample.engine._kv_shared import SharedKV, kv_specs
+        from onnxsample.engine._session import create_session
+
+        self.session, self.device = create_session(folder / "model.onnx", provider)
+        inputs = self.session.get_inputs()
+        pasts = {i.name: i for i in inputs if i.name.startswith("past_key_values.")}
+        self.kv = SharedKV(kv_specs(pasts, None, "model.onnx"), self.device)
+        logits = next(o for o in self.session.get_outputs() if o.name == "logits")
+        self.vocab = int(logits.shape[-1])
+
+    def _binding(self, row: int, rows: int, ids: np.ndarray, out: np.ndarray | None = None):
+        binding = self.session.io_binding()
+        if out is None:
+            binding.bind_output("logits", "cpu")
+        else:  # straight into a preallocated host array
+            binding.bind_output("logits", "cpu", 0, np.float32, list(out.shape), out.ctypes.data)
+        self.kv.bind(binding, row, rows)
+        binding.bind_cpu_input("input_ids", ids)
+        binding.bind_cpu_input("attention_mask", np.ones(ids.shape, np.int64))
+        return binding
+
+    def run(self, ids: list[int], batch: int, new_tokens: int, seed: int) -> dict:
+        from onnxsample.engine._kv_shared import buffer_length
+
+        n = len(ids)
+        self.kv.grow(batch, buffer_length(n + new_tokens, None))
+        rng = np.random.default_rng(seed)
+        prompt = np.asarray([ids], np.int64)
+        tokens = np.zeros(batch, np.int64)
+        ttft = []
+        start = time.perf_counter()
+        for b in range(batch):  # each prompt in its own call, into its own row
+            binding = self._binding(b, 1, prompt)
+            self.session.run_with_iobinding(binding)
+            tokens[b] = host_sample(binding.get_outputs()[0].numpy()[:, -1], rng)[0]
+            ttft.append(time.perf_counter() - start)
+        logits = np.empty((batch, 1, self.vocab), np.float32)
+        drawn = [tokens]
+        binding = self._binding(0, batch, tokens[:, None], logits)
+        decode_s = 0.0
+        for step in range(1, new_tokens):
+            t0 = time.perf_counter()
+            binding.bind_cpu_input("input_ids", tokens[:, None])
+            binding.bind_cpu_input("attention_mask", np.ones((batch, n + step), np.int64))
+            self.session.run_with_iobinding(binding)
+            tokens = host_sample(logits[:, 0], rng)  # all rows at once
+            decode_s += time.perf_counter() - t0
+            drawn.append(tokens)
+        self.generated = np.stack(drawn, 1)  # [B, new_tokens], for the tests
+        return _row(batch * (new_tokens - 1), decode_s, new_tokens - 1, ttft)
+
+    def close(self) -> None:
+        self.kv.buffers.clear()
+
+
+def _row(decoded: int, decode_s: float, steps: int, ttft: list[float]) -> dict:
+    return {
+        "decode_tokens_per_s": decoded / decode_s if decode_s > 0 else 0.0,
+        "ms_per_step": 1000 * decode_s / max(steps, 1),
+        "ttft_ms": 1000 * statistics.median(ttft),
+        "decoded_tokens": decoded,
+        "decode_steps": steps,
+    }
+
+
+def _load(args: argparse.Namespace, log) -> tuple[dict, dict]:
+    """The engines that run here, and the reasons of those that do not."""
+    folder, slots, skipped = args.model, args.max_slots, {}
+    branching = folder / f"composed-bench-branching-s{slots}.onnx"
+    loaded = {
+        "branching": InGraph(
+            compose_cached(folder, branching, None, max_slots=slots, **COMPOSE), args.provider
+        )
+    }
+    if args.provider == "cuda":
+        static = folder / f"composed-bench-static-s{slots}.onnx"
+        compose_cached(folder, static, None, max_slots=slots, static=True, **COMPOSE)
+        loaded["static-cuda-graph"] = InGraph(static, args.provider, cuda_graph=True)
+    else:
+        skipped["static-cuda-graph"] = f"cuda_graph needs --provider cuda (got {args.provider})"
+    loaded["plain-host-sampling"] = PlainHost(folder, args.provider)
+    log(f"loaded {', '.join(loaded)} on {loaded['branching'].device}; skipped {skipped or 'none'}")
+    return loaded, skipped
+
+
+def _table(runs: list[dict], base: list[dict] | None) -> dict:
+    """Median and spread of each figure; with `base` (branching's runs), the ratio of the medians."""
+    out: dict = {k: summary([r[k] for r in runs], 2) for k in KEYS}
+    out["decoded_tokens"], out["decode_steps"] = runs[0]["decoded_tokens"], runs[0]["decode_steps"]
+    if base is not None:
+        mid = {
+            k: (statistics.median(r[k] for r in runs), statistics.median(r[k] for r in base))
+            for k in KEYS
+        }
+        out["vs_branching"] = {k: round(a / b, 3) if b else None for k, (a, b) in mid.items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)  # first: --help needs no onnxsample
+    log = logger("gpu")
+    if not (args.model / "model.onnx").is_file():
+        sys.exit(f"export the model first: onnxsample export --device cuda -o {args.model}")
+    import onnxruntime as ort
+
+    loads = [load_average()]
+    loaded, skipped = _load(args, log)
+    ids = loaded["branching"].engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": trip_message(0, 0)}], add_generation_prompt=True
+    )
+    warm = min(4, args.new_tokens)
+    for batch in args.batch:
+        for engine in loaded.values():
+            engine.run(ids, batch, warm, seed=0)  # kernels, allocations, the CUDA graph capture
+    runs: dict[tuple[str, int], list[dict]] = {}
+    for rep in range(args.repeats):
+        names = list(loaded)
+        names = names[rep % len(names) :] + names[: rep % len(names)]
+        for batch in args.batch:
+            for name in names:
+                found = loaded[name].run(ids, batch, args.new_tokens, seed=1000 * (rep + 1))
+                runs.setdefault((name, batch), []).append(found)
+                log(
+                    f"rep {rep} batch {batch} {name}: "
+                    + ", ".join(f"{k} {found[k]:.4g}" for k in KEYS)
+                )
+        loads.append(load_average())
+    device = loaded["branching"].device
+    for engine in loaded.values():
+        engine.close()
+    results = {}
+    for batch in args.batch:
+        base = runs[("branching", batch)]
+        table = results[f"batch={batch}"] = {}
+        for name in ENGINES:
+            found = runs.get((name, batch))
+            if found is None:
+                table[name] = {"skipped": skipped[name]}
+            else:
+                table[name] = _table(found, None if name == "branching" else base)
+    emit(
+        {
+            "benchmark": "gpu-decode",
+            "machine": machine(),
+            "gpus": gpus(),
+            "device": device,
+            "load_average": loads,
+            "versions": versions("onnxsample", "onnxruntime", "onnxruntime-gpu", "numpy"),
+            "providers": ort.get_available_providers(),
+            "settings": {
+                "model": str(args.model),
+                "provider": args.provider,
+                "batch": args.batch,
+                "new_tokens": args.new_tokens,
+                "repeats": args.repeats,
+                "max_slots": args.max_slots,
+                "prompt_tokens": len(ids),
+                "sampling": SAMPLED,
+                "compose": COMPOSE,
+            },
+            "skipped": skipped,
+            "results": results,
+        },
+        args.output,
+        "gpu",
+    )
+
+
+if __name__ == "__main__":
+    main()

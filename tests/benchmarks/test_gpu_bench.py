@@ -1,0 +1,72 @@
+"""benchmarks/gpu.py on the CPU: its report on the tiny GQA export (the CUDA-graph engine skipped),
+the host sampler's filters, and the plain decode loop against the engine (greedy, token for token)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def test_the_report_has_every_engine_and_ratio(bench, tiny_gqa_export, tmp_path: Path) -> None:
+    gpu = bench("gpu")
+    out = tmp_path / "gpu.json"
+    model = str(tiny_gqa_export.output)
+    small = ["--batch", "1,2", "--new-tokens", "4", "--repeats", "1"]
+    gpu.main(["--provider", "cpu", "--model", model, *small, "--output", str(out)])
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "gpu-decode" and report["device"] == "cpu"
+    assert {"onnxsample", "onnxruntime", "numpy"} <= set(report["versions"])
+    assert len(report["load_average"]) == 2 and report["settings"]["max_slots"] == 2
+    assert report["settings"]["prompt_tokens"] > 20
+    assert "cuda" in report["skipped"]["static-cuda-graph"]
+    assert set(report["results"]) == {"batch=1", "batch=2"}
+    for batch, table in report["results"].items():
+        b = int(batch.split("=")[1])
+        assert list(table) == ["branching", "static-cuda-graph", "plain-host-sampling"]
+        assert set(table["static-cuda-graph"]) == {"skipped"}
+        assert "vs_branching" not in table["branching"]
+        for name in ("branching", "plain-host-sampling"):
+            row = table[name]
+            assert row["decoded_tokens"] == 3 * b and row["decode_steps"] >= 3
+            for key in ("decode_tokens_per_s", "ms_per_step", "ttft_ms"):
+                assert row[key]["n"] == 1 and 0 < row[key]["min"] <= row[key]["max"]
+        ratios = table["plain-host-sampling"]["vs_branching"]
+        assert set(ratios) == {"decode_tokens_per_s", "ms_per_step", "ttft_ms"}
+        assert all(v > 0 for v in ratios.values())
+
+
+def test_host_sampling_keeps_to_its_filters(bench) -> None:
+    gpu = bench("gpu")
+    rng = np.random.default_rng(0)
+    logits = np.full((3, 1000), -10.0, np.float32)
+    logits[0, 7] = 10.0  # one token holds nearly all the mass: top-p and min-p keep it alone
+    logits[1, :50] = np.linspace(0, 1, 50)  # 50 close scores: top-k keeps the best 40
+    # 20 tokens at 1/30 of token 3's probability: 40% of the mass, so top-p keeps them all, but
+    # each is under min-p (0.05 of the best)
+    logits[2, 3] = 5.0
+    logits[2, 10:30] = 5.0 - 0.8 * np.log(30)
+    drawn = np.stack([gpu.host_sample(logits, rng) for _ in range(200)])
+    assert (drawn[:, 0] == 7).all() and (drawn[:, 2] == 3).all()
+    assert drawn[:, 1].min() >= 10 and drawn[:, 1].max() <= 49
+    assert len(set(drawn[:, 1])) > 20
+
+
+def test_the_plain_loop_decodes_what_the_engine_decodes(bench, tiny_gqa_export, monkeypatch):
+    """top-k 1 in the host sampler is greedy: the plain loop's tokens are the engine's."""
+    import onnxsample as osx
+
+    gpu = bench("gpu")
+    folder = tiny_gqa_export.output
+    composed = gpu.compose_cached(
+        folder, folder / "composed-bench-branching-s2.onnx", None, max_slots=2, **gpu.COMPOSE
+    )
+    with osx.Engine(composed, provider="cpu", threads=1) as engine:
+        ids = engine.tokenizer.encode("The weather in the mountains")
+        greedy = osx.SamplingParams(temperature=0, ignore_eos=True)
+        want = [engine.submit(ids, greedy, max_new_tokens=8).result().token_ids for _ in range(2)]
+    plain = gpu.PlainHost(folder, "cpu")
+    monkeypatch.setitem(gpu.SAMPLED, "top_k", 1)
+    plain.run(ids, 2, 8, seed=0)
+    assert plain.generated.tolist() == [list(t) for t in want]
