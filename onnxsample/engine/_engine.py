@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from onnxsample.engine import _session
 from onnxsample.engine._drafter import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_NGRAM,
@@ -36,7 +37,7 @@ from onnxsample.engine._requests import Requests
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._scheduler import Scheduler, Stats
 from onnxsample.engine._sequence import Sequence
-from onnxsample.engine._session import create_session
+from onnxsample.engine._session import check_cuda_graph, create_session, warn_if_cpu_shaped
 from onnxsample.engine._slots import SlotState
 from onnxsample.engine.request import Request
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
@@ -118,7 +119,7 @@ class Engine:
         if cuda_graph:
             if provider == "cpu":
                 raise InvalidParameter("cuda_graph needs the CUDA provider (provider='cuda')")
-            _check_cuda_graph(composed_metadata(self.path), self.path.name)
+            check_cuda_graph(composed_metadata(self.path), self.path.name)
         self.session, self.device = create_session(
             self.path, provider, threads=threads, optimization=optimization, cuda_graph=cuda_graph
         )
@@ -129,7 +130,7 @@ class Engine:
             )
         self.meta = meta
         self.cuda_graph = bool(cuda_graph)
-        if cuda_graph and self.device not in _GRAPH_DEVICES:
+        if cuda_graph and self.device not in _session.GRAPH_DEVICES:
             raise InvalidParameter(
                 f"cuda_graph needs the CUDA provider; the session runs on {self.device}"
             )
@@ -139,7 +140,7 @@ class Engine:
         inputs = {i.name: i for i in self.session.get_inputs()}
         self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
         if self.device == "cuda":
-            _warn_if_cpu_shaped(meta, self._pasts, self.path)
+            warn_if_cpu_shaped(meta, self._pasts, self.path)
         if meta.kv_layout == "gqa":
             self.concurrency = meta.max_slots
         else:
@@ -375,34 +376,3 @@ class Engine:
                         item.request._fail(EngineClosed("the engine stopped"))
             except queue.Empty:
                 pass
-
-
-# Devices a CUDA-graph engine may run on (the tests run the same calls uncaptured on the CPU).
-_GRAPH_DEVICES = ("cuda",)
-
-
-def _check_cuda_graph(meta: ComposedMetadata | None, name: str) -> None:
-    """Refuse, before loading it, a model whose decode steps could not be captured."""
-    if meta is None:
-        raise ModelError(f"{name} is not a composed model: run `onnxsample compose` on it first")
-    if not meta.static:
-        raise InvalidParameter(
-            f"cuda_graph needs a static sampler chain: {name} has control flow "
-            "(onnxsample compose --static)"
-        )
-    if meta.kv_layout != "gqa":
-        raise InvalidParameter(
-            f"cuda_graph needs a GroupQueryAttention export (fixed KV buffers): {name} grows its "
-            "cache by concatenation (onnxsample export --device cuda)"
-        )
-
-
-def _warn_if_cpu_shaped(meta: ComposedMetadata, pasts: dict, path: Path) -> None:
-    """One warning when a CUDA session runs an export whose attention cannot run on CUDA."""
-    if meta.kv_layout == "gqa" and any(arg.type == "tensor(float)" for arg in pasts.values()):
-        log.warning(
-            "%s computes attention in fp32, which CUDA's GroupQueryAttention does not take: "
-            "attention and the KV cache stay on the CPU, with copies every step. Export for the "
-            "GPU instead: onnxsample export --device cuda",
-            path.name,
-        )

@@ -56,7 +56,6 @@ class _Graph:
     inputs: dict[str, Any]
     outputs: dict[str, Any]
     options: Any
-    runs: int = 0
 
 
 class CapturedDecode:
@@ -98,7 +97,6 @@ class CapturedDecode:
             if name in graph.inputs and value is not None:
                 graph.inputs[name].update_inplace(np.ascontiguousarray(value, _dtype(value)))
         self.session.run_with_iobinding(graph.binding, graph.options)
-        graph.runs += 1
         self.slots.advance()
         return {name: graph.outputs[name].numpy() for name in self.host_outputs}
 

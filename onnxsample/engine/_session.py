@@ -16,8 +16,16 @@ import os
 from pathlib import Path
 
 from onnxsample.errors import InvalidParameter, ModelError, RuntimeUnavailable
+from onnxsample.metadata import ComposedMetadata
 
-__all__ = ["PROVIDERS", "create_session", "require_provider"]
+__all__ = [
+    "GRAPH_DEVICES",
+    "PROVIDERS",
+    "check_cuda_graph",
+    "create_session",
+    "require_provider",
+    "warn_if_cpu_shaped",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,3 +129,34 @@ def create_session(
     device = "cuda" if used[0] == _CUDA else "cpu"
     log.info("session on %s (%s threads)", device, threads or os.cpu_count())
     return session, device
+
+
+# Devices a CUDA-graph engine may run on (the tests run the same calls uncaptured on the CPU).
+GRAPH_DEVICES = ("cuda",)
+
+
+def check_cuda_graph(meta: ComposedMetadata | None, name: str) -> None:
+    """Refuse, before loading it, a model whose decode steps could not be captured."""
+    if meta is None:
+        raise ModelError(f"{name} is not a composed model: run `onnxsample compose` on it first")
+    if not meta.static:
+        raise InvalidParameter(
+            f"cuda_graph needs a static sampler chain: {name} has control flow "
+            "(onnxsample compose --static)"
+        )
+    if meta.kv_layout != "gqa":
+        raise InvalidParameter(
+            f"cuda_graph needs a GroupQueryAttention export (fixed KV buffers): {name} grows its "
+            "cache by concatenation (onnxsample export --device cuda)"
+        )
+
+
+def warn_if_cpu_shaped(meta: ComposedMetadata, pasts: dict, path: Path) -> None:
+    """One warning when a CUDA session runs an export whose attention cannot run on CUDA."""
+    if meta.kv_layout == "gqa" and any(arg.type == "tensor(float)" for arg in pasts.values()):
+        log.warning(
+            "%s computes attention in fp32, which CUDA's GroupQueryAttention does not take: "
+            "attention and the KV cache stay on the CPU, with copies every step. Export for the "
+            "GPU instead: onnxsample export --device cuda",
+            path.name,
+        )

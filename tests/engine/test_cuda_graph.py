@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-import onnxsample.engine._engine as engine_module
+import onnxsample.engine._session as session_module
 from onnxsample import Generator, InvalidParameter, SamplingParams
 from onnxsample.composer import compose
 
@@ -50,7 +50,7 @@ def _run(model, source, **options) -> list:
 def test_static_chain_and_fixed_decode_steps_give_the_branching_chains_output(graphs, monkeypatch):
     reference = _run(graphs["branching"], graphs["source"])
     assert _run(graphs["static"], graphs["source"]) == reference
-    monkeypatch.setattr(engine_module, "_GRAPH_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
     assert _run(graphs["static"], graphs["source"], cuda_graph=True) == reference
 
 
