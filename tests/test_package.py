@@ -18,6 +18,60 @@ def test_subpackages_import_under_onnxsample(module):
     assert sys.modules[module].__name__ == module
 
 
+PUBLIC = [
+    "Completion",
+    "ComposedMetadata",
+    "Engine",
+    "EngineClosed",
+    "ExportError",
+    "GenerationError",
+    "Generator",
+    "InvalidParameter",
+    "ModelError",
+    "OnnxSampleError",
+    "OutOfMemory",
+    "QueueFull",
+    "Request",
+    "RuntimeUnavailable",
+    "SamplerChain",
+    "SamplingParams",
+    "StreamEvent",
+    "Timings",
+    "Tokenizer",
+    "__version__",
+    "build_sampler_model",
+    "compose",
+    "composed_metadata",
+    "inspect_model",
+    "pack_sampling_params",
+    "prepare",
+    "sampler_feeds",
+]
+# Module paths users import (README, docs), each with a name it must give.
+PATHS = [
+    ("onnxsample.composer", "compose"),
+    ("onnxsample.engine", "Engine"),
+    ("onnxsample.engine", "Generator"),
+    ("onnxsample.exporters", "export"),
+    ("onnxsample.graphs", "build_chain_function"),
+    ("onnxsample.serve", "create_app"),
+    ("onnxsample.serve.replicas", "build_application"),
+    ("onnxsample.text", "Tokenizer"),
+]
+
+
+def test_the_public_api_is_what_it_was():
+    assert sorted(onnxsample.__all__) == PUBLIC
+    assert callable(onnxsample.compose) and onnxsample.compose.__module__.startswith(
+        "onnxsample.composer"
+    )
+
+
+@pytest.mark.parametrize(("module", "name"), PATHS)
+def test_documented_module_paths_import(module, name):
+    assert hasattr(__import__(module, fromlist=[name]), name)
+
+
 def test_public_names_are_curated():
     assert "InvalidParameter" in onnxsample.__all__
     assert all(hasattr(onnxsample, name) for name in onnxsample.__all__)
