@@ -153,7 +153,9 @@ def pack_sampling_params(
         for name in _SCALARS:
             key = _PREFIX + name
             if key in arrays:
-                arrays[key][s] = getattr(params, name)
+                value = getattr(params, name)
+                # top_k past the vocabulary keeps every token: any such k packs as one int64
+                arrays[key][s] = min(value, _TOP_K_ALL) if name == "top_k" else value
         if bias_on:
             for j, (token, value) in enumerate(sorted(params.logit_bias.items())):
                 arrays[_PREFIX + "bias_ids"][s, j] = token
@@ -161,6 +163,7 @@ def pack_sampling_params(
     return arrays
 
 
+_TOP_K_ALL = 2**62
 _NEUTRAL = {
     "temperature": 1.0,
     "top_k": 0,

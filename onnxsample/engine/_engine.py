@@ -232,15 +232,22 @@ class Engine:
     def enqueue(self, prepared: Seq[Sequence]) -> list[Request]:
         """Queue requests made by :meth:`prepare` (any thread), all or none: without room in the
         queue for every one, :class:`~onnxsample.errors.QueueFull` and nothing is queued (the
-        choices of one API request, a batch of prompts)."""
+        choices of one API request, a batch of prompts). More than the slots and the queue can
+        ever hold together is :class:`~onnxsample.errors.InvalidParameter`, not QueueFull."""
         with self._lock:
             if self._closed or self._dead is not None:
                 raise EngineClosed("the engine is closed")
+            if self.max_queue is not None and len(prepared) > self.concurrency + self.max_queue:
+                raise InvalidParameter(
+                    f"{len(prepared)} sequences can never be queued together: the engine runs "
+                    f"{self.concurrency} and queues {self.max_queue} (max_queue); ask for fewer"
+                )
             waiting = self._pending + len(prepared) - self._free
             if self.max_queue is not None and waiting > self.max_queue:
                 raise QueueFull(
-                    f"all {self.concurrency} slots are busy and {self._pending - self._free} "
-                    f"requests are waiting (max_queue={self.max_queue}); try again later"
+                    f"all {self.concurrency} slots are busy and "
+                    f"{max(0, self._pending - self._free)} requests are waiting "
+                    f"(max_queue={self.max_queue}); try again later"
                 )
             self._pending += len(prepared)
         for seq in prepared:

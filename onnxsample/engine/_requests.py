@@ -66,7 +66,9 @@ class Requests:
         check_params(self.meta, params)
         early = self.early_params(params)
         stops = stop_strings(stop)
-        ids = prompt_tokens(self.tokenizer, prompt, chat, system, self.meta.vocab_size)
+        ids = prompt_tokens(
+            self.tokenizer, prompt, chat, system, self.meta.vocab_size, self.limit
+        )
         if len(ids) >= self.limit:
             room = (
                 f"max_len={self.limit}"

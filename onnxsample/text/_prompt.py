@@ -16,10 +16,22 @@ Prompt = str | Seq[int] | Seq[dict]
 
 
 def prompt_tokens(
-    tok: Tokenizer, prompt: Prompt, chat: bool | None, system: str | None, vocab_size: int
+    tok: Tokenizer,
+    prompt: Prompt,
+    chat: bool | None,
+    system: str | None,
+    vocab_size: int,
+    limit: int | None = None,
 ) -> list[int]:
     """The token ids of a prompt: text (through the chat template when `chat` is true or, with
-    `chat` None, when the tokenizer has one), token ids as they are, or a chat's messages."""
+    `chat` None, when the tokenizer has one), token ids as they are, or a chat's messages.
+
+    With `limit` (the positions a sequence may hold), text longer than `limit` tokens could ever
+    cover is refused before it is tokenised (a token stands for at most ``tok.max_token_chars``
+    characters of normalised text), so a multi-megabyte prompt costs a length check, not seconds
+    of tokenising."""
+    if limit is not None:
+        _check_length(tok, prompt, system, limit)
     if isinstance(prompt, str):
         use_chat = bool(tok.chat_template) if chat is None else chat
         if use_chat:
@@ -56,6 +68,23 @@ def prompt_tokens(
     if not ids:
         raise InvalidParameter("the prompt is empty after tokenisation")
     return ids
+
+
+def _check_length(tok: Tokenizer, prompt: Prompt, system: str | None, limit: int) -> None:
+    if isinstance(prompt, str):
+        chars = len(prompt)
+    elif isinstance(prompt, Seq) and all(isinstance(m, dict) for m in prompt):
+        chars = sum(len(m.get("content")) for m in prompt if isinstance(m.get("content"), str))
+    else:
+        return  # token ids: their count is checked as it is
+    chars += len(system or "")
+    # 4x: a normaliser may fold several characters into one (combining accents stripped)
+    most = 4 * limit * tok.max_token_chars
+    if chars > most:
+        raise InvalidParameter(
+            f"the prompt is {chars} characters, more than the model's context of {limit} tokens "
+            f"could ever hold (at most {most} characters)"
+        )
 
 
 def stop_strings(stop: str | Seq[str] | None) -> list[str]:

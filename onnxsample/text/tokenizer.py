@@ -15,6 +15,7 @@ and padding on every call, which fails with "Already borrowed" under threads).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -163,7 +164,21 @@ class Tokenizer:
         """Token ids of `text`, BOS/EOS added as the config says unless `add_special_tokens` is off."""
         if not isinstance(text, str):
             raise InvalidParameter(f"text to encode must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate (JSON allows "\ud800")
+            raise InvalidParameter(
+                f"the text is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
+                f"at character {exc.start}"
+            ) from None
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters of text one token can stand for: its longest piece (a byte-level
+        or byte-fallback piece is at least as long as the text it covers), or added token."""
+        pieces = self._backend.get_vocab(with_added_tokens=True)
+        return max((len(piece) for piece in pieces), default=1)
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """The text of `ids` (an id past the vocabulary gives nothing, as in transformers)."""

@@ -231,3 +231,40 @@ def test_no_generated_body_gets_a_5xx(port, path):
             assert b"Traceback" not in text
 
     check()
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": "ab\ud800c", "max_tokens": 2}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "prompt"),
+        ("/tokenize", {"content": "x\udfff"}, "prompt"),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**63}, None),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**70}, None),
+    ],
+    ids=["surrogate-prompt", "surrogate-chat", "surrogate-tokenize", "top_k-2**63", "top_k-2**70"],
+)
+def test_inputs_that_once_reached_a_500(port, path, body, param):
+    """A lone surrogate is a client's bad input (400 naming it); a top_k past int64 keeps every
+    token, as any top_k past the vocabulary does (200)."""
+    code, data = post(port, path, json.dumps(body).encode())  # "\ud800" travels as an escape
+    if param is None:
+        assert code == 200, data
+    else:
+        assert code == 400 and "lone surrogate" in data["error"]["message"], data
+        assert data["error"]["param"] == param
+
+
+def test_a_request_that_can_never_fit_is_400_not_429(port):
+    """More choices than the slots and the queue hold together: no retry can help."""
+    prompts = ["x"] * 300  # the test server: 4 slots, max_queue 256
+    code, data = post(port, "/v1/completions", json.dumps({"prompt": prompts}).encode())
+    assert code == 400 and "can never be queued" in data["error"]["message"], data
+
+
+def test_a_huge_prompt_is_refused_before_it_is_tokenised(port):
+    """4 MB of text against a 512-token context: a length check, not seconds of tokenising."""
+    body = json.dumps({"prompt": "word " * 800_000, "max_tokens": 2}).encode()
+    code, data = post(port, "/v1/completions", body)
+    assert code == 400 and "characters" in data["error"]["message"], data
+    assert data["error"]["param"] == "prompt"

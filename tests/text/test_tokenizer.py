@@ -381,3 +381,33 @@ def test_token_bytes_add_up_to_the_text(tiny_export, text):
     ids = ours.encode(text, add_special_tokens=False)
     assert b"".join(ours.token_bytes(i) for i in ids) == text.encode()
     assert ours.token_bytes(ours.eos_token_id) == ours.token_to_text(ours.eos_token_id).encode()
+
+
+def test_a_lone_surrogate_is_invalid_text(pair):
+    ours, _ = pair
+    with pytest.raises(InvalidParameter, match=r"lone surrogate U\+D800 at character 2"):
+        ours.encode("ab\ud800")
+    if ours.chat_template:
+        with pytest.raises(InvalidParameter, match="lone surrogate"):
+            ours.apply_chat_template([{"role": "user", "content": "\udc80"}])
+
+
+def test_max_token_chars_bounds_the_text_a_token_covers(pair):
+    """The length check before tokenising must never refuse what would fit."""
+    ours, _ = pair
+    text = "The quick brown fox jumps over the lazy dog. " * 40 + "ünïcödé 日本語 " * 20
+    ids = ours.encode(text, add_special_tokens=False)
+    assert len(text) <= len(ids) * ours.max_token_chars
+
+
+@pytest.mark.parametrize(
+    ("prompt", "chars"),
+    [("x" * 100_000, 100_000), ([{"role": "user", "content": "y" * 100_000}], 100_000)],
+    ids=["text", "chat"],
+)
+def test_a_prompt_too_long_for_any_tokenisation_is_refused_by_its_length(pair, prompt, chars):
+    from onnxsample.text import prompt_tokens
+
+    ours, _ = pair
+    with pytest.raises(InvalidParameter, match=f"the prompt is {chars} characters"):
+        prompt_tokens(ours, prompt, None, None, 10**6, limit=8)
