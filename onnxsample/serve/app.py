@@ -3,7 +3,9 @@
 Every choice of every request is one engine request with its own parameters and seed in its own
 slot. The engine is loaded in a thread after the server starts (``/health`` answers 503 until it is
 ready); only the engine's thread touches the session and the cache — handlers submit and read
-events (asyncio iteration of :class:`~onnxsample.Request`).
+events (asyncio iteration of :class:`~onnxsample.Request`). Tokenising, the chat template and
+detokenising run in worker threads (``tokenizers`` lets go of the GIL), never on the event loop,
+so one client's large prompt cannot stall the others' streams.
 """
 
 from __future__ import annotations
@@ -171,9 +173,12 @@ def create_app(
             raise InvalidParameter("top_logprobs needs logprobs=true")
         params = convert.choice_params(body, logprobs=body.logprobs, top_logprobs=top)
         limit = body.max_completion_tokens or body.max_tokens
-        seqs = [
-            e.prepare(messages, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
-        ]
+        seqs = await asyncio.to_thread(
+            lambda: [
+                e.prepare(messages, p, limit, body.stop, True, None, i)
+                for i, p in enumerate(params)
+            ]
+        )
         requests = _enqueue(e, seqs, metrics)
         meta = _meta("chatcmpl", settings)
         if body.stream:
@@ -225,14 +230,18 @@ def create_app(
             top_logprobs=n_logprobs or 0,
             prompt_logprobs=n_logprobs if body.echo and n_logprobs is not None else None,
         )
-        seqs = [
-            e.prepare(prompt, p, limit, body.stop, False, None, k * body.n + j)
-            for k, prompt in enumerate(prompts)
-            for j, p in enumerate(params)
-        ]
-        echo = (
-            {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs} if body.echo else {}
-        )
+
+        def prepared() -> tuple[list, dict]:
+            seqs = [
+                e.prepare(prompt, p, limit, body.stop, False, None, k * body.n + j)
+                for k, prompt in enumerate(prompts)
+                for j, p in enumerate(params)
+            ]
+            if not body.echo:
+                return seqs, {}
+            return seqs, {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs}
+
+        seqs, echo = await asyncio.to_thread(prepared)
         requests = _enqueue(e, seqs, metrics)
         meta = _meta("cmpl", settings)
         if body.stream:
@@ -257,12 +266,14 @@ def create_app(
         e = engine()
         if body.messages is not None:
             chat = [{"role": m.role, "content": m.text()} for m in body.messages]
-            tokens = e.tokenizer.apply_chat_template(chat)
+            tokens = await asyncio.to_thread(e.tokenizer.apply_chat_template, chat)
         else:
             text = body.content if body.content is not None else body.prompt
             if text is None:
                 raise InvalidParameter("content: give the text to tokenise (or messages)")
-            tokens = e.tokenizer.encode(text, add_special_tokens=body.add_special)
+            tokens = await asyncio.to_thread(
+                e.tokenizer.encode, text, add_special_tokens=body.add_special
+            )
         return {"tokens": tokens, "count": len(tokens), "max_model_len": e.limit}
 
     @app.post("/detokenize", dependencies=api)
@@ -271,7 +282,7 @@ def create_app(
         bad = [t for t in body.tokens if not 0 <= t < e.vocab_size]
         if bad:
             raise InvalidParameter(f"tokens must be in [0, {e.vocab_size}), got {bad[0]}")
-        text = e.tokenizer.decode(body.tokens)
+        text = await asyncio.to_thread(e.tokenizer.decode, body.tokens)
         return {"prompt": text, "content": text}
 
     return app

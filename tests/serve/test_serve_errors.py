@@ -268,3 +268,46 @@ def test_a_huge_prompt_is_refused_before_it_is_tokenised(port):
     code, data = post(port, "/v1/completions", body)
     assert code == 400 and "characters" in data["error"]["message"], data
     assert data["error"]["param"] == "prompt"
+
+
+def test_tokenising_never_runs_on_the_event_loop(models, tiny_gqa_export):
+    """While one request's prompt is being tokenised (held here until the test lets it go),
+    the server answers others: tokenising runs in a worker thread, not on the event loop."""
+    import uvicorn
+
+    from onnxsample.engine import Engine
+    from onnxsample.serve import ServeSettings, create_app
+
+    engine = Engine(models["two"], tokenizer=tiny_gqa_export.output, threads=1)
+    entered, release, threads = threading.Event(), threading.Event(), []
+    encode = engine.tokenizer.encode
+
+    def held(text, **kwargs):
+        threads.append(threading.current_thread())
+        entered.set()
+        release.wait(60)
+        return encode(text, **kwargs)
+
+    engine.tokenizer.encode = held
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine, ServeSettings("tiny")), port=port, log_level="warning")
+    )
+    serving = threading.Thread(target=server.run, daemon=True)
+    serving.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2}).encode()
+        slow = threading.Thread(target=post, args=(port, "/v1/completions", body), daemon=True)
+        slow.start()
+        assert entered.wait(60)
+        assert get(port, "/health")[0] == 200  # answered while the prompt is held
+        assert slow.is_alive()
+        release.set()
+        slow.join(60)
+        assert threads and serving not in threads
+    finally:
+        release.set()
+        server.should_exit = True
+        serving.join(30)
