@@ -49,19 +49,28 @@ def check_disk(output: Path, need: int) -> None:
         )
 
 
+_OWNER = ".owner"
+
+
 @contextlib.contextmanager
 def staged_folder(output: Path) -> Iterator[Path]:
-    """A temporary folder beside `output`; on success it replaces `output`, on failure it vanishes."""
+    """A temporary folder beside `output`; on success it replaces `output`, on failure it vanishes.
+
+    A process killed mid-export (no `finally` runs) leaves its staging folder behind: the next
+    export of the same output removes those whose process is gone (each records its pid)."""
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
+        _remove_abandoned(output)
         stage = Path(
             tempfile.mkdtemp(prefix=f".{output.name}.", suffix=".partial", dir=output.parent)
         )
         stage.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the export is an ordinary folder
+        (stage / _OWNER).write_text(str(os.getpid()))
     except OSError as exc:
         raise ExportError(f"cannot write to {output.parent}: {exc.strerror or exc}") from exc
     try:
         yield stage
+        (stage / _OWNER).unlink(missing_ok=True)
         old = None
         if output.exists():
             old = output.with_name(f".{output.name}.old-{stage.name.split('.')[-2]}")
@@ -72,3 +81,24 @@ def staged_folder(output: Path) -> Iterator[Path]:
     finally:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)
+
+
+def _remove_abandoned(output: Path) -> None:
+    """Staging folders of `output` left by processes that no longer run."""
+    for stage in output.parent.glob(f".{output.name}.*.partial"):
+        try:
+            pid = int((stage / _OWNER).read_text())
+        except (OSError, ValueError):
+            continue  # not ours to judge (an older layout, or one being created)
+        if not _alive(pid):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

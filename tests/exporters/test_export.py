@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -181,3 +182,20 @@ def test_not_enough_disk_is_refused_before_writing(tmp_path, tiny_hf, monkeypatc
 def test_invalid_options(tmp_path, tiny_hf, kwargs, message):
     with pytest.raises(InvalidParameter, match=message):
         export(tiny_hf, tmp_path / "out", **kwargs)
+
+
+def test_a_killed_exports_staging_folder_goes_with_the_next_export(tmp_path):
+    from onnxsample.exporters._fs import staged_folder
+
+    out = tmp_path / "model"
+    dead = tmp_path / ".model.abc123.partial"
+    dead.mkdir()
+    (dead / ".owner").write_text("999999999")  # no such process
+    (dead / "model.onnx.data").write_bytes(b"x" * 1024)
+    live = tmp_path / ".model.def456.partial"
+    live.mkdir()
+    (live / ".owner").write_text(str(os.getpid()))  # an export running now
+    with staged_folder(out) as stage:
+        (stage / "model.onnx").write_bytes(b"m")
+    assert not dead.exists() and live.exists()
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx"]
