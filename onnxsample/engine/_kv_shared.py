@@ -20,7 +20,10 @@ through raw pointers (row r starts at ``data_ptr() + r * row_bytes``), the same 
 
 The buffers hold a row for every slot from the first request on and grow in positions on demand
 (doubling, contents copied); an allocation that fails leaves the old buffers in place and fails only
-the request that asked.
+the request that asked. When the requests that needed a long buffer have ended, it shrinks back
+(to what the running requests reserved, at least 512 positions), so one long prompt does not keep
+every slot's memory for good; a finished request's cached tokens past the new length are dropped
+(prefix reuse keeps what fits).
 
 With ``fixed`` (CUDA graphs), every decode call has one shape while the buffers stay: all rows,
 one token each, a mask as wide as the buffer. GQA reads each row's length from the mask, so the
@@ -29,6 +32,9 @@ extra columns cost no attention; the call is the same whichever slots decode.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import logging
 from typing import Any
 
@@ -58,6 +64,13 @@ def kv_specs(pasts: dict[str, Any], head_size: int | None, model: str) -> dict[s
             )
         specs[name] = (heads, size, ORT_DTYPES.get(arg.type, np.float32))
     return specs
+
+
+def _give_back_freed_memory() -> None:
+    """Return the C heap's free pages to the system (glibc keeps them after a large free: the
+    buffers of the sizes in between came from its heap); nothing where there is no glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
 def buffer_length(need: int, limit: int | None) -> int:
@@ -92,16 +105,25 @@ class SharedKV:
         when the new ones cannot be allocated."""
         if rows <= self.rows and length <= self.length:
             return
+        self._reallocate(max(rows, self.rows), max(length, self.length))
+
+    def shrink(self, length: int) -> None:
+        """Down to `length` positions per row (the first `length` kept), memory given back."""
+        if length < self.length:
+            self._reallocate(self.rows, length)
+            _give_back_freed_memory()
+
+    def _reallocate(self, rows: int, length: int) -> None:
         import onnxruntime as ort
 
-        rows, length = max(rows, self.rows), max(length, self.length)
+        kept = min(length, self.length)
         fresh = {}
         try:
             for name, (heads, head_dim, dtype) in self.specs.items():
                 shape = [rows, heads, length, head_dim]
                 data = np.zeros(shape, dtype)  # never uninitialised memory (NaN)
                 if name in self.buffers:
-                    data[: self.rows, :, : self.length] = self.buffers[name].numpy()
+                    data[: self.rows, :, :kept] = self.buffers[name].numpy()[:, :, :kept]
                 # On the CPU the OrtValue uses `data` itself (its Python wrapper keeps it alive);
                 # on CUDA this copies it to the device.
                 fresh[name] = ort.OrtValue.ortvalue_from_numpy(data, self.device, 0)
@@ -147,6 +169,7 @@ class SharedLayout:
     ) -> None:
         self.kv, self.slots, self.pad, self.limit = kv, slots, pad, limit
         self.fixed = fixed
+        self.reserved: dict[int, int] = {}  # positions each running request asked for
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.decoding: set[int] = set()
 
@@ -162,6 +185,7 @@ class SharedLayout:
         if positions > length:
             length = buffer_length(max(positions, 2 * length, _FIRST_LENGTH), self.limit)
         self.kv.grow(rows, max(length, positions))
+        self.reserved[slot] = max(self.reserved.get(slot, 0), positions)
 
     def start(self, seq: Sequence, reused: int) -> None:
         del self.tokens[seq.slot][reused:]
@@ -236,7 +260,25 @@ class SharedLayout:
             self.tokens[seq.slot] += [seq.ids[-1], *kept]
 
     def finish(self, seq: Sequence) -> None:
-        pass  # the row keeps its tokens until the slot is taken again
+        # The row keeps its tokens until the slot is taken again (prefix reuse).
+        self.reserved.pop(seq.slot, None)
+        self._shrink()
 
     def discard(self, slot: int) -> None:
         self.tokens[slot] = []
+        self.reserved.pop(slot, None)
+        self._shrink()
+
+    def _shrink(self) -> None:
+        """Give memory back once what the running requests reserved fits in a quarter of it."""
+        need = max([_FIRST_LENGTH, *self.reserved.values()])
+        if self.kv.length < 4 * need:
+            return
+        length = buffer_length(need, self.limit)
+        try:
+            self.kv.shrink(length)
+        except OutOfMemory as exc:  # the copy could not be made: keep the larger buffers
+            log.warning("keeping the KV buffers: %s", exc)
+            return
+        for tokens in self.tokens:
+            del tokens[length - 1 :]  # the last position stays free for a pad
