@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -36,7 +37,20 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    host: Annotated[
+        str,
+        typer.Option(help="Address to listen on (0.0.0.0: every interface; then set --api-key)."),
+    ] = "127.0.0.1",
+    allowed_hosts: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="Also answer requests for this Host name (repeatable; * for any). By default a "
+            "server answers its own address and localhost only, so a web page cannot reach it "
+            "through a name it points at 127.0.0.1 (DNS rebinding).",
+            show_default=False,
+        ),
+    ] = None,
     port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8080,
     threads: opt.Threads = None,
     max_slots: Annotated[
@@ -49,6 +63,15 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-grace",
+            help="Seconds open responses may run after SIGTERM / Ctrl-C; then what still runs is "
+            "cut (a stream ends with an error chunk and [DONE], a waiting request gets 503).",
+            min=0,
+        ),
+    ] = 10.0,
     max_queue: Annotated[
         int,
         typer.Option("--max-queue", help="Requests waiting for a slot before 429s.", min=0),
@@ -143,10 +166,13 @@ def serve(
     wait at the proxy before 503.
     """
     spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph)
+    from onnxsample.serve.middleware import hosts_for
+
+    hosts = hosts_for(host, allowed_hosts or ())
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,
-            max_queue=max_queue, api_key=api_key, served_model_name=served_model_name,
+            max_queue=max_queue, api_key=api_key, hosts=hosts, served_model_name=served_model_name,
             max_len=max_len, prefill_chunk=prefill_chunk, provider=provider, spec=spec,
             replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
             min_replicas=min_replicas, max_replicas=max_replicas,
@@ -183,7 +209,7 @@ def serve(
         host=host,
         port=port,
         log_level="warning",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=shutdown_grace,
         access_log=False,
     )
     server = _graceful(uvicorn)(config)
@@ -192,11 +218,10 @@ def serve(
         failed.append(exc)
         server.should_exit = True
 
-    config.app = create_app(
-        load, ServeSettings(served_model_name=name, api_key=api_key), on_load_error=on_load_error
-    )
+    settings = ServeSettings(served_model_name=name, api_key=api_key, allowed_hosts=hosts)
+    config.app = create_app(load, settings, on_load_error=on_load_error)
     logging.getLogger("onnxsample").setLevel(logging.INFO)
-    _announce(name, composed, host, port)
+    _announce(name, composed, host, port, api_key)
     server.run()
     if failed:
         exc = failed[0]
@@ -205,6 +230,7 @@ def serve(
 
 def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | None,
                     max_slots: int | None, max_queue: int, api_key: str | None,
+                    hosts: frozenset[str] | None,
                     served_model_name: str | None, max_len: int | None, prefill_chunk: int,
                     provider: str, spec: dict, replicas: int | None, ray_address: str | None,
                     replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
@@ -237,6 +263,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         prefill_chunk=prefill_chunk or None,
         provider=provider,
         api_key=api_key,
+        allowed_hosts=hosts,
         **spec,
     )
     app = ray_serve.build_application(options, scaling)
@@ -244,7 +271,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
     err.print(f"starting {scaling.replicas} replicas of {name} on {where}…", markup=False)
 
     def ready() -> None:
-        _announce(name, composed, host, port, f" from {scaling.replicas} replicas")
+        _announce(name, composed, host, port, api_key, f" from {scaling.replicas} replicas")
 
     ray_serve.run(app, scaling, host=host, port=port, address=ray_address, on_ready=ready)
 
@@ -261,15 +288,27 @@ def _prepared(
     return composed, served_name or composed.parent.name
 
 
-def _announce(name: str, composed: Path, host: str, port: int, by: str = "") -> None:
-    shown = "localhost" if host in ("127.0.0.1", "0.0.0.0") else host
+def _announce(
+    name: str, composed: Path, host: str, port: int, api_key: str | None, by: str = ""
+) -> None:
+    everywhere = host in ("0.0.0.0", "::", "")
+    shown = "localhost" if host == "127.0.0.1" else host
+    where = f"every interface, port {port}" if everywhere else f"http://{shown}:{port}"
     err.print(
-        f"serving {name} ({composed}){by} at http://{shown}:{port}  — chat page at /, OpenAI API "
-        "at /v1; Ctrl-C stops",
+        f"serving {name} ({composed}){by} at {where}  — chat page at /, OpenAI API at /v1; "
+        "Ctrl-C stops",
         markup=False,
         highlight=False,
         soft_wrap=True,
     )
+    if everywhere and api_key is None:
+        err.print(
+            "warning: listening on every interface without --api-key: anyone who can reach this "
+            "machine can use the API",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def _use_ray_token() -> None:
@@ -284,11 +323,21 @@ def _use_ray_token() -> None:
 
 
 def _graceful(uvicorn):
-    """uvicorn's server, except that Ctrl-C / SIGTERM end the command with status 0 after the
-    graceful shutdown (uvicorn re-raises the signal, which would end it as killed)."""
+    """uvicorn's server, except that Ctrl-C / SIGTERM tell the app to cut what still runs just
+    before the graceful shutdown's time is up (streams end with an error chunk and ``[DONE]``, not
+    a dropped connection), and end the command with status 0 (uvicorn re-raises the signal,
+    which would end it as killed)."""
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
+            begin = getattr(getattr(self.config.app, "state", None), "begin_shutdown", None)
+            if not self.should_exit and begin is not None:
+                try:
+                    loop = asyncio.get_running_loop()  # a signal handler runs in the loop's thread
+                except RuntimeError:
+                    loop = None
+                if loop is not None:
+                    loop.call_soon_threadsafe(begin, self.config.timeout_graceful_shutdown or 0.0)
             super().handle_exit(sig, frame)
             self._captured_signals.clear()
 

@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -32,7 +32,7 @@ from onnxsample.errors import InvalidParameter, QueueFull
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.metrics import Metrics
-from onnxsample.serve.middleware import BodyLimit, ReplicaHeader
+from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
 from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -51,12 +51,14 @@ FINGERPRINT = f"onnxsample-{__version__}"
 @dataclass
 class ServeSettings:
     """`served_model_name` is what clients call the model; `api_key`, when set, is required as
-    ``Authorization: Bearer <key>`` on the API routes; bodies over `max_body_bytes` get 413;
-    `replica`, when set, names this process in every response's ``x-onnxsample-replica`` header
-    (one of several replicas behind a proxy)."""
+    ``Authorization: Bearer <key>`` on every route but /health and the chat page; bodies over
+    `max_body_bytes` get 413; `allowed_hosts` are the Host names answered (None: any; see
+    :func:`~onnxsample.serve.middleware.hosts_for`); `replica`, when set, names this process in
+    every response's ``x-onnxsample-replica`` header (one of several replicas behind a proxy)."""
 
     served_model_name: str
     api_key: str | None = None
+    allowed_hosts: frozenset[str] | None = None
     max_body_bytes: int = 4 * 2**20
     drain_seconds: float = 30.0
     replica: str | None = None
@@ -67,6 +69,7 @@ class _State:
         self.engine: Engine | None = None
         self.error: BaseException | None = None
         self.loaded_at = int(time.time())
+        self.stopping = False  # the server cut what was still running (see begin_shutdown)
 
 
 def create_app(
@@ -103,7 +106,26 @@ def create_app(
 
     app = FastAPI(title="onnxsample", version=__version__, lifespan=lifespan)
     install(app)
+
+    def begin_shutdown(grace: float) -> None:
+        """The server stops (SIGTERM, Ctrl-C) and waits `grace` seconds for open responses: just
+        before that, cut what still runs, so that every stream ends with an error chunk and
+        ``[DONE]`` and every waiting request with a 503, instead of a dropped connection."""
+        loop = asyncio.get_running_loop()
+
+        def cut() -> None:
+            state.stopping = True
+            if state.engine is not None:
+                log.warning("shutting down: cutting the requests still running")
+                loop.run_in_executor(None, lambda: state.engine.close(cancel=True))
+
+        loop.call_later(max(0.0, grace - 1.0), cut)
+
+    app.state.begin_shutdown = begin_shutdown
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    if settings.api_key is not None:
+        app.add_middleware(KeyRequired, key=settings.api_key)
+    app.add_middleware(HostCheck, allowed=settings.allowed_hosts)  # outermost: runs first
     if settings.replica is not None:
         app.add_middleware(ReplicaHeader, name=settings.replica)
     static = resources.files("onnxsample.serve") / "static"
@@ -115,20 +137,11 @@ def create_app(
             raise APIError(503, why, code="loading", headers={"Retry-After": "1"})
         return state.engine
 
-    def authorised(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        if not secrets.compare_digest(header.encode(), f"Bearer {settings.api_key}".encode()):
-            raise APIError(401, "a valid API key is needed: Authorization: Bearer <key>")
-
     def check_model(name: str | None) -> None:
         if name is not None and name != settings.served_model_name:
             raise APIError(404, f"the model {name!r} does not exist", param="model")
 
-    api = [Depends(authorised)]
-
-    @app.get("/", include_in_schema=False)
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def page() -> FileResponse:
         return FileResponse(str(static / "index.html"))
 
@@ -141,7 +154,7 @@ def create_app(
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models", dependencies=api)
+    @app.get("/v1/models")
     async def models() -> dict:
         e = engine()
         return {
@@ -157,7 +170,7 @@ def create_app(
             ],
         }
 
-    @app.post("/v1/chat/completions", dependencies=api)
+    @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
         e = engine()
         check_model(body.model)
@@ -186,8 +199,9 @@ def create_app(
             job = Job(
                 e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
             )
+            job.stopping = lambda: state.stopping
             return _sse(chat_stream(job))
-        done = await collect(requests, request, metrics)
+        done = await collect(requests, request, metrics, lambda: state.stopping)
         choices = [
             {
                 "index": c.index,
@@ -212,7 +226,7 @@ def create_app(
             "timings": choices[0]["timings"],  # llama-server's place for them (the first choice)
         }
 
-    @app.post("/v1/completions", dependencies=api)
+    @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         e = engine()
         check_model(body.model)
@@ -248,8 +262,9 @@ def create_app(
             usage = body.stream_options is not None and body.stream_options.include_usage
             unique = [s.prompt for s in seqs[:: body.n]]
             job = Job(e, requests, seqs, unique, meta, usage, metrics, "text_completion")
+            job.stopping = lambda: state.stopping
             return _sse(completion_stream(job, echo, n_logprobs, score_only))
-        done = await collect(requests, request, metrics)
+        done = await collect(requests, request, metrics, lambda: state.stopping)
         choices = [
             _completion_choice(e, c, echo.get(c.index), n_logprobs, score_only) for c in done
         ]
@@ -261,7 +276,7 @@ def create_app(
             "timings": choices[0]["timings"],
         }
 
-    @app.post("/tokenize", dependencies=api)
+    @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
         e = engine()
         if body.messages is not None:
@@ -276,7 +291,7 @@ def create_app(
             )
         return {"tokens": tokens, "count": len(tokens), "max_model_len": e.limit}
 
-    @app.post("/detokenize", dependencies=api)
+    @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:
         e = engine()
         bad = [t for t in body.tokens if not 0 <= t < e.vocab_size]

@@ -12,7 +12,7 @@ import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from onnxsample.errors import (
@@ -24,6 +24,11 @@ from onnxsample.errors import (
     OutOfMemory,
     QueueFull,
 )
+
+
+class ClientGone(Exception):
+    """The client of a response that is not streamed went away before it was ready."""
+
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +125,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(ClientGone)
+    async def _gone(_request: Request, _exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:

@@ -57,6 +57,7 @@ class ReplicaOptions:
     prefill_chunk: int | None = DEFAULT_PREFILL_CHUNK
     provider: str = "auto"
     api_key: str | None = None
+    allowed_hosts: frozenset[str] | None = None
     speculative: str | None = None
     draft_tokens: int | None = None
     ngram: int = DEFAULT_NGRAM
@@ -130,6 +131,7 @@ class OnnxsampleReplica:
         settings = ServeSettings(
             served_model_name=self.options.served_model_name,
             api_key=self.options.api_key,
+            allowed_hosts=self.options.allowed_hosts,
             replica=self.name,
         )
         return create_app(self.engine, settings)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from starlette.requests import Request as HTTPRequest
@@ -19,7 +19,7 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
 from onnxsample.errors import OnnxSampleError
 from onnxsample.serve import convert
-from onnxsample.serve.errors import from_library
+from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
 
 
@@ -52,6 +52,7 @@ async def _merged(
 
     tasks = [asyncio.create_task(pump(k, r)) for k, r in enumerate(requests)]
     last: dict[int, float] = {}
+    finished: set[int] = set()
     try:
         running = len(tasks)
         while running:
@@ -67,17 +68,27 @@ async def _merged(
                     metrics.itl.observe(now - last[k])
                 last[k] = now
             if item.completion is not None:
+                finished.add(k)
                 _finished(metrics, item.completion)
             yield k, item
     finally:
-        for request in requests:
+        for k, request in enumerate(requests):
             request.cancel()  # nothing for finished requests; frees the slot of the others
+            if k not in finished:  # the client went away (or the stream was cut) before it ended
+                metrics.requests.labels("cancelled").inc()
         for task in tasks:
             task.cancel()
 
 
-async def collect(requests: list[Request], http: HTTPRequest, metrics: Metrics) -> list[Completion]:
-    """Every choice's completion; if the client disconnects first, the requests are cancelled."""
+async def collect(
+    requests: list[Request],
+    http: HTTPRequest,
+    metrics: Metrics,
+    stopping: Callable[[], bool] = lambda: False,
+) -> list[Completion]:
+    """Every choice's completion; if the client disconnects first, the requests are cancelled and
+    :class:`ClientGone` raised (there is nobody to answer); a request the stopping server cut is
+    a 503."""
     done: dict[int, Completion] = {}
 
     async def gather() -> None:
@@ -92,9 +103,14 @@ async def collect(requests: list[Request], http: HTTPRequest, metrics: Metrics) 
             task.cancel()
             for request in requests:
                 request.cancel()
-            raise asyncio.CancelledError("the client went away")
+            raise ClientGone
     task.result()  # raises the requests' error, if any
+    if stopping() and any(c.finish_reason == "cancelled" for c in done.values()):
+        raise APIError(503, _SHUTDOWN, code="unavailable")
     return [done[k] for k in sorted(done)]
+
+
+_SHUTDOWN = "the server is shutting down: the request was cut before it finished"
 
 
 def _error_chunk(exc: BaseException) -> dict:
@@ -116,6 +132,7 @@ class Job:
     include_usage: bool
     metrics: Metrics
     object: str
+    stopping: Callable[[], bool] = lambda: False
 
     def chunk(self, choice: dict, **extra) -> dict:
         return {
@@ -135,9 +152,15 @@ class Job:
                 yield chunk
         except Exception as exc:
             yield _error_chunk(exc)
+            yield "[DONE]"
             return
         finally:
             await chunks.aclose()  # at once, so a client that went away frees its slots now
+        if self.stopping():  # the server cut the stream: say so, then end it as OpenAI does
+            yield {"error": {"message": _SHUTDOWN, "type": "service_unavailable", "param": None,
+                             "code": 503}}  # fmt: skip
+            yield "[DONE]"
+            return
         if self.include_usage:
             usage = convert.usage(done, self.prompts)
             yield {**self.meta, "object": self.object, "choices": [], "usage": usage}

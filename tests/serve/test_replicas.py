@@ -98,7 +98,7 @@ def test_a_client_that_goes_away_frees_its_replicas_slot(replicas):
                        "stream": True, "ignore_eos": True}).encode()  # fmt: skip
     sock = socket.create_connection(("127.0.0.1", replicas.port), timeout=60)
     sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )

@@ -76,7 +76,7 @@ def test_a_client_that_goes_away_frees_its_slot(port):
     ).encode()
     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.sendall(
-        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )

@@ -59,6 +59,10 @@ async function ask(question) {
     });
     if (!response.ok) {
       const err = await response.json().catch(() => ({}));
+      if (response.status === 401) {
+        $("api_key").focus();
+        throw new Error("this server needs its API key: enter it in the key field and ask again");
+      }
       throw new Error((err.error && err.error.message) || response.statusText);
     }
     const reader = response.body.getReader();
@@ -125,7 +129,14 @@ $("clear").addEventListener("click", () => {
   history.length = 0;
   $("messages").textContent = "";
 });
-fetch("/v1/models", { headers: headers() })
-  .then((r) => r.json())
-  .then((m) => { $("model").textContent = m.data ? m.data[0].id : "(model list needs the API key)"; })
-  .catch(() => { $("model").textContent = "(not reachable)"; });
+function showModel() {
+  fetch("/v1/models", { headers: headers() })
+    .then((r) => {
+      if (r.status === 401) $("api_key").focus();
+      return r.json();
+    })
+    .then((m) => { $("model").textContent = m.data ? m.data[0].id : "(enter the API key)"; })
+    .catch(() => { $("model").textContent = "(not reachable)"; });
+}
+$("api_key").addEventListener("change", showModel);
+showModel();

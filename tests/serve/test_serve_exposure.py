@@ -1,0 +1,145 @@
+"""What a server exposes and how it ends: the Host check (DNS rebinding), the API key on every
+route but the open ones, bodies and disconnects, and SIGTERM mid-stream."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import time
+
+import pytest
+from _http import CHAT, get, metric_value, served
+
+KEY = "sk-test-key"
+
+
+def _request(port: int, method: str, path: str, headers: dict, body: bytes | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request(method, path, body, headers)
+        response = conn.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("127.0.0.1", 200),
+        ("localhost:8080", 200),
+        ("[::1]:8080", 200),
+        ("attacker.example", 400),  # a page whose own name resolves to 127.0.0.1
+        ("attacker.example:8080", 400),
+    ],
+)
+def test_the_host_header_must_be_this_servers(port, host, status):
+    code, _, body = _request(port, "GET", "/v1/models", {"Host": host})
+    assert code == status, body
+    if status == 400:
+        assert "Host header" in json.loads(body)["error"]["message"]
+
+
+def test_allowed_host_widens_what_is_answered(models):
+    with served(models["two"], "--threads", "1", "--allowed-host", "chat.example") as server:
+        assert _request(server.port, "GET", "/health", {"Host": "chat.example"})[0] == 200
+        assert _request(server.port, "GET", "/health", {"Host": "other.example"})[0] == 400
+
+
+OPEN = [("GET", "/health"), ("GET", "/"), ("HEAD", "/"), ("GET", "/static/chat.js")]
+KEYED = [
+    ("GET", "/v1/models"),
+    ("GET", "/metrics"),
+    ("GET", "/docs"),
+    ("GET", "/openapi.json"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("POST", "/v1/completions"),
+]
+
+
+def test_the_api_key_covers_every_route_but_the_page_and_health(models):
+    with served(models["two"], "--threads", "1", "--api-key", KEY) as server:
+        for method, path in OPEN:
+            assert _request(server.port, method, path, {})[0] == 200, path
+        for method, path in KEYED:
+            code, headers, body = _request(server.port, method, path, {}, b"{}")
+            assert code == 401, (path, body)
+            assert headers.get("www-authenticate") == "Bearer", path
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert _request(server.port, "GET", "/metrics", auth)[0] == 200
+
+
+def test_listening_everywhere_without_a_key_is_said(models):
+    with served(models["two"], "--threads", "1", "--host", "0.0.0.0") as server:
+        assert get(server.port, "/health")[0] == 200
+    said = server.stdout.read()
+    assert "every interface" in said and "without --api-key" in said, said
+
+
+def test_a_chunked_body_over_the_limit_is_413(port):
+    def chunks():
+        for _ in range(5):
+            yield b" " * 2**20
+
+    code, _, body = _request(
+        port, "POST", "/v1/completions", {"Content-Type": "application/json"}, chunks()
+    )
+    assert code == 413 and "over" in json.loads(body)["error"]["message"]
+
+
+def test_a_client_gone_before_its_response_is_counted_and_logs_nothing(models):
+    with served(models["two"], "--threads", "1") as server:
+        name = 'onnxsample_requests_total{finish_reason="cancelled"}'
+        assert name not in get(server.port, "/metrics")[1].decode()
+        body = json.dumps(
+            {"prompt": "Once", "max_tokens": 450, "ignore_eos": True}  # not streamed
+        ).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        while metric_value(server.port, "onnxsample_slots_busy") < 1:
+            time.sleep(0.05)
+        sock.close()
+        deadline = time.monotonic() + 30
+        while name not in get(server.port, "/metrics")[1].decode():
+            assert time.monotonic() < deadline, "the cancelled request was not counted"
+            time.sleep(0.1)
+    said = server.stdout.read()
+    assert "Traceback" not in said and "ERROR" not in said, said
+
+
+def test_sigterm_ends_a_running_stream_with_an_error_chunk_and_done(models):
+    """With --shutdown-grace 0 the server cuts at once what still runs: the client reads an
+    error chunk and [DONE], the command exits 0 and logs no traceback."""
+    with served(models["two"], "--threads", "1", "--shutdown-grace", "0") as server:
+        body = {
+            "messages": CHAT,
+            "max_tokens": 480,
+            "stream": True,
+            "ignore_eos": True,
+        }
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request(
+            "POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        response = conn.getresponse()
+        first = response.readline()
+        assert first.startswith(b"data:")
+        os.kill(server.pid, signal.SIGTERM)
+        rest = response.read().decode()
+        conn.close()
+        events = [line[5:].strip() for line in rest.splitlines() if line.startswith("data:")]
+        assert events[-1] == "[DONE]", rest[-500:]
+        error = json.loads(events[-2])["error"]
+        assert error["code"] == 503 and "shutting down" in error["message"]
+        assert server.wait(60) == 0
+    said = server.stdout.read()
+    assert "Traceback" not in said, said
