@@ -66,9 +66,7 @@ class Requests:
         check_params(self.meta, params)
         early = self.early_params(params)
         stops = stop_strings(stop)
-        ids = prompt_tokens(
-            self.tokenizer, prompt, chat, system, self.meta.vocab_size, self.limit
-        )
+        ids = prompt_tokens(self.tokenizer, prompt, chat, system, self.meta.vocab_size, self.limit)
         if len(ids) >= self.limit:
             room = (
                 f"max_len={self.limit}"
