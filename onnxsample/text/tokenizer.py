@@ -292,14 +292,21 @@ class TextStream:
         return None
 
     def _cleaned(self, piece: str, *, final: bool) -> str:
-        """Clean-up as decode's. Patterns start with a space and are at most 4 long, so text
-        whose last 3 characters hold no space cleans up the same now as with what follows."""
+        """Clean-up as decode's. Patterns start with a space and are at most 4 long: only a tail
+        that what follows could complete into one (a space and at most 2 more characters that
+        begin a pattern: " ", " n", " '", ...) waits; the rest cleans up now as it would later."""
         if not self._tok._clean_up:
             return piece
         self._held += piece
         cut = len(self._held)
-        while not final and cut and " " in self._held[max(0, cut - 3) : cut]:
-            cut -= 1
+        if not final:
+            for start in range(max(0, cut - 3), cut):
+                tail = self._held[start:]
+                if tail[0] == " " and any(
+                    len(p) > len(tail) and p.startswith(tail) for p, _ in _CLEAN_UP
+                ):
+                    cut = start
+                    break
         out, self._held = self._held[:cut], self._held[cut:]
         return _cleaned(out)
 

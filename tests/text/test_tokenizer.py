@@ -411,3 +411,25 @@ def test_a_prompt_too_long_for_any_tokenisation_is_refused_by_its_length(pair, p
     ours, _ = pair
     with pytest.raises(InvalidParameter, match=f"the prompt is {chars} characters"):
         prompt_tokens(ours, prompt, None, None, 10**6, limit=8)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I don't think it 's fine . Yes , it is ! Is it ? We 're here , you 've seen , I 'm ok",
+        "He said ' quoted ' words , and n't alone . Then 's and 'm at the end '",
+        "The quick brown fox jumps over the lazy dog and runs to a tree in the park",
+    ],
+)
+def test_streaming_holds_back_only_what_clean_up_could_still_change(pair, text):
+    """Streamed text is decode's, clean-up included; and a token waits only when its text ends in
+    what a following token could complete into a clean-up pattern (" n't", " 's", " ." ...)."""
+    from onnxsample.text import TextStream
+
+    ours, _ = pair
+    ids = ours.encode(text, add_special_tokens=False)
+    stream = TextStream(ours)
+    pieces = [stream.add(i) for i in ids]
+    assert "".join(pieces) + stream.flush() == ours.decode(ids)
+    if text.startswith("The quick") and len(ids) == len(text.split()):
+        assert all(pieces), pieces  # a token a word: every token's text is out at once
