@@ -166,13 +166,11 @@ def serve(
     wait at the proxy before 503.
     """
     spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph)
-    from onnxsample.serve.middleware import hosts_for
-
-    hosts = hosts_for(host, allowed_hosts or ())
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,
-            max_queue=max_queue, api_key=api_key, hosts=hosts, served_model_name=served_model_name,
+            max_queue=max_queue, api_key=api_key, allowed_hosts=allowed_hosts or [],
+            served_model_name=served_model_name,
             max_len=max_len, prefill_chunk=prefill_chunk, provider=provider, spec=spec,
             replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
             min_replicas=min_replicas, max_replicas=max_replicas,
@@ -183,12 +181,15 @@ def serve(
         import uvicorn
 
         from onnxsample.serve import ServeSettings, create_app
+        from onnxsample.serve.middleware import hosts_for
     except ImportError as exc:
         raise RuntimeUnavailable(
             f"serving needs the serve extra ({exc.name} is not installed): "
             "pip install 'onnxsample[serve]'"
         ) from None
     from onnxsample.engine import Engine
+
+    hosts = hosts_for(host, allowed_hosts or ())
 
     composed, name = _prepared(model, max_slots, served_model_name, provider, spec)
 
@@ -230,7 +231,7 @@ def serve(
 
 def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | None,
                     max_slots: int | None, max_queue: int, api_key: str | None,
-                    hosts: frozenset[str] | None,
+                    allowed_hosts: list[str],
                     served_model_name: str | None, max_len: int | None, prefill_chunk: int,
                     provider: str, spec: dict, replicas: int | None, ray_address: str | None,
                     replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
@@ -239,6 +240,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         _use_ray_token()  # before Ray is imported: it reads the mode once
     try:
         from onnxsample.serve import replicas as ray_serve
+        from onnxsample.serve.middleware import hosts_for
     except ImportError as exc:
         raise RuntimeUnavailable(
             f"--replicas needs the ray extra ({exc.name} is not installed): "
@@ -263,7 +265,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         prefill_chunk=prefill_chunk or None,
         provider=provider,
         api_key=api_key,
-        allowed_hosts=hosts,
+        allowed_hosts=hosts_for(host, allowed_hosts),
         **spec,
     )
     app = ray_serve.build_application(options, scaling)
