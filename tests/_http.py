@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -135,3 +136,25 @@ def chat(client, **kwargs):
 def metric_value(port: int, name: str) -> float:
     """One sample of the server's /metrics."""
     return metric(get(port, "/metrics")[1].decode(), name)
+
+
+@contextmanager
+def in_process(app) -> Iterator[tuple[int, threading.Thread]]:
+    """`app` served by uvicorn on a thread of this process: (port, that thread), once it is up;
+    stopped on exit."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the in-process server did not come up")
+            time.sleep(0.05)
+        yield port, thread
+    finally:
+        server.should_exit = True
+        thread.join(30)

@@ -13,7 +13,7 @@ import time
 
 import openai
 import pytest
-from _http import CHAT, chat, free_port, get, metric_value, post, served
+from _http import CHAT, chat, get, in_process, metric_value, post, served
 
 KEY = "sk-test-key"
 
@@ -128,8 +128,6 @@ def test_a_full_queue_is_429_with_retry_after(models):
 
 def test_health_is_503_until_the_model_is_loaded(models, tiny_gqa_export):
     """An in-process server whose engine loads only when the test says so."""
-    import uvicorn
-
     from onnxsample.engine import Engine
     from onnxsample.serve import ServeSettings, create_app
 
@@ -139,29 +137,19 @@ def test_health_is_503_until_the_model_is_loaded(models, tiny_gqa_export):
         gate.wait(60)
         return Engine(models["two"], tokenizer=tiny_gqa_export.output, threads=1)
 
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(load, ServeSettings("tiny")), port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        code, body = get(port, "/health")
-        assert code == 503 and json.loads(body)["error"]["message"] == "loading the model"
-        status, data = post(port, "/v1/completions", b'{"prompt": "x"}')
-        assert status == 503 and data["error"]["type"] == "service_unavailable"
-        gate.set()
-        while get(port, "/health")[0] != 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        with in_process(create_app(load, ServeSettings("tiny"))) as (port, _):
+            code, body = get(port, "/health")
+            assert code == 503 and json.loads(body)["error"]["message"] == "loading the model"
+            status, data = post(port, "/v1/completions", b'{"prompt": "x"}')
+            assert status == 503 and data["error"]["type"] == "service_unavailable"
+            gate.set()
+            deadline = time.monotonic() + 30
+            while get(port, "/health")[0] != 200:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
     finally:
         gate.set()
-        server.should_exit = True
-        thread.join(30)
 
 
 FUZZ_FIELDS = [
@@ -273,8 +261,6 @@ def test_a_huge_prompt_is_refused_before_it_is_tokenised(port):
 def test_tokenising_never_runs_on_the_event_loop(models, tiny_gqa_export):
     """While one request's prompt is being tokenised (held here until the test lets it go),
     the server answers others: tokenising runs in a worker thread, not on the event loop."""
-    import uvicorn
-
     from onnxsample.engine import Engine
     from onnxsample.serve import ServeSettings, create_app
 
@@ -289,25 +275,16 @@ def test_tokenising_never_runs_on_the_event_loop(models, tiny_gqa_export):
         return encode(text, **kwargs)
 
     engine.tokenizer.encode = held
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(engine, ServeSettings("tiny")), port=port, log_level="warning")
-    )
-    serving = threading.Thread(target=server.run, daemon=True)
-    serving.start()
     try:
-        while not server.started:
-            time.sleep(0.05)
-        body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2}).encode()
-        slow = threading.Thread(target=post, args=(port, "/v1/completions", body), daemon=True)
-        slow.start()
-        assert entered.wait(60)
-        assert get(port, "/health")[0] == 200  # answered while the prompt is held
-        assert slow.is_alive()
-        release.set()
-        slow.join(60)
-        assert threads and serving not in threads
+        with in_process(create_app(engine, ServeSettings("tiny"))) as (port, serving):
+            body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2}).encode()
+            slow = threading.Thread(target=post, args=(port, "/v1/completions", body), daemon=True)
+            slow.start()
+            assert entered.wait(60)
+            assert get(port, "/health")[0] == 200  # answered while the prompt is held
+            assert slow.is_alive()
+            release.set()
+            slow.join(60)
+            assert threads and serving not in threads
     finally:
         release.set()
-        server.should_exit = True
-        serving.join(30)
