@@ -164,6 +164,14 @@ def embedded_gqa_exports() -> dict:
     }
 
 
+@pytest.fixture(scope="session")
+def embedded_gpu_export():
+    """The embedded SmolLM2 exported for the GPU (`--device cuda`: fp16, its own GGUF blocks)."""
+    _need_embedded()
+    out = CACHE / "smollm2-gqa-gguf-cuda"
+    return _export_cached(None, out, device="cuda", verify_tokens=0)
+
+
 def _submitted_together(generator, prompts, params, lengths) -> dict:
     """Each prompt with its own max_new_tokens, all submitted at once: index -> Completion."""
     engine = generator.engine

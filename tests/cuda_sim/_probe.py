@@ -131,6 +131,19 @@ def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -
             requests[1].cancel()
             done = [r.result(timeout=120) for r in requests]
             result["finish"] = [c.finish_reason for c in done]
+        elif scenario == "grow":
+            # A request that reserves more positions arrives while another decodes: the KV buffers
+            # are replaced (a new decode bucket) and, once it has gone, shrink back (another).
+            running = eng.submit(prompt, params, max_new_tokens=40, chat=False)
+            next(iter(running))
+            lengths = [_kv_length(eng)]
+            grown = eng.submit(prompt[:5], params, max_new_tokens=2000, chat=False)
+            next(iter(grown))
+            lengths.append(_kv_length(eng))
+            grown.cancel()
+            done = running.result(timeout=120)
+            lengths.append(_kv_length(eng))
+            result.update(lengths=lengths, tokens=len(done.token_ids), finish=done.finish_reason)
         elif scenario == "copies":
             # Per decode step, in a steady state: the difference between two requests that differ
             # only in length, after a first one has warmed up (and captured) the decode step.
@@ -168,6 +181,10 @@ def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -
         result["counters"] = {k: v - base[k] for k, v in counters().items()}
         result["failure"] = repr(eng.failure) if eng.failure else None
     return result
+
+
+def _kv_length(eng) -> int:
+    return eng._scheduler.layout.kv.length
 
 
 def _counted(eng, prompt, params, n):

@@ -81,6 +81,31 @@ def test_decode_steps_are_captured_and_replayed(device, gpu_models):
     assert report["per_step"] == {"h2d": 4, "d2h": len(report["host_outputs"])}
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("cuda_graph", [False, True], ids=["uncaptured", "cuda-graph"])
+def test_kv_buffers_grow_and_shrink_under_a_running_request(
+    device, embedded_gpu_export, tmp_path_factory, cuda_graph
+):
+    """On the embedded model (8,192 positions): a request that reserves 2,000 arrives while
+    another decodes; the KV buffers are replaced (with CUDA graphs: a new decode bucket, captured
+    anew) and shrink back once it has gone; the running request never notices."""
+    from onnxsample.composer import compose
+
+    folder = embedded_gpu_export.output
+    model = compose(
+        folder, None, tmp_path_factory.mktemp("grow") / "static.onnx", static=True, max_slots=4
+    )
+    flags = ["--cuda-graph"] if cuda_graph else []
+    report = device.probe("engine", model, "grow", *flags, "--tokenizer", folder)
+    assert report["failure"] is None
+    assert report["tokens"] == 40 and report["finish"] == "length"
+    small, grown, after = report["lengths"]
+    assert small == after == 512 and grown > 2000
+    if cuda_graph:
+        assert report["counters"]["capture_errors"] == 0
+        assert report["counters"]["captures"] >= 4  # both parities, before and after the growth
+
+
 def test_cuda_graph_needs_a_static_chain(device, gpu_models):
     report = device.probe(
         "engine",

@@ -75,10 +75,10 @@ def test_a_cpu_export_is_not_taken_for_a_gpu_one(tiny_hf, tiny_gqa_export, tmp_p
 
 
 @pytest.mark.integration
-def test_embedded_gpu_export_keeps_its_4bit_blocks(embedded_gqa_exports, tmp_path_factory):
+def test_embedded_gpu_export_keeps_its_4bit_blocks(embedded_gqa_exports, embedded_gpu_export):
     """The embedded Q4_1 GGUF for the GPU: the GGUF's blocks as fp16 MatMulNBits (Q4_1's minimum
     added back exactly, per block), greedy tokens and quality as the fp32 export's on the CPU."""
-    result = export(None, tmp_path_factory.mktemp("smol") / "cuda", device="cuda", verify_tokens=0)
+    result = embedded_gpu_export
     assert (result.manifest["precision"], result.manifest["device"]) == ("gguf", "cuda")
     ops, kv = _ops_and_kv(result.model_path)
     assert kv == onnx.TensorProto.FLOAT16
