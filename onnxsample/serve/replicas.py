@@ -34,6 +34,7 @@ from ray import serve
 
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK, Engine
 from onnxsample.engine._drafter import speculation
+from onnxsample.engine._session import check_cuda_graph
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
 from onnxsample.serve.app import ServeSettings, create_app
@@ -149,8 +150,10 @@ def build_application(options: ReplicaOptions, scaling: Scaling | None = None) -
     meta = composed_metadata(options.model)
     if meta is None:
         raise ModelError(f"{options.model} is not a composed model: run onnxsample compose first")
-    # the speculative settings fail here, not in every replica
+    # the speculative and CUDA-graph settings fail here, not in every replica
     speculation(meta, options.speculative, options.draft_tokens, options.ngram)
+    if options.cuda_graph:
+        check_cuda_graph(meta, Path(options.model).name)
     deployment = serve.deployment(
         OnnxsampleReplica,
         name=APP_NAME,
@@ -197,6 +200,13 @@ def _typed(annotation: str, raw: str):
     """A config string as the field's type (the annotations are strings here)."""
     if raw is None or (raw == "None" and "None" in annotation):
         return None
+    if annotation.startswith("bool"):
+        if raw.lower() not in ("true", "false", "1", "0"):
+            raise InvalidParameter(f"{raw!r} is not true or false")
+        return raw.lower() in ("true", "1")
+    if annotation.startswith("frozenset"):  # allowed_hosts: names, comma-separated; * for any
+        names = frozenset(n.strip().lower() for n in raw.split(",") if n.strip())
+        return None if "*" in names else names
     for kind in (int, float):
         if annotation.startswith(kind.__name__):
             try:

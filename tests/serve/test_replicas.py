@@ -204,8 +204,10 @@ def test_without_the_ray_extra_replicas_name_the_extra(model):
           "max_queued_requests": 256}),
         ({"replicas": "3", "max_queued": "16", "served_model_name": "smol"},
          {"num_replicas": 3, "max_queued_requests": 16}),
+        ({"allowed_hosts": "Chat.example, api.example", "cuda_graph": "false"},
+         {"num_replicas": 1}),
     ],
-    ids=["half-cpu", "queue-and-name"],
+    ids=["half-cpu", "queue-and-name", "hosts-and-flags"],
 )  # fmt: skip
 def test_app_builder_sets_the_deployment(model, args, expect):
     from onnxsample.serve.replicas import app_builder
@@ -217,6 +219,9 @@ def test_app_builder_sets_the_deployment(model, args, expect):
     assert Path(options.model).is_absolute() and options.served_model_name == args.get(
         "served_model_name", model.name
     )
+    if "allowed_hosts" in args:  # typed as the fields are, not left as strings
+        assert options.allowed_hosts == frozenset({"chat.example", "api.example"})
+        assert options.cuda_graph is False
 
 
 def test_app_builder_autoscales_between_min_and_max(model):
@@ -242,6 +247,8 @@ def test_app_builder_autoscales_between_min_and_max(model):
             r"draft_tokens must be in \[1, 8\]",
         ),
         ({"model": "M", "speculative": "eagle"}, "speculative must be 'ngram'"),
+        ({"model": "M", "cuda_graph": "maybe"}, "'maybe' is not true or false"),
+        ({"model": "M", "cuda_graph": "true"}, "cuda_graph needs a static sampler chain"),
     ],
     ids=[
         "no-model",
@@ -251,6 +258,8 @@ def test_app_builder_autoscales_between_min_and_max(model):
         "half-autoscaling",
         "draft-tokens",
         "method",
+        "not-a-bool",
+        "cuda-graph-branching",
     ],
 )
 def test_app_builder_refuses_bad_arguments(model, args, message):
