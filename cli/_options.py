@@ -57,6 +57,15 @@ Device = Annotated[
         "CUDA kernel. Verified on the CPU.",
     ),
 ]
+Attention = Annotated[
+    str,
+    typer.Option(
+        "--attention",
+        help="gqa (GroupQueryAttention, fastest) or exact: attention from plain ops whose result "
+        "for a token does not depend on how many tokens a call computes, so speculative decoding "
+        "and echo give exactly what one-token steps give (CPU; decodes ~10% slower).",
+    ),
+]
 VerifyTokens = Annotated[
     int,
     typer.Option(

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 LAYOUTS = ("auto", "gqa", "optimum")
 DEVICES = ("cpu", "cuda")
+ATTENTIONS = ("gqa", "exact")
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4", "gguf")
 ACCURACY_LEVELS = (0, 4)
 STAGES = ("check", "load", "export", "verify")
@@ -70,7 +71,12 @@ class ExportResult:
 
 
 def export_name(
-    name: str, layout: str, precision: str, accuracy_level: int, device: str = "cpu"
+    name: str,
+    layout: str,
+    precision: str,
+    accuracy_level: int,
+    device: str = "cpu",
+    attention: str = "gqa",
 ) -> str:
     """Folder name of an export: the source's name, plus what is not the optimum fp32 default."""
     if device == "cuda":
@@ -78,7 +84,8 @@ def export_name(
     if (layout, precision) == ("optimum", "fp32"):
         return name
     suffix = f"-{layout}-{precision}"
-    return name + suffix + (f"-a{accuracy_level}" if precision in _QUANTISED else "")
+    suffix += f"-a{accuracy_level}" if precision in _QUANTISED else ""
+    return name + suffix + ("-exact" if attention == "exact" else "")
 
 
 def resolve_options(
@@ -149,9 +156,20 @@ def _lossy(precision: str, accuracy_level: int, device: str = "cpu") -> str:
     return ""
 
 
-def _check_choices(layout: str, precision: str, device: str = "cpu") -> None:
+def _check_choices(
+    layout: str, precision: str, device: str = "cpu", attention: str = "gqa"
+) -> None:
     if device not in DEVICES:
         raise InvalidParameter(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
+    if attention not in ATTENTIONS:
+        raise InvalidParameter(
+            f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}"
+        )
+    if attention == "exact" and device == "cuda":
+        raise InvalidParameter(
+            "--attention exact is for the CPU (the GPU's GEMM kernels are chosen by shape, so "
+            "plain ops give no such guarantee there): drop it with --device cuda"
+        )
     if layout not in LAYOUTS:
         raise InvalidParameter(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if precision not in PRECISIONS:
@@ -166,9 +184,15 @@ def _untransplantable(info: gguf.GGUFInfo) -> list[str]:
 
 
 def default_output(
-    source: Source, layout: str, precision: str, accuracy_level: int, device: str = "cpu"
+    source: Source,
+    layout: str,
+    precision: str,
+    accuracy_level: int,
+    device: str = "cpu",
+    attention: str = "gqa",
 ) -> Path:
-    return Path("artifacts") / export_name(source.name, layout, precision, accuracy_level, device)
+    name = export_name(source.name, layout, precision, accuracy_level, device, attention)
+    return Path("artifacts") / name
 
 
 def export(
@@ -179,6 +203,7 @@ def export(
     precision: str = "auto",
     accuracy_level: int = 4,
     device: str = "cpu",
+    attention: str = "gqa",
     force: bool = False,
     verify_tokens: int = 8,
     keep_hf: bool = False,
@@ -194,6 +219,10 @@ def export(
     `device` ``cuda`` writes the GPU export: the gqa layout with fp16 activations and KV cache,
     float weights in fp16 and quantised ones as fp16 ``MatMulNBits`` (accuracy level 0: CUDA has
     no int8-activation path); ``cpu`` (the default) computes in fp32.
+    `attention` (gqa layout, CPU) is ``gqa`` (GroupQueryAttention, the fastest) or ``exact``:
+    plain ops whose result for a position does not depend on how many positions a call computes,
+    so speculative decoding and echo give exactly what one-token steps give (see
+    :mod:`onnxsample.exporters._exact_attention`).
     An existing export with the same request and exporter versions is reused unless `force`; a
     different one is an error. `progress(stage)` is called as each of :data:`STAGES` starts.
     """
@@ -202,7 +231,7 @@ def export(
         raise InvalidParameter(f"accuracy_level must be 0 or 4, got {accuracy_level!r}")
     if verify_tokens < 0:
         raise InvalidParameter(f"verify_tokens must be >= 0, got {verify_tokens}")
-    _check_choices(layout, precision, device)
+    _check_choices(layout, precision, device, attention)
     start = time.perf_counter()
     stage = progress or (lambda _name: None)
 
@@ -213,16 +242,18 @@ def export(
         info.architecture if info is not None else hf.check_hf_folder(src.path)["model_type"]
     )
     layout, precision = resolve_options(src, info, model_type, layout, precision, device)
+    if attention == "exact" and layout != "gqa":
+        raise ExportError("--attention exact is an attention of the gqa layout: use --layout gqa")
     if precision not in _QUANTISED or device == "cuda":
         accuracy_level = 0
     out = (
         Path(output)
         if output is not None
-        else default_output(src, layout, precision, accuracy_level, device)
+        else default_output(src, layout, precision, accuracy_level, device, attention)
     )
     out = out.expanduser().absolute()
     _fs.check_output(out)
-    key = _manifest.request_key(src.digest(), layout, precision, accuracy_level, device)
+    key = _manifest.request_key(src.digest(), layout, precision, accuracy_level, device, attention)
     reused = _reuse(out, key, force)
     if reused is not None:
         return ExportResult(out, reused, True, time.perf_counter() - start, _peak_rss())
@@ -231,7 +262,7 @@ def export(
     with _fs.staged_folder(out) as tmp:
         if layout == "gqa":
             config, generation, tokenizer, model = _export_gqa(
-                src, info, tmp, precision, accuracy_level, device, verify_tokens, stage
+                src, info, tmp, precision, accuracy_level, device, attention, verify_tokens, stage
             )
         else:
             config, generation, tokenizer, model = _export_optimum(
@@ -273,7 +304,7 @@ def _export_optimum(src: Source, info, tmp: Path, precision: str, keep_hf: bool,
 
 
 def _export_gqa(
-    src: Source, info, tmp: Path, precision, accuracy_level, device, verify_tokens, stage
+    src: Source, info, tmp: Path, precision, accuracy_level, device, attention, verify_tokens, stage
 ):
     """Our GroupQueryAttention graph; transformers only reads the tokenizer (and the reference
     model for the verify step)."""
@@ -293,7 +324,9 @@ def _export_gqa(
         _copy_hf_files(src.path, tmp)
     stage("export")
     activations = "fp16" if device == "cuda" or precision == "fp16" else "fp32"
-    gqa.write_gqa(spec, weights, tmp / "model.onnx", precision, accuracy_level, activations)
+    gqa.write_gqa(
+        spec, weights, tmp / "model.onnx", precision, accuracy_level, activations, attention
+    )
     del weights
     model = None
     if verify_tokens:

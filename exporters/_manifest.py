@@ -58,10 +58,16 @@ def describe_io(model_path: Path) -> dict[str, Any]:
 
 
 def request_key(
-    source_digest: str, layout: str, precision: str, accuracy_level: int, device: str = "cpu"
+    source_digest: str,
+    layout: str,
+    precision: str,
+    accuracy_level: int,
+    device: str = "cpu",
+    attention: str = "gqa",
 ) -> dict[str, Any]:
     """The part of a manifest that decides whether an existing export can be reused. ``device``
-    is recorded for GPU exports only (a manifest without it is a CPU export)."""
+    is recorded for GPU exports only (a manifest without it is a CPU export), ``attention`` for
+    exact-attention exports only."""
     key = {
         "format_version": FORMAT_VERSION,
         "source_sha256": source_digest,
@@ -72,6 +78,8 @@ def request_key(
     }
     if device != "cpu":
         key["device"] = device
+    if attention != "gqa":
+        key["attention"] = attention
     return key
 
 
@@ -87,7 +95,8 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
     same_device = manifest.get("device", "cpu") == key.get("device", "cpu")
-    return same_device and all(manifest.get(k) == v for k, v in key.items())
+    same_attention = manifest.get("attention", "gqa") == key.get("attention", "gqa")
+    return same_device and same_attention and all(manifest.get(k) == v for k, v in key.items())
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:

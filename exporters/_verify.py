@@ -59,7 +59,7 @@ def ort_greedy(
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = [o.name for o in session.get_outputs()]
-    pasts = _empty_pasts(session)
+    pasts = _empty_pasts(session, 1, len(ids) + n)
     step_ids = np.asarray([ids], dtype=np.int64)
     total, tokens = len(ids), []
     for _ in range(n):
@@ -76,9 +76,13 @@ def ort_greedy(
     return tokens
 
 
-def _empty_pasts(session, batch: int = 1) -> dict[str, np.ndarray]:
+def _empty_pasts(session, batch: int, positions: int) -> dict[str, np.ndarray]:
+    """An empty cache: no positions for optimum's layout (it grows by concatenation), a zeroed
+    buffer of `positions` for a graph that reads lengths from the mask (ours: written in place)."""
+    inputs = session.get_inputs()
+    length = 0 if any(i.name == "position_ids" for i in inputs) else positions
     return {
-        i.name: np.zeros((batch, i.shape[1], 0, i.shape[3]), dtype=_ORT_DTYPES[i.type])
+        i.name: np.zeros((batch, i.shape[1], length, i.shape[3]), dtype=_ORT_DTYPES[i.type])
         for i in session.get_inputs()
         if i.name.startswith("past_key_values.")
     }
@@ -100,7 +104,8 @@ def mean_logprob(
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     names = {i.name for i in session.get_inputs()}
     seq = np.asarray([list(ids) + list(tokens[:-1])], dtype=np.int64)
-    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq), **_empty_pasts(session)}
+    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
+    feed.update(_empty_pasts(session, 1, seq.shape[1]))
     if "position_ids" in names:
         feed["position_ids"] = np.arange(seq.shape[1], dtype=np.int64)[None]
     logits = session.run(["logits"], feed)[0][0, len(ids) - 1 :].astype(np.float64)

@@ -15,6 +15,11 @@ Inputs and outputs (the graph contract of a ``gqa`` export)::
 
 Positions come from the mask (GroupQueryAttention's ``seqlens_k``), so there is no ``position_ids``.
 A past buffer of fixed length can be bound as past and present at once (shared-buffer mode).
+
+``attention="exact"`` computes attention from plain ops instead (:mod:`._exact_attention`): a
+position's logits are then the same bits in a one-position step and inside a multi-position call
+(speculative verification, echo), at some decode speed; its past must be a buffer at least as long
+as the mask.
 """
 
 from __future__ import annotations
@@ -28,15 +33,17 @@ import onnx_ir as ir
 from onnx_ir import tape as ir_tape
 
 from onnxsample.exporters import _gguf_quant
+from onnxsample.exporters._exact_attention import SHARED_KV_KEY, ExactAttention
 from onnxsample.exporters._llama import LlamaSpec
 
-__all__ = ["OPSET", "build_gqa_model", "write_gqa"]
+__all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
 
 log = logging.getLogger(__name__)
 
 OPSET = 21
 IR_VERSION = 10
 MS = "com.microsoft"
+ATTENTIONS = ("gqa", "exact")
 _DTYPES = {"fp32": (ir.DataType.FLOAT, np.float32), "fp16": (ir.DataType.FLOAT16, np.float16)}
 
 
@@ -98,12 +105,14 @@ def build_gqa_model(
     *,
     precision: str = "fp32",
     accuracy_level: int = 0,
+    attention: str = "gqa",
 ) -> ir.Model:
     """The decoder as an onnx-ir model (weights as in-memory initializers; save it with ir.save).
 
     `weights` maps ``embed``, ``norm``, ``lm_head`` and ``layers.{i}.{q,k,v,o,gate,up,down,
     attn_norm,ffn_norm}`` to float [N, K] arrays or quantised weights (see :mod:`._llama`).
     `precision` is the float type of activations, KV cache and float weights (``fp32``/``fp16``).
+    `attention` is ``gqa`` (com.microsoft.GroupQueryAttention) or ``exact`` (see the module).
     """
     g = _Graph(precision, accuracy_level)
     T = g.dtype
@@ -127,21 +136,28 @@ def build_gqa_model(
             pair.append(value)
         pasts.append(pair)
 
-    # Lengths for GroupQueryAttention: seqlens_k = real tokens - 1 per row; total = mask width.
+    # Row lengths and the mask's width; for GroupQueryAttention: seqlens_k = real tokens - 1 per
+    # row, total = mask width.
     one = g.const("const/one", np.array([1], np.int64))
     lengths = g.op("ReduceSum", [mask, one], "lengths", keepdims=0)
-    seqlens_k = g.op(
-        "Cast",
-        [g.op("Sub", [lengths, one], "lengths_minus_one")],
-        "seqlens_k",
-        to=ir.DataType.INT32,
-    )
     width = g.op("Gather", [g.op("Shape", [mask], "mask_shape"), one], "mask_width", axis=0)
-    total_len = g.op("Cast", [width], "total_sequence_length", to=ir.DataType.INT32)
+    if attention == "gqa":
+        seqlens_k = g.op(
+            "Cast",
+            [g.op("Sub", [lengths, one], "lengths_minus_one")],
+            "seqlens_k",
+            to=ir.DataType.INT32,
+        )
+        total_len = g.op("Cast", [width], "total_sequence_length", to=ir.DataType.INT32)
+    elif attention != "exact":
+        raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
     cos, sin = spec.rotary_caches()
     cos_cache = g.const("rotary.cos_cache", cos.astype(g.np_dtype))
     sin_cache = g.const("rotary.sin_cache", sin.astype(g.np_dtype))
 
+    exact = None
+    if attention == "exact":
+        exact = ExactAttention(g, spec, input_ids, lengths, width, cos_cache, sin_cache)
     embed = g.const("model.embed_tokens.weight", np.asarray(weights["embed"], g.np_dtype))
     hidden = g.op("Gather", [embed, input_ids], "embed", axis=0)
     eps = float(spec.rms_norm_eps)
@@ -156,18 +172,31 @@ def build_gqa_model(
     for i in range(spec.num_layers):
         p = f"layers.{i}"
         qkv = g.linear(x, _concat([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj")
-        attn, present_k, present_v = g.ops(
-            "GroupQueryAttention",
-            [qkv, None, None, pasts[i][0], pasts[i][1], seqlens_k, total_len, cos_cache, sin_cache],
-            f"{p}/attn",
-            3,
-            domain=MS,
-            num_heads=spec.num_heads,
-            kv_num_heads=spec.num_kv_heads,
-            do_rotary=1,
-            rotary_interleaved=0,
-            scale=float(spec.head_dim**-0.5),
-        )
+        if exact is not None:
+            attn, present_k, present_v = exact.layer(qkv, pasts[i][0], pasts[i][1], p)
+        else:
+            attn, present_k, present_v = g.ops(
+                "GroupQueryAttention",
+                [
+                    qkv,
+                    None,
+                    None,
+                    pasts[i][0],
+                    pasts[i][1],
+                    seqlens_k,
+                    total_len,
+                    cos_cache,
+                    sin_cache,
+                ],
+                f"{p}/attn",
+                3,
+                domain=MS,
+                num_heads=spec.num_heads,
+                kv_num_heads=spec.num_kv_heads,
+                do_rotary=1,
+                rotary_interleaved=0,
+                scale=float(spec.head_dim**-0.5),
+            )
         for value, kind in ((present_k, "key"), (present_v, "value")):
             value.name = f"present.{i}.{kind}"
             value.type, value.shape = ir.TensorType(T), ir.Shape(present_shape)
@@ -223,7 +252,10 @@ def build_gqa_model(
         opset_imports={"": OPSET, MS: 1},
         name="onnxsample-gqa-llama",
     )
-    return ir.Model(graph, ir_version=IR_VERSION, producer_name="onnxsample")
+    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="onnxsample")
+    if exact is not None:
+        model.metadata_props[SHARED_KV_KEY] = "shared"
+    return model
 
 
 def _norm(weights: dict[str, Any], key: str, g: _Graph) -> np.ndarray:
@@ -237,6 +269,7 @@ def write_gqa(
     precision: str = "fp32",
     accuracy_level: int = 0,
     activations: str = "fp32",
+    attention: str = "gqa",
 ) -> None:
     """Build the decoder and save it as `path` with its weights in `path`.data.
 
@@ -245,7 +278,9 @@ def write_gqa(
     a constant weight into 4- or 8-bit blocks of 32 (symmetric), the LM head included (it is a
     materialised matrix here, also for tied embeddings).
     """
-    model = build_gqa_model(spec, weights, precision=activations, accuracy_level=accuracy_level)
+    model = build_gqa_model(
+        spec, weights, precision=activations, accuracy_level=accuracy_level, attention=attention
+    )
     if precision in ("int8", "int4"):
         model = _ort_quantise(model, 8 if precision == "int8" else 4, accuracy_level)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from onnxsample.composer._model_facts import (
     genai_head_size,
     kv_head_size,
     logits_output,
+    shared_kv,
     vocab_size,
 )
 from onnxsample.composer._splice import reconcile_versions, splice
@@ -120,7 +121,7 @@ def compose(
         output_candidates=output_candidates,
     )
     prompt = bool(prompt_logprobs)
-    gqa = any(n.op_type == "GroupQueryAttention" for n in base.graph.all_nodes())
+    gqa = shared_kv(base)
     if draft_tokens == "auto":
         draft_tokens = AUTO_DRAFT_TOKENS if gqa and not static else 0
         _check_drafts(draft_tokens, output_probs, output_candidates)
@@ -213,7 +214,7 @@ def _finish(
         model.opset_imports.pop(DOMAIN, None)
     # "gqa": GroupQueryAttention reads per-row lengths from the mask, so one preallocated buffer per
     # layer serves as past and present (right padding); "concat": the cache grows by concatenation.
-    gqa = any(n.op_type == "GroupQueryAttention" for n in graph.all_nodes())
+    gqa = shared_kv(model)
     meta = ComposedMetadata(
         chain=SamplerChain(n for n in chain.names if n != "logit_bias" or options["max_bias"] > 0),
         max_slots=max_slots,

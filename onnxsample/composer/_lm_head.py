@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxsample.composer._model_facts import shared_kv
 from onnxsample.composer._splice import reconcile_versions
 from onnxsample.errors import ModelError
 from onnxsample.params import pack_sampling_params
@@ -135,7 +136,9 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
             heads, size = shape[1], shape[3] if isinstance(shape[3], int) else head_size
             if not isinstance(heads, int) or not isinstance(size, int):
                 return None
-            feeds[name] = np.zeros((batch, heads, 0, size), dtype=dtype)
+            # a buffer as long as the mask for graphs that read lengths from it (written in place)
+            length = seq if shared_kv(model) else 0
+            feeds[name] = np.zeros((batch, heads, length, size), dtype=dtype)
         else:
             return None
     return feeds

@@ -70,6 +70,18 @@ def check_names(model: ir.Model) -> None:
         )
 
 
+SHARED_KV_KEY = "onnxsample.kv_cache"  # the exporter's metadata key (exporters._exact_attention)
+
+
+def shared_kv(model: ir.Model) -> bool:
+    """Whether the decoder reads each row's length from the attention mask and writes new keys
+    and values in place, so one preallocated buffer per layer serves as past and present:
+    GroupQueryAttention graphs, and graphs whose metadata says ``onnxsample.kv_cache: shared``."""
+    if model.metadata_props.get(SHARED_KV_KEY) == "shared":
+        return True
+    return any(n.op_type == "GroupQueryAttention" for n in model.graph.all_nodes())
+
+
 def kv_head_size(model: ir.Model, source: Path) -> int | None:
     """The KV cache's head size, from the past inputs' shape or, when symbolic, genai's config."""
     for value in model.graph.inputs:
