@@ -13,6 +13,9 @@ Our side: :class:`onnxsample.Engine` on the embedded model as ``onnxsample run``
 export on the GGUF's own blocks at accuracy level 4, composed with 8 slots and 8 draft tokens),
 greedy, stopping at end-of-sequence or ``--new-tokens``; speculation ``off`` and ``on`` with K
 draft tokens for each K in ``--draft-tokens``. Batch B is B copies of the request submitted together.
+With ``--attention gqa,exact`` (the default) the same for the export with ``--attention exact``
+(engines ``exact-off``, ``exact-kK``), whose speculative output is token for token the plain one's;
+each row also says whether its tokens equal plain decoding's on the same export (``same_tokens``).
 Peer: llama.cpp (llama-cpp-python, the original Q4_1 GGUF, batch 1, from ``.venv-llamacpp``) on the
 same token ids, plain and with its prompt-lookup decoding (``LlamaPromptLookupDecoding``, K drafts).
 
@@ -129,6 +132,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--model", help="export folder or composed model (default: the embedded one)")
+    p.add_argument(
+        "--attention", default="gqa,exact", help="the embedded model's exports to compare"
+    )
     p.add_argument("--llamacpp-python", default=str(ROOT / ".venv-llamacpp/bin/python"))
     p.add_argument("--output", type=Path, default=RESULTS / "speculative.json")
     args = p.parse_args()
@@ -159,9 +165,11 @@ class _Ours:
         end = time.perf_counter()
         after = self.engine.stats()
         tokens = [len(c.token_ids) for c in done]
+        ids = [c.token_ids for c in done]
         drafted = after.drafted_tokens - before.drafted_tokens
         return {
             "tokens": tokens,
+            "ids": ids,
             "ttft_s": min(c.timings.ttft_s for c in done),
             # the time of the decode (and verification) calls: with a batch, the prompts of the
             # later requests are prefilled between decode steps, in calls of their own
@@ -229,18 +237,25 @@ def main() -> None:
 
     log = logger("speculative")
 
-    model = prepare(args.model)
+    models = {"onnxsample": prepare(args.model)}
+    if "exact" in args.attention.split(",") and args.model is None:
+        from onnxsample.exporters import export
+
+        models["exact"] = prepare(export(None, attention="exact", verify_tokens=0).output)
+    if "gqa" not in args.attention.split(","):
+        models.pop("onnxsample")
     workloads = [w for w in args.workloads.split(",") if w]
     ids: dict[str, list[int]] = {}
     loads = [load_average()]
     results: dict = {}
     peers: dict = {}
     for threads in args.threads:
-        engines = {
-            f"onnxsample-k{k}" if k else "onnxsample-off": k for k in [0, *args.draft_tokens]
+        loaded = {
+            f"{prefix}-k{k}" if k else f"{prefix}-off": _Ours(model, threads, k, args.ngram)
+            for prefix, model in models.items()
+            for k in [0, *args.draft_tokens]
         }
-        loaded = {name: _Ours(model, threads, k, args.ngram) for name, k in engines.items()}
-        engine = loaded["onnxsample-off"].engine
+        engine = next(iter(loaded.values())).engine
         for w in workloads:  # the same token ids for every engine
             chat = [{"role": "user", "content": WORKLOADS[w]}]
             ids[w] = prompt_tokens(engine.tokenizer, chat, True, None, engine.vocab_size)
@@ -277,13 +292,22 @@ def main() -> None:
             )
             table[name] = _summary(found)
         for workload in workloads:
-            for table in results[f"threads={threads}"][workload].values():
-                off = table.get("onnxsample-off", {}).get("decode_tokens_per_s")
+            for batch, table in results[f"threads={threads}"][workload].items():
+                gqa_off = table.get("onnxsample-off", {}).get("decode_tokens_per_s")
                 peer = table.get("llamacpp", {}).get("decode_tokens_per_s")
                 for name, row in table.items():
-                    if off and name.startswith("onnxsample-k"):
+                    prefix = name.rsplit("-", 1)[0]
+                    off = table.get(f"{prefix}-off", {}).get("decode_tokens_per_s")
+                    if off and prefix in models and not name.endswith("-off"):
                         row["vs_off"] = round(row["decode_tokens_per_s"] / off, 2)
-                    if peer and name.startswith("onnxsample"):
+                        plain = runs[(workload, int(batch.split("=")[1]), f"{prefix}-off")]
+                        row["same_tokens"] = (
+                            runs[(workload, int(batch.split("=")[1]), name)][0]["ids"]
+                            == plain[0]["ids"]
+                        )
+                    if gqa_off and prefix == "exact":
+                        row["vs_gqa_off"] = round(row["decode_tokens_per_s"] / gqa_off, 2)
+                    if peer and prefix in models:
                         row["vs_llamacpp"] = round(row["decode_tokens_per_s"] / peer, 2)
     emit(
         {

@@ -66,6 +66,15 @@ Attention = Annotated[
         "and echo give exactly what one-token steps give (CPU; decodes ~10% slower).",
     ),
 ]
+EmbeddedAttention = Annotated[
+    str,
+    typer.Option(
+        "--attention",
+        help="The embedded model's export: gqa (fastest) or exact, whose speculative decoding "
+        "(--speculative) and echo give token for token what plain decoding gives (decodes "
+        "~5-15% slower on one thread). For your own model, export it with --attention.",
+    ),
+]
 VerifyTokens = Annotated[
     int,
     typer.Option(
@@ -250,10 +259,11 @@ def engine_options(
     return {**spec, "cuda_graph": cuda_graph} if cuda_graph else spec
 
 
-def preparation(provider: str, spec: dict) -> dict:
+def preparation(provider: str, spec: dict, attention: str = "gqa") -> dict:
     """What `prepare` builds for these options: the GPU export for --provider cuda, a static
-    chain for --cuda-graph."""
+    chain for --cuda-graph, the exact-attention export for --attention exact."""
     return {
         "device": "cuda" if provider == "cuda" else "cpu",
         "static": bool(spec.get("cuda_graph")),
+        "attention": attention,
     }

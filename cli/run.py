@@ -116,6 +116,7 @@ def run(
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
     speculative: opt.Speculative = None,
+    attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
     ngram: opt.Ngram = DEFAULT_NGRAM,
 ) -> None:
@@ -148,7 +149,8 @@ def run(
     params.validate()
     spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph)
     with stages(_LABELS) as progress:
-        composed = prepare(model, progress=progress, **opt.preparation(provider, spec))
+        how = opt.preparation(provider, spec, attention)
+        composed = prepare(model, progress=progress, **how)
         progress("session")
         generator = Generator(
             composed,

@@ -98,6 +98,7 @@ def serve(
     provider: opt.Provider = "auto",
     cuda_graph: opt.CudaGraph = False,
     speculative: opt.Speculative = None,
+    attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
     ngram: opt.Ngram = DEFAULT_NGRAM,
     replicas: Annotated[
@@ -174,7 +175,7 @@ def serve(
             max_len=max_len, prefill_chunk=prefill_chunk, provider=provider, spec=spec,
             replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
             min_replicas=min_replicas, max_replicas=max_replicas,
-            target_ongoing_requests=target_ongoing_requests,
+            target_ongoing_requests=target_ongoing_requests, attention=attention,
         )  # fmt: skip
         return
     try:
@@ -191,7 +192,7 @@ def serve(
 
     hosts = hosts_for(host, allowed_hosts or ())
 
-    composed, name = _prepared(model, max_slots, served_model_name, provider, spec)
+    composed, name = _prepared(model, max_slots, served_model_name, provider, spec, attention)
 
     def load() -> Engine:
         return Engine(
@@ -235,7 +236,8 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
                     served_model_name: str | None, max_len: int | None, prefill_chunk: int,
                     provider: str, spec: dict, replicas: int | None, ray_address: str | None,
                     replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
-                    target_ongoing_requests: float | None) -> None:  # fmt: skip
+                    target_ongoing_requests: float | None,
+                    attention: str = "gqa") -> None:  # fmt: skip
     if ray_address is not None:
         _use_ray_token()  # before Ray is imported: it reads the mode once
     try:
@@ -256,7 +258,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         max_queued=max(1, max_queue),
     )
     scaling.check()
-    composed, name = _prepared(model, max_slots, served_model_name, provider, spec)
+    composed, name = _prepared(model, max_slots, served_model_name, provider, spec, attention)
     options = ray_serve.ReplicaOptions(
         model=str(composed),
         served_model_name=name,
@@ -279,12 +281,17 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
 
 
 def _prepared(
-    model: Path | None, max_slots: int | None, served_name: str | None, provider: str, spec: dict
+    model: Path | None,
+    max_slots: int | None,
+    served_name: str | None,
+    provider: str,
+    spec: dict,
+    attention: str = "gqa",
 ):
     """The composed model to serve (composed or exported first when needed) and its API name."""
     from onnxsample.prepare import prepare
 
-    how = opt.preparation(provider, spec)
+    how = opt.preparation(provider, spec, attention)
     with stages(_LABELS) as progress:
         composed = prepare(model, progress=progress, max_slots=max_slots, **how).resolve()
     return composed, served_name or composed.parent.name

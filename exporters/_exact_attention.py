@@ -24,7 +24,7 @@ Keys and values are sliced to the mask's width (the longest row of the call) bef
 packed kernel's blocking along the keys does not depend on how many there are, and keys past a row's
 position get probability 0 exactly, so the result is the same for any width and any buffer length.
 The cache must be a buffer at least as long as the mask (the engine's shared buffers are); the model
-says so in its metadata (``onnxsample.kv_cache: shared``).
+says what it is in its metadata (``onnxsample.attention: exact``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["SHARED_KV_KEY", "ExactAttention"]
+__all__ = ["ATTENTION_KEY", "ExactAttention"]
 
-SHARED_KV_KEY = "onnxsample.kv_cache"
+ATTENTION_KEY = "onnxsample.attention"
 _MS = "com.microsoft"
 
 

@@ -33,7 +33,7 @@ import onnx_ir as ir
 from onnx_ir import tape as ir_tape
 
 from onnxsample.exporters import _gguf_quant
-from onnxsample.exporters._exact_attention import SHARED_KV_KEY, ExactAttention
+from onnxsample.exporters._exact_attention import ATTENTION_KEY, ExactAttention
 from onnxsample.exporters._llama import LlamaSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
@@ -254,7 +254,7 @@ def build_gqa_model(
     )
     model = ir.Model(graph, ir_version=IR_VERSION, producer_name="onnxsample")
     if exact is not None:
-        model.metadata_props[SHARED_KV_KEY] = "shared"
+        model.metadata_props[ATTENTION_KEY] = "exact"
     return model
 
 

@@ -47,7 +47,9 @@ class ComposedMetadata:
     echo). ``draft_tokens`` (K) is how many draft tokens a slot can verify per run (speculative
     decoding; 0: the graph has no ``sampler.draft_*`` inputs). ``kv_layout`` is ``gqa`` (one preallocated buffer per layer, written in place) or
     ``concat`` (the cache grows by concatenation); ``kv_head_size`` stands in for a symbolic head
-    size. ``gather`` is where the rows are picked (``lm_head``: before the LM head; ``logits``).
+    size. ``exact_positions``: a position's logits do not depend on how many positions a call
+    computes (an ``--attention exact`` export), so speculative verification and echo give exactly
+    what one-token steps give. ``gather`` is where the rows are picked (``lm_head``: before the LM head; ``logits``).
     ``static``: the chain has no control flow and no data-dependent shape (every slot's row is
     computed each call), so a decode step can be captured as a CUDA graph.
     """
@@ -65,6 +67,7 @@ class ComposedMetadata:
     inline: bool = False
     static: bool = False
     kv_layout: str = "concat"
+    exact_positions: bool = False
     kv_head_size: int | None = None
     contract: str = CONTRACT_VERSION
     composer_revision: str = ""
@@ -127,7 +130,7 @@ def _parse(key: str, raw: str) -> Any:
         return int(raw)
     if key == "kv_head_size":
         return int(raw) if raw else None
-    if key in ("prompt_logprobs", "output_probs", "inline", "static"):
+    if key in ("prompt_logprobs", "output_probs", "inline", "static", "exact_positions"):
         return raw.lower() == "true"
     if key == "kv_layout" and raw not in KV_LAYOUTS:
         raise ModelError(f"unknown kv_layout {raw!r} (expected one of {', '.join(KV_LAYOUTS)})")

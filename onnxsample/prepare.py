@@ -72,6 +72,7 @@ def prepare(
     max_slots: int | None = None,
     device: str = "cpu",
     static: bool = False,
+    attention: str = "gqa",
 ) -> Path:
     """The composed model to run for `model`, exporting and composing it first when needed.
 
@@ -79,12 +80,20 @@ def prepare(
     composed with :data:`RUN_COMPOSE_OPTIONS`, and `max_slots` slots when given (kept apart:
     ``composed-s16.onnx``); `static` composes the chain without control flow and without draft
     verification (``composed-static.onnx``). `device` ``cuda`` exports the embedded model for the
-    GPU (fp16)."""
+    GPU (fp16); `attention` ``exact`` exports it with exact attention (speculative decoding and
+    echo then give exactly what one-token steps give; see ``onnxsample export --attention``)."""
     slots = max_slots or RUN_COMPOSE_OPTIONS["max_slots"]
     if not isinstance(slots, int) or slots < 1:
         raise InvalidParameter(f"max_slots must be an integer >= 1, got {max_slots!r}")
     if device not in ("cpu", "cuda"):
         raise InvalidParameter(f"device must be cpu or cuda, got {device!r}")
+    if attention not in ("gqa", "exact"):
+        raise InvalidParameter(f"attention must be gqa or exact, got {attention!r}")
+    if attention == "exact" and model is not None:
+        raise InvalidParameter(
+            "--attention exact chooses the embedded model's export: export your model with "
+            "`onnxsample export --attention exact` and run that folder"
+        )
     suffix = ("-static" if static else "") + (
         "" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}"
     )
@@ -96,6 +105,8 @@ def prepare(
         # The fastest export that keeps llama.cpp's quality: our GQA graph on the GGUF's own blocks
         # (int8 activations on the CPU as llama.cpp; fp16 on the GPU).
         options = {"layout": "gqa", "precision": "gguf", "accuracy_level": 4, "device": device}
+        if attention == "exact":
+            options["attention"] = attention
         folder = cache_dir() / export_name(EMBEDDED_NAME, **options)
         export(None, folder, progress=progress, **options)
     else:

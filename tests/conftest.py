@@ -165,6 +165,15 @@ def embedded_gqa_exports() -> dict:
 
 
 @pytest.fixture(scope="session")
+def embedded_exact_export():
+    """The embedded SmolLM2 on its own GGUF blocks at accuracy level 4 with `--attention exact`
+    (the folder `onnxsample export --attention exact` and benchmarks/speculative.py write)."""
+    _need_embedded()
+    out = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4-exact"
+    return _export_cached(None, out, attention="exact", verify_tokens=0)
+
+
+@pytest.fixture(scope="session")
 def embedded_gpu_export():
     """The embedded SmolLM2 exported for the GPU (`--device cuda`: fp16, its own GGUF blocks)."""
     _need_embedded()

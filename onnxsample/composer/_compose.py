@@ -24,6 +24,7 @@ from onnxsample.chain import SamplerChain
 from onnxsample.composer._lm_head import find_lm_head, verify_lm_head
 from onnxsample.composer._model_facts import (
     check_names,
+    exact_positions,
     fix_constant_shapes,
     genai_head_size,
     kv_head_size,
@@ -229,6 +230,7 @@ def _finish(
         gather=mode,
         inline=inline,
         kv_layout="gqa" if gqa else "concat",
+        exact_positions=exact_positions(model),
         kv_head_size=kv_head_size(model, source),
         contract=CONTRACT_VERSION,
         composer_revision=COMPOSER_REVISION,

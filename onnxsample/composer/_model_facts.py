@@ -70,14 +70,20 @@ def check_names(model: ir.Model) -> None:
         )
 
 
-SHARED_KV_KEY = "onnxsample.kv_cache"  # the exporter's metadata key (exporters._exact_attention)
+ATTENTION_KEY = "onnxsample.attention"  # written by the exporter (exporters._exact_attention)
+
+
+def exact_positions(model: ir.Model) -> bool:
+    """Whether a position's logits do not depend on how many positions a call computes: an
+    export with ``--attention exact`` (its metadata says ``onnxsample.attention: exact``)."""
+    return model.metadata_props.get(ATTENTION_KEY) == "exact"
 
 
 def shared_kv(model: ir.Model) -> bool:
     """Whether the decoder reads each row's length from the attention mask and writes new keys
     and values in place, so one preallocated buffer per layer serves as past and present:
-    GroupQueryAttention graphs, and graphs whose metadata says ``onnxsample.kv_cache: shared``."""
-    if model.metadata_props.get(SHARED_KV_KEY) == "shared":
+    GroupQueryAttention graphs and exact-attention exports."""
+    if exact_positions(model):
         return True
     return any(n.op_type == "GroupQueryAttention" for n in model.graph.all_nodes())
 

@@ -78,7 +78,9 @@ class Engine:
     on speculative decoding with drafts from n-gram prompt lookup: up to `draft_tokens` tokens per
     step (default 8, at most what the model was composed for), matched on the last `ngram`
     tokens or fewer; the graph verifies them with each request's own sampler chain, so the
-    output's distribution is unchanged (greedy output token for token). `cuda_graph` (CUDA
+    output's distribution is unchanged, and on an export with exact attention (``onnxsample
+    export --attention exact``) the output is plain decoding's token for token (with
+    GroupQueryAttention a verified token's logits differ in their last bits: a warning says so). `cuda_graph` (CUDA
     provider, a model composed with ``static=True``) replays each decode step as a captured CUDA
     graph: every slot decodes with one shape, inputs written in place into fixed device buffers;
     prefill runs uncaptured.
@@ -155,6 +157,14 @@ class Engine:
             meta, self.tokenizer, self.info.eos_ids, self.limit, max_len, self._wake
         )
         self.speculative, self.draft_tokens = speculation(meta, speculative, draft_tokens, ngram)
+        if self.speculative and not meta.exact_positions:
+            log.warning(
+                "speculative decoding on %s: its attention (GroupQueryAttention) computes a "
+                "verified token's logits with other kernels than a one-token step's, so greedy "
+                "text can differ from plain decoding; an export with --attention exact gives "
+                "token for token the same",
+                self.path.name,
+            )
         self.ngram = ngram
         self._lock = threading.Lock()
         self._pending = 0  # submitted, not yet given a slot

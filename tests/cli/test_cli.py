@@ -85,6 +85,14 @@ ERROR_CASES = {
         lambda t: ["export", "--accuracy-level", "2", "-o", str(t / "o")],
         "accuracy_level must be 0 or 4, got 2",
     ),
+    "invalid attention": (
+        lambda t: ["export", "--attention", "flash", "-o", str(t / "o")],
+        "attention must be one of gqa, exact, got 'flash'",
+    ),
+    "exact attention on the gpu": (
+        lambda t: ["export", "--attention", "exact", "--device", "cuda", "-o", str(t / "o")],
+        "--attention exact is for the CPU",
+    ),
     "max-len below 2": (lambda t: ["run", "-p", "hi", "--max-len", "1"], "--max-len"),
     "negative verify tokens": (lambda t: ["export", "--verify-tokens", "-2"], "--verify-tokens"),
     "output is a file": (

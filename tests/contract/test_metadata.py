@@ -14,6 +14,7 @@ from onnxsample.metadata import ComposedMetadata, composed_metadata
     [
         ComposedMetadata(SamplerChain.full(), 8, 49152, top_logprobs=20, max_bias=16),
         ComposedMetadata(SamplerChain.greedy(), 1, 32, kv_layout="gqa", kv_head_size=64),
+        ComposedMetadata(SamplerChain.greedy(), 2, 32, kv_layout="gqa", exact_positions=True),
         ComposedMetadata(
             SamplerChain("temperature,dist"),
             4,

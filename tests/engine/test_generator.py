@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -312,3 +314,17 @@ def test_prepare_reuses_an_up_to_date_composed_model_and_rebuilds_a_stale_one(
         composed_metadata(onnx.load(str(rebuilt), load_external_data=False)).composer_revision
         == COMPOSER_REVISION
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "attention", "message"),
+    [
+        (None, "flash", "attention must be gqa or exact, got 'flash'"),
+        ("folder", "exact", "export your model with `onnxsample export --attention exact`"),
+    ],
+)
+def test_prepare_refuses_an_attention_it_cannot_give(model, attention, message, tmp_path):
+    from onnxsample.prepare import prepare
+
+    with pytest.raises(InvalidParameter, match=re.escape(message)):
+        prepare(tmp_path if model else None, attention=attention)

@@ -4,6 +4,8 @@ mixed batches, errors)."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -89,14 +91,14 @@ def tiny_pair(tiny_gqa_export, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def embedded_pair(embedded_gqa_exports, tmp_path_factory):
-    """The embedded SmolLM2 with float compute (gguf blocks, accuracy level 0) composed with 8
-    draft tokens. At accuracy level 4 ONNX Runtime multiplies one row and several rows with
-    different int8 kernels, so there a verification run's logits differ from a one-token step's
-    as a prefill's do."""
+def embedded_pair(embedded_exact_export, tmp_path_factory):
+    """The embedded SmolLM2 as `onnxsample run` computes it (its own GGUF blocks, int8 activations)
+    with exact attention, composed with 8 draft tokens and prompt logprobs. (With
+    GroupQueryAttention a verification call's logits differ from a one-token step's in their
+    last bits, which int8 activations make visible: see tests/exporters/test_exact_attention.py.)"""
     path = tmp_path_factory.mktemp("spec-embedded") / "composed.onnx"
-    options = dict(max_slots=4, top_logprobs=2, draft_tokens=8)
-    yield from _engine_pair(embedded_gqa_exports["gguf-a0"].output, path, **options)
+    options = dict(max_slots=4, top_logprobs=2, draft_tokens=8, prompt_logprobs=True)
+    yield from _engine_pair(embedded_exact_export.output, path, **options)
 
 
 def _together(engine, prompts, params, n):
@@ -127,7 +129,7 @@ def test_embedded_greedy_is_unchanged_token_for_token(embedded_pair):
 
 def test_embedded_sampling_with_penalties_keeps_the_seeded_stream(embedded_pair):
     """One uniform per emitted token, from the request's own generator: the same seed gives the
-    same tokens with and without speculation (the logits agree to the last bits here)."""
+    same tokens with and without speculation (the logits agree to the last bit)."""
     plain, fast = embedded_pair
     params = SamplingParams(
         temperature=0.8, top_p=0.95, repetition_penalty=1.1, frequency_penalty=0.3, seed=7
@@ -138,6 +140,20 @@ def test_embedded_sampling_with_penalties_keeps_the_seeded_stream(embedded_pair)
     c = fast.submit(prompt, params, max_new_tokens=48).result(timeout=300)
     assert b.token_ids == c.token_ids, "same seed, different text run to run"
     assert b.token_ids == a.token_ids
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_embedded_echo_scores_what_generation_reported(embedded_pair, name):
+    """A generated continuation scored as a prompt (echo: chunked prefill calls) gets the logprobs
+    reported while it was generated one token per call."""
+    plain, _ = embedded_pair
+    params = SamplingParams(temperature=0, logprobs=True)
+    made = plain.submit(PROMPTS[name], params, max_new_tokens=48).result(timeout=300)
+    ids = [*made.prompt_token_ids, *made.token_ids]
+    echo = SamplingParams(temperature=0, prompt_logprobs=0)
+    scored = plain.submit(ids, echo, max_new_tokens=1).result(timeout=300)
+    n = len(made.prompt_token_ids)
+    np.testing.assert_allclose(scored.prompt_logprobs[n:], made.logprobs, rtol=0, atol=1e-5)
 
 
 def test_tiny_model_mixed_batch_logprobs_and_limits(tiny_pair):
@@ -237,3 +253,16 @@ def test_engine_errors(tiny_pair, tiny_gqa_export, tiny_export, tmp_path):
         )
     with pytest.raises(InvalidParameter, match=r"draft_tokens must be in \[0, 16\]"):
         compose(tiny_gqa_export.output, None, tmp_path / "k.onnx", draft_tokens=17)
+
+
+def test_speculation_says_when_its_output_may_differ(
+    tiny_gqa_export, embedded_pair, tmp_path, caplog
+):
+    """With GroupQueryAttention a warning says that greedy text can change and how to avoid it;
+    with exact attention there is nothing to say."""
+    path = compose(tiny_gqa_export.output, None, tmp_path / "m.onnx", max_slots=2, draft_tokens=4)
+    with caplog.at_level(logging.WARNING, logger="onnxsample.engine._engine"):
+        Engine(path, tokenizer=tiny_gqa_export.output, speculative="ngram").close()
+    assert "--attention exact" in caplog.text
+    _, fast = embedded_pair
+    assert fast.meta.exact_positions and fast.speculative == "ngram"
