@@ -25,7 +25,10 @@ def speculative_section(data: dict | None) -> list[str]:
         f"--ngram {settings.get('ngram')}`. llama.cpp: llama-cpp-python on the same token ids "
         "(batch 1), plain and with its prompt-lookup decoding (`LlamaPromptLookupDecoding`, k "
         "drafts). Decode tokens/s (medians of the repetitions; × = against *off*), the share of "
-        "drafted tokens kept, and tokens per model call (decoded tokens ÷ calls). Prompt tokens: "
+        "drafted tokens kept, and tokens per model call (decoded tokens ÷ calls). *exact*: the "
+        "same on the export with `--attention exact` (× its own *off*, and *off* against the "
+        "GroupQueryAttention export's); *same*: whether speculation gave plain decoding's tokens "
+        "(GroupQueryAttention / exact). Prompt tokens: "
         + ", ".join(f"{w} {n}" for w, n in settings.get("prompt_tokens", {}).items())
         + ".",
         "",
@@ -36,8 +39,16 @@ def speculative_section(data: dict | None) -> list[str]:
         head = ["workload", "batch", "off"] + [f"K={k}" for k in ks]
         head += [f"kept K={k}" for k in ks] + [f"tok/call K={k}" for k in ks]
         head += ["llama.cpp", *(f"llama.cpp lookup {k}" for k in ks)]
+        exact = any("exact-off" in e for batches in workloads.values() for e in batches.values())
+        if exact:
+            head += ["exact off", *(f"exact K={k}" for k in ks), *(f"same K={k}" for k in ks)]
         rows = [
-            [workload, batch.removeprefix("batch="), *_cells(engines, ks)]
+            [
+                workload,
+                batch.removeprefix("batch="),
+                *_cells(engines, ks),
+                *(_exact_cells(engines, ks) if exact else ()),
+            ]
             for workload, batches in workloads.items()
             for batch, engines in batches.items()
         ]
@@ -83,4 +94,21 @@ def _cells(engines: dict, ks: list[int]) -> list[str]:
     cells += [field(f"onnxsample-k{k}", "tokens_per_call", 2) for k in ks]
     cells.append(field("llamacpp", _RATE))
     cells += [rate(f"llamacpp-lookup{k}", "llamacpp") for k in ks]
+    return cells
+
+
+def _exact_cells(engines: dict, ks: list[int]) -> list[str]:
+    """The exact-attention export: off (× the GQA export's off), each K (× exact off), and whether
+    each K's tokens equal plain decoding's on the GQA export and on the exact one."""
+    off, gqa_off = engines.get("exact-off") or {}, engines.get("onnxsample-off") or {}
+    cells = [num(off.get(_RATE), 1) + ratio_note(off.get(_RATE), gqa_off.get(_RATE))]
+    for k in ks:
+        row = engines.get(f"exact-k{k}") or {}
+        cells.append(num(row.get(_RATE), 1) + ratio_note(row.get(_RATE), off.get(_RATE)))
+    for k in ks:
+        same = [
+            (engines.get(name) or {}).get("same_tokens")
+            for name in (f"onnxsample-k{k}", f"exact-k{k}")
+        ]
+        cells.append(" / ".join("–" if s is None else "yes" if s else "no" for s in same))
     return cells

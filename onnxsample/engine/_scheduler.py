@@ -192,10 +192,16 @@ class Scheduler:
             except OnnxSampleError as exc:
                 self._fail(seq, exc)
         drafts = self._drafts()
-        # GroupQueryAttention scores several new positions of one row per call only: a drafting
-        # sequence is verified in its own call, the others decode together in one.
-        for seq in [s for s in self.decoding if s.slot in drafts]:
-            self._run(self.layout.decode([seq], {seq.slot: drafts[seq.slot]}))
+        drafting = [s for s in self.decoding if s.slot in drafts]
+        if drafting and self.state.meta.exact_positions:
+            # Exact attention scores several positions of many rows in one call: every drafting
+            # sequence is verified in one call (shorter drafts padded), the others decode in one.
+            self._run(self.layout.decode(drafting, {s.slot: drafts[s.slot] for s in drafting}))
+        else:
+            # GroupQueryAttention scores several new positions of one row per call only: a
+            # drafting sequence is verified in its own call, the others decode together in one.
+            for seq in drafting:
+                self._run(self.layout.decode([seq], {seq.slot: drafts[seq.slot]}))
         plain = [s for s in self.decoding if s.slot not in drafts]
         if plain:
             self._run(self.layout.decode(plain))

@@ -310,3 +310,8 @@ def test_report_renders_the_speculative_table(bench) -> None:
     assert "| code-edit | 1 | 50.0 | 100.0 (2.00×) | 0.75 | 2.50 | 40.0 | 44.0 (1.10×) |" in text
     assert "Load average (1 min) during the run: 0.5–1.5." in text
     assert "Not run: x (why)." in text
+    table["onnxsample-k4"]["same_tokens"] = False
+    table["exact-off"] = row(45.0, tokens_per_call=1.0)
+    table["exact-k4"] = row(90.0, tokens_per_call=2.5, acceptance=0.75, same_tokens=True)
+    text = report.render(None, None, None, {"speculative": data})
+    assert "| 40.0 | 44.0 (1.10×) | 45.0 (0.90×) | 90.0 (2.00×) | no / yes |" in text
