@@ -133,7 +133,9 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--model", help="export folder or composed model (default: the embedded one)")
     p.add_argument(
-        "--attention", default="gqa,exact", help="the embedded model's exports to compare"
+        "--attention",
+        help="the embedded model's exports to compare: gqa,exact (the default without --model); "
+        "with --model, gqa (that model)",
     )
     p.add_argument("--llamacpp-python", default=str(ROOT / ".venv-llamacpp/bin/python"))
     p.add_argument("--output", type=Path, default=RESULTS / "speculative.json")
@@ -237,12 +239,19 @@ def main() -> None:
 
     log = logger("speculative")
 
+    attention = (args.attention or ("gqa" if args.model else "gqa,exact")).split(",")
+    if set(attention) - {"gqa", "exact"} or not attention:
+        raise SystemExit(f"--attention takes gqa and/or exact, got {args.attention!r}")
+    if args.model and attention != ["gqa"]:
+        raise SystemExit(
+            "--attention compares the embedded model's exports: leave it out with --model"
+        )
     models = {"onnxsample": prepare(args.model)}
-    if "exact" in args.attention.split(",") and args.model is None:
+    if "exact" in attention:
         from onnxsample.exporters import export
 
         models["exact"] = prepare(export(None, attention="exact", verify_tokens=0).output)
-    if "gqa" not in args.attention.split(","):
+    if "gqa" not in attention:
         models.pop("onnxsample")
     workloads = [w for w in args.workloads.split(",") if w]
     ids: dict[str, list[int]] = {}

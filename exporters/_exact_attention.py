@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["ATTENTION_KEY", "ExactAttention"]
+__all__ = ["ATTENTIONS", "ATTENTION_KEY", "ExactAttention"]
 
+ATTENTIONS = ("gqa", "exact")  # GroupQueryAttention, or this module's
 ATTENTION_KEY = "onnxsample.attention"
 _MS = "com.microsoft"
 
@@ -54,7 +55,7 @@ class ExactAttention:
         cos_cache: ir.Value,
         sin_cache: ir.Value,
     ) -> None:
-        self.g, self.spec = g, spec
+        self.g = g
         self.cos, self.sin = cos_cache, sin_cache
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.group = spec.num_heads // spec.num_kv_heads

@@ -15,6 +15,7 @@ from typing import Any
 
 from onnxsample.errors import ExportError, InvalidParameter
 from onnxsample.exporters import _fs, _gguf_quant, _llama, _manifest, gguf, hf
+from onnxsample.exporters._exact_attention import ATTENTIONS
 from onnxsample.exporters._source import Source, resolve_source
 from onnxsample.exporters._verify import VerifyResult, verify_export
 
@@ -22,7 +23,6 @@ log = logging.getLogger(__name__)
 
 LAYOUTS = ("auto", "gqa", "optimum")
 DEVICES = ("cpu", "cuda")
-ATTENTIONS = ("gqa", "exact")
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4", "gguf")
 ACCURACY_LEVELS = (0, 4)
 STAGES = ("check", "load", "export", "verify")
@@ -183,16 +183,9 @@ def _untransplantable(info: gguf.GGUFInfo) -> list[str]:
     return sorted(set(info.tensor_types) - {*_gguf_quant.TRANSPLANTABLE, "F32", "F16"})
 
 
-def default_output(
-    source: Source,
-    layout: str,
-    precision: str,
-    accuracy_level: int,
-    device: str = "cpu",
-    attention: str = "gqa",
-) -> Path:
-    name = export_name(source.name, layout, precision, accuracy_level, device, attention)
-    return Path("artifacts") / name
+def default_output(source: Source, *options: Any) -> Path:
+    """artifacts/ + :func:`export_name` of `source` with `options` (layout, precision, ...)."""
+    return Path("artifacts") / export_name(source.name, *options)
 
 
 def export(

@@ -57,6 +57,11 @@ def describe_io(model_path: Path) -> dict[str, Any]:
     return {"inputs": inputs, "outputs": outputs, "kv_cache": kv, "opset": opset}
 
 
+# Request fields a manifest records only when they differ from these defaults (older manifests
+# lack them: a missing field is the default).
+_RECORDED_WHEN_NOT = {"device": "cpu", "attention": "gqa"}
+
+
 def request_key(
     source_digest: str,
     layout: str,
@@ -76,10 +81,9 @@ def request_key(
         "accuracy_level": accuracy_level,
         "exporter": stack_versions(),
     }
-    if device != "cpu":
-        key["device"] = device
-    if attention != "gqa":
-        key["attention"] = attention
+    for name, value in (("device", device), ("attention", attention)):
+        if value != _RECORDED_WHEN_NOT[name]:
+            key[name] = value
     return key
 
 
@@ -94,9 +98,8 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 
 
 def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
-    same_device = manifest.get("device", "cpu") == key.get("device", "cpu")
-    same_attention = manifest.get("attention", "gqa") == key.get("attention", "gqa")
-    return same_device and same_attention and all(manifest.get(k) == v for k, v in key.items())
+    same = all(manifest.get(k, d) == key.get(k, d) for k, d in _RECORDED_WHEN_NOT.items())
+    return same and all(manifest.get(k) == v for k, v in key.items())
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:

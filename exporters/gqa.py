@@ -33,7 +33,7 @@ import onnx_ir as ir
 from onnx_ir import tape as ir_tape
 
 from onnxsample.exporters import _gguf_quant
-from onnxsample.exporters._exact_attention import ATTENTION_KEY, ExactAttention
+from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
 from onnxsample.exporters._llama import LlamaSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 OPSET = 21
 IR_VERSION = 10
 MS = "com.microsoft"
-ATTENTIONS = ("gqa", "exact")
 _DTYPES = {"fp32": (ir.DataType.FLOAT, np.float32), "fp16": (ir.DataType.FLOAT16, np.float16)}
 
 

@@ -161,8 +161,8 @@ class Engine:
             log.warning(
                 "speculative decoding on %s: its attention (GroupQueryAttention) computes a "
                 "verified token's logits with other kernels than a one-token step's, so greedy "
-                "text can differ from plain decoding; an export with --attention exact gives "
-                "token for token the same",
+                "text can differ from plain decoding; on the CPU, an export with --attention "
+                "exact gives token for token the same",
                 self.path.name,
             )
         self.ngram = ngram
