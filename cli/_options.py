@@ -138,6 +138,14 @@ PromptLogprobs = Annotated[
         help="Also return logprobs of prompt tokens (echo, likelihood scoring); free when unused.",
     ),
 ]
+AllowedTokens = Annotated[
+    bool,
+    typer.Option(
+        "--allowed-tokens",
+        help="Add the per-slot mask of allowed tokens (sampler.allowed) that structured output "
+        "(JSON schemas, regexes, grammars, choices) needs; free for unconstrained requests.",
+    ),
+]
 GraphDraftTokens = Annotated[
     int,
     typer.Option(

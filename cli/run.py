@@ -110,6 +110,31 @@ def run(
     json_output: Annotated[
         bool, typer.Option("--json", help="One JSON object per prompt and line.")
     ] = False,
+    json_schema: Annotated[
+        str | None,
+        typer.Option(
+            help="Answer in JSON matching this schema: a file, or the schema's JSON text.",
+            show_default=False,
+        ),
+    ] = None,
+    json_object: Annotated[
+        bool, typer.Option("--json-object", help="Answer with any JSON object.")
+    ] = False,
+    regex: Annotated[
+        str | None,
+        typer.Option(help="Answer with text the regular expression matches.", show_default=False),
+    ] = None,
+    grammar: Annotated[
+        str | None,
+        typer.Option(
+            help="Answer with text the grammar derives (GBNF as llama.cpp writes it, or Lark): "
+            "a file, or the grammar's text.",
+            show_default=False,
+        ),
+    ] = None,
+    choice: Annotated[
+        list[str], typer.Option(help="Answer with exactly one of these strings; repeatable.")
+    ] = (),
     provider: opt.Provider = "auto",
     cuda_graph: opt.CudaGraph = False,
     threads: opt.Threads = None,
@@ -145,6 +170,7 @@ def run(
         seed=seed,
         logprobs=logprobs > 0,
         top_logprobs=logprobs,
+        constraint=_constraint(json_schema, json_object, regex, grammar, list(choice)),
     )
     params.validate()
     spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph)
@@ -220,3 +246,36 @@ def _drafts(t) -> str:
         return ""
     rate = t.accepted_tokens / t.draft_tokens
     return f"{t.accepted_tokens}/{t.draft_tokens} draft tokens accepted ({rate:.0%}) | "
+
+
+def _constraint(json_schema, json_object, regex, grammar, choice):
+    """The one output constraint the options ask for (structured output), or None."""
+    from onnxsample.constraint import Constraint
+
+    given = {
+        "--json-schema": json_schema is not None,
+        "--json-object": json_object,
+        "--regex": regex is not None,
+        "--grammar": grammar is not None,
+        "--choice": bool(choice),
+    }
+    if sum(given.values()) > 1:
+        named = ", ".join(name for name, on in given.items() if on)
+        raise InvalidParameter(f"give one output constraint, not several: {named}")
+    if json_schema is not None:
+        return Constraint.json_schema(_file_or_text(json_schema))
+    if json_object:
+        return Constraint.json_object()
+    if regex is not None:
+        return Constraint.regex(regex)
+    if grammar is not None:
+        return Constraint.grammar(_file_or_text(grammar))
+    return Constraint.choice(choice) if choice else None
+
+
+def _file_or_text(value: str) -> str:
+    path = Path(value)
+    try:
+        return path.read_text() if len(value) < 4096 and path.is_file() else value
+    except OSError as exc:
+        raise InvalidParameter(f"cannot read {value}: {exc.strerror}") from None

@@ -27,6 +27,7 @@ from onnxsample.graphs.library import FunctionBody, opsets
 CHAIN_FUNCTION = "SamplerChain"
 PREFIX = "sampler."
 CANONICAL_ORDER = SAMPLER_NAMES
+ALLOWED = "allowed"  # the allowed-tokens mask (structured output), when the chain has one
 # Per-slot inputs of each sampler: (name without prefix, element type, trailing dims).
 _SLOT = ("S",)
 _ROW = ("S", "V")
@@ -53,7 +54,9 @@ class ChainConfig:
     effective with ``max_bias`` > 0 (its table has ``max_bias`` entries per slot). ``static``
     builds the chain without control flow or data-dependent shapes (CUDA graphs): every path the
     branching chain may skip is computed and each slot takes the result the branching chain gives
-    it; one sort of the whole row stands in for the fallbacks' own ``TopK`` calls."""
+    it; one sort of the whole row stands in for the fallbacks' own ``TopK`` calls.
+    ``allowed_tokens`` adds the per-slot mask of allowed tokens (structured output), applied
+    right after the logit bias."""
 
     samplers: tuple[str, ...]
     top_logprobs: int = 0
@@ -62,6 +65,7 @@ class ChainConfig:
     output_candidates: int = 0
     gather_rows: bool = True
     static: bool = False
+    allowed_tokens: bool = False
 
     def has(self, name: str) -> bool:
         if name == "logit_bias":
@@ -79,6 +83,8 @@ def chain_inputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]:
         found += [(PREFIX + n, t, d) for n, t, d in _INPUTS["logit_bias"]]
     if config.has("penalties"):
         found += [(PREFIX + n, t, d) for n, t, d in _STATE]
+    if config.allowed_tokens:
+        found.append((PREFIX + ALLOWED, T_BOOL, ("S", "A")))
     return found
 
 
@@ -115,6 +121,9 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     if config.has("logit_bias"):
         body.call("LogitBias", [z, "bias_ids", "bias_values"], ["biased"])
         z = "biased"
+    if config.allowed_tokens:
+        body.call("AllowedStatic" if static else "Allowed", [z, ALLOWED], ["allowed_z"])
+        z = "allowed_z"
     if config.has("penalties"):
         penalties = ["repetition_penalty", "presence_penalty", "frequency_penalty"]
         penalties_fn = "PenaltiesStatic" if static else "Penalties"

@@ -17,6 +17,7 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
+from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import Candidates, Contained, SortedRow, Truncate
 from onnxsample.graphs.dist import (
     CandidateDraw,
@@ -71,6 +72,8 @@ _SCRIPTS = (
     FiniteRows,
     FiniteRowsStatic,
     LogitBias,
+    Allowed,
+    AllowedStatic,
     RepetitionRule,
     AdditiveRule,
     Penalties,

@@ -12,6 +12,7 @@ from onnxsample._ort import check_runtime as _check_runtime
 _check_runtime()
 
 from onnxsample.chain import SamplerChain  # noqa: E402
+from onnxsample.constraint import Constraint  # noqa: E402
 from onnxsample.engine import Engine  # noqa: E402
 from onnxsample.engine.generator import Generator  # noqa: E402
 from onnxsample.engine.request import Completion, Request, StreamEvent, Timings  # noqa: E402
@@ -56,6 +57,7 @@ def __getattr__(name: str):
 __all__ = [
     "Completion",
     "ComposedMetadata",
+    "Constraint",
     "Engine",
     "EngineClosed",
     "ExportError",

@@ -31,7 +31,7 @@ CONTRACT_VERSION = "1"
 # 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options. 5: draft tokens
 # (speculative decoding) in the run options. 6: batch-wide conditions valid on empty rows (CUDA);
 # the static chain.
-COMPOSER_REVISION = "6"
+COMPOSER_REVISION = "7"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 
@@ -66,6 +66,7 @@ class ComposedMetadata:
     gather: str = "logits"
     inline: bool = False
     static: bool = False
+    allowed_tokens: bool = False
     kv_layout: str = "concat"
     exact_positions: bool = False
     kv_head_size: int | None = None
@@ -130,7 +131,14 @@ def _parse(key: str, raw: str) -> Any:
         return int(raw)
     if key == "kv_head_size":
         return int(raw) if raw else None
-    if key in ("prompt_logprobs", "output_probs", "inline", "static", "exact_positions"):
+    if key in (
+        "prompt_logprobs",
+        "output_probs",
+        "inline",
+        "static",
+        "exact_positions",
+        "allowed_tokens",
+    ):
         return raw.lower() == "true"
     if key == "kv_layout" and raw not in KV_LAYOUTS:
         raise ModelError(f"unknown kv_layout {raw!r} (expected one of {', '.join(KV_LAYOUTS)})")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from onnxsample.chain import SamplerChain
+from onnxsample.constraint import Constraint
 from onnxsample.errors import InvalidParameter
 
 logger = logging.getLogger(__name__)
@@ -49,6 +50,9 @@ class SamplingParams:
     ``ignore_eos`` keeps generating past end-of-sequence tokens (benchmarks, as vLLM's);
     ``min_tokens`` keeps end-of-sequence tokens out of the first ``min_tokens`` (vLLM's field: their
     logits get a -100 bias, which needs free logit-bias entries in the graph).
+    ``constraint`` (a :class:`~onnxsample.Constraint`: JSON schema, JSON object, regex, grammar,
+    choice) restricts the output to what it matches (structured output; the graph needs
+    ``sampler.allowed``).
     """
 
     temperature: float = 1.0
@@ -66,6 +70,7 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    constraint: Constraint | None = None
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise :class:`InvalidParameter` for the first value outside its range; return ``self``.
@@ -108,6 +113,12 @@ class SamplingParams:
             raise InvalidParameter(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
             raise InvalidParameter(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.constraint is not None:
+            if not isinstance(self.constraint, Constraint):
+                raise InvalidParameter(
+                    f"constraint must be a Constraint, got {type(self.constraint).__name__}"
+                )
+            self.constraint.validate()
         return self
 
 

@@ -34,6 +34,7 @@ RUN_COMPOSE_OPTIONS = {
     "top_logprobs": 20,
     "max_bias": 16,
     "prompt_logprobs": True,
+    "allowed_tokens": True,
     "draft_tokens": "auto",
 }
 

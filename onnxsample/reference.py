@@ -17,6 +17,7 @@ from onnxsample.chain import SamplerChain
 from onnxsample.graphs._common import GREEDY_BELOW as _GREEDY_BELOW
 
 __all__ = [
+    "allowed_tokens",
     "dist",
     "finite_rows",
     "greedy",
@@ -198,6 +199,14 @@ def update_counts(counts: np.ndarray, token: np.ndarray, row_index: np.ndarray) 
     return out
 
 
+def allowed_tokens(z: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """−inf where the mask forbids the token; a one-column mask constrains nothing."""
+    allowed = np.asarray(allowed, dtype=bool)
+    if allowed.shape[1] != z.shape[1]:
+        return z
+    return np.where(allowed, z, np.float32(-np.inf)).astype(F32)
+
+
 def run_chain(
     chain: SamplerChain | str,
     feeds: Mapping[str, np.ndarray],
@@ -219,6 +228,8 @@ def run_chain(
     z = x
     if "logit_bias" in chain and max_bias > 0:
         z = logit_bias(z, get("sampler.bias_ids"), get("sampler.bias_values"))
+    if "sampler.allowed" in feeds:
+        z = allowed_tokens(z, get("sampler.allowed"))
     if "penalties" in chain:
         z = penalties(
             z,

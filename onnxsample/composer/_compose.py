@@ -74,6 +74,7 @@ def compose(
     max_bias: int = 0,
     output_probs: bool = False,
     output_candidates: int = 0,
+    allowed_tokens: bool = False,
     prompt_logprobs: bool = False,
     draft_tokens: int | str = 0,
     static: bool = False,
@@ -86,7 +87,9 @@ def compose(
     `model` is an export folder (its ``model.onnx``) or an ``.onnx`` file; `chain` defaults to the full
     canonical chain; `output` defaults to ``composed.onnx`` beside the model. `gather` is ``auto``
     (move the row gather before the LM head when the pattern is found and verified), ``lm_head``
-    (require that) or ``logits`` (gather rows of the full logits). `prompt_logprobs` adds the inputs
+    (require that) or ``logits`` (gather rows of the full logits). `allowed_tokens` adds
+    ``sampler.allowed``, each slot's mask of allowed tokens (structured output: grammars, JSON
+    schemas), applied after the logit bias. `prompt_logprobs` adds the inputs
     and outputs that report the logprobs of prompt tokens (echo; see the README's graph contract).
     `draft_tokens` K > 0 lets each slot verify up to K draft tokens per run (speculative decoding:
     the ``sampler.draft_*`` inputs and outputs); it needs a GroupQueryAttention export.
@@ -120,6 +123,7 @@ def compose(
         max_bias=max_bias,
         output_probs=output_probs,
         output_candidates=output_candidates,
+        allowed_tokens=bool(allowed_tokens),
     )
     prompt = bool(prompt_logprobs)
     gqa = shared_kv(base)
@@ -227,6 +231,7 @@ def _finish(
         prompt_logprobs=options["prompt_logprobs"],
         draft_tokens=options["draft_tokens"],
         static=options["static"],
+        allowed_tokens=options["allowed_tokens"],
         gather=mode,
         inline=inline,
         kv_layout="gqa" if gqa else "concat",

@@ -43,6 +43,8 @@ DOCS = {
     "sampler.frequency_penalty": "float32[S]: OpenAI rule on output tokens (neutral 0)",
     "sampler.bias_ids": "int64[S, NB]: logit-bias token ids; padding -1",
     "sampler.bias_values": "float32[S, NB]: logit-bias values in [-100, 100]; padding 0",
+    "sampler.allowed": "bool[S, V]: tokens the slot may take (structured output: a grammar's "
+    "mask), applied after the logit bias; bool[S, 1] all true when no slot is constrained",
     "sampler.prompt_mask": "bool[S, V]: tokens present in the slot's prompt (set at prefill)",
     "sampler.output_counts": "int32[S, V]: state in: counts of the slot's generated tokens",
     "sampler.prompt_rows": "int64[P]: padded rows (1 + b*T + t) whose logprobs to report, for echo; "

@@ -61,6 +61,7 @@ def sampler_config(
     output_candidates: int = 0,
     gather_rows: bool = True,
     static: bool = False,
+    allowed_tokens: bool = False,
 ) -> ChainConfig:
     """Check the build options and return the graph configuration they describe."""
     chain = SamplerChain(chain)
@@ -93,6 +94,7 @@ def sampler_config(
         output_candidates=output_candidates,
         gather_rows=bool(gather_rows),
         static=bool(static),
+        allowed_tokens=bool(allowed_tokens),
     )
 
 
@@ -108,6 +110,7 @@ def build_sampler_model(
     gather_rows: bool = True,
     prompt_logprobs: bool = False,
     static: bool = False,
+    allowed_tokens: bool = False,
 ) -> onnx.ModelProto:
     """Build the standalone sampler model for ``chain``.
 
@@ -124,7 +127,9 @@ def build_sampler_model(
     ``sampler.prompt_top_logprobs`` [P, L] (it needs ``gather_rows``).
 
     ``static`` builds the chain without control flow or data-dependent shapes (the same tokens,
-    kept sets and logprobs; see :class:`~onnxsample.graphs.ChainConfig`).
+    kept sets and logprobs; see :class:`~onnxsample.graphs.ChainConfig`). ``allowed_tokens`` adds
+    ``sampler.allowed`` bool[S, V] (or [S, 1] when no slot is constrained): tokens a slot may
+    take (structured output).
     """
     if prompt_logprobs and not gather_rows:
         raise InvalidParameter("prompt_logprobs needs gather_rows: prompt rows index the logits")
@@ -138,6 +143,7 @@ def build_sampler_model(
         output_candidates=output_candidates,
         gather_rows=gather_rows,
         static=static,
+        allowed_tokens=allowed_tokens,
     )
     dims = {
         "S": max_slots,
@@ -149,7 +155,7 @@ def build_sampler_model(
     logits_dims = [ROWS_DIM if gather_rows else max_slots, vocab_size]
     inputs = [helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, logits_dims)]
     inputs += [
-        helper.make_tensor_value_info(name, elem, [dims[d] for d in shape])
+        helper.make_tensor_value_info(name, elem, [dims.get(d, d) for d in shape])
         for name, elem, shape in chain_inputs(config)
     ]
     outputs = [
@@ -209,6 +215,7 @@ def build_sampler_model(
         output_probs=config.output_probs,
         output_candidates=output_candidates,
         static=config.static,
+        allowed_tokens=config.allowed_tokens,
     )
     helper.set_model_props(model, meta.to_props())
     logger.debug("built sampler model %s (S=%d, V=%d)", meta.chain, max_slots, vocab_size)
@@ -228,12 +235,14 @@ def sampler_feeds(
     max_bias: int = 0,
     prompt_rows: np.ndarray | Sequence[int] | None = None,
     prompt_targets: np.ndarray | Sequence[int] | None = None,
+    allowed: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The inputs of the standalone sampler model for ``slots`` (``None`` = inactive slot).
 
     By default active slot s samples row s + 1 of ``logits`` (row 0 is the dummy row) and inactive
     slots row 0; the uniforms default to 0.5, the prompt mask to empty and the counts to zero.
-    `prompt_rows` / `prompt_targets` feed a model built with ``prompt_logprobs`` (both or neither).
+    `prompt_rows` / `prompt_targets` feed a model built with ``prompt_logprobs`` (both or neither);
+    `allowed` (bool [S, V], or [S, 1] for no constraint) one built with ``allowed_tokens``.
     """
     chain = SamplerChain(chain)
     logits = np.asarray(logits, dtype=np.float32)
@@ -261,6 +270,8 @@ def sampler_feeds(
     if prompt_rows is not None:
         feeds["sampler.prompt_rows"] = np.asarray(prompt_rows, dtype=np.int64).reshape(-1)
         feeds["sampler.prompt_targets"] = np.asarray(prompt_targets, dtype=np.int64).reshape(-1)
+    if allowed is not None:
+        feeds["sampler.allowed"] = np.asarray(allowed, dtype=bool)
     return feeds
 
 

@@ -43,6 +43,7 @@ from onnxsample.engine.request import Request
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
 from onnxsample.metadata import ComposedMetadata, composed_metadata
 from onnxsample.params import SamplingParams
+from onnxsample.text._grammar import GrammarVocabulary
 from onnxsample.text._prompt import Prompt
 
 __all__ = [
@@ -153,8 +154,9 @@ class Engine:
             if self.concurrency == 1 and meta.max_slots > 1:
                 log.info("%s has no position_ids input: one sequence at a time", self.path.name)
         self._inputs = set(inputs)
+        grammars = GrammarVocabulary(self.tokenizer, meta.vocab_size, self.info.eos_ids)
         self._requests = Requests(
-            meta, self.tokenizer, self.info.eos_ids, self.limit, max_len, self._wake
+            meta, self.tokenizer, self.info.eos_ids, self.limit, max_len, self._wake, grammars
         )
         self.speculative, self.draft_tokens = speculation(meta, speculative, draft_tokens, ngram)
         if self.speculative and not meta.exact_positions:

@@ -7,7 +7,8 @@ buffers the graph was captured with, and read its outputs from the ones it wrote
 here binds device buffers only, allocated once per graph:
 
 - the per-step inputs (``input_ids``, ``attention_mask``, ``sampler.row_index``,
-  ``sampler.uniform``), overwritten in place from the host before each replay;
+  ``sampler.uniform``, ``sampler.allowed``), overwritten in place from the host before each
+  replay;
 - the KV buffers, the sampler parameters and the penalty counts, which live on the device anyway
   (the counts swap buffers every step, so each layout has one graph per parity);
 - the outputs, copied to the host after the replay (only ``sampler.next_token`` and the logprobs
@@ -33,7 +34,13 @@ from onnxsample.engine._slots import COUNTS_OUT, SlotState
 log = logging.getLogger(__name__)
 
 UNCAPTURED = "-1"
-_STEP_INPUTS = ("input_ids", "attention_mask", "sampler.row_index", "sampler.uniform")
+_STEP_INPUTS = (
+    "input_ids",
+    "attention_mask",
+    "sampler.row_index",
+    "sampler.uniform",
+    "sampler.allowed",
+)
 _EMPTY_INPUTS = ("sampler.prompt_rows", "sampler.prompt_targets")
 _DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 
@@ -78,20 +85,24 @@ class CapturedDecode:
         """Buckets that have had a graph id (captured, or warming up to be)."""
         return len(self._graphs)
 
-    def run(self, call: Call, uniform: np.ndarray | None) -> dict[str, np.ndarray]:
+    def run(
+        self, call: Call, uniform: np.ndarray | None, allowed: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
         """Run decode `call` (from a fixed layout: ``call.reuse`` names its KV buffers) as its
-        bucket's graph; the host outputs by name."""
+        bucket's graph, with `allowed` tokens ([S, V]) where the graph takes them; the host
+        outputs by name."""
         assert call.reuse is not None and not call.drafts, "a fixed decode call"
         self.slots.static()  # parameters rewritten in place when a slot changed
         key = (*call.reuse, self.slots.parity)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._bind(call, key)
+            graph = self._bind(call, key, allowed)
         feeds = {
             "input_ids": call.input_ids,
             "attention_mask": call.mask,
             "sampler.row_index": call.row_index,
             "sampler.uniform": uniform,
+            "sampler.allowed": allowed,
         }
         for name, value in feeds.items():
             if name in graph.inputs and value is not None:
@@ -100,7 +111,7 @@ class CapturedDecode:
         self.slots.advance()
         return {name: graph.outputs[name].numpy() for name in self.host_outputs}
 
-    def _bind(self, call: Call, key: tuple) -> _Graph:
+    def _bind(self, call: Call, key: tuple, allowed: np.ndarray | None) -> _Graph:
         import onnxruntime as ort
 
         if self._graphs and not any(k[:-1] == key[:-1] for k in self._graphs):
@@ -114,6 +125,7 @@ class CapturedDecode:
             "input_ids": call.input_ids,
             "attention_mask": call.mask,
             "sampler.row_index": call.row_index,
+            "sampler.allowed": allowed,
         }
         for name in (*_STEP_INPUTS, *_EMPTY_INPUTS):
             if name not in self._types:
@@ -152,4 +164,5 @@ class CapturedDecode:
 
 
 def _dtype(value: np.ndarray) -> type:
-    return np.float32 if np.asarray(value).dtype.kind == "f" else np.int64
+    kind = np.asarray(value).dtype.kind
+    return np.float32 if kind == "f" else bool if kind == "b" else np.int64

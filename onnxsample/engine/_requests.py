@@ -20,6 +20,7 @@ from onnxsample.engine.request import Request
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
+from onnxsample.text._grammar import GrammarVocabulary
 from onnxsample.text._prompt import Prompt, prompt_tokens, stop_strings
 from onnxsample.text._stops import StopMatcher
 from onnxsample.text.tokenizer import TextStream, Tokenizer
@@ -31,7 +32,8 @@ _ids = itertools.count()
 class Requests:
     """Makes :class:`~onnxsample.engine._sequence.Sequence` objects for one engine: its graph (`meta`),
     tokenizer and end-of-sequence ids, its `limit` of positions per sequence (`max_len` when that
-    set it), and `wake`, which a request calls when it is cancelled."""
+    set it), `wake`, which a request calls when it is cancelled, and `grammars`, the vocabulary
+    that constraints (structured output) are compiled against."""
 
     meta: ComposedMetadata
     tokenizer: Tokenizer
@@ -39,6 +41,7 @@ class Requests:
     limit: int
     max_len: int | None
     wake: Callable[[], None]
+    grammars: GrammarVocabulary
 
     def sequence(
         self,
@@ -77,6 +80,9 @@ class Requests:
                 f"the prompt is {len(ids)} tokens, which does not fit {room} "
                 f"(it must be at most {self.limit - 1})"
             )
+        matcher = None
+        if params.constraint is not None:
+            matcher = self.grammars.matcher(params.constraint.grammar_text())
         seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy)
         seed %= 2**64
         request = Request(f"req-{next(_ids)}", index, self.wake)
@@ -92,6 +98,7 @@ class Requests:
             self.limit,
             early_params=early,
             open_ended=open_ended,
+            matcher=matcher,
         )
 
     def early_params(self, params: SamplingParams) -> SamplingParams | None:

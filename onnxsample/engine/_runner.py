@@ -1,7 +1,7 @@
 """One session run per :class:`~onnxsample.engine._layout.Call`, with IOBinding.
 
-The host sends token ids, the mask, positions, ``sampler.row_index``, one uniform per slot and the
-prompt rows; it gets back token ids and logprobs (bound to preallocated host arrays) and, for a
+The host sends token ids, the mask, positions, ``sampler.row_index``, one uniform per slot, the
+allowed tokens of constrained sequences (structured output) and the prompt rows; it gets back token ids and logprobs (bound to preallocated host arrays) and, for a
 concat cache, the ``present.*`` OrtValues. Everything else — the cache, the sampler parameters, the
 penalty counts — is bound as device OrtValues.
 
@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.engine._allowed import ALLOWED, AllowedTokens
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
 from onnxsample.engine._slots import COUNTS_OUT, SlotState, host_copy
@@ -64,6 +65,12 @@ class Runner:
         self.has_draft_uniform = DRAFT_UNIFORM in inputs
         self._no_drafts = np.full((len(self.slots.params), self.draft_width), -1, np.int64)
         self._no_uniforms = np.full(self._no_drafts.shape, 0.5, np.float32)
+        meta = slots.meta
+        self.allowed = (
+            AllowedTokens(meta.max_slots, meta.vocab_size, static=meta.static)
+            if ALLOWED in inputs
+            else None
+        )
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
             if out.name in HOST_OUTPUTS:
@@ -80,8 +87,9 @@ class Runner:
         """Run `call` with one uniform per slot (and, in a speculative graph, per draft position
         [S, K]): (host outputs by name, the presents it asked for). The host arrays are
         overwritten by the next call: read them before running another."""
+        allowed = None if self.allowed is None else self.allowed.for_call(call.sampling)
         if self.graphs is not None and call.kind == "decode" and not call.drafts:
-            return self.graphs.run(call, uniform if self.has_uniform else None), {}
+            return self.graphs.run(call, uniform if self.has_uniform else None, allowed), {}
         self.slots.static()  # rewritten in place if a slot changed
         key = call.reuse
         reused = key in self._bindings
@@ -99,6 +107,8 @@ class Runner:
         if self.has_positions:
             binding.bind_cpu_input("position_ids", call.positions)
         binding.bind_cpu_input("sampler.row_index", call.row_index)
+        if allowed is not None:
+            binding.bind_cpu_input(ALLOWED, allowed)
         if self.has_uniform:
             binding.bind_cpu_input("sampler.uniform", uniform)
         if self.draft_width:

@@ -216,8 +216,8 @@ class Scheduler:
             return found
         self.drafter.batched = len(self.decoding) > 1
         for seq in self.decoding:
-            if seq.early_params is not None:
-                continue
+            if seq.early_params is not None or seq.matcher is not None:
+                continue  # constrained sequences take one masked token per step
             room = seq.max_new_tokens - len(seq.ids)
             if seq.limit:
                 room = min(room, seq.limit - len(seq.prompt) - len(seq.ids))

@@ -16,6 +16,7 @@ import numpy as np
 from onnxsample.engine._drafter import DraftStats
 from onnxsample.engine.request import Completion, Request, StreamEvent, Timings, TopLogprobs
 from onnxsample.params import SamplingParams
+from onnxsample.text._grammar import Matcher
 from onnxsample.text._stops import StopMatcher
 from onnxsample.text.tokenizer import TextStream
 
@@ -31,7 +32,8 @@ class Sequence:
     positions the request may fill (context or KV buffer length), prompt included.
     ``early_params`` (for ``min_tokens``) are the parameters the slot uses until ``min_tokens``
     tokens are out; ``open_ended`` marks a request without its own token limit, whose cache grows
-    as it goes instead of being reserved up front.
+    as it goes instead of being reserved up front. ``matcher`` follows the request's constraint
+    (structured output): it names the tokens allowed next and hears every token taken.
     """
 
     request: Request
@@ -56,6 +58,7 @@ class Sequence:
     early_params: SamplingParams | None = None
     open_ended: bool = False
     draft: DraftStats = field(default_factory=DraftStats)
+    matcher: Matcher | None = None
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -123,6 +126,8 @@ class Sequence:
             self.finish = "eos"
             return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), token)
         self.ids.append(token)
+        if self.matcher is not None:
+            self.matcher.consume(token)
         if self.params.logprobs or self.params.top_logprobs:
             self.logprobs.append(float(logprob) if logprob is not None else float("nan"))
         if self.params.top_logprobs and tops is not None:

@@ -41,6 +41,11 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
     """Raise :class:`~onnxsample.errors.InvalidParameter` unless the graph can serve `params`
     (ranges, samplers in the chain, table sizes); safe from any thread."""
     pack_slots(meta, [params])
+    if params.constraint is not None and not meta.allowed_tokens:
+        raise InvalidParameter(
+            "structured output (a constraint) needs a model composed with the allowed-tokens "
+            "mask (onnxsample compose --allowed-tokens)"
+        )
     if params.prompt_logprobs is not None and not meta.prompt_logprobs:
         raise InvalidParameter(
             "prompt_logprobs needs a model composed with prompt logprobs "

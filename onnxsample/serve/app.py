@@ -29,7 +29,7 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion
 from onnxsample.engine.request import Request as EngineRequest
 from onnxsample.errors import InvalidParameter, QueueFull
-from onnxsample.serve import convert
+from onnxsample.serve import convert, tools
 from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
@@ -174,17 +174,25 @@ def create_app(
     async def chat(body: ChatRequest, request: Request):
         e = engine()
         check_model(body.model)
-        messages = []
         for m in body.messages:
             if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
                 raise InvalidParameter("messages: only text content parts are supported")
-            messages.append(
-                {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            )
+        plan = tools.plan_tools(body)
+        messages = tools.envelope_messages(body, plan)
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise InvalidParameter("top_logprobs needs logprobs=true")
-        params = convert.choice_params(body, logprobs=body.logprobs, top_logprobs=top)
+        if plan is not None and body.stream and body.logprobs:
+            raise InvalidParameter(
+                "logprobs with tools are returned by responses that are not streamed "
+                "(stream=false): a streamed tool call is sent whole once it is complete"
+            )
+        params = convert.choice_params(
+            body,
+            logprobs=body.logprobs,
+            top_logprobs=top,
+            tools=plan.constraint if plan is not None else None,
+        )
         limit = body.max_completion_tokens or body.max_tokens
         seqs = await asyncio.to_thread(
             lambda: [
@@ -200,24 +208,26 @@ def create_app(
                 e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
             )
             job.stopping = lambda: state.stopping
-            return _sse(chat_stream(job))
+            return _sse(chat_stream(job, plan))
         done = await collect(requests, request, metrics, lambda: state.stopping)
-        choices = [
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": {
-                    "content": convert.chat_logprobs(
-                        e.tokenizer, c.token_ids, c.logprobs or [], c.top_logprobs
-                    )
+        choices = []
+        for c in done:
+            message, finish = tools.answer(c, plan)
+            logprobs = None
+            if body.logprobs:
+                content = convert.chat_logprobs(
+                    e.tokenizer, c.token_ids, c.logprobs or [], c.top_logprobs
+                )
+                logprobs = {"content": content}
+            choices.append(
+                {
+                    "index": c.index,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": finish,
+                    "timings": convert.timings(c),
                 }
-                if body.logprobs
-                else None,
-                "finish_reason": convert.FINISH[c.finish_reason],
-                "timings": convert.timings(c),
-            }
-            for c in done
-        ]
+            )
         return {
             **meta,
             "object": "chat.completion",

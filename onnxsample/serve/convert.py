@@ -6,10 +6,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 
+from onnxsample.constraint import Constraint
 from onnxsample.engine.request import Completion, TopLogprobs
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import SamplingParams
 from onnxsample.serve.schemas import SamplingFields
+from onnxsample.serve.structured import constraint_of
 from onnxsample.text.tokenizer import Tokenizer
 
 MAX_N = 32
@@ -32,9 +34,11 @@ def choice_params(
     logprobs: bool = False,
     top_logprobs: int = 0,
     prompt_logprobs: int | None = None,
+    tools: Constraint | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (``n``), seeded seed, seed + 1, ...: the same request gives the
-    same n choices every time. Without a seed, a random one stands in."""
+    same n choices every time. Without a seed, a random one stands in. `tools` is the constraint
+    of a chat's tool calls (:mod:`onnxsample.serve.tools`)."""
     if not 1 <= body.n <= MAX_N:
         raise InvalidParameter(f"n must be in [1, {MAX_N}], got {body.n}")
     values = {name: getattr(body, name) for name in _FIELDS if getattr(body, name) is not None}
@@ -44,6 +48,13 @@ def choice_params(
             bias[int(key)] = value
         except ValueError:
             raise InvalidParameter(f"logit_bias keys must be token ids, got {key!r}") from None
+    constraint = constraint_of(body)
+    if tools is not None and constraint is not None:
+        raise InvalidParameter(
+            "tools (with tool_choice other than none) constrain the answer already: they cannot "
+            "be combined with response_format or another output constraint"
+        )
+    constraint = constraint or tools
     base = body.seed if body.seed is not None else secrets.randbits(63)
     choices = []
     for i in range(body.n):
@@ -56,6 +67,7 @@ def choice_params(
             prompt_logprobs=prompt_logprobs,
             ignore_eos=body.ignore_eos,
             min_tokens=body.min_tokens,
+            constraint=constraint,
         )
         choices.append(params.validate())
     return choices

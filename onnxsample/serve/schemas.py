@@ -1,16 +1,17 @@
 """Request bodies of the OpenAI-compatible API, as pydantic models.
 
 Fields follow OpenAI's API, plus the extensions vLLM and llama-server users send (``top_k``,
-``min_p``, ``typical_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``). Unknown fields
-are accepted and ignored, as vLLM does. Types are checked here; ranges are checked by
+``min_p``, ``typical_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, and structured
+output: ``json_schema``, ``grammar``, ``structured_outputs``, ``guided_*``). Unknown fields are
+accepted and ignored, as vLLM does. Types are checked here; ranges are checked by
 :meth:`onnxsample.SamplingParams.validate`, whose messages the client gets.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 
 class _Body(BaseModel):
@@ -19,6 +20,36 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: bool = False
+
+
+class JsonSchemaFormat(_Body):
+    """OpenAI's ``response_format.json_schema``."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Body):
+    """vLLM's ``structured_outputs``."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: StrictBool | None = None
+
+    def model_dump(self, **kwargs) -> dict[str, Any]:  # the API's names
+        dumped = super().model_dump(**kwargs)
+        dumped["json"] = dumped.pop("json_")
+        return dumped
 
 
 class SamplingFields(_Body):
@@ -43,6 +74,14 @@ class SamplingFields(_Body):
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: StrictInt = 0
+    response_format: ResponseFormat | None = None
+    json_schema: dict[str, Any] | None = None  # llama-server
+    grammar: str | None = None  # llama-server (GBNF or Lark)
+    structured_outputs: StructuredOutputs | None = None  # vLLM
+    guided_json: dict[str, Any] | str | None = None  # vLLM, older
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class ContentPart(_Body):
@@ -50,9 +89,22 @@ class ContentPart(_Body):
     text: str | None = None
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
         """The message as one string (text parts joined); other parts are refused upstream."""
@@ -63,8 +115,32 @@ class ChatMessage(_Body):
         return "".join(part.text or "" for part in self.content)
 
 
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(_Body):
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction | None = None
+
+
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
     max_completion_tokens: StrictInt | None = None
     logprobs: bool = False
     top_logprobs: StrictInt | None = None

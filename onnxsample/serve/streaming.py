@@ -21,6 +21,7 @@ from onnxsample.errors import OnnxSampleError
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
+from onnxsample.serve.tools import ToolPlan, answer
 
 
 def _finished(metrics: Metrics, completion: Completion) -> None:
@@ -167,8 +168,10 @@ class Job:
         yield "[DONE]"
 
 
-def chat_stream(job: Job) -> AsyncIterator[dict | str]:
-    """Chat completion chunks: the role first, then content (with logprobs when asked)."""
+def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | str]:
+    """Chat completion chunks: the role first, then content (with logprobs when asked). With
+    tools (`plan`), a choice's answer is sent once it is complete: its tool calls (each whole, in
+    ``delta.tool_calls``) or its content."""
     done: list[Completion] = []
 
     async def chunks() -> AsyncIterator[dict]:
@@ -176,6 +179,12 @@ def chat_stream(job: Job) -> AsyncIterator[dict | str]:
             yield job.chunk({"index": seq.index, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None})  # fmt: skip
         async for _k, event in _merged(job.requests, job.metrics):
+            if plan is not None:
+                if (c := event.completion) is not None:
+                    done.append(c)
+                    for chunk in _tool_chunks(job, c, plan):
+                        yield chunk
+                continue
             logprobs = None
             if event.logprob is not None:
                 content = convert.chat_logprobs(
@@ -195,6 +204,20 @@ def chat_stream(job: Job) -> AsyncIterator[dict | str]:
                                 timings=convert.timings(c))  # fmt: skip
 
     return job.framed(chunks(), done)
+
+
+def _tool_chunks(job: Job, c: Completion, plan: ToolPlan) -> list[dict]:
+    message, finish = answer(c, plan)
+    delta: dict = {"content": message["content"]}
+    if "tool_calls" in message:
+        delta = {
+            "tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        }
+    last = {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": finish}
+    return [
+        job.chunk({"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}),
+        job.chunk(last, timings=convert.timings(c)),
+    ]
 
 
 def completion_stream(

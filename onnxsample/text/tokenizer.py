@@ -192,6 +192,11 @@ class Tokenizer:
             ) from exc
         return _cleaned(text) if self._clean_up else text
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The ids of special tokens (end-of-turn, padding, ...)."""
+        return frozenset(self._special_ids)
+
     def token_to_text(self, token_id: int) -> str:
         """What one token decodes to on its own, special tokens shown (for logprob tables)."""
         return self.decode([token_id], skip_special_tokens=False)

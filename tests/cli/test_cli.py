@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -382,6 +383,11 @@ def test_run_streams_one_prompt(run_folder, capsys):
         (["--seed", "-1"], "seed must be an integer in [0, 2**64), got -1"),
         (["--provider", "cuda"], "onnxsample[gpu]"),
         (["--prefill-chunk", "-1"], "--prefill-chunk"),
+        (["--regex", "a", "--choice", "b"], "give one output constraint, not several"),
+        (["--json-schema", "{nope"], "not valid JSON"),
+        (["--json-schema", '{"type": "strin"}'], "invalid constraint: Invalid type: strin"),
+        (["--grammar", "root ::= nowhere"], "nowhere"),
+        (["--regex", "a("], "invalid constraint"),
     ],
 )
 def test_run_errors(argv, message, run_folder, capsys):
@@ -391,6 +397,36 @@ def test_run_errors(argv, message, run_folder, capsys):
     assert code == 1
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("✓")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+@pytest.mark.parametrize(
+    ("argv", "check"),
+    [
+        (["--choice", "yes", "--choice", "no"], lambda text: text in ("yes", "no")),
+        (["--regex", "[0-9]{2}:[0-9]{2}"], lambda text: re.fullmatch("[0-9]{2}:[0-9]{2}", text)),
+        (["--json-schema", "SCHEMA_FILE"], lambda text: json.loads(text)["answer"] in ("a", "b")),
+        (["--grammar", 'root ::= "v" [0-9]'], lambda text: re.fullmatch("v[0-9]", text)),
+    ],
+)
+def test_run_constrains_the_answer(argv, check, run_folder, tmp_path, capsys):
+    schema = tmp_path / "schema.json"
+    schema.write_text(
+        json.dumps(
+            {
+                "type": "object",
+                "properties": {"answer": {"enum": ["a", "b"]}},
+                "required": ["answer"],
+                "additionalProperties": False,
+            }
+        )
+    )
+    argv = [str(schema) if a == "SCHEMA_FILE" else a for a in argv]
+    code, out, err = run_cli(
+        capsys, "run", str(run_folder), "-p", "Q", "--no-chat", "--json", "--seed", "1", *argv
+    )
+    assert code == 0, err
+    [line] = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert line["finish_reason"] == "eos" and check(line["text"]), line["text"]
 
 
 def test_run_needs_a_prompt(run_folder, capsys):

@@ -14,7 +14,8 @@ LAYOUTS = ["concat", "gqa"]
 
 @pytest.fixture(scope="session")
 def models(tiny_export, tiny_gqa_export, tmp_path_factory) -> dict:
-    """Each layout composed with 4 slots, 3 top logprobs, prompt logprobs; and with 2 slots."""
+    """Each layout composed with 4 slots, 3 top logprobs, prompt logprobs and the allowed-tokens
+    mask; and with 2 slots."""
     folder = tmp_path_factory.mktemp("engine")
     out = {}
     for layout, export in (("concat", tiny_export), ("gqa", tiny_gqa_export)):
@@ -27,6 +28,7 @@ def models(tiny_export, tiny_gqa_export, tmp_path_factory) -> dict:
                 top_logprobs=3,
                 max_bias=2,
                 prompt_logprobs=True,
+                allowed_tokens=True,
             )
             out[layout, slots] = (path, export.output)
     return out

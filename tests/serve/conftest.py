@@ -19,7 +19,7 @@ def models(tiny_gqa_export, tmp_path_factory) -> dict[str, Path]:
     for path in tiny_gqa_export.output.iterdir():  # the tokenizer and configs beside the models
         if path.suffix in (".json", ".jinja"):
             shutil.copy(path, folder)
-    options = {"top_logprobs": 3, "max_bias": 2, "prompt_logprobs": True}
+    options = {"top_logprobs": 3, "max_bias": 2, "prompt_logprobs": True, "allowed_tokens": True}
     return {
         "four": compose(tiny_gqa_export.output, None, folder / "four.onnx", max_slots=4, **options),
         "two": compose(tiny_gqa_export.output, None, folder / "two.onnx", max_slots=2, **options),

@@ -1,0 +1,118 @@
+"""What a request's output must match (structured output): :class:`Constraint`.
+
+A constraint is one of a JSON schema, any JSON object, a regular expression, a grammar (Lark, or
+llama.cpp's GBNF) or a list of choices. Each step the engine asks the constraint's matcher
+(llguidance) which tokens may come next and the graph forbids the others (``sampler.allowed``),
+before penalties, temperature and the filters; end-of-sequence is allowed only where the grammar is
+complete. A constraint is compiled when the request is submitted: a bad one raises
+:class:`~onnxsample.errors.InvalidParameter` there, and nothing is queued.
+
+JSON is written compactly by default (``", "`` and ``": "`` between items and keys, no other
+whitespace), so a model cannot spend its tokens on runaway whitespace; a schema's own
+``x-guidance`` options (llguidance's JSON options) override that.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from onnxsample.errors import InvalidParameter
+
+__all__ = ["CONSTRAINT_KINDS", "Constraint"]
+
+ConstraintKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
+CONSTRAINT_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "grammar", "choice")
+# Compact JSON unless the schema's x-guidance says otherwise: no runaway whitespace.
+_JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One request's output constraint. Build it with the class methods:
+
+    ``Constraint.json_schema(schema)`` (a dict or its JSON text), ``Constraint.json_object()``
+    (any JSON object), ``Constraint.regex(pattern)``, ``Constraint.grammar(text)`` (Lark, or GBNF
+    as llama.cpp writes it) and ``Constraint.choice(["yes", "no"])``.
+    """
+
+    kind: ConstraintKind
+    value: Any = None
+
+    @classmethod
+    def json_schema(cls, schema: dict | str) -> Constraint:
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise InvalidParameter(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, dict):
+            raise InvalidParameter(
+                f"a JSON schema must be a JSON object, got {type(schema).__name__}"
+            )
+        return cls("json_schema", schema)
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        return cls("json_object")
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        return cls("regex", _text("regex", pattern))
+
+    @classmethod
+    def grammar(cls, text: str) -> Constraint:
+        return cls("grammar", _text("grammar", text))
+
+    @classmethod
+    def choice(cls, options: list[str]) -> Constraint:
+        if (
+            not isinstance(options, (list, tuple))
+            or not options
+            or not all(isinstance(o, str) and o for o in options)
+        ):
+            raise InvalidParameter("choice must be a non-empty list of non-empty strings")
+        return cls("choice", tuple(options))
+
+    def validate(self) -> Constraint:
+        """Raise :class:`InvalidParameter` unless this is a constraint the constructors make."""
+        if self.kind not in CONSTRAINT_KINDS:
+            kinds = ", ".join(CONSTRAINT_KINDS)
+            raise InvalidParameter(f"unknown constraint kind {self.kind!r}; one of: {kinds}")
+        return self
+
+    def grammar_text(self) -> str:
+        """The constraint as an llguidance grammar (what the matcher compiles)."""
+        import llguidance
+
+        self.validate()
+        if self.kind in ("json_schema", "json_object"):
+            schema = self.value if self.kind == "json_schema" else {"type": "object"}
+            try:
+                return llguidance.LLMatcher.grammar_from_json_schema(
+                    schema, defaults=_JSON_DEFAULTS
+                )
+            except (ValueError, TypeError) as exc:
+                raise InvalidParameter(f"invalid JSON schema: {exc}") from None
+        if self.kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(self.value)
+        if self.kind == "choice":
+            lark = "start: " + " | ".join(json.dumps(option) for option in self.value)
+            return llguidance.LLMatcher.grammar_from_lark(lark)
+        try:
+            return llguidance.grammar_from("grammar", self.value)
+        except ValueError as exc:
+            raise InvalidParameter(f"invalid grammar: {exc}") from None
+
+    def __str__(self) -> str:
+        if self.kind == "json_object":
+            return "json_object"
+        shown = json.dumps(self.value) if self.kind != "choice" else json.dumps(list(self.value))
+        return f"{self.kind}({shown[:60]}{'…' if len(shown) > 60 else ''})"
+
+
+def _text(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidParameter(f"{kind} must be a non-empty string, got {value!r}")
+    return value

@@ -1,0 +1,107 @@
+"""Structured output in the API's shapes: from a request's fields to one :class:`Constraint`.
+
+Accepted, one per request:
+
+- OpenAI's ``response_format``: ``text``, ``json_object``, ``json_schema`` (``strict`` checked by
+  OpenAI's rules: every object lists all its properties in ``required`` and sets
+  ``additionalProperties: false``);
+- llama-server's ``json_schema`` (a schema) and ``grammar`` (GBNF, or Lark);
+- vLLM's ``structured_outputs`` (``json``, ``regex``, ``choice``, ``grammar``, ``json_object``)
+  and its older ``guided_json`` / ``guided_regex`` / ``guided_choice`` / ``guided_grammar``.
+
+Two of them in one request is refused: the output could not match both.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from onnxsample.constraint import Constraint
+from onnxsample.errors import InvalidParameter
+from onnxsample.serve.schemas import SamplingFields
+
+__all__ = ["constraint_of"]
+
+
+def constraint_of(body: SamplingFields) -> Constraint | None:
+    """The constraint the request's fields ask for, or None; InvalidParameter for a malformed or
+    contradictory one."""
+    found: list[tuple[str, Constraint]] = []
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_object":
+            found.append(("response_format", Constraint.json_object()))
+        else:
+            spec = fmt.json_schema
+            if spec is None or spec.schema_ is None:
+                raise InvalidParameter(
+                    "response_format: type json_schema needs json_schema.schema (a JSON schema)"
+                )
+            if spec.strict:
+                _check_strict(spec.schema_, "response_format.json_schema.schema")
+            found.append(("response_format", Constraint.json_schema(spec.schema_)))
+    if body.json_schema is not None:
+        found.append(("json_schema", Constraint.json_schema(body.json_schema)))
+    if body.grammar is not None:
+        found.append(("grammar", Constraint.grammar(body.grammar)))
+    outputs = body.structured_outputs
+    if outputs is not None:
+        found += [(f"structured_outputs.{k}", c) for k, c in _vllm(outputs.model_dump()).items()]
+    legacy = {
+        "json": body.guided_json,
+        "regex": body.guided_regex,
+        "choice": body.guided_choice,
+        "grammar": body.guided_grammar,
+    }
+    found += [(f"guided_{k}", c) for k, c in _vllm(legacy).items()]
+    if len(found) > 1:
+        names = ", ".join(name for name, _ in found)
+        raise InvalidParameter(f"only one output constraint per request, got {names}")
+    return found[0][1] if found else None
+
+
+def _vllm(fields: dict[str, Any]) -> dict[str, Constraint]:
+    out = {}
+    for key, value in fields.items():
+        if value is None or value is False:
+            continue
+        if key == "json":
+            out[key] = Constraint.json_schema(value)
+        elif key == "json_object":
+            out[key] = Constraint.json_object()
+        elif key == "regex":
+            out[key] = Constraint.regex(value)
+        elif key == "choice":
+            out[key] = Constraint.choice(value)
+        elif key == "grammar":
+            out[key] = Constraint.grammar(value)
+    return out
+
+
+def _check_strict(schema: Any, where: str) -> None:
+    """OpenAI's structured-outputs rules for ``strict: true``: every object schema sets
+    ``additionalProperties`` false and lists each of its properties in ``required``."""
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            _check_strict(item, f"{where}[{i}]")
+        return
+    if not isinstance(schema, dict):
+        return
+    if schema.get("type") == "object" or "properties" in schema:
+        if schema.get("additionalProperties") is not False:
+            raise InvalidParameter(
+                f"{where}: with strict, 'additionalProperties' must be present and false"
+            )
+        missing = sorted(set(schema.get("properties", {})) - set(schema.get("required", [])))
+        if missing:
+            raise InvalidParameter(
+                f"{where}: with strict, 'required' must list every property; missing "
+                f"{json.dumps(missing)}"
+            )
+    for key, value in schema.items():
+        if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            for name, sub in value.items():
+                _check_strict(sub, f"{where}.{key}.{name}")
+        elif key in ("items", "anyOf", "allOf", "oneOf", "prefixItems", "not"):
+            _check_strict(value, f"{where}.{key}")

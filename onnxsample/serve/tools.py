@@ -1,0 +1,217 @@
+"""Tool calls (OpenAI's ``tools``, ``tool_choice``, ``parallel_tool_calls``) on any model.
+
+A chat template without a tool-call format of its own (the embedded model's has none) gets the
+generic JSON envelope llama-server uses for such models: the tools and the envelope are described
+in a system message, and a JSON schema constrains the answer to
+
+- ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` (one item when
+  ``parallel_tool_calls`` is false), each name one of the tools and its arguments that tool's
+  ``parameters`` schema, or
+- ``{"response": "..."}``, a plain answer, which ``tool_choice: "auto"`` allows beside the calls;
+  ``"required"`` and a named function allow calls only (of that function).
+
+``tool_choice: "none"`` leaves the tools out of the prompt and the output free. The answer is parsed
+back into ``message.tool_calls`` (``finish_reason: "tool_calls"``) or ``message.content``.
+Earlier turns are written back in the same envelope: an assistant message's ``tool_calls`` as its
+JSON, a ``tool`` message as ``{"tool_response": {"tool_call_id", "content"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from onnxsample.constraint import Constraint
+from onnxsample.errors import InvalidParameter
+from onnxsample.serve.convert import FINISH
+from onnxsample.serve.schemas import ChatRequest
+
+__all__ = ["ToolPlan", "answer", "envelope_messages", "plan_tools"]
+
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a chat request's tools make of it: the system text to add, the constraint, and how
+    to read the answer back."""
+
+    tools: tuple[dict, ...]
+    constraint: Constraint
+    allow_response: bool
+
+    def system_text(self) -> str:
+        listed = json.dumps(
+            [
+                {
+                    "name": t["name"],
+                    "description": t.get("description", ""),
+                    "parameters": t["parameters"],
+                }
+                for t in self.tools
+            ],
+            ensure_ascii=False,
+        )
+        either = (
+            'either with "tool_calls" (a request to call tools) or with "response" (your reply '
+            "to the user's request)"
+            if self.allow_response
+            else 'with "tool_calls" (a request to call tools)'
+        )
+        return (
+            f"You can call the following tools:\n{listed}\n\nRespond in JSON format, {either}. "
+            'A tool call is {"name": <tool name>, "arguments": <its arguments as a JSON object>}.'
+        )
+
+    def parse(self, text: str) -> tuple[str | None, list[dict]]:
+        """(content, tool_calls in OpenAI's shape) of an answer; an answer that is not a whole
+        envelope (cut by the token limit) is returned as content."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            return text, []
+        if not isinstance(value, dict):
+            return text, []
+        if isinstance(value.get("response"), str):
+            return value["response"], []
+        calls = value.get("tool_calls")
+        if not isinstance(calls, list):
+            return text, []
+        return None, [
+            {
+                "id": f"call_{secrets.token_hex(12)}",
+                "type": "function",
+                "function": {
+                    "name": call.get("name"),
+                    "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False),
+                },
+            }
+            for call in calls
+            if isinstance(call, dict)
+        ]
+
+
+def plan_tools(body: ChatRequest) -> ToolPlan | None:
+    """The tool plan of a chat request, or None when it has no tools or ``tool_choice`` is
+    ``none``; InvalidParameter for a malformed tool or choice."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice not in (None, "none"):
+            raise InvalidParameter("tool_choice needs tools")
+        return None
+    tools = []
+    for i, tool in enumerate(body.tools):
+        if tool.type != "function" or tool.function is None:
+            raise InvalidParameter(f"tools[{i}]: only tools of type function are supported")
+        name = tool.function.name
+        if not _NAME.match(name):
+            raise InvalidParameter(
+                f"tools[{i}].function.name must be 1 to 64 letters, digits, _ or -, got {name!r}"
+            )
+        parameters = tool.function.parameters or {"type": "object", "properties": {}}
+        tools.append(
+            {
+                "name": name,
+                "description": tool.function.description or "",
+                "parameters": parameters,
+            }
+        )
+    names = [t["name"] for t in tools]
+    if len(set(names)) != len(names):
+        raise InvalidParameter("tools: function names must be unique")
+    if choice == "none":
+        return None
+    allow_response = choice in (None, "auto")
+    if choice not in (None, "auto", "required"):
+        named = choice.function.name if choice.function is not None else None
+        if named not in names:
+            raise InvalidParameter(
+                f"tool_choice names function {named!r}, which is not among the tools"
+            )
+        tools = [t for t in tools if t["name"] == named]
+    return ToolPlan(tuple(tools), _envelope(tools, allow_response, body), allow_response)
+
+
+def _envelope(tools: list[dict], allow_response: bool, body: ChatRequest) -> Constraint:
+    calls = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t["name"]}, "arguments": t["parameters"]},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    items: dict[str, Any] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    array: dict[str, Any] = {"type": "array", "items": items, "minItems": 1}
+    if body.parallel_tool_calls is False:
+        array["maxItems"] = 1
+    options: list[dict] = [
+        {
+            "type": "object",
+            "properties": {"tool_calls": array},
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+        }
+    ]
+    if allow_response:
+        options.append(
+            {
+                "type": "object",
+                "properties": {"response": {"type": "string"}},
+                "required": ["response"],
+                "additionalProperties": False,
+            }
+        )
+    schema = options[0] if len(options) == 1 else {"anyOf": options}
+    return Constraint.json_schema(schema)
+
+
+def envelope_messages(body: ChatRequest, plan: ToolPlan | None) -> list[dict]:
+    """The chat's messages for the template: earlier tool calls and tool results written in the
+    envelope, and the tools' system text first (joined to a system message already there)."""
+    messages = []
+    for m in body.messages:
+        text = m.text()
+        if m.role == "assistant" and m.tool_calls:
+            calls = [
+                {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
+                for c in m.tool_calls
+            ]
+            text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
+        elif m.role == "tool":
+            response = {"tool_call_id": m.tool_call_id, "content": text}
+            text = json.dumps({"tool_response": response}, ensure_ascii=False)
+        role = "system" if m.role == "developer" else m.role
+        messages.append({"role": role, "content": text})
+    if plan is not None:
+        if messages and messages[0]["role"] == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{plan.system_text()}"
+        else:
+            messages.insert(0, {"role": "system", "content": plan.system_text()})
+    return messages
+
+
+def answer(completion, plan: ToolPlan | None) -> tuple[dict, str]:
+    """A finished choice as OpenAI's ``message`` and ``finish_reason``."""
+    finish = FINISH[completion.finish_reason]
+    if plan is None:
+        return {"role": "assistant", "content": completion.text}, finish
+    content, calls = plan.parse(completion.text) if finish == "stop" else (completion.text, [])
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+        finish = "tool_calls"
+    return message, finish
+
+
+def _arguments(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        raise InvalidParameter(
+            "messages: an assistant tool call's function.arguments must be a JSON text"
+        ) from None

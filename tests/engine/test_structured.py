@@ -1,0 +1,198 @@
+"""Structured output in the engine: a request's constraint (JSON schema, JSON object, regex,
+grammar, choice) holds for every token it takes, sampled or greedy, alone or batched with
+unconstrained requests; a bad constraint is refused at submit; end-of-sequence comes where the
+grammar is complete."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from onnxsample import Constraint, Engine, SamplingParams
+from onnxsample.composer import compose
+from onnxsample.errors import InvalidParameter
+from onnxsample.text._grammar import GrammarVocabulary
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["ok", "n", "color"],
+    "additionalProperties": False,
+}
+
+
+def _check_schema(text: str) -> bool:
+    value = json.loads(text)
+    assert set(value) == {"ok", "n", "color"}, value
+    assert isinstance(value["ok"], bool)
+    assert isinstance(value["n"], int) and 0 <= value["n"] <= 99
+    assert value["color"] in ("red", "green", "blue")
+    return True
+
+
+CASES = [
+    pytest.param(Constraint.json_schema(SCHEMA), _check_schema, id="json_schema"),
+    pytest.param(
+        Constraint.choice(["yes", "no", "maybe not"]),
+        lambda text: text in ("yes", "no", "maybe not"),
+        id="choice",
+    ),
+    pytest.param(
+        Constraint.regex(r"[0-9]{3}-[0-9]{4}"),
+        lambda text: re.fullmatch(r"[0-9]{3}-[0-9]{4}", text),
+        id="regex",
+    ),
+    pytest.param(
+        Constraint.grammar('root ::= "The " animal " sat."\nanimal ::= "cat" | "dog" | "bird"'),
+        lambda text: re.fullmatch(r"The (cat|dog|bird) sat\.", text),
+        id="gbnf",
+    ),
+    pytest.param(
+        Constraint.grammar('start: "Answer: " /[a-z]{1,8}( [a-z]{1,8}){0,3}/ "."'),
+        lambda text: re.fullmatch(r"Answer: [a-z]{1,8}( [a-z]{1,8}){0,3}\.", text),
+        id="lark",
+    ),
+]
+PARAMS = [
+    pytest.param(SamplingParams(temperature=0), id="greedy"),
+    pytest.param(SamplingParams(temperature=1.0, seed=7), id="sampled"),
+    pytest.param(
+        SamplingParams(temperature=1.3, top_k=20, logit_bias={35: 100.0}, seed=3),
+        id="bias-cannot-reopen",
+    ),
+]
+
+
+@pytest.mark.parametrize("params", PARAMS)
+@pytest.mark.parametrize(("constraint", "check"), CASES)
+def test_output_matches_its_constraint(engine, constraint, check, params):
+    params = SamplingParams(**{**params.__dict__, "constraint": constraint})
+    done = engine.submit("Say something:", params, max_new_tokens=48, chat=False).result(60)
+    assert done.finish_reason == "eos", (done.text, done.finish_reason)
+    assert check(done.text), done.text
+
+
+def test_json_object_is_a_json_object(engine):
+    params = SamplingParams(temperature=0, constraint=Constraint.json_object())
+    done = engine.submit("{", params, max_new_tokens=120, chat=False).result(60)
+    if done.finish_reason == "eos":
+        assert isinstance(json.loads(done.text), dict), done.text
+    else:  # cut by the token limit: still a prefix of an object, compactly written
+        assert done.text.startswith("{") and "\n" not in done.text, done.text
+
+
+def test_constrained_and_free_requests_batched_as_alone(engine):
+    """A batch mixing constrained and unconstrained rows gives each the tokens it gets alone."""
+    requests = [
+        ("Once upon", SamplingParams(temperature=0)),
+        ("Say:", SamplingParams(temperature=0, constraint=Constraint.json_schema(SCHEMA))),
+        ("Hi", SamplingParams(temperature=0.8, seed=11)),
+        ("Pick:", SamplingParams(seed=5, constraint=Constraint.choice(["alpha", "beta"]))),
+    ]
+    together = [engine.submit(p, sp, max_new_tokens=24, chat=False) for p, sp in requests]
+    together = [r.result(60).token_ids for r in together]
+    for (prompt, sp), tokens in zip(requests, together, strict=True):
+        alone = engine.submit(prompt, sp, max_new_tokens=24, chat=False).result(60)
+        assert alone.token_ids == tokens, prompt
+
+
+def test_a_seed_repeats_a_constrained_sample(engine):
+    params = SamplingParams(temperature=1.5, seed=99, constraint=Constraint.json_schema(SCHEMA))
+    first = engine.submit("x", params, max_new_tokens=40, chat=False).result(60)
+    again = engine.submit("x", params, max_new_tokens=40, chat=False).result(60)
+    assert first.token_ids == again.token_ids
+    _check_schema(first.text)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        (Constraint.json_schema({"type": "strin"}), "strin"),
+        (Constraint.regex("a("), "regex"),
+        (Constraint.grammar("root ::= missing"), "missing"),
+        (Constraint.grammar("start: ("), "invalid"),
+    ],
+)
+def test_a_bad_constraint_is_refused_at_submit(engine, constraint, message):
+    before = engine.stats()
+    with pytest.raises(InvalidParameter, match=message):
+        engine.submit("x", SamplingParams(constraint=constraint), max_new_tokens=4, chat=False)
+    after = engine.stats()
+    assert engine.load()["waiting"] == 0
+    assert (after.finished, after.failed) == (before.finished, before.failed)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Constraint.json_schema("{not json"), "not valid JSON"),
+        (lambda: Constraint.json_schema([1]), "JSON object"),
+        (lambda: Constraint.choice([]), "non-empty"),
+        (lambda: Constraint.regex(""), "non-empty"),
+        (lambda: SamplingParams(constraint="json").validate(), "Constraint"),
+        (lambda: Constraint("xml").validate(), "unknown constraint kind"),
+    ],
+)
+def test_malformed_constraints_raise(make, message):
+    with pytest.raises(InvalidParameter, match=message):
+        make()
+
+
+def test_a_model_without_the_mask_refuses_constraints(tiny_gqa_export, tmp_path):
+    path = compose(tiny_gqa_export.output, None, tmp_path / "plain.onnx", max_slots=2)
+    params = SamplingParams(constraint=Constraint.json_object())
+    with (
+        Engine(path, tokenizer=tiny_gqa_export.output, threads=1) as e,
+        pytest.raises(InvalidParameter, match="--allowed-tokens"),
+    ):
+        e.submit("x", params, chat=False)
+
+
+def test_space_prefixed_tokens_read_as_spaces(engine):
+    """The exports' tokenizer.json has a decoder that starts with ByteFallback: read from there,
+    'Ġb' would be a literal character and every space-prefixed token forbidden. The vocabulary is
+    given as each token's bytes instead, so the grammar allows the tokens a text tokenises to."""
+    tokenizer = engine.tokenizer
+    vocabulary = GrammarVocabulary(tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    text = "The quick brown fox jumps over the lazy dog."
+    matcher = vocabulary.matcher(Constraint.regex(re.escape(text)).grammar_text())
+    row = np.zeros(engine.meta.vocab_size, bool)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert any(tokenizer.token_to_text(i).startswith(" ") for i in ids)
+    for token in ids:
+        matcher.fill(row)
+        assert row[token], tokenizer.token_to_text(token)
+        assert matcher.consume(token)
+    matcher.fill(row)
+    assert matcher.done and set(np.flatnonzero(row)) <= set(engine.info.eos_ids)
+
+
+def test_constrained_requests_do_not_draft(tiny_gqa_export, tmp_path):
+    """With speculative decoding on, a constrained request takes one masked token per step (its
+    tokens are those of plain decoding) while the others may draft."""
+    path = compose(
+        tiny_gqa_export.output,
+        None,
+        tmp_path / "drafts.onnx",
+        max_slots=2,
+        draft_tokens=4,
+        allowed_tokens=True,
+    )
+    prompt = "one two three one two three one two three one two"
+    params = SamplingParams(temperature=0, constraint=Constraint.regex("( ?[a-z]{1,6}){1,12}"))
+    results = {}
+    for speculative in (None, "ngram"):
+        with Engine(
+            path, tokenizer=tiny_gqa_export.output, threads=1, speculative=speculative
+        ) as e:
+            done = e.submit(prompt, params, max_new_tokens=32, chat=False).result(60)
+            results[speculative] = (done.token_ids, done.timings.draft_tokens)
+    assert results["ngram"][0] == results[None][0]
+    assert results["ngram"][1] == 0

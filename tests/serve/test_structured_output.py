@@ -1,0 +1,276 @@
+"""Structured output and tool calls through the API, as clients send them (the `openai` client
+against a real server on 127.0.0.1, the tiny model): OpenAI's ``response_format``, llama-server's
+``json_schema`` / ``grammar``, vLLM's ``structured_outputs`` / ``guided_*``, ``tools`` with every
+``tool_choice``; and the 400s for what cannot be honoured."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import openai
+import pytest
+from _http import chat
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["ok", "n", "color"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Oslo"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _valid(value: dict) -> bool:
+    return (
+        set(value) == {"ok", "n", "color"}
+        and isinstance(value["ok"], bool)
+        and 0 <= value["n"] <= 99
+        and value["color"] in ("red", "green", "blue")
+    )
+
+
+def _schema_format(strict: bool = True, schema: dict = SCHEMA) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_response_format_json_schema(client, temperature):
+    done = chat(
+        client,
+        max_tokens=60,
+        seed=4,
+        n=2,
+        temperature=temperature,
+        response_format=_schema_format(),
+    )
+    for choice in done.choices:
+        assert choice.finish_reason == "stop"
+        assert _valid(json.loads(choice.message.content)), choice.message.content
+
+
+def test_response_format_json_object_streamed(client):
+    chunks = list(
+        chat(
+            client,
+            max_tokens=200,
+            seed=2,
+            stream=True,
+            response_format={"type": "json_object"},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert text.startswith("{") and "\n" not in text
+    if finish == ["stop"]:
+        assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize(
+    ("extra", "check"),
+    [
+        ({"structured_outputs": {"regex": "[0-9]{3}-[0-9]{2}"}}, r"[0-9]{3}-[0-9]{2}"),
+        ({"structured_outputs": {"choice": ["left", "right"]}}, r"left|right"),
+        ({"guided_regex": "(ab){2,3}"}, r"(ab){2,3}"),
+        ({"guided_choice": ["yes", "no"]}, r"yes|no"),
+        ({"grammar": 'root ::= "x" [0-9] [0-9]'}, r"x[0-9]{2}"),
+        ({"structured_outputs": {"grammar": 'start: "id-" /[a-f]{4}/'}}, r"id-[a-f]{4}"),
+    ],
+)
+def test_vllm_and_llama_server_fields_on_completions(client, extra, check):
+    done = client.completions.create(
+        model="tiny", prompt="Answer:", max_tokens=20, seed=1, extra_body=extra
+    )
+    assert re.fullmatch(check, done.choices[0].text), done.choices[0].text
+    assert done.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"json_schema": SCHEMA}, {"structured_outputs": {"json": SCHEMA}}, {"guided_json": SCHEMA}],
+)
+def test_schema_fields_on_chat(client, extra):
+    done = chat(client, max_tokens=60, seed=9, extra_body=extra)
+    assert _valid(json.loads(done.choices[0].message.content))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"response_format": _schema_format(schema={"type": "strin"})}, "strin"),
+        (
+            {"response_format": _schema_format(schema={**SCHEMA, "additionalProperties": True})},
+            "additionalProperties",
+        ),
+        (
+            {"response_format": _schema_format(schema={**SCHEMA, "required": ["ok"]})},
+            "required",
+        ),
+        ({"response_format": {"type": "json_schema"}}, "json_schema.schema"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
+        ({"extra_body": {"guided_regex": "a("}}, "regex"),
+        ({"extra_body": {"grammar": "root ::= nowhere"}}, "nowhere"),
+        ({"extra_body": {"guided_choice": []}}, "choice"),
+        (
+            {"response_format": {"type": "json_object"}, "extra_body": {"guided_regex": "a"}},
+            "only one output constraint",
+        ),
+        (
+            {
+                "response_format": {"type": "json_object"},
+                "tools": [WEATHER],
+                "tool_choice": "required",
+            },
+            "cannot be combined",
+        ),
+        ({"tool_choice": "required"}, "tool_choice needs tools"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "not among the tools",
+        ),
+        ({"tools": [{**WEATHER, "function": {"name": "bad name"}}]}, "function.name"),
+        ({"tools": [WEATHER, WEATHER]}, "unique"),
+        ({"tools": [{"type": "retrieval"}]}, "type function"),
+    ],
+)
+def test_what_cannot_be_honoured_is_a_400(client, kwargs, message):
+    with pytest.raises(openai.BadRequestError, match=message) as caught:
+        chat(client, max_tokens=4, **kwargs)
+    assert caught.value.status_code == 400
+
+
+def _calls(choice) -> list[tuple[str, dict]]:
+    return [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_tool_choice_required(client, parallel):
+    done = chat(
+        client,
+        max_tokens=120,
+        seed=3,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=parallel,
+    )
+    [choice] = done.choices
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    calls = _calls(choice)
+    assert calls and (parallel or len(calls) == 1)
+    for name, arguments in calls:
+        assert name in ("get_weather", "get_time")
+        if name == "get_weather":
+            assert arguments["city"] in ("Paris", "Oslo") and 1 <= arguments["days"] <= 7
+        else:
+            assert arguments == {"zone": "UTC"} or arguments == {"zone": "CET"}
+    ids = [c.id for c in choice.message.tool_calls]
+    assert all(i.startswith("call_") for i in ids) and len(set(ids)) == len(ids)
+
+
+def test_named_tool_choice_streamed(client):
+    named = {"type": "function", "function": {"name": "get_time"}}
+    chunks = list(
+        chat(
+            client,
+            max_tokens=120,
+            seed=5,
+            tools=[WEATHER, TIME],
+            tool_choice=named,
+            parallel_tool_calls=False,
+            stream=True,
+        )
+    )
+    deltas = [c.choices[0].delta for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    [delta] = deltas
+    [call] = delta.tool_calls
+    assert call.index == 0 and call.id.startswith("call_") and call.function.name == "get_time"
+    assert json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["tool_calls"]
+
+
+def test_tool_choice_auto_answers_or_calls(client):
+    done = chat(client, max_tokens=80, seed=8, tools=[WEATHER], temperature=0)
+    [choice] = done.choices
+    if choice.finish_reason == "tool_calls":
+        assert [name for name, _ in _calls(choice)] == ["get_weather"]
+    else:
+        assert isinstance(choice.message.content, str) and not choice.message.tool_calls
+
+
+def test_tool_choice_none_leaves_the_output_free(client):
+    free = chat(client, max_tokens=12, seed=1, temperature=0)
+    none = chat(client, max_tokens=12, seed=1, temperature=0, tools=[WEATHER], tool_choice="none")
+    assert none.choices[0].message.content == free.choices[0].message.content
+    assert not none.choices[0].message.tool_calls
+
+
+def test_a_conversation_with_tool_results(client):
+    messages = [
+        {"role": "user", "content": "Weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Oslo", "days": 1}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 12 C"},
+    ]
+    done = client.chat.completions.create(
+        model="tiny", messages=messages, tools=[WEATHER], max_tokens=40, seed=2
+    )
+    assert done.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    bad = [
+        *messages[:1],
+        {
+            **messages[1],
+            "tool_calls": [
+                {
+                    **messages[1]["tool_calls"][0],
+                    "function": {"name": "get_weather", "arguments": "{oops"},
+                }
+            ],
+        },
+    ]
+    with pytest.raises(openai.BadRequestError, match="arguments"):
+        client.chat.completions.create(model="tiny", messages=bad, max_tokens=4)
