@@ -324,6 +324,10 @@ class LlamaCppEngine(Engine):
         # "stop_at_eos": stop at the end-of-sequence token (as a user would), else run N tokens
         stop_at_eos = req.get("stop_at_eos", False)
         processors = None if stop_at_eos else self.llama_cpp.LogitsProcessorList([no_eos])
+        if req.get("json_schema") is not None:  # structured output: llama.cpp's own grammar
+            kwargs["grammar"] = self.llama_cpp.LlamaGrammar.from_json_schema(
+                json.dumps(req["json_schema"]), verbose=False
+            )
         start = time.perf_counter()
         first, count = None, 0
         for token in self.model.generate(

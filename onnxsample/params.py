@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,7 +52,10 @@ class SamplingParams:
     logits get a -100 bias, which needs free logit-bias entries in the graph).
     ``constraint`` (a :class:`~onnxsample.Constraint`: JSON schema, JSON object, regex, grammar,
     choice) restricts the output to what it matches (structured output; the graph needs
-    ``sampler.allowed``).
+    ``sampler.allowed``). ``host_sampler`` finishes the choice on the host: a callable that gets
+    the slot's candidates after the graph's filters (``ids`` int64 [K], ``logits`` float32 [K],
+    most likely first, −inf where a filter dropped the token) and returns the token to take; the
+    graph needs ``sampler.candidate_ids`` (``onnxsample compose --candidates K``).
     """
 
     temperature: float = 1.0
@@ -71,6 +74,7 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     constraint: Constraint | None = None
+    host_sampler: Callable[[np.ndarray, np.ndarray], int] | None = None
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise :class:`InvalidParameter` for the first value outside its range; return ``self``.
@@ -119,6 +123,16 @@ class SamplingParams:
                     f"constraint must be a Constraint, got {type(self.constraint).__name__}"
                 )
             self.constraint.validate()
+        if self.host_sampler is not None:
+            if not callable(self.host_sampler):
+                raise InvalidParameter(
+                    f"host_sampler must be callable, got {type(self.host_sampler).__name__}"
+                )
+            if self.logprobs or self.top_logprobs:
+                raise InvalidParameter(
+                    "logprobs are not reported for a host-sampled request (the host picks the "
+                    "token from the candidates, whose logits are the filtered ones)"
+                )
         return self
 
 

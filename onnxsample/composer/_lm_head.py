@@ -120,9 +120,9 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
         elif name == "sampler.draft_tokens":  # slot 0 (row 1) drafts up to two more positions
             feeds[name] = np.full(shape, -1, np.int64)
             feeds[name][0, : min(seq - 1, shape[1])] = rng.integers(0, vocab, seq - 1)[: shape[1]]
-        elif name == "sampler.allowed":  # about half the tokens, the first always
-            feeds[name] = rng.random((max_slots, vocab)) < 0.5
-            feeds[name][:, 0] = True
+        elif name in ("sampler.allowed", "sampler.draft_allowed"):  # about half, the first always
+            feeds[name] = rng.random((*[d for d in shape[:-1]], vocab)) < 0.5
+            feeds[name][..., 0] = True
         elif name == "sampler.prompt_rows":
             feeds[name] = np.arange(batch * seq, 0, -1, dtype=np.int64)  # every row, reversed
         elif name == "sampler.prompt_targets":

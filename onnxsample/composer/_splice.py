@@ -159,7 +159,9 @@ def splice(
         graph.inputs.append(value)
         new_inputs[value.name] = value
     for name, elem, dims in (
-        draft.draft_inputs(draft_tokens, "dist" in chain) if draft_tokens else []
+        draft.draft_inputs(draft_tokens, "dist" in chain, options.get("allowed_tokens", False))
+        if draft_tokens
+        else []
     ):
         value = ir.Value(
             name=name, shape=ir.Shape([max_slots, *dims[1:]]), type=ir.TensorType(elem)

@@ -35,6 +35,7 @@ from onnxsample.graphs.speculative import (
 )
 
 DRAFT_TOKENS, DRAFT_UNIFORM = "sampler.draft_tokens", "sampler.draft_uniform"
+ALLOWED, DRAFT_ALLOWED = "sampler.allowed", "sampler.draft_allowed"
 ACCEPTED = "sampler.accepted"
 # Outputs per drafted position, after the contract's per-slot output of the same result.
 DRAFT_OUTPUTS = {
@@ -48,12 +49,16 @@ DOCS = {
     "(row_index + i is position i's row); -1 ends it; all -1 = no draft",
     DRAFT_UNIFORM: "float32[S, K]: the U(0,1) draws of positions 1..K (position 0 takes "
     "sampler.uniform), from the slot's own generator",
+    DRAFT_ALLOWED: "bool[S, K, V]: the tokens allowed at positions 1..K (structured output; "
+    "position 0 takes sampler.allowed); [S, K, 1] all true when no slot is constrained",
     ACCEPTED: "int64[S]: drafts kept; the slot emits next_token, then draft_next_token[:accepted]",
     "sampler.draft_next_token": "int64[S, K]: the token sampled at position i + 1 (-1 if unscored)",
     "sampler.draft_logprob": "float32[S, K]: its logprob under the raw distribution",
     "sampler.draft_top_logprob_ids": "int64[S, K, L]: position i + 1's most likely tokens",
     "sampler.draft_top_logprobs": "float32[S, K, L]: their logprobs",
 }
+# Per-slot inputs whose positions 1..K come in their own draft input.
+_LATER = {"sampler.uniform": DRAFT_UNIFORM, ALLOWED: DRAFT_ALLOWED}
 _FUNCTIONS = (AddTokens, DraftPositions, PositionRows, DraftCounts, Accept)
 
 
@@ -68,11 +73,15 @@ class Positions:
     rows: ir.Value
 
 
-def draft_inputs(draft_tokens: int, sampling: bool) -> list[tuple[str, ir.DataType, list]]:
+def draft_inputs(
+    draft_tokens: int, sampling: bool, allowed: bool = False
+) -> list[tuple[str, ir.DataType, list]]:
     """The speculative inputs: (name, element type, dims)."""
     found = [(DRAFT_TOKENS, ir.DataType.INT64, ["S", draft_tokens])]
     if sampling:
         found.append((DRAFT_UNIFORM, ir.DataType.FLOAT, ["S", draft_tokens]))
+    if allowed:
+        found.append((DRAFT_ALLOWED, ir.DataType.BOOL, ["S", draft_tokens, "A"]))
     return found
 
 
@@ -97,16 +106,16 @@ def per_row(graph: ir.Graph, picked: dict[str, ir.Value], at: Positions) -> dict
     out = {}
     for name, value in picked.items():
         tag = name.removeprefix("sampler.")
-        if name in (DRAFT_TOKENS, DRAFT_UNIFORM):
+        if name in (DRAFT_TOKENS, DRAFT_UNIFORM, DRAFT_ALLOWED):
             continue
         if name == "sampler.row_index":
             out[name] = at.rows
-        elif name == "sampler.uniform":
-            first = _op(
-                graph, "Unsqueeze", [value, _const(graph, "sampler/u_axis", np.array([1]))], "u0"
-            )
-            every = _op(graph, "Concat", [first, picked[DRAFT_UNIFORM]], "u_all", axis=1)
-            out[name] = _op(graph, "GatherND", [every, at.pairs], "u_rows")
+        elif _LATER.get(name) in picked:  # position 0's value, then 1..K's, per scored pair
+            later = picked[_LATER[name]]
+            axis = _const(graph, f"sampler/{tag}_axis", np.array([1]))
+            first = _op(graph, "Unsqueeze", [value, axis], f"{tag}_0")
+            every = _op(graph, "Concat", [first, later], f"{tag}_all", axis=1)
+            out[name] = _op(graph, "GatherND", [every, at.pairs], f"{tag}_pairs")
         elif name == "sampler.output_counts":
             counts = [value, drafts, at.slot, at.position]
             (out[name],) = _call(graph, "DraftCounts", counts, 1, "draft_counts")

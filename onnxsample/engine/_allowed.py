@@ -1,38 +1,59 @@
-"""The ``sampler.allowed`` input of each call: the tokens each constrained sequence may take.
+"""The ``sampler.allowed`` inputs of each call: the tokens each constrained sequence may take.
 
 A call whose sampling sequences have no constraint binds one column of trues (``[S, 1]``), which
 the branching chain skips; otherwise every row is bound (``[S, V]``): a constrained sequence's row
 is filled by its grammar matcher just before the call, every other row is all true. A static
 chain (CUDA graphs) always binds ``[S, V]``, at one address.
+
+A graph that verifies drafts also takes ``sampler.draft_allowed`` ``[S, K, V]``: a constrained
+drafting sequence's mask at each draft position, as its grammar stands after the drafts before it
+(the matcher walks the draft and steps back).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 from onnxsample.engine._sequence import Sequence
 
-ALLOWED = "sampler.allowed"
+ALLOWED, DRAFT_ALLOWED = "sampler.allowed", "sampler.draft_allowed"
 
 
 class AllowedTokens:
-    """One host buffer of masks for a graph with `slots` slots and `vocab` tokens."""
+    """Host buffers of masks for a graph with `slots` slots, `vocab` tokens and, where it takes
+    per-position masks, `draft_width` draft positions per slot."""
 
-    def __init__(self, slots: int, vocab: int, *, static: bool) -> None:
+    def __init__(self, slots: int, vocab: int, *, static: bool, draft_width: int = 0) -> None:
         self.rows = np.ones((slots, vocab), bool)
         self.none = np.ones((slots, 1), bool)
-        self.static = static
+        self.static, self.draft_width = static, draft_width
+        self.draft_rows = np.ones((slots, draft_width, vocab), bool) if draft_width else None
+        self.draft_none = np.ones((slots, draft_width, 1), bool)
         self._filled: set[int] = set()
 
-    def for_call(self, sampling: Iterable[Sequence]) -> np.ndarray:
-        """The mask to bind for a call in which `sampling` sequences take a token."""
+    def for_call(
+        self, sampling: Iterable[Sequence], drafts: Mapping[int, list[int]]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The masks to bind for a call in which `sampling` sequences take a token (and verify
+        their `drafts`, by slot): ``sampler.allowed``, and ``sampler.draft_allowed`` where the
+        graph takes it."""
         for slot in self._filled:
             self.rows[slot] = True
+            if self.draft_rows is not None:
+                self.draft_rows[slot] = True
         self._filled.clear()
         for seq in sampling:
-            if seq.matcher is not None:
-                seq.matcher.fill(self.rows[seq.slot])
-                self._filled.add(seq.slot)
-        return self.rows if self._filled or self.static else self.none
+            if seq.matcher is None:
+                continue
+            seq.matcher.fill(self.rows[seq.slot])
+            draft = drafts.get(seq.slot)
+            if draft:
+                seq.matcher.fill_along(draft, self.draft_rows[seq.slot])
+            self._filled.add(seq.slot)
+        constrained = bool(self._filled)
+        allowed = self.rows if constrained or self.static else self.none
+        if not self.draft_width:
+            return allowed, None
+        return allowed, self.draft_rows if constrained else self.draft_none

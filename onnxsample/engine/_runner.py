@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample.engine._allowed import ALLOWED, AllowedTokens
+from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
 from onnxsample.engine._slots import COUNTS_OUT, SlotState, host_copy
@@ -39,6 +39,8 @@ HOST_OUTPUTS = (
     "sampler.draft_logprob",
     "sampler.draft_top_logprob_ids",
     "sampler.draft_top_logprobs",
+    "sampler.candidate_ids",
+    "sampler.candidate_logits",
 )
 DRAFT_TOKENS, DRAFT_UNIFORM = "sampler.draft_tokens", "sampler.draft_uniform"
 PROMPT_OUTPUTS = (
@@ -66,11 +68,12 @@ class Runner:
         self._no_drafts = np.full((len(self.slots.params), self.draft_width), -1, np.int64)
         self._no_uniforms = np.full(self._no_drafts.shape, 0.5, np.float32)
         meta = slots.meta
-        self.allowed = (
-            AllowedTokens(meta.max_slots, meta.vocab_size, static=meta.static)
-            if ALLOWED in inputs
-            else None
-        )
+        self.allowed = None
+        if ALLOWED in inputs:
+            width = self.draft_width if DRAFT_ALLOWED in inputs else 0
+            self.allowed = AllowedTokens(
+                meta.max_slots, meta.vocab_size, static=meta.static, draft_width=width
+            )
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
             if out.name in HOST_OUTPUTS:
@@ -87,7 +90,9 @@ class Runner:
         """Run `call` with one uniform per slot (and, in a speculative graph, per draft position
         [S, K]): (host outputs by name, the presents it asked for). The host arrays are
         overwritten by the next call: read them before running another."""
-        allowed = None if self.allowed is None else self.allowed.for_call(call.sampling)
+        allowed = draft_allowed = None
+        if self.allowed is not None:
+            allowed, draft_allowed = self.allowed.for_call(call.sampling, call.drafts)
         if self.graphs is not None and call.kind == "decode" and not call.drafts:
             return self.graphs.run(call, uniform if self.has_uniform else None, allowed), {}
         self.slots.static()  # rewritten in place if a slot changed
@@ -121,6 +126,8 @@ class Runner:
             if self.has_draft_uniform:
                 u = self._no_uniforms if draft_uniform is None else draft_uniform
                 binding.bind_cpu_input(DRAFT_UNIFORM, u)
+            if draft_allowed is not None:
+                binding.bind_cpu_input(DRAFT_ALLOWED, draft_allowed)
         if self.has_prompt and not reused:
             binding.bind_cpu_input("sampler.prompt_rows", call.prompt_rows)
             binding.bind_cpu_input("sampler.prompt_targets", call.prompt_targets)

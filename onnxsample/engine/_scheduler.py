@@ -210,18 +210,30 @@ class Scheduler:
         """Each decoding sequence's draft (speculative decoding), where it has one: none while
         ``min_tokens`` holds end-of-sequence back, none past its token limit. With other
         sequences decoding, a draft costs a call of its own, so only sequences whose drafts keep
-        paying for that call draft (see :class:`~onnxsample.engine._drafter.NgramDrafter`)."""
+        paying for that call draft (see :class:`~onnxsample.engine._drafter.NgramDrafter`).
+        A constrained sequence drafts the tokens its grammar forces, else its n-gram draft cut at
+        the first token the grammar rejects; each position is verified under its own mask (a
+        graph without per-position masks: it does not draft)."""
         found: dict[int, list[int]] = {}
         if self.drafter is None:
             return found
+        masks = self.runner.allowed is not None and self.runner.allowed.draft_width > 0
         self.drafter.batched = len(self.decoding) > 1
         for seq in self.decoding:
-            if seq.early_params is not None or seq.matcher is not None:
-                continue  # constrained sequences take one masked token per step
+            if seq.early_params is not None or (seq.matcher is not None and not masks):
+                continue
+            if seq.params.host_sampler is not None:
+                continue  # the host chooses each token itself
             room = seq.max_new_tokens - len(seq.ids)
             if seq.limit:
                 room = min(room, seq.limit - len(seq.prompt) - len(seq.ids))
-            draft = self.drafter.draft(seq.draft, seq.history(), room - 1)
+            if seq.matcher is not None:
+                width = min(room - 1, self.drafter.draft_tokens)
+                draft = seq.matcher.forced(width) or seq.matcher.valid_prefix(
+                    self.drafter.draft(seq.draft, seq.history(), room - 1)
+                )
+            else:
+                draft = self.drafter.draft(seq.draft, seq.history(), room - 1)
             if draft and seq.open_ended:  # fed + drafts, and one position free after them
                 try:
                     self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + len(draft) + 1)
@@ -284,7 +296,30 @@ class Scheduler:
                 self.prefilling.remove(seq)
                 self.decoding.append(seq)
         for seq in call.sampling:
+            if seq.params.host_sampler is not None and not self._host_choice(seq, host):
+                continue
             self._accept(seq, host, call)
+
+    def _host_choice(self, seq: Sequence, host: dict) -> bool:
+        """Let the sequence's host sampler choose its token from its candidates (written into
+        `host` in place of the graph's); False when it failed (the request fails alone)."""
+        s = seq.slot
+        ids = host["sampler.candidate_ids"][s].copy()
+        logits = host["sampler.candidate_logits"][s].copy()
+        try:
+            token = seq.params.host_sampler(ids, logits)
+            if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+                raise TypeError(f"it returned {token!r}, not a token id")
+            if not 0 <= token < self.state.meta.vocab_size:
+                raise ValueError(f"it returned {token}, outside [0, {self.state.meta.vocab_size})")
+        except Exception as exc:
+            log.warning("request %s: the host sampler failed: %s", seq.request.id, exc)
+            self._fail(seq, GenerationError(f"the host sampler failed: {exc}"))
+            return False
+        taken = int(host["sampler.next_token"][s])
+        self.state.retake(s, taken, int(token))
+        host["sampler.next_token"][s] = int(token)
+        return True
 
     def _accept(self, seq: Sequence, host: dict, call: Call) -> None:
         """Hand `seq` the tokens the call emitted for it: one, or with a draft the verified

@@ -46,6 +46,11 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
             "structured output (a constraint) needs a model composed with the allowed-tokens "
             "mask (onnxsample compose --allowed-tokens)"
         )
+    if params.host_sampler is not None and not meta.output_candidates:
+        raise InvalidParameter(
+            "a host sampler needs a model composed with candidates "
+            "(onnxsample compose --candidates K)"
+        )
     if params.prompt_logprobs is not None and not meta.prompt_logprobs:
         raise InvalidParameter(
             "prompt_logprobs needs a model composed with prompt logprobs "
@@ -128,6 +133,16 @@ class SlotState:
             return
         binding.bind_ortvalue_input(COUNTS, self.counts)
         binding.bind_ortvalue_output(COUNTS_OUT, self._spare)
+
+    def retake(self, slot: int, taken: int, instead: int) -> None:
+        """The slot's last token is `instead`, not the `taken` the graph counted (a host sampler
+        chose): move its count."""
+        if not self.penalties or taken == instead:
+            return
+        counts = host_copy(self.counts)
+        counts[slot, taken] -= 1
+        counts[slot, instead] += 1
+        self.counts.update_inplace(counts)
 
     def advance(self) -> None:
         """After a successful call: the written counts become the state."""

@@ -125,6 +125,28 @@ class Matcher:
             log.warning("grammar refused token %d: %s", token, self._inner.get_error())
         return ok
 
+    def fill_along(self, draft: list[int], rows: np.ndarray) -> None:
+        """Write into ``rows[i]`` the tokens allowed after ``draft[: i + 1]`` (the masks of a
+        draft's positions 1..k), leaving the matcher where it was."""
+        taken = 0
+        for i, token in enumerate(draft):
+            if not self._inner.consume_token(int(token)):
+                break
+            taken += 1
+            self.fill(rows[i])
+        self._inner.rollback(taken)
+
+    def valid_prefix(self, tokens: list[int]) -> list[int]:
+        """The longest prefix of `tokens` the grammar allows from here (a draft cut at its first
+        rejected token)."""
+        return list(tokens[: self._inner.validate_tokens([int(t) for t in tokens])])
+
+    def forced(self, limit: int) -> list[int]:
+        """Up to `limit` tokens that the grammar forces from here (the only way it can go on)."""
+        if limit <= 0 or self._inner.is_stopped():
+            return []
+        return list(self._inner.compute_ff_tokens()[:limit])
+
     @property
     def done(self) -> bool:
         """The grammar is complete and allows nothing but end-of-sequence."""

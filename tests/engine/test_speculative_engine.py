@@ -4,12 +4,13 @@ mixed batches, errors)."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
 import pytest
 
-from onnxsample import Engine, InvalidParameter, ModelError, SamplingParams, compose
+from onnxsample import Constraint, Engine, InvalidParameter, ModelError, SamplingParams, compose
 from onnxsample.engine._drafter import DraftStats, NgramDrafter
 
 GREEDY = SamplingParams(temperature=0)
@@ -86,7 +87,7 @@ def tiny_pair(tiny_gqa_export, tmp_path_factory):
     """The tiny GQA model composed with 4 slots and 4 draft tokens; engines with and without
     speculation."""
     path = tmp_path_factory.mktemp("spec") / "tiny.onnx"
-    options = dict(max_slots=4, top_logprobs=2, max_bias=4, draft_tokens=4)
+    options = dict(max_slots=4, top_logprobs=2, max_bias=4, draft_tokens=4, allowed_tokens=True)
     yield from _engine_pair(tiny_gqa_export.output, path, **options)
 
 
@@ -97,7 +98,9 @@ def embedded_pair(embedded_exact_export, tmp_path_factory):
     GroupQueryAttention a verification call's logits differ from a one-token step's in their
     last bits, which int8 activations make visible: see tests/exporters/test_exact_attention.py.)"""
     path = tmp_path_factory.mktemp("spec-embedded") / "composed.onnx"
-    options = dict(max_slots=4, top_logprobs=2, draft_tokens=8, prompt_logprobs=True)
+    options = dict(
+        max_slots=4, top_logprobs=2, draft_tokens=8, prompt_logprobs=True, allowed_tokens=True
+    )
     yield from _engine_pair(embedded_exact_export.output, path, **options)
 
 
@@ -266,3 +269,64 @@ def test_speculation_says_when_its_output_may_differ(
     assert "--attention exact" in caplog.text
     _, fast = embedded_pair
     assert fast.meta.exact_positions and fast.speculative == "ngram"
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "programming_languages": {
+            "type": "array",
+            "items": {"enum": ["Python", "Rust", "C"]},
+            "maxItems": 3,
+        },
+        "years_of_experience": {"type": "integer", "minimum": 0, "maximum": 60},
+    },
+    "required": ["name", "programming_languages", "years_of_experience"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, constraint=Constraint.json_schema(SCHEMA)),
+        SamplingParams(temperature=0.9, seed=4, constraint=Constraint.json_schema(SCHEMA)),
+        SamplingParams(
+            temperature=0, constraint=Constraint.regex("(one two three ){2,6}[a-z]{1,5}")
+        ),
+    ],
+    ids=["greedy-schema", "sampled-schema", "regex"],
+)
+def test_tiny_constrained_drafts_are_verified_under_their_masks(tiny_pair, params):
+    """A constrained sequence drafts what its grammar forces (or its n-gram draft, cut where the
+    grammar rejects it); every position is verified under its own mask, so the tokens are plain
+    decoding's, alone and beside unconstrained drafting sequences."""
+    plain, fast = tiny_pair
+    prompt = "one two three one two three one two three"
+    free = SamplingParams(temperature=0)
+    base = plain.submit(prompt, params, max_new_tokens=48, chat=False).result(timeout=300)
+    alone = fast.submit(prompt, params, max_new_tokens=48, chat=False).result(timeout=300)
+    both = [
+        fast.submit(p, sp, max_new_tokens=48, chat=False)
+        for p, sp in ((prompt, params), ("a b c a b c a b c", free))
+    ]
+    mixed = both[0].result(timeout=300)
+    both[1].result(timeout=300)
+    assert alone.token_ids == base.token_ids and mixed.token_ids == base.token_ids
+    assert alone.finish_reason == base.finish_reason
+    assert alone.timings.draft_tokens > 0 and alone.timings.accepted_tokens > 0
+
+
+def test_embedded_constrained_greedy_is_unchanged_with_speculation(embedded_pair):
+    """On the real model (exact attention): a JSON schema's forced keys are drafted and verified
+    in one call, and the text is token for token plain decoding's."""
+    plain, fast = embedded_pair
+    params = SamplingParams(temperature=0, constraint=Constraint.json_schema(SCHEMA))
+    chat = [{"role": "user", "content": "Describe a senior developer called Ada as JSON."}]
+    base = plain.submit(chat, params, max_new_tokens=80).result(timeout=300)
+    spec = fast.submit(chat, params, max_new_tokens=80).result(timeout=300)
+    assert spec.token_ids == base.token_ids
+    assert set(json.loads(base.text)) == set(SCHEMA["properties"])
+    assert spec.timings.accepted_tokens > 0
+    assert spec.timings.decode_s > 0

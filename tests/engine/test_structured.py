@@ -172,27 +172,3 @@ def test_space_prefixed_tokens_read_as_spaces(engine):
         assert matcher.consume(token)
     matcher.fill(row)
     assert matcher.done and set(np.flatnonzero(row)) <= set(engine.info.eos_ids)
-
-
-def test_constrained_requests_do_not_draft(tiny_gqa_export, tmp_path):
-    """With speculative decoding on, a constrained request takes one masked token per step (its
-    tokens are those of plain decoding) while the others may draft."""
-    path = compose(
-        tiny_gqa_export.output,
-        None,
-        tmp_path / "drafts.onnx",
-        max_slots=2,
-        draft_tokens=4,
-        allowed_tokens=True,
-    )
-    prompt = "one two three one two three one two three one two"
-    params = SamplingParams(temperature=0, constraint=Constraint.regex("( ?[a-z]{1,6}){1,12}"))
-    results = {}
-    for speculative in (None, "ngram"):
-        with Engine(
-            path, tokenizer=tiny_gqa_export.output, threads=1, speculative=speculative
-        ) as e:
-            done = e.submit(prompt, params, max_new_tokens=32, chat=False).result(60)
-            results[speculative] = (done.token_ids, done.timings.draft_tokens)
-    assert results["ngram"][0] == results[None][0]
-    assert results["ngram"][1] == 0
