@@ -4,7 +4,8 @@
 
 Either file may be missing; its section then says how to produce it. Nothing here measures anything.
 This script puts the page together; its sections are report_targets.py, report_e2e.py,
-report_overhead.py, report_engine.py (serving) and report_speculative.py, the chart
+report_overhead.py, report_engine.py (serving), report_speculative.py and report_structured.py,
+the chart
 report_chart.py, all over the harness's tables (benchmarks/_harness/tables.py).
 """
 
@@ -19,6 +20,7 @@ from report_e2e import e2e_section, normalise
 from report_engine import engine_section, load_results
 from report_overhead import overhead_section
 from report_speculative import speculative_section
+from report_structured import structured_section
 from report_targets import targets_section
 
 READING = [
@@ -73,6 +75,7 @@ def render(
         "bash scripts/build_llama_server.sh                 # llama-server, for serve.py",
         ".venv/bin/python benchmarks/serve.py",
         ".venv/bin/python benchmarks/speculative.py         # llama.cpp from .venv-llamacpp",
+        ".venv/bin/python benchmarks/structured.py          # llama-server, as serve.py",
         ".venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -90,6 +93,7 @@ def render(
     lines += overhead_section(overhead)
     lines += engine_section(engine or {})
     lines += speculative_section((engine or {}).get("speculative"))
+    lines += structured_section((engine or {}).get("structured"))
     return "\n".join(lines).rstrip() + "\n"
 
 

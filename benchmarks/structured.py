@@ -10,19 +10,24 @@ Workloads (one user message through the embedded SmolLM2's chat template, greedy
 - ``json``: the same model asked for a person record, constrained by a JSON schema (names,
   an enum, a bounded array, an integer).
 
-Our engines on the embedded model as ``onnxsample run`` uses it (GQA export on the GGUF's own
-blocks at accuracy level 4, 8 slots): ``mask-off`` composed without the mask, ``mask-on`` with it
-(the default), and on the ``--attention exact`` export ``exact-off`` and ``exact-k8`` (speculative
-decoding: a constrained request drafts the tokens its grammar forces, verified under their own
-masks). Batch B is B copies of the request submitted together. Peer: llama.cpp (llama-cpp-python,
-the original Q4_1 GGUF, batch 1, from ``.venv-llamacpp``) with and without its grammar
-(``LlamaGrammar.from_json_schema``) on the same token ids.
+Three parts, in one run:
 
-Per configuration: decode tokens/s (tokens after the first over the time of the decode calls),
-tokens, and for speculation the drafts verified and kept. Engines alternate within each
-repetition; medians go to stdout and ``--output`` (``benchmarks/results/structured.json``) with
-the load average of the run and the ratios ``mask_cost`` (mask-on / mask-off, free text),
-``json_vs_free`` and ``vs_llamacpp``.
+1. ``engine``: :class:`onnxsample.Engine` in this process on the embedded model as ``onnxsample
+   run`` uses it (GQA export on the GGUF's own blocks at accuracy level 4, 8 slots): ``mask-off``
+   composed without the mask, ``mask-on`` with it (the default), and on the ``--attention exact``
+   export ``exact-off`` and ``exact-k8`` (speculative decoding: a constrained request drafts the
+   tokens its grammar forces, verified under their own masks). Batch B is B copies of the request
+   submitted together. Decode tokens/s (tokens after the first over the decode calls' time), TTFT,
+   tokens per model call, and ``mask_cost`` (mask-on / mask-off on free text), ``json_vs_free``.
+2. ``http``: ``onnxsample serve`` against llama-server (same GGUF, threads, 8 slots), the JSON
+   schema sent as OpenAI's ``response_format`` to both (llama-server turns it into its grammar),
+   1 and 8 streaming clients in a closed loop: tokens/s, TTFT and inter-token latency, and
+   ``vs_llama_server``.
+3. ``masks``: the host's time to fill the masks of 8 and 16 constrained sequences (llguidance over
+   the 49,152-token vocabulary), per step.
+
+Medians go to stdout and ``--output`` (``benchmarks/results/structured.json``) with the load
+average of the run.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ import time
 from pathlib import Path
 
 from _harness.machine import emit, load_average, machine, versions
-from _harness.process import JsonLinesProcess
-from _harness.script import BENCHMARKS, RESULTS, ROOT, ints, logger, parser
+from _harness.measure import closed_loop
+from _harness.script import RESULTS, ints, logger, parser
+from serve import LLAMA_SERVER, _start, _stream, _warm_up
 
 SCHEMA = {
     "type": "object",
@@ -58,10 +64,11 @@ PROMPTS = {
 def _parse() -> argparse.Namespace:
     p = parser(__doc__)
     p.add_argument("--threads", type=lambda t: ints(t, "--threads"), default=[1, 2])
-    p.add_argument("--batch", type=lambda t: ints(t, "--batch"), default=[1, 4])
+    p.add_argument("--batch", type=lambda t: ints(t, "--batch"), default=[1, 8])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--new-tokens", type=int, default=96)
-    p.add_argument("--llamacpp-python", default=str(ROOT / ".venv-llamacpp/bin/python"))
+    p.add_argument("--http-requests", type=int, default=16, help="per cell of the http part")
+    p.add_argument("--parts", default="engine,http,masks")
     p.add_argument("--output", default=str(RESULTS / "structured.json"))
     return p.parse_args()
 
@@ -79,6 +86,7 @@ class _Ours:
         constraint = Constraint.json_schema(schema) if schema else None
         params = SamplingParams(temperature=0, constraint=constraint)
         before = self.engine.stats()
+        start = time.perf_counter()
         requests = [
             self.engine.submit(ids, params, max_new_tokens=new_tokens) for _ in range(batch)
         ]
@@ -91,6 +99,9 @@ class _Ours:
         return {
             "tokens": [len(c.token_ids) for c in done],
             "ids": [c.token_ids for c in done],
+            "ttft_s": min(c.timings.ttft_s for c in done),
+            "calls": after.decode_steps - before.decode_steps,
+            "wall_s": time.perf_counter() - start,
             "decode_s": after.decode_s - before.decode_s,
             "drafted": after.drafted_tokens - before.drafted_tokens,
             "accepted": after.accepted_tokens - before.accepted_tokens,
@@ -100,39 +111,17 @@ class _Ours:
         self.engine.close()
 
 
-class _LlamaCpp:
-    """llama.cpp in its own interpreter (``benchmarks/e2e_worker.py llamacpp``)."""
-
-    def __init__(self, python: str, threads: int) -> None:
-        from onnxsample.exporters import embedded_gguf
-
-        command = [python, str(BENCHMARKS / "e2e_worker.py"), "llamacpp", "--threads", str(threads)]
-        self.worker = JsonLinesProcess([*command, "--gguf", str(embedded_gguf())])
-        if not self.worker.info.get("ready"):
-            raise RuntimeError(self.worker.info.get("error"))
-        self.versions = self.worker.info.get("versions", {})
-
-    def run(self, ids: list[int], batch: int, new_tokens: int, schema: dict | None) -> dict:
-        request = {"prompt_ids": ids, "batch": 1, "mode": "greedy", "new_tokens": new_tokens}
-        reply = self.worker.request(
-            {**request, "seed": 0, "stop_at_eos": True, "json_schema": schema}
-        )
-        if not reply.get("ok"):
-            raise RuntimeError(reply.get("error"))
-        return {"tokens": reply["tokens"], "decode_s": reply["decode_s"]}
-
-    def close(self) -> None:
-        self.worker.close()
-
-
 def _summary(runs: list[dict]) -> dict:
     rates = [
         (sum(r["tokens"]) - len(r["tokens"])) / r["decode_s"] for r in runs if r["decode_s"] > 0
     ]
+    decoded = sum(sum(r["tokens"]) - len(r["tokens"]) for r in runs)
     out = {
         "decode_tokens_per_s": round(statistics.median(rates), 1),
         "spread": [round(min(rates), 1), round(max(rates), 1)],
+        "ttft_ms": round(statistics.median(r["ttft_s"] for r in runs) * 1000, 1),
         "tokens": runs[0]["tokens"][0],
+        "tokens_per_call": round(decoded / max(sum(r["calls"] for r in runs), 1), 2),
     }
     drafted = sum(r.get("drafted", 0) for r in runs)
     if drafted:
@@ -152,17 +141,13 @@ def _models() -> dict[str, Path]:
     return {"mask-off": plain, "mask-on": masked, "exact": exact}
 
 
-def main() -> None:
-    args = _parse()  # first: --help needs no onnxsample
+def _engine_part(args, log) -> dict:
     from onnxsample.text._prompt import prompt_tokens
 
-    log = logger("structured")
     models = _models()
-    loads = [load_average()]
     results: dict = {}
-    peers: dict = {}
     for threads in args.threads:
-        loaded: dict = {
+        loaded = {
             "mask-off": _Ours(models["mask-off"], threads, False),
             "mask-on": _Ours(models["mask-on"], threads, False),
             "exact-off": _Ours(models["exact"], threads, False),
@@ -175,11 +160,6 @@ def main() -> None:
             )
             for w, text in PROMPTS.items()
         }
-        try:
-            loaded["llamacpp"] = _LlamaCpp(args.llamacpp_python, threads)
-            peers["llama_cpp_python"] = loaded["llamacpp"].versions.get("llama_cpp_python")
-        except (OSError, RuntimeError) as exc:
-            results.setdefault("skipped", {})["llamacpp"] = str(exc).splitlines()[0]
         runs: dict = {}
         for rep in range(args.repeats):
             names = list(loaded)
@@ -188,16 +168,11 @@ def main() -> None:
                 schema = SCHEMA if workload == "json" else None
                 for batch in args.batch:
                     for name in names:
-                        if name == "llamacpp" and batch != 1:
-                            continue
                         if name == "mask-off" and schema:
                             continue  # it cannot constrain
-                        start = time.perf_counter()
                         found = loaded[name].run(ids[workload], batch, args.new_tokens, schema)
-                        found["wall_s"] = time.perf_counter() - start
                         runs.setdefault((workload, batch, name), []).append(found)
                         log(f"{threads} {workload} {batch} {name} {_summary([found])}")
-            loads.append(load_average())
         for engine in loaded.values():
             engine.close()
         table = results.setdefault(f"threads={threads}", {})
@@ -207,24 +182,113 @@ def main() -> None:
             if name == "exact-k8":
                 plain = runs[(workload, batch, "exact-off")][0]["ids"]
                 row[name]["same_tokens"] = found[0]["ids"] == plain
-        for workload, batches in table.items():
-            for batch, row in batches.items():
-                rate = {n: r["decode_tokens_per_s"] for n, r in row.items()}
-                free = table["free"][batch]
-                if workload == "free" and "mask-off" in rate:
-                    row["mask-on"]["mask_cost"] = round(rate["mask-on"] / rate["mask-off"], 3)
-                for name, r in row.items():
-                    if workload == "json" and name in free:
-                        base = free[name]["decode_tokens_per_s"]
-                        r["json_vs_free"] = round(r["decode_tokens_per_s"] / base, 2)
-                    if "llamacpp" in rate and name != "llamacpp":
-                        r["vs_llamacpp"] = round(r["decode_tokens_per_s"] / rate["llamacpp"], 2)
+        for row in table["free"].values():
+            rate = {n: r["decode_tokens_per_s"] for n, r in row.items()}
+            row["mask-on"]["mask_cost"] = round(rate["mask-on"] / rate["mask-off"], 3)
+        for batch, row in table["json"].items():
+            for name, r in row.items():
+                free = table["free"][batch][name]
+                r["json_vs_free"] = round(r["decode_tokens_per_s"] / free["decode_tokens_per_s"], 2)
+                r["ttft_vs_free"] = round(r["ttft_ms"] / free["ttft_ms"], 2)
+    return results
+
+
+def _http_part(args, log) -> dict:
+    threads = max(args.threads)
+    engines = ["onnxsample", "llama-server"]
+    results: dict = {"threads": threads}
+    if not LLAMA_SERVER.is_file():
+        results["skipped"] = {"llama-server": "not built: bash scripts/build_llama_server.sh"}
+        engines.remove("llama-server")
+    for engine in engines:
+        proc, port = _start(engine, threads, 1)
+        try:
+            _warm_up(port)
+            for workload, text in PROMPTS.items():
+                body = {
+                    "messages": [{"role": "user", "content": text}],
+                    "max_tokens": args.new_tokens,
+                    "temperature": 0,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+                if workload == "json":
+                    body["response_format"] = {
+                        "type": "json_schema",
+                        "json_schema": {"name": "person", "schema": SCHEMA},
+                    }
+                for clients in (1, 8):
+                    per = max(1, args.http_requests // clients)
+                    found = closed_loop(clients, per, lambda k, r, b=body, p=port: _stream(p, b))
+                    key = f"clients={clients}"
+                    results.setdefault(workload, {}).setdefault(key, {})[engine] = found
+                    log(f"http {engine} {workload} {clients} {found}")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    for workload, cells in results.items():
+        if workload not in PROMPTS:
+            continue
+        for cell in cells.values():
+            peer = cell.get("llama-server", {}).get("tokens_per_s")
+            if peer and "onnxsample" in cell:
+                cell["onnxsample"]["vs_llama_server"] = round(
+                    cell["onnxsample"]["tokens_per_s"] / peer, 2
+                )
+    return results
+
+
+def _mask_part() -> dict:
+    import numpy as np
+
+    from onnxsample import Constraint, prepare
+    from onnxsample.engine._model_info import ModelInfo
+    from onnxsample.text._grammar import GrammarVocabulary
+
+    info = ModelInfo.read(prepare(None).parent)
+    vocabulary = GrammarVocabulary(info.tokenizer, 49152, info.eos_ids)
+    grammar = Constraint.json_schema(SCHEMA).grammar_text()
+    prefix = info.tokenizer.encode('{"name": "Ada Love', add_special_tokens=False)
+    out = {}
+    for count in (8, 16):
+        matchers = [vocabulary.matcher(grammar) for _ in range(count)]
+        for i, m in enumerate(matchers):  # at different places in the document
+            for token in prefix[: i % (len(prefix) + 1)]:
+                m.consume(token)
+        rows = np.ones((count, 49152), bool)
+        times = []
+        for _ in range(200):
+            start = time.perf_counter()
+            for m, row in zip(matchers, rows, strict=True):
+                m.fill(row)
+            times.append(time.perf_counter() - start)
+        out[f"slots={count}"] = {
+            "fill_us_per_step_p50": round(statistics.median(times) * 1e6, 1),
+            "fill_us_per_step_p99": round(sorted(times)[int(len(times) * 0.99)] * 1e6, 1),
+        }
+    return out
+
+
+def main() -> None:
+    args = _parse()  # first: --help needs no onnxsample
+    log = logger("structured")
+    parts = args.parts.split(",")
+    loads = [load_average()]
+    results: dict = {}
+    if "engine" in parts:
+        results["engine"] = _engine_part(args, log)
+        loads.append(load_average())
+    if "http" in parts:
+        results["http"] = _http_part(args, log)
+        loads.append(load_average())
+    if "masks" in parts:
+        results["masks"] = _mask_part()
     emit(
         {
             "benchmark": "structured",
             "machine": machine(),
             "load_average": loads,
-            "versions": {**versions("onnxsample", "onnxruntime", "llguidance"), **peers},
+            "versions": versions("onnxsample", "onnxruntime", "llguidance"),
             "settings": {
                 "new_tokens": args.new_tokens,
                 "repeats": args.repeats,

@@ -274,3 +274,31 @@ def test_a_conversation_with_tool_results(client):
     ]
     with pytest.raises(openai.BadRequestError, match="arguments"):
         client.chat.completions.create(model="tiny", messages=bad, max_tokens=4)
+
+
+def test_the_chat_page_asks_for_json(port, chromium):
+    """The page's "Answer as" control sends response_format: the answer is the schema's JSON; a
+    schema that is not JSON is said on the page, not sent."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = chromium
+    driver.get(f"http://127.0.0.1:{port}/")
+    wait = WebDriverWait(driver, 60)
+    wait.until(lambda d: d.find_element(By.ID, "model").text == "tiny")
+    Select(driver.find_element(By.ID, "format")).select_by_value("json_schema")
+    schema = driver.find_element(By.ID, "schema")
+    assert schema.is_displayed()
+    schema.send_keys(json.dumps(SCHEMA))
+    driver.find_element(By.ID, "input").send_keys("Give me a record.")
+    driver.find_element(By.ID, "send").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".timings"))
+    answer = driver.find_elements(By.CSS_SELECTOR, ".message.assistant")[-1].text
+    assert _valid(json.loads(answer)), answer
+    schema.clear()
+    schema.send_keys("{not json")
+    driver.find_element(By.ID, "input").send_keys("Again?")
+    driver.find_element(By.ID, "send").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".message.error"))
+    error = driver.find_element(By.CSS_SELECTOR, ".message.error").text
+    assert "not valid JSON" in error

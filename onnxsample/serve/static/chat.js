@@ -42,6 +42,17 @@ function body() {
     const raw = $(name).value.trim();
     if (raw !== "") b[name] = Number(raw);
   }
+  const format = $("format").value;
+  if (format === "json_object") b.response_format = { type: "json_object" };
+  if (format === "json_schema") {
+    let schema;
+    try {
+      schema = JSON.parse($("schema").value);
+    } catch (error) {
+      throw new Error("the JSON schema is not valid JSON: " + error.message);
+    }
+    b.response_format = { type: "json_schema", json_schema: { name: "answer", schema } };
+  }
   return b;
 }
 
@@ -54,8 +65,9 @@ async function ask(question) {
   $("stop").disabled = false;
   let text = "";
   try {
+    const request = JSON.stringify(body());
     const response = await fetch("/v1/chat/completions", {
-      method: "POST", headers: headers(), body: JSON.stringify(body()), signal: controller.signal,
+      method: "POST", headers: headers(), body: request, signal: controller.signal,
     });
     if (!response.ok) {
       const err = await response.json().catch(() => ({}));
@@ -139,4 +151,7 @@ function showModel() {
     .catch(() => { $("model").textContent = "(not reachable)"; });
 }
 $("api_key").addEventListener("change", showModel);
+$("format").addEventListener("change", () => {
+  $("schema_label").hidden = $("format").value !== "json_schema";
+});
 showModel();
