@@ -10,35 +10,15 @@ import re
 
 import numpy as np
 import pytest
+from _structured_cases import SCHEMA, matches_schema
 
 from onnxsample import Constraint, Engine, SamplingParams
 from onnxsample.composer import compose
 from onnxsample.errors import InvalidParameter
 from onnxsample.text._grammar import GrammarVocabulary
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "n": {"type": "integer", "minimum": 0, "maximum": 99},
-        "color": {"enum": ["red", "green", "blue"]},
-    },
-    "required": ["ok", "n", "color"],
-    "additionalProperties": False,
-}
-
-
-def _check_schema(text: str) -> bool:
-    value = json.loads(text)
-    assert set(value) == {"ok", "n", "color"}, value
-    assert isinstance(value["ok"], bool)
-    assert isinstance(value["n"], int) and 0 <= value["n"] <= 99
-    assert value["color"] in ("red", "green", "blue")
-    return True
-
-
 CASES = [
-    pytest.param(Constraint.json_schema(SCHEMA), _check_schema, id="json_schema"),
+    pytest.param(Constraint.json_schema(SCHEMA), matches_schema, id="json_schema"),
     pytest.param(
         Constraint.choice(["yes", "no", "maybe not"]),
         lambda text: text in ("yes", "no", "maybe not"),
@@ -108,7 +88,7 @@ def test_a_seed_repeats_a_constrained_sample(engine):
     first = engine.submit("x", params, max_new_tokens=40, chat=False).result(60)
     again = engine.submit("x", params, max_new_tokens=40, chat=False).result(60)
     assert first.token_ids == again.token_ids
-    _check_schema(first.text)
+    assert matches_schema(first.text)
 
 
 @pytest.mark.parametrize(

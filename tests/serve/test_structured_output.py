@@ -11,17 +11,8 @@ import re
 import openai
 import pytest
 from _http import chat
+from _structured_cases import SCHEMA, matches_schema
 
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "n": {"type": "integer", "minimum": 0, "maximum": 99},
-        "color": {"enum": ["red", "green", "blue"]},
-    },
-    "required": ["ok", "n", "color"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "type": "function",
     "function": {
@@ -52,15 +43,6 @@ TIME = {
 }
 
 
-def _valid(value: dict) -> bool:
-    return (
-        set(value) == {"ok", "n", "color"}
-        and isinstance(value["ok"], bool)
-        and 0 <= value["n"] <= 99
-        and value["color"] in ("red", "green", "blue")
-    )
-
-
 def _schema_format(strict: bool = True, schema: dict = SCHEMA) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": strict}}
 
@@ -77,7 +59,7 @@ def test_response_format_json_schema(client, temperature):
     )
     for choice in done.choices:
         assert choice.finish_reason == "stop"
-        assert _valid(json.loads(choice.message.content)), choice.message.content
+        assert matches_schema(choice.message.content), choice.message.content
 
 
 def test_response_format_json_object_streamed(client):
@@ -124,7 +106,7 @@ def test_vllm_and_llama_server_fields_on_completions(client, extra, check):
 )
 def test_schema_fields_on_chat(client, extra):
     done = chat(client, max_tokens=60, seed=9, extra_body=extra)
-    assert _valid(json.loads(done.choices[0].message.content))
+    assert matches_schema(done.choices[0].message.content)
 
 
 @pytest.mark.parametrize(
@@ -294,7 +276,7 @@ def test_the_chat_page_asks_for_json(port, chromium):
     driver.find_element(By.ID, "send").click()
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".timings"))
     answer = driver.find_elements(By.CSS_SELECTOR, ".message.assistant")[-1].text
-    assert _valid(json.loads(answer)), answer
+    assert matches_schema(answer), answer
     schema.clear()
     schema.send_keys("{not json")
     driver.find_element(By.ID, "input").send_keys("Again?")
