@@ -21,8 +21,8 @@ Three parts, in one run:
    tokens per model call, and ``mask_cost`` (mask-on / mask-off on free text), ``json_vs_free``.
 2. ``http``: ``onnxsample serve`` against llama-server (same GGUF, threads, 8 slots), the JSON
    schema sent as OpenAI's ``response_format`` to both (llama-server turns it into its grammar),
-   1 and 8 streaming clients in a closed loop: tokens/s, TTFT and inter-token latency, and
-   ``vs_llama_server``.
+   1 and 8 streaming clients in a closed loop, the two servers' cells alternating: tokens/s,
+   TTFT and inter-token latency (medians of the repetitions), and ``vs_llama_server``.
 3. ``masks``: the host's time to fill the masks of 8 and 16 constrained sequences (llguidance over
    the 49,152-token vocabulary), per step.
 
@@ -194,16 +194,22 @@ def _engine_part(args, log) -> dict:
 
 
 def _http_part(args, log) -> dict:
+    """Both servers up at once, their cells alternating within each repetition (the load of a
+    shared machine falls on both alike); medians of the repetitions."""
     threads = max(args.threads)
     engines = ["onnxsample", "llama-server"]
     results: dict = {"threads": threads}
     if not LLAMA_SERVER.is_file():
         results["skipped"] = {"llama-server": "not built: bash scripts/build_llama_server.sh"}
         engines.remove("llama-server")
-    for engine in engines:
-        proc, port = _start(engine, threads, 1)
-        try:
-            _warm_up(port)
+    servers = {}
+    try:
+        for engine in engines:
+            servers[engine] = _start(engine, threads, 1)
+            _warm_up(servers[engine][1])
+        runs: dict = {}
+        for rep in range(args.repeats):
+            order = engines[rep % len(engines) :] + engines[: rep % len(engines)]
             for workload, text in PROMPTS.items():
                 body = {
                     "messages": [{"role": "user", "content": text}],
@@ -219,13 +225,23 @@ def _http_part(args, log) -> dict:
                     }
                 for clients in (1, 8):
                     per = max(1, args.http_requests // clients)
-                    found = closed_loop(clients, per, lambda k, r, b=body, p=port: _stream(p, b))
-                    key = f"clients={clients}"
-                    results.setdefault(workload, {}).setdefault(key, {})[engine] = found
-                    log(f"http {engine} {workload} {clients} {found}")
-        finally:
+                    for engine in order:
+                        port = servers[engine][1]
+                        one = lambda k, r, b=body, p=port: _stream(p, b)  # noqa: E731
+                        found = closed_loop(clients, per, one)
+                        runs.setdefault((workload, clients, engine), []).append(found)
+                        log(f"http {engine} {workload} {clients} {found}")
+    finally:
+        for proc, _port in servers.values():
             proc.terminate()
             proc.wait(30)
+    for (workload, clients, engine), found in runs.items():
+        cell = results.setdefault(workload, {}).setdefault(f"clients={clients}", {})
+        cell[engine] = {
+            key: statistics.median(r[key] for r in found)
+            for key in found[0]
+            if isinstance(found[0][key], (int, float)) and found[0][key] is not None
+        }
     for workload, cells in results.items():
         if workload not in PROMPTS:
             continue

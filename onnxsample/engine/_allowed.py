@@ -3,7 +3,9 @@
 A call whose sampling sequences have no constraint binds one column of trues (``[S, 1]``), which
 the branching chain skips; otherwise every row is bound (``[S, V]``): a constrained sequence's row
 is filled by its grammar matcher just before the call, every other row is all true. A static
-chain (CUDA graphs) always binds ``[S, V]``, at one address.
+chain (CUDA graphs) always binds ``[S, V]``. The masks live on the device, each at one address,
+and are rewritten in place only when a row changed: a step without constrained sequences copies
+nothing.
 
 A graph that verifies drafts also takes ``sampler.draft_allowed`` ``[S, K, V]``: a constrained
 drafting sequence's mask at each draft position, as its grammar stands after the drafts before it
@@ -13,32 +15,39 @@ drafting sequence's mask at each draft position, as its grammar stands after the
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from onnxsample.engine._sequence import Sequence
+from onnxsample.engine._slots import ortvalue
 
 ALLOWED, DRAFT_ALLOWED = "sampler.allowed", "sampler.draft_allowed"
 
 
 class AllowedTokens:
-    """Host buffers of masks for a graph with `slots` slots, `vocab` tokens and, where it takes
+    """Masks for a graph with `slots` slots and `vocab` tokens on `device` and, where it takes
     per-position masks, `draft_width` draft positions per slot."""
 
-    def __init__(self, slots: int, vocab: int, *, static: bool, draft_width: int = 0) -> None:
-        self.rows = np.ones((slots, vocab), bool)
-        self.none = np.ones((slots, 1), bool)
+    def __init__(
+        self, slots: int, vocab: int, device: str, *, static: bool, draft_width: int = 0
+    ) -> None:
         self.static, self.draft_width = static, draft_width
+        self.rows = np.ones((slots, vocab), bool)
+        self.rows_value = ortvalue(self.rows, device)
+        self._none = ortvalue(np.ones((slots, 1), bool), device)
         self.draft_rows = np.ones((slots, draft_width, vocab), bool) if draft_width else None
-        self.draft_none = np.ones((slots, draft_width, 1), bool)
+        self._draft_value = ortvalue(self.draft_rows, device) if draft_width else None
+        self._draft_none = ortvalue(np.ones((slots, draft_width, 1), bool), device)
         self._filled: set[int] = set()
 
     def for_call(
         self, sampling: Iterable[Sequence], drafts: Mapping[int, list[int]]
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The masks to bind for a call in which `sampling` sequences take a token (and verify
-        their `drafts`, by slot): ``sampler.allowed``, and ``sampler.draft_allowed`` where the
-        graph takes it."""
+    ) -> tuple[Any, Any | None]:
+        """The masks (device OrtValues) to bind for a call in which `sampling` sequences take a
+        token (and verify their `drafts`, by slot): ``sampler.allowed``, and
+        ``sampler.draft_allowed`` where the graph takes it."""
+        changed = bool(self._filled)
         for slot in self._filled:
             self.rows[slot] = True
             if self.draft_rows is not None:
@@ -53,7 +62,11 @@ class AllowedTokens:
                 seq.matcher.fill_along(draft, self.draft_rows[seq.slot])
             self._filled.add(seq.slot)
         constrained = bool(self._filled)
-        allowed = self.rows if constrained or self.static else self.none
+        if changed or constrained:
+            self.rows_value.update_inplace(self.rows)
+            if self._draft_value is not None:
+                self._draft_value.update_inplace(self.draft_rows)
+        allowed = self.rows_value if constrained or self.static else self._none
         if not self.draft_width:
             return allowed, None
-        return allowed, self.draft_rows if constrained else self.draft_none
+        return allowed, self._draft_value if constrained else self._draft_none

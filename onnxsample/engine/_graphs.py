@@ -7,10 +7,10 @@ buffers the graph was captured with, and read its outputs from the ones it wrote
 here binds device buffers only, allocated once per graph:
 
 - the per-step inputs (``input_ids``, ``attention_mask``, ``sampler.row_index``,
-  ``sampler.uniform``, ``sampler.allowed``), overwritten in place from the host before each
-  replay;
-- the KV buffers, the sampler parameters and the penalty counts, which live on the device anyway
-  (the counts swap buffers every step, so each layout has one graph per parity);
+  ``sampler.uniform``), overwritten in place from the host before each replay;
+- the KV buffers, the sampler parameters, the penalty counts and the allowed-tokens mask, which
+  live on the device anyway (the counts swap buffers every step, so each layout has one graph per
+  parity; the mask is rewritten in place when a constrained sequence's row changes);
 - the outputs, copied to the host after the replay (only ``sampler.next_token`` and the logprobs
   come back).
 
@@ -34,13 +34,7 @@ from onnxsample.engine._slots import COUNTS_OUT, SlotState
 log = logging.getLogger(__name__)
 
 UNCAPTURED = "-1"
-_STEP_INPUTS = (
-    "input_ids",
-    "attention_mask",
-    "sampler.row_index",
-    "sampler.uniform",
-    "sampler.allowed",
-)
+_STEP_INPUTS = ("input_ids", "attention_mask", "sampler.row_index", "sampler.uniform")
 _EMPTY_INPUTS = ("sampler.prompt_rows", "sampler.prompt_targets")
 _DTYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
 
@@ -72,8 +66,11 @@ class CapturedDecode:
     step, as an uncaptured run would fill them).
     """
 
-    def __init__(self, session, device: str, slots: SlotState, host_outputs: dict) -> None:
+    def __init__(
+        self, session, device: str, slots: SlotState, host_outputs: dict, allowed=None
+    ) -> None:
         self.session, self.device, self.slots = session, device, slots
+        self.allowed = allowed  # AllowedTokens, where the graph takes sampler.allowed
         self.host_outputs = host_outputs
         self.outputs = [o.name for o in session.get_outputs()]
         self._types = {i.name: i.type for i in session.get_inputs()}
@@ -85,24 +82,20 @@ class CapturedDecode:
         """Buckets that have had a graph id (captured, or warming up to be)."""
         return len(self._graphs)
 
-    def run(
-        self, call: Call, uniform: np.ndarray | None, allowed: np.ndarray | None = None
-    ) -> dict[str, np.ndarray]:
+    def run(self, call: Call, uniform: np.ndarray | None) -> dict[str, np.ndarray]:
         """Run decode `call` (from a fixed layout: ``call.reuse`` names its KV buffers) as its
-        bucket's graph, with `allowed` tokens ([S, V]) where the graph takes them; the host
-        outputs by name."""
+        bucket's graph; the host outputs by name."""
         assert call.reuse is not None and not call.drafts, "a fixed decode call"
         self.slots.static()  # parameters rewritten in place when a slot changed
         key = (*call.reuse, self.slots.parity)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._bind(call, key, allowed)
+            graph = self._bind(call, key)
         feeds = {
             "input_ids": call.input_ids,
             "attention_mask": call.mask,
             "sampler.row_index": call.row_index,
             "sampler.uniform": uniform,
-            "sampler.allowed": allowed,
         }
         for name, value in feeds.items():
             if name in graph.inputs and value is not None:
@@ -111,7 +104,7 @@ class CapturedDecode:
         self.slots.advance()
         return {name: graph.outputs[name].numpy() for name in self.host_outputs}
 
-    def _bind(self, call: Call, key: tuple, allowed: np.ndarray | None) -> _Graph:
+    def _bind(self, call: Call, key: tuple) -> _Graph:
         import onnxruntime as ort
 
         if self._graphs and not any(k[:-1] == key[:-1] for k in self._graphs):
@@ -125,7 +118,6 @@ class CapturedDecode:
             "input_ids": call.input_ids,
             "attention_mask": call.mask,
             "sampler.row_index": call.row_index,
-            "sampler.allowed": allowed,
         }
         for name in (*_STEP_INPUTS, *_EMPTY_INPUTS):
             if name not in self._types:
@@ -140,6 +132,8 @@ class CapturedDecode:
             binding.bind_ortvalue_input(name, inputs[name])
         for name, value in self.slots.static().items():
             binding.bind_ortvalue_input(name, value)
+        if self.allowed is not None:
+            binding.bind_ortvalue_input("sampler.allowed", self.allowed.rows_value)
         self.slots.bind_counts(binding)
         if self.slots.penalties:
             outputs[COUNTS_OUT] = None
@@ -164,5 +158,4 @@ class CapturedDecode:
 
 
 def _dtype(value: np.ndarray) -> type:
-    kind = np.asarray(value).dtype.kind
-    return np.float32 if kind == "f" else bool if kind == "b" else np.int64
+    return np.float32 if np.asarray(value).dtype.kind == "f" else np.int64

@@ -1,7 +1,7 @@
 """One session run per :class:`~onnxsample.engine._layout.Call`, with IOBinding.
 
-The host sends token ids, the mask, positions, ``sampler.row_index``, one uniform per slot, the
-allowed tokens of constrained sequences (structured output) and the prompt rows; it gets back token ids and logprobs (bound to preallocated host arrays) and, for a
+The host sends token ids, the mask, positions, ``sampler.row_index``, one uniform per slot and the
+prompt rows (and rewrites the allowed-tokens masks in place when a constrained row changed); it gets back token ids and logprobs (bound to preallocated host arrays) and, for a
 concat cache, the ``present.*`` OrtValues. Everything else — the cache, the sampler parameters, the
 penalty counts — is bound as device OrtValues.
 
@@ -72,7 +72,7 @@ class Runner:
         if ALLOWED in inputs:
             width = self.draft_width if DRAFT_ALLOWED in inputs else 0
             self.allowed = AllowedTokens(
-                meta.max_slots, meta.vocab_size, static=meta.static, draft_width=width
+                meta.max_slots, meta.vocab_size, device, static=meta.static, draft_width=width
             )
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
@@ -81,7 +81,9 @@ class Runner:
                     raise ValueError(f"{out.name} must have a fixed shape, got {out.shape}")
                 self.host[out.name] = np.zeros(out.shape, _TYPES[out.type])
         self._bindings: dict[tuple | None, Any] = {}
-        self.graphs = CapturedDecode(session, device, slots, self.host) if cuda_graph else None
+        self.graphs = (
+            CapturedDecode(session, device, slots, self.host, self.allowed) if cuda_graph else None
+        )
         self._options = run_options(UNCAPTURED) if cuda_graph else None
 
     def run(
@@ -94,7 +96,7 @@ class Runner:
         if self.allowed is not None:
             allowed, draft_allowed = self.allowed.for_call(call.sampling, call.drafts)
         if self.graphs is not None and call.kind == "decode" and not call.drafts:
-            return self.graphs.run(call, uniform if self.has_uniform else None, allowed), {}
+            return self.graphs.run(call, uniform if self.has_uniform else None), {}
         self.slots.static()  # rewritten in place if a slot changed
         key = call.reuse
         reused = key in self._bindings
@@ -113,7 +115,7 @@ class Runner:
             binding.bind_cpu_input("position_ids", call.positions)
         binding.bind_cpu_input("sampler.row_index", call.row_index)
         if allowed is not None:
-            binding.bind_cpu_input(ALLOWED, allowed)
+            binding.bind_ortvalue_input(ALLOWED, allowed)
         if self.has_uniform:
             binding.bind_cpu_input("sampler.uniform", uniform)
         if self.draft_width:
@@ -127,7 +129,7 @@ class Runner:
                 u = self._no_uniforms if draft_uniform is None else draft_uniform
                 binding.bind_cpu_input(DRAFT_UNIFORM, u)
             if draft_allowed is not None:
-                binding.bind_cpu_input(DRAFT_ALLOWED, draft_allowed)
+                binding.bind_ortvalue_input(DRAFT_ALLOWED, draft_allowed)
         if self.has_prompt and not reused:
             binding.bind_cpu_input("sampler.prompt_rows", call.prompt_rows)
             binding.bind_cpu_input("sampler.prompt_targets", call.prompt_targets)

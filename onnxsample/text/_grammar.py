@@ -121,8 +121,9 @@ class Matcher:
         if self._inner.is_stopped():
             return token in self._eos
         ok = self._inner.consume_token(int(token))
-        if not ok:
-            log.warning("grammar refused token %d: %s", token, self._inner.get_error())
+        if not ok:  # once: the matcher stops here and allows only end-of-sequence from now on
+            log.warning("the grammar refused token %d; only end-of-sequence may follow", token)
+            log.debug("llguidance: %s", self._inner.get_error())
         return ok
 
     def fill_along(self, draft: list[int], rows: np.ndarray) -> None:

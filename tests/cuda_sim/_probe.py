@@ -110,7 +110,7 @@ def _all_names(graph: onnx.GraphProto) -> set[str]:
 
 def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -> dict:
     """Run one engine scenario on the CUDA provider; what it did and what it copied."""
-    from onnxsample import Engine, SamplingParams
+    from onnxsample import Constraint, Engine, SamplingParams
 
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=1)
     options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
@@ -169,6 +169,8 @@ def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -
                 params = SamplingParams(prompt_logprobs=2, logprobs=True, top_logprobs=2)
             if scenario == "greedy":
                 params = SamplingParams(temperature=0.0)
+            if scenario == "constrained":  # the device reads back token 0, which it refuses
+                params = SamplingParams(seed=3, constraint=Constraint.regex("[a-z ]{1,60}"))
             completion = _complete(eng, prompt, params, 10)
             result["tokens"] = len(completion.token_ids)
             result["finish"] = completion.finish_reason

@@ -18,7 +18,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SIM = Path(os.environ.get("ONNXSAMPLE_CUDA_SIM", ROOT / ".cuda-sim"))
 PROBE = Path(__file__).with_name("_probe.py")
 # What the GPU tests compose: the full chain with room for every run option, on 4 slots.
-CHAIN_OPTIONS = {"max_slots": 4, "top_logprobs": 3, "max_bias": 4, "prompt_logprobs": True}
+CHAIN_OPTIONS = {
+    "max_slots": 4,
+    "top_logprobs": 3,
+    "max_bias": 4,
+    "prompt_logprobs": True,
+    "allowed_tokens": True,
+}
 
 
 def _environment() -> dict[str, str]:

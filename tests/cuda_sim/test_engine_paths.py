@@ -23,6 +23,8 @@ SCENARIOS = [
     ("speculative", "branching"),
     ("batch-cancel", "static"),
     ("batch-cancel", "branching"),
+    ("constrained", "static"),
+    ("constrained", "branching"),
 ]
 
 
