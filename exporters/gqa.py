@@ -1,5 +1,9 @@
 """Our own GroupQueryAttention layout for Llama-family decoders, written with onnx-ir.
 
+One builder for every family of :mod:`.families`: the spec says which variations a model has
+(biases on the packed QKV projection, an RMSNorm over each head of Q and K, sliding windows as
+GroupQueryAttention's ``local_window_size``).
+
 The graph (about 11 nodes per layer) is the layout onnxruntime-genai's builder writes: packed QKV
 projection, rotary embedding inside ``com.microsoft.GroupQueryAttention``, ``SkipSimplified-
 LayerNormalization`` for the residual adds, and one LM-head ``MatMul`` (or ``MatMulNBits``) at the end,
@@ -34,7 +38,7 @@ from onnx_ir import tape as ir_tape
 
 from onnxsample.exporters import _gguf_quant
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
-from onnxsample.exporters._llama import LlamaSpec
+from onnxsample.exporters.families import DecoderSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
 
@@ -99,7 +103,7 @@ def _concat(weights: list[Any]) -> Any:
 
 
 def build_gqa_model(
-    spec: LlamaSpec,
+    spec: DecoderSpec,
     weights: dict[str, Any],
     *,
     precision: str = "fp32",
@@ -109,7 +113,9 @@ def build_gqa_model(
     """The decoder as an onnx-ir model (weights as in-memory initializers; save it with ir.save).
 
     `weights` maps ``embed``, ``norm``, ``lm_head`` and ``layers.{i}.{q,k,v,o,gate,up,down,
-    attn_norm,ffn_norm}`` to float [N, K] arrays or quantised weights (see :mod:`._llama`).
+    attn_norm,ffn_norm}`` to float [N, K] arrays or quantised weights (see :mod:`._weights`), plus
+    ``layers.{i}.{q,k,v}_bias`` with `spec.qkv_bias` and ``layers.{i}.{q,k}_norm`` with
+    `spec.qk_norm`.
     `precision` is the float type of activations, KV cache and float weights (``fp32``/``fp16``).
     `attention` is ``gqa`` (com.microsoft.GroupQueryAttention) or ``exact`` (see the module).
     """
@@ -170,16 +176,19 @@ def build_gqa_model(
     residual = hidden
     for i in range(spec.num_layers):
         p = f"layers.{i}"
-        qkv = g.linear(x, _concat([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj")
+        qkv = _attention_inputs(g, spec, weights, x, p)
+        window = spec.window(i)
         if exact is not None:
-            attn, present_k, present_v = exact.layer(qkv, pasts[i][0], pasts[i][1], p)
+            attn, present_k, present_v = exact.layer(qkv, pasts[i][0], pasts[i][1], p, window)
         else:
+            packed = not isinstance(qkv, tuple)
+            # ORT 1.31 (CPU) lets a query see local_window_size keys, itself included, as
+            # transformers sees sliding_window (tests/exporters/test_export_families.py)
+            window_attr = {} if window is None else {"local_window_size": window}
             attn, present_k, present_v = g.ops(
                 "GroupQueryAttention",
                 [
-                    qkv,
-                    None,
-                    None,
+                    *((qkv, None, None) if packed else qkv),
                     pasts[i][0],
                     pasts[i][1],
                     seqlens_k,
@@ -195,6 +204,7 @@ def build_gqa_model(
                 do_rotary=1,
                 rotary_interleaved=0,
                 scale=float(spec.head_dim**-0.5),
+                **window_attr,
             )
         for value, kind in ((present_k, "key"), (present_v, "value")):
             value.name = f"present.{i}.{kind}"
@@ -249,7 +259,7 @@ def build_gqa_model(
         nodes=g.tape.nodes,
         initializers=g.tape.initializers,
         opset_imports={"": OPSET, MS: 1},
-        name="onnxsample-gqa-llama",
+        name=f"onnxsample-gqa-{spec.family}",
     )
     model = ir.Model(graph, ir_version=IR_VERSION, producer_name="onnxsample")
     if exact is not None:
@@ -257,12 +267,55 @@ def build_gqa_model(
     return model
 
 
+def _attention_inputs(
+    g: _Graph, spec: DecoderSpec, weights: dict[str, Any], x: ir.Value, p: str
+) -> ir.Value | tuple[ir.Value, ir.Value, ir.Value]:
+    """The attention's input: the packed QKV projection (plus its bias, for families with one),
+    or q, k, v apart when each head of q and k is RMS-normalised first (Qwen3)."""
+    qkv = g.linear(x, _concat([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj")
+    if spec.qkv_bias:
+        bias = np.concatenate([np.reshape(weights[f"{p}.{k}_bias"], -1) for k in ("q", "k", "v")])
+        qkv = g.op(
+            "Add", [qkv, g.const(f"{p}.qkv_proj.bias", bias.astype(g.np_dtype))], f"{p}/qkv_bias"
+        )
+    if not spec.qk_norm:
+        return qkv
+    d, heads, kv_heads = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    split = g.const(f"{p}.qkv_split", np.array([heads * d, kv_heads * d, kv_heads * d], np.int64))
+    q, k, v = g.ops("Split", [qkv, split], f"{p}/qkv_split", 3, axis=-1)
+    return (
+        _head_norm(g, spec, q, heads, _norm(weights, f"{p}.q_norm", g), f"{p}.q_norm"),
+        _head_norm(g, spec, k, kv_heads, _norm(weights, f"{p}.k_norm", g), f"{p}.k_norm"),
+        v,
+    )
+
+
+def _head_norm(
+    g: _Graph, spec: DecoderSpec, x: ir.Value, heads: int, weight: np.ndarray, name: str
+) -> ir.Value:
+    """RMSNorm over each head's head_dim values of x [B, S, heads * head_dim]."""
+    by_head = g.op(
+        "Reshape",
+        [x, g.const(f"{name}.heads", np.array([0, 0, heads, spec.head_dim], np.int64))],
+        name,
+    )
+    normed = g.op(
+        "SimplifiedLayerNormalization",
+        [by_head, g.const(f"{name}.weight", weight)],
+        f"{name}/norm",
+        axis=-1,
+        epsilon=float(spec.rms_norm_eps),
+    )
+    flat = np.array([0, 0, heads * spec.head_dim], np.int64)
+    return g.op("Reshape", [normed, g.const(f"{name}.flat", flat)], f"{name}/flat")
+
+
 def _norm(weights: dict[str, Any], key: str, g: _Graph) -> np.ndarray:
     return np.asarray(weights[key], g.np_dtype).reshape(-1)
 
 
 def write_gqa(
-    spec: LlamaSpec,
+    spec: DecoderSpec,
     weights: dict[str, Any],
     path: Path,
     precision: str = "fp32",
