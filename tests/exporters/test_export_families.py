@@ -1,0 +1,220 @@
+"""The gqa layout for Qwen2, Qwen3 and Mistral: tiny random models of each, built from their
+transformers configs, exported by default to our GroupQueryAttention graph and held to transformers'
+greedy tokens and logits (fp32), to the fp32 export (int4), and to GroupQueryAttention (exact)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxsample.errors import ExportError
+from onnxsample.exporters import export
+from onnxsample.exporters._verify import ort_greedy
+
+# 12 tokens: longer than the windowed models' window of 8, so the prefill already slides.
+PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9, 4300, 12, 881, 30]
+STEPS = 32
+WINDOW = 8
+# As the tiny Llama of conftest.py: SmolLM2's tokenizer, 2 layers, hidden 64, 4 heads over 2.
+COMMON = dict(
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    initializer_range=0.1,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+)
+# name: (transformers config class, its options beyond COMMON)
+FAMILIES = {
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2-window": (
+        "Qwen2Config",
+        {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
+    ),
+    "qwen3": ("Qwen3Config", {"head_dim": 32}),  # head_dim != hidden / heads
+    "mistral": ("MistralConfig", {"sliding_window": WINDOW, "head_dim": 16}),
+}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def _build(name: str, folder: Path, tokenizer_folder: Path, seed: int = 0) -> None:
+    """A random model of the family; biases and per-head norms randomised too (they start as
+    zeros and ones, which would hide a reader or a graph that drops them)."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    config_class, options = FAMILIES[name]
+    config = getattr(transformers, config_class)(**COMMON, **options)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith(".bias"):
+                param.normal_(0.0, 0.5)
+            elif param_name.endswith(("q_norm.weight", "k_norm.weight")):
+                param.copy_(1 + 0.3 * torch.randn_like(param))
+    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2], pad_token_id=2)
+    model.save_pretrained(folder)
+    for file in _TOKENIZER_FILES:
+        if (tokenizer_folder / file).is_file():
+            shutil.copy2(tokenizer_folder / file, folder / file)
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tiny_hf, tmp_path_factory):
+    """(name, HF folder, transformers model, its default export: fp32 gqa)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    name = request.param
+    folder = tmp_path_factory.mktemp(name) / "hf"
+    _build(name, folder, tiny_hf)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    result = export(folder, folder.parent / "gqa", verify_tokens=16)  # layout and precision auto
+    return name, folder, model, result
+
+
+def _logits(path: Path, ids: list[int]) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    seq = np.asarray([ids], np.int64)
+    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            feed[i.name] = np.zeros((1, i.shape[1], len(ids), i.shape[3]), np.float32)
+    return session.run(["logits"], feed)[0][0]
+
+
+def _torch_logits(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].numpy()
+
+
+def test_the_default_export_is_the_gqa_layout(family):
+    _, _, _, result = family
+    assert (result.manifest["layout"], result.manifest["precision"]) == ("gqa", "fp32")
+    assert result.verify["ok"] is True, result.verify
+
+
+def test_greedy_tokens_match_transformers_generate(family):
+    import torch
+
+    _, _, model, result = family
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([PROMPT]),
+            attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=STEPS,
+            eos_token_id=None,
+            pad_token_id=2,
+        )
+    reference = out[0, len(PROMPT) :].tolist()
+    assert len(reference) == STEPS
+    assert ort_greedy(result.model_path, PROMPT, STEPS) == reference
+
+
+def test_logits_match_transformers(family):
+    _, _, model, result = family
+    got = _logits(result.model_path, PROMPT)
+    np.testing.assert_allclose(got, _torch_logits(model, PROMPT), atol=1e-4)
+
+
+def test_the_graph_has_the_family_variations(family):
+    name, _, _, result = family
+    graph = onnx.load(str(result.model_path), load_external_data=False).graph
+    ops = Counter(node.op_type for node in graph.node)
+    layers = 2
+    assert ops["GroupQueryAttention"] == layers
+    bias_adds = [n for n in graph.node if n.op_type == "Add" and n.name.endswith("/qkv_bias")]
+    assert len(bias_adds) == (layers if name.startswith("qwen2") else 0)
+    # the final norm and one per layer (SimplifiedLayerNormalization); q and k norms in Qwen3
+    assert ops["SimplifiedLayerNormalization"] == 1 + (2 * layers if name == "qwen3" else 0)
+    windows = [
+        next((a.i for a in n.attribute if a.name == "local_window_size"), None)
+        for n in graph.node
+        if n.op_type == "GroupQueryAttention"
+    ]
+    expected = {"qwen2-window": [None, WINDOW], "mistral": [WINDOW] * layers}
+    assert windows == expected.get(name, [None] * layers)
+
+
+def test_the_window_matters_to_the_reference(family):
+    """The windowed models' prompt is longer than the window: without it, logits would differ,
+    so the parity tests above do test the window (the others' logits stay as they are)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    name, folder, model, _ = family
+    config = json.loads((folder / "config.json").read_text())
+    unwindowed = {**config, "sliding_window": None, "use_sliding_window": False}
+    unwindowed.pop("layer_types", None)
+    plain = folder.parent / "unwindowed"
+    shutil.copytree(folder, plain)
+    (plain / "config.json").write_text(json.dumps(unwindowed))
+    full = AutoModelForCausalLM.from_pretrained(plain, dtype=torch.float32).eval()
+    gap = np.abs(_torch_logits(full, PROMPT) - _torch_logits(model, PROMPT)).max()
+    if name in ("mistral", "qwen2-window"):
+        assert gap > 1e-2
+    else:
+        assert gap == 0
+
+
+def test_int4_stays_close_to_fp32(family, tmp_path):
+    """ORT's 4-bit block quantiser: the tolerance of the Llama int4 test."""
+    _, folder, _, result = family
+    int4 = export(folder, tmp_path / "int4", precision="int4", accuracy_level=0, verify_tokens=0)
+    assert (int4.manifest["layout"], int4.manifest["precision"]) == ("gqa", "int4")
+    ops = Counter(n.op_type for n in onnx.load(str(int4.model_path)).graph.node)
+    assert ops["MatMulNBits"] == 4 * 2 + 1
+    ref = _logits(result.model_path, PROMPT)
+    got = _logits(int4.model_path, PROMPT)
+    assert np.abs(got - ref).max() < 0.6 * np.abs(ref).max()
+
+
+def test_exact_attention_gives_the_gqa_tokens(family, tmp_path):
+    """--attention exact handles biases, per-head norms and sliding windows the same way."""
+    _, folder, _, result = family
+    exact = export(folder, tmp_path / "exact", attention="exact", verify_tokens=16)
+    assert exact.manifest["attention"] == "exact" and exact.verify["ok"], exact.verify
+    assert ort_greedy(exact.model_path, PROMPT, STEPS) == ort_greedy(
+        result.model_path, PROMPT, STEPS
+    )
+    np.testing.assert_allclose(
+        _logits(exact.model_path, PROMPT), _logits(result.model_path, PROMPT), atol=1e-4
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "message"),
+    [
+        ("qwen3", {"attention_bias": True}, "biased projections"),
+        ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling 'yarn'"),
+        ("qwen3", {"head_dim": 24}, "head_dim 24"),
+    ],
+)
+def test_what_the_gqa_layout_cannot_express_is_refused(name, change, message, tiny_hf, tmp_path):
+    folder = tmp_path / "hf"
+    _build(name, folder, tiny_hf)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **change}))
+    with pytest.raises(ExportError, match=message):
+        export(folder, tmp_path / "out", layout="gqa", verify_tokens=0)
