@@ -310,6 +310,9 @@ def _export_gqa(
         tokenizer = gguf.gguf_tokenizer(src.path, info)
         config, generation = gguf.gguf_config(src.path), gguf.gguf_generation_config(info)
         spec, weights = _weights.read_gguf(src.path, info.metadata, quantized=precision == "gguf")
+        if getattr(config, "head_dim", None) not in (None, spec.head_dim):
+            # transformers' GGUF config skips attention.key_length (Qwen3 takes its default 128)
+            config.head_dim = spec.head_dim
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
         generation.save_pretrained(tmp)
