@@ -12,67 +12,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from _family_models import FAMILIES, PROMPT, STEPS, WINDOW, build
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import ort_greedy
-
-# 12 tokens: longer than the windowed models' window of 8, so the prefill already slides.
-PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9, 4300, 12, 881, 30]
-STEPS = 32
-WINDOW = 8
-# As the tiny Llama of conftest.py: SmolLM2's tokenizer, 2 layers, hidden 64, 4 heads over 2.
-COMMON = dict(
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    initializer_range=0.1,
-    tie_word_embeddings=True,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=2,
-)
-# name: (transformers config class, its options beyond COMMON)
-FAMILIES = {
-    "qwen2": ("Qwen2Config", {}),
-    "qwen2-window": (
-        "Qwen2Config",
-        {"use_sliding_window": True, "sliding_window": WINDOW, "max_window_layers": 1},
-    ),
-    "qwen3": ("Qwen3Config", {"head_dim": 32}),  # head_dim != hidden / heads
-    "mistral": ("MistralConfig", {"sliding_window": WINDOW, "head_dim": 16}),
-}
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def _build(name: str, folder: Path, tokenizer_folder: Path, seed: int = 0) -> None:
-    """A random model of the family; biases and per-head norms randomised too (they start as
-    zeros and ones, which would hide a reader or a graph that drops them)."""
-    import torch
-    import transformers
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
-    config_class, options = FAMILIES[name]
-    config = getattr(transformers, config_class)(**COMMON, **options)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if param_name.endswith(".bias"):
-                param.normal_(0.0, 0.5)
-            elif param_name.endswith(("q_norm.weight", "k_norm.weight")):
-                param.copy_(1 + 0.3 * torch.randn_like(param))
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2], pad_token_id=2)
-    model.save_pretrained(folder)
-    for file in _TOKENIZER_FILES:
-        if (tokenizer_folder / file).is_file():
-            shutil.copy2(tokenizer_folder / file, folder / file)
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -83,7 +27,7 @@ def family(request, tiny_hf, tmp_path_factory):
 
     name = request.param
     folder = tmp_path_factory.mktemp(name) / "hf"
-    _build(name, folder, tiny_hf)
+    build(name, folder, tiny_hf)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     result = export(folder, folder.parent / "gqa", verify_tokens=16)  # layout and precision auto
     return name, folder, model, result
@@ -213,7 +157,7 @@ def test_exact_attention_gives_the_gqa_tokens(family, tmp_path):
 )
 def test_what_the_gqa_layout_cannot_express_is_refused(name, change, message, tiny_hf, tmp_path):
     folder = tmp_path / "hf"
-    _build(name, folder, tiny_hf)
+    build(name, folder, tiny_hf)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ExportError, match=message):
