@@ -320,6 +320,11 @@ def _export_gqa(
         tokenizer, config, generation = hf.load_hf_config(src.path)
         spec, weights = _weights.read_hf(src.path)
         _copy_hf_files(src.path, tmp)
+    if device == "cuda" and spec.layer_windows:
+        raise ExportError(
+            f"{src.name} has sliding-window attention, whose GroupQueryAttention window is checked "
+            "against transformers on the CPU only: drop --device cuda"
+        )
     stage("export")
     activations = "fp16" if device == "cuda" or precision == "fp16" else "fp32"
     gqa.write_gqa(
