@@ -41,7 +41,8 @@ def _logits(path: Path, ids: list[int]) -> np.ndarray:
     feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
     for i in session.get_inputs():
         if i.name.startswith("past_key_values."):
-            feed[i.name] = np.zeros((1, i.shape[1], len(ids), i.shape[3]), np.float32)
+            dtype = np.float16 if "float16" in i.type else np.float32
+            feed[i.name] = np.zeros((1, i.shape[1], len(ids), i.shape[3]), dtype)
     return session.run(["logits"], feed)[0][0]
 
 
@@ -122,16 +123,23 @@ def test_the_window_matters_to_the_reference(family):
         assert gap == 0
 
 
-def test_int4_stays_close_to_fp32(family, tmp_path):
-    """ORT's 4-bit block quantiser: the tolerance of the Llama int4 test."""
+@pytest.mark.parametrize(
+    ("precision", "tolerance"), [("fp16", 2e-2), ("int8", 0.05), ("int4", 0.6)]
+)
+def test_other_precisions_stay_close_to_fp32(family, precision, tolerance, tmp_path):
+    """fp16 activations and ORT's block quantiser: the tolerances of the Llama tests (relative
+    to the largest logit)."""
     _, folder, _, result = family
-    int4 = export(folder, tmp_path / "int4", precision="int4", accuracy_level=0, verify_tokens=0)
-    assert (int4.manifest["layout"], int4.manifest["precision"]) == ("gqa", "int4")
-    ops = Counter(n.op_type for n in onnx.load(str(int4.model_path)).graph.node)
-    assert ops["MatMulNBits"] == 4 * 2 + 1
+    other = export(
+        folder, tmp_path / precision, precision=precision, accuracy_level=0, verify_tokens=0
+    )
+    assert (other.manifest["layout"], other.manifest["precision"]) == ("gqa", precision)
+    if precision != "fp16":
+        ops = Counter(n.op_type for n in onnx.load(str(other.model_path)).graph.node)
+        assert ops["MatMulNBits"] == 4 * 2 + 1  # qkv, o, gate_up, down per layer; the LM head
     ref = _logits(result.model_path, PROMPT)
-    got = _logits(int4.model_path, PROMPT)
-    assert np.abs(got - ref).max() < 0.6 * np.abs(ref).max()
+    got = _logits(other.model_path, PROMPT)
+    assert np.abs(got - ref).max() < tolerance * np.abs(ref).max()
 
 
 def test_exact_attention_gives_the_gqa_tokens(family, tmp_path):
@@ -162,3 +170,12 @@ def test_what_the_gqa_layout_cannot_express_is_refused(name, change, message, ti
     (folder / "config.json").write_text(json.dumps({**config, **change}))
     with pytest.raises(ExportError, match=message):
         export(folder, tmp_path / "out", layout="gqa", verify_tokens=0)
+
+
+def test_sliding_windows_are_refused_on_cuda(tiny_hf, tmp_path):
+    """The CPU kernel's window is held to transformers' above; CUDA's is not checked anywhere."""
+    folder = tmp_path / "hf"
+    build("mistral", folder, tiny_hf)
+    with pytest.raises(ExportError, match=r"sliding-window attention.*drop --device cuda"):
+        export(folder, tmp_path / "out", device="cuda", verify_tokens=0)
+    assert not (tmp_path / "out").exists()
