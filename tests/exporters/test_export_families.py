@@ -179,3 +179,24 @@ def test_sliding_windows_are_refused_on_cuda(tiny_hf, tmp_path):
     with pytest.raises(ExportError, match=r"sliding-window attention.*drop --device cuda"):
         export(folder, tmp_path / "out", device="cuda", verify_tokens=0)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_engine_runs_the_composed_export(family, tmp_path):
+    """compose (the row gather moved before the LM head) and the engine's greedy decoding: the
+    export's own greedy tokens, so the families need nothing of the runtime that Llama does not."""
+    import onnx as onnx_
+
+    from onnxsample import SamplingParams, compose
+    from onnxsample.composer import composed_metadata
+    from onnxsample.engine.generator import Generator
+
+    _, _, _, result = family
+    path = compose(result.output, None, tmp_path / "c.onnx", max_slots=2, gather="lm_head")
+    meta = composed_metadata(onnx_.load(str(path), load_external_data=False))
+    assert (meta.gather, meta.kv_layout) == ("lm_head", "gqa")
+    with Generator(path, tokenizer=result.output, threads=1) as generator:
+        [done] = generator.generate(
+            PROMPT, SamplingParams(temperature=0), max_new_tokens=16, chat=False
+        )
+    reference = ort_greedy(result.model_path, PROMPT, 16)
+    assert done.token_ids and done.token_ids == reference[: len(done.token_ids)]
