@@ -53,12 +53,14 @@ class ExactAttention:
         input_ids: ir.Value,
         lengths: ir.Value,
         width: ir.Value,
-        cos_cache: ir.Value,
-        sin_cache: ir.Value,
     ) -> None:
         self.g = g
-        self.cos, self.sin = cos_cache, sin_cache
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.scale, self.softcap = spec.scale, spec.attn_softcap
+        # partial rotary (the first rotary_dims values of each head) when narrower than a head
+        self.rotary = (
+            {} if spec.rotary_dims == spec.head_dim else {"rotary_embedding_dim": spec.rotary_dims}
+        )
         self.group = spec.num_heads // spec.num_kv_heads
         kv, d = self.kv_heads, self.head_dim
         zero, one = self._i64("att/zero", 0), self._i64("att/one", 1)
@@ -141,12 +143,14 @@ class ExactAttention:
         past_key: ir.Value,
         past_value: ir.Value,
         p: str,
-        window: int | None = None,
+        window: int | None,
+        rotary: tuple[ir.Value, ir.Value],
     ):
         """(attention output [B, S, H*D], present key, present value) of one layer.
 
         `qkv` is the packed projection, or (q, k, v) already apart (after a per-head norm);
-        `window` is the layer's sliding window (keys a position sees, itself included) or None.
+        `window` is the layer's sliding window (keys a position sees, itself included) or None;
+        `rotary` its (cos, sin) caches.
         """
         g, i64 = self.g, self._i64
         heads, kv, d, group = self.heads, self.kv_heads, self.head_dim, self.group
@@ -160,17 +164,18 @@ class ExactAttention:
                 3,
                 axis=-1,
             )
-        rotary = dict(domain=_MS, interleaved=0)
+        cos, sin = rotary
+        rotary = dict(domain=_MS, interleaved=0, **self.rotary)
         q = g.op(
             "RotaryEmbedding",
-            [q, self.pos, self.cos, self.sin],
+            [q, self.pos, cos, sin],
             f"{p}/att_rotary_q",
             num_heads=heads,
             **rotary,
         )
         k = g.op(
             "RotaryEmbedding",
-            [k, self.pos, self.cos, self.sin],
+            [k, self.pos, cos, sin],
             f"{p}/att_rotary_k",
             num_heads=kv,
             **rotary,
@@ -206,8 +211,18 @@ class ExactAttention:
             f"{p}/att_scores",
             domain=_MS,
             transB=1,
-            alpha=float(d**-0.5),
+            alpha=self.scale,
         )
+        if self.softcap:  # Gemma 2: c * tanh(scores / c), as GroupQueryAttention's softcap
+            cap = g.const(f"{p}/att_softcap", np.array(self.softcap, g.np_dtype))
+            scores = g.op(
+                "Mul",
+                [
+                    g.op("Tanh", [g.op("Div", [scores, cap], f"{p}/att_capped")], f"{p}/att_tanh"),
+                    cap,
+                ],
+                f"{p}/att_softcapped",
+            )
         masked = g.op(
             "Add",
             [g.op("Reshape", [scores, self.scores5], f"{p}/att_scores5"), self._mask(window)],

@@ -59,6 +59,11 @@ def read_hf(folder: Path) -> tuple[DecoderSpec, dict[str, np.ndarray]]:
             if name not in raw:
                 raise ExportError(f"{folder.name}: weight {name} is missing")
             weights[f"layers.{i}.{key}"] = raw.pop(name)
+        if family.unpack is not None:  # fused tensors (Phi-3's qkv_proj, gate_up_proj) apart
+            family.unpack(weights, spec, f"layers.{i}")
+    if family.norm_offset:
+        for key in [k for k in weights if k == "norm" or k.endswith("_norm")]:
+            weights[key] = weights[key] + np.float32(family.norm_offset)
     head = raw.pop("lm_head.weight", None)
     weights["lm_head"] = weights["embed"] if head is None else head
     _refuse_leftovers(raw, folder.name)

@@ -62,6 +62,10 @@ QK_NORM_TENSORS: Mapping[str, TensorName] = {
 
 WindowsFn = Callable[[dict[str, Any], int], tuple[int | None, ...]]
 CheckFn = Callable[[dict[str, Any], str], None]
+# A family's spec fields beyond the common ones, from its config (they may override those too).
+FeaturesFn = Callable[[dict[str, Any]], dict[str, Any]]
+# Turns a layer's tensors as read (fused ones included) into the builder's keys, in place.
+UnpackFn = Callable[[dict[str, Any], DecoderSpec, str], None]
 
 
 def no_windows(config: dict[str, Any], layers: int) -> tuple[int | None, ...]:
@@ -101,6 +105,33 @@ def _no_check(config: dict[str, Any], what: str) -> None:
     return None
 
 
+def _no_features(config: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def _longrope(config: dict[str, Any], scaling: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """LongRoPE's scaling as transformers reads it, and the positions its short factors cover.
+
+    transformers turns with the short factors while a sequence stays within
+    `original_max_position_embeddings` and switches every position of a call to the long ones past
+    it (the keys already cached keep their short rotation), which no fixed rotary cache can
+    reproduce: the export takes the short factors and stops there (its context length). The
+    factor of its attention factor is max / original positions where the config has both, else
+    the scaling's own `factor`.
+    """
+    maximum = int(config.get("max_position_embeddings", 2048))
+    original = config.get("original_max_position_embeddings")
+    factor = maximum / int(original) if original else float(scaling.get("factor") or 1.0)
+    original = int(original or maximum)
+    normalised = {
+        **scaling,
+        "rope_type": "longrope",
+        "factor": factor,
+        "original_max_position_embeddings": original,
+    }
+    return normalised, min(original, maximum)
+
+
 @dataclass(frozen=True)
 class Family:
     """How one decoder family differs from Llama, for the readers and the graph builder."""
@@ -115,6 +146,12 @@ class Family:
     gguf_qk_permuted: bool = False
     windows: WindowsFn = no_windows
     check_hf: CheckFn = _no_check
+    features: FeaturesFn = _no_features
+    # Added to every RMSNorm weight as read (Gemma's norms multiply by 1 + w).
+    norm_offset: float = 0.0
+    unpack: UnpackFn | None = None
+    # llama.cpp architectures of this family whose GGUF files the gqa layout does not read.
+    gguf_refused: tuple[str, ...] = ()
 
     def hf_spec(self, config: dict[str, Any], what: str) -> DecoderSpec:
         """The spec of an HF `config.json`; anything the gqa layout cannot express is an error."""
@@ -122,7 +159,7 @@ class Family:
         heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
         layers = int(config["num_hidden_layers"])
-        spec = DecoderSpec(
+        fields = dict(
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
             intermediate_size=int(config["intermediate_size"]),
@@ -137,6 +174,17 @@ class Family:
             rope_scaling=config.get("rope_scaling"),
             **self._features(self.windows(config, layers)),
         )
+        fields.update(self.features(config))
+        scaling = fields["rope_scaling"] or {}
+        if scaling.get("rope_type", scaling.get("type")) == "longrope":
+            fields["rope_scaling"], fields["max_positions"] = _longrope(config, scaling)
+        # a window no shorter than the positions the export has never binds (Phi-4-mini's 262144)
+        windows = tuple(
+            None if w is not None and w >= fields["max_positions"] else w
+            for w in fields["layer_windows"]
+        )
+        fields["layer_windows"] = windows if any(w is not None for w in windows) else ()
+        spec = DecoderSpec(**fields)
         check_spec(spec, what)
         return spec
 
@@ -153,7 +201,10 @@ class Family:
         heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
         rope_scaling = None
         if metadata.get(f"{arch}.rope.scaling.type") not in (None, "none"):
-            rope_scaling = {"rope_type": metadata[f"{arch}.rope.scaling.type"]}
+            rope_scaling = {
+                "rope_type": metadata[f"{arch}.rope.scaling.type"],
+                "factor": metadata.get(f"{arch}.rope.scaling.factor"),
+            }
         head_dim = metadata.get(f"{arch}.attention.key_length") or metadata.get(
             f"{arch}.rope.dimension_count"
         )
