@@ -99,9 +99,9 @@ def resolve_options(
     """(layout, precision) with ``auto`` decided for this source; refuse what cannot be combined.
 
     `model_type` is the HF config's (for a GGUF: its architecture). ``auto`` layout is ``gqa`` for
-    the families of :mod:`.families` (Llama, Mistral, Qwen2, Qwen3) and ``optimum`` otherwise;
-    ``auto`` precision is ``gguf`` (the file's own blocks) for a GGUF whose weights are all
-    transplantable, else fp32 (fp16 for ``cuda``).
+    the families of :mod:`.families` (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2/3) and
+    ``optimum`` otherwise; ``auto`` precision is ``gguf`` (the file's own blocks) for a GGUF whose
+    weights are all transplantable, else fp32 (fp16 for ``cuda``).
 
     ``device="cuda"`` is the GPU export: our GQA graph with fp16 activations and KV cache, where
     every compute node has a CUDA kernel (CUDA's GroupQueryAttention takes fp16/bf16 only).
@@ -121,6 +121,8 @@ def resolve_options(
     ours = model_type in known
     if layout == "auto":
         layout = "gqa" if ours else "optimum"
+    elif layout == "gqa" and not ours and info is not None:
+        raise ExportError(families.gguf_refusal(model_type))
     elif layout == "gqa" and not ours:
         raise ExportError(
             f"the gqa layout is for Llama-family models ({', '.join(known)}), not {model_type}; "
@@ -320,6 +322,16 @@ def _export_gqa(
         tokenizer, config, generation = hf.load_hf_config(src.path)
         spec, weights = _weights.read_hf(src.path)
         _copy_hf_files(src.path, tmp)
+        if spec.max_positions < int(getattr(config, "max_position_embeddings", 0) or 0):
+            # LongRoPE's short factors hold up to original_max_position_embeddings only (see
+            # families/phi3.py): the manifest's context length is the export's
+            log.warning(
+                "%s: the export's context is %d positions (LongRoPE's short factors), not %d",
+                src.name,
+                spec.max_positions,
+                config.max_position_embeddings,
+            )
+            config.max_position_embeddings = spec.max_positions
     if device == "cuda" and spec.layer_windows:
         raise ExportError(
             f"{src.name} has sliding-window attention, whose GroupQueryAttention window is checked "

@@ -8,7 +8,7 @@ sliding windows). :func:`hf_family` and :func:`gguf_family` find the one for a s
 from __future__ import annotations
 
 from onnxsample.errors import ExportError
-from onnxsample.exporters.families import llama, mistral, qwen2, qwen3
+from onnxsample.exporters.families import gemma2, gemma3, llama, mistral, phi3, qwen2, qwen3
 from onnxsample.exporters.families._family import Family
 from onnxsample.exporters.families._spec import DecoderSpec
 
@@ -19,10 +19,19 @@ __all__ = [
     "DecoderSpec",
     "Family",
     "gguf_family",
+    "gguf_refusal",
     "hf_family",
 ]
 
-FAMILIES: tuple[Family, ...] = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY)
+FAMILIES: tuple[Family, ...] = (
+    llama.FAMILY,
+    mistral.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    phi3.FAMILY,
+    gemma2.FAMILY,
+    gemma3.FAMILY,
+)
 HF_TYPES = tuple(t for f in FAMILIES for t in f.hf_types)
 GGUF_ARCHITECTURES = tuple(a for f in FAMILIES for a in f.gguf_architectures)
 
@@ -39,12 +48,25 @@ def hf_family(model_type: str | None, what: str) -> Family:
     )
 
 
+def gguf_refusal(architecture: str | None) -> str:
+    """Why the gqa layout does not read a GGUF of `architecture`: the sentence of its error."""
+    note = next(
+        (
+            f" (the gqa layout reads {family.name} from HF folders only)"
+            for family in FAMILIES
+            if architecture in family.gguf_refused
+        ),
+        "",
+    )
+    return (
+        f"GGUF architecture {architecture!r} is not one the gqa layout reads "
+        f"({', '.join(GGUF_ARCHITECTURES)}){note}; use --layout optimum"
+    )
+
+
 def gguf_family(architecture: str | None, what: str) -> Family:
     """The family of a GGUF's `general.architecture`."""
     for family in FAMILIES:
         if architecture in family.gguf_architectures:
             return family
-    raise ExportError(
-        f"{what}: GGUF architecture {architecture!r} is not one the gqa layout reads "
-        f"({', '.join(GGUF_ARCHITECTURES)}); use --layout optimum"
-    )
+    raise ExportError(f"{what}: {gguf_refusal(architecture)}")
