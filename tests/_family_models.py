@@ -38,6 +38,62 @@ FAMILIES = {
     ),
     "qwen3": ("Qwen3Config", {"head_dim": 32}),  # head_dim != hidden / heads
     "mistral": ("MistralConfig", {"sliding_window": WINDOW, "head_dim": 16}),
+    # Phi-3.5-mini's shape of config: LongRoPE (the prompt and STEPS stay within the original 64
+    # positions, so transformers turns with the short factors), a window, an untied LM head.
+    "phi3": (
+        "Phi3Config",
+        {
+            "sliding_window": WINDOW,
+            "tie_word_embeddings": False,
+            "original_max_position_embeddings": 64,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0],
+            },
+        },
+    ),
+    # Phi-4-mini's: partial rotary, LongRoPE, tied embeddings, no window. GroupQueryAttention
+    # turns multiples of 16 values (Phi-4-mini: 96 of 128), so heads of 32 here, half of them
+    # rotated (transformers derives head_dim from hidden / heads for Phi-3's LongRoPE factors).
+    "phi4-mini": (
+        "Phi3Config",
+        {
+            "hidden_size": 128,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": 64,
+            "rope_scaling": {
+                "type": "longrope",
+                "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0],
+            },
+        },
+    ),
+    # Gemma 2: first layer sliding, second global; scale from query_pre_attn_scalar; soft-caps
+    # small enough to matter for these random weights.
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": WINDOW,
+            "attn_logit_softcapping": 1.5,
+            "final_logit_softcapping": 2.0,
+        },
+    ),
+    # Gemma 3 text: local and global layers with their own rotary bases, linear scaling on the
+    # global one, per-head Q/K norms.
+    "gemma3": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 24,
+            "sliding_window": WINDOW,
+            "layer_types": ["sliding_attention", "full_attention"],
+            "rope_local_base_freq": 100.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+    ),
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -50,13 +106,15 @@ def build(name: str, folder: Path, tokenizer_folder: Path, seed: int = 0) -> Non
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     config_class, options = FAMILIES[name]
-    config = getattr(transformers, config_class)(**COMMON, **options)
+    config = getattr(transformers, config_class)(**{**COMMON, **options})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if param_name.endswith(".bias"):
                 param.normal_(0.0, 0.5)
+            elif config.model_type.startswith("gemma") and param_name.endswith("norm.weight"):
+                param.normal_(0.0, 0.3)  # Gemma's norms multiply by 1 + w (w starts as zeros)
             elif param_name.endswith(("q_norm.weight", "k_norm.weight")):
                 param.copy_(1 + 0.3 * torch.randn_like(param))
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2], pad_token_id=2)

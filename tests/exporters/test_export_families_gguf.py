@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from _family_models import PROMPT, STEPS, build, write_gguf
 
+from onnxsample.errors import ExportError
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import ort_greedy
 
@@ -81,3 +82,15 @@ def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
     np.testing.assert_allclose(
         _logits(blocks.model_path, PROMPT), _logits(floats.model_path, PROMPT), atol=1e-3
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "arch"), [("phi3", "phi3"), ("gemma2", "gemma2"), ("gemma3", "gemma3")]
+)
+def test_phi3_and_gemma_ggufs_are_refused_by_name(name, arch, tiny_hf, tmp_path):
+    """The gqa layout reads these families from HF folders only: their GGUFs are refused with
+    the architecture named, before anything is converted (auto takes optimum's layout)."""
+    build(name, tmp_path / "hf", tiny_hf)
+    write_gguf(tmp_path / "hf", tmp_path / "model.gguf", arch, {})
+    with pytest.raises(ExportError, match=rf"GGUF architecture '{arch}'.*HF folders only"):
+        export(tmp_path / "model.gguf", tmp_path / "out", layout="gqa", verify_tokens=0)
