@@ -337,6 +337,12 @@ def _export_gqa(
             f"{src.name} has sliding-window attention, whose GroupQueryAttention window is checked "
             "against transformers on the CPU only: drop --device cuda"
         )
+    if device == "cuda" and spec.rotary_dims < spec.head_dim:
+        raise ExportError(
+            f"{src.name} rotates {spec.rotary_dims} of {spec.head_dim} values per head, whose "
+            "GroupQueryAttention rotary is checked against transformers on the CPU only: drop "
+            "--device cuda"
+        )
     stage("export")
     activations = "fp16" if device == "cuda" or precision == "fp16" else "fp32"
     gqa.write_gqa(

@@ -271,6 +271,15 @@ def test_sliding_windows_are_refused_on_cuda(tiny_hf, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_partial_rotary_is_refused_on_cuda(tiny_hf, tmp_path):
+    """GroupQueryAttention's partial rotary is held to transformers on the CPU kernel only."""
+    folder = tmp_path / "hf"
+    build("phi4-mini", folder, tiny_hf)
+    with pytest.raises(ExportError, match=r"rotates 16 of 32 values.*drop --device cuda"):
+        export(folder, tmp_path / "out", device="cuda", verify_tokens=0)
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_engine_runs_the_composed_export(family, tmp_path):
     """compose (the row gather moved before the LM head where it can be) and the engine's greedy
     decoding: the
