@@ -26,8 +26,8 @@ Layout = Annotated[
     str,
     typer.Option(
         "--layout",
-        help="Graph layout: gqa (our GroupQueryAttention graph for Llama-family models: fastest, "
-        "shared KV buffer), optimum (optimum's export, any supported architecture) or auto "
+        help="Graph layout: gqa (our GroupQueryAttention graph for Llama, Mistral, Qwen2, Qwen3, "
+        "Phi-3, Gemma 2 and Gemma 3 models: fastest, shared KV buffer), optimum (optimum's export, any supported architecture) or auto "
         "(gqa where it applies).",
     ),
 ]

@@ -17,7 +17,8 @@ each output element is one chain over its keys, whatever the call's shape::
     present = scatter(past, pos, k)         [B, Hkv, L, D], written in place when bound so
     scores  = (q_g @ K^T) * D**-0.5         q_g: [B, Hkv, G*S, D]: a KV head's G query heads and
                                             S positions are the GEMM's rows (>= 2 rows when G >= 2)
-    probs   = softmax(scores + mask)        mask: 0 where key <= pos, -inf elsewhere
+    probs   = softmax(scores + mask)        mask: 0 where key <= pos (and key > pos - window for
+                                            a sliding-window layer), -inf elsewhere
     out     = probs @ V                     rows = G*S (a zero row added when G = 1, so M >= 2)
 
 Keys and values are sliced to the mask's width (the longest row of the call) before the products: the
@@ -52,12 +53,14 @@ class ExactAttention:
         input_ids: ir.Value,
         lengths: ir.Value,
         width: ir.Value,
-        cos_cache: ir.Value,
-        sin_cache: ir.Value,
     ) -> None:
         self.g = g
-        self.cos, self.sin = cos_cache, sin_cache
         self.heads, self.kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.scale, self.softcap = spec.scale, spec.attn_softcap
+        # partial rotary (the first rotary_dims values of each head) when narrower than a head
+        self.rotary = (
+            {} if spec.rotary_dims == spec.head_dim else {"rotary_embedding_dim": spec.rotary_dims}
+        )
         self.group = spec.num_heads // spec.num_kv_heads
         kv, d = self.kv_heads, self.head_dim
         zero, one = self._i64("att/zero", 0), self._i64("att/one", 1)
@@ -72,19 +75,9 @@ class ExactAttention:
         # key k is visible to the query at pos when k <= pos
         keys = g.op("Range", [zero, self._scalar(width, "att/width"), one], "att/keys")  # [W]
         pos3 = g.op("Unsqueeze", [self.pos, self._i64("att/ax2", [2])], "att/pos3")
-        visible = g.op("LessOrEqual", [keys, pos3], "att/visible")  # [B, S, W]
-        mask = g.op(
-            "Where",
-            [
-                visible,
-                g.const("att/open", np.array(0, g.np_dtype)),
-                g.const("att/shut", np.array(-np.inf, g.np_dtype)),
-            ],
-            "att/mask3",
-        )
-        self.mask = g.op(
-            "Unsqueeze", [mask, self._i64("att/ax13", [1, 3])], "att/mask"
-        )  # [B,1,S,1,W]
+        self.keys, self.pos3 = keys, pos3
+        self.causal = g.op("LessOrEqual", [keys, pos3], "att/visible")  # [B, S, W]
+        self.masks: dict[int | None, ir.Value] = {}
         self.width = width
         # scatter indices: every element of the new [B, Hkv, S, D] block goes to its position
         block = g.op(
@@ -115,34 +108,74 @@ class ExactAttention:
                 "att/zero_row",
             )
 
+    def _mask(self, window: int | None) -> ir.Value:
+        """[B, 1, S, 1, W]: 0 where a key is visible (causal, and within `window` keys of the
+        position, itself included, when set), -inf elsewhere; one per window, shared by layers."""
+        if window in self.masks:
+            return self.masks[window]
+        g, name = self.g, "att/mask" if window is None else f"att/mask_w{window}"
+        visible = self.causal
+        if window is not None:  # key > pos - window, as transformers' sliding_window_overlay
+            start = g.op("Sub", [self.pos3, self._i64(f"{name}_size", window)], f"{name}_start")
+            inside = g.op("Greater", [self.keys, start], f"{name}_inside")
+            visible = g.op("And", [visible, inside], f"{name}_visible")
+        mask = g.op(
+            "Where",
+            [
+                visible,
+                g.const(f"{name}_open", np.array(0, g.np_dtype)),
+                g.const(f"{name}_shut", np.array(-np.inf, g.np_dtype)),
+            ],
+            f"{name}3",
+        )
+        self.masks[window] = g.op("Unsqueeze", [mask, self._i64(f"{name}_axes", [1, 3])], name)
+        return self.masks[window]
+
     def _i64(self, name: str, value) -> ir.Value:
         return self.g.const(name, np.asarray(value, np.int64))
 
     def _scalar(self, one_element: ir.Value, name: str) -> ir.Value:
         return self.g.op("Squeeze", [one_element], f"{name}_scalar")
 
-    def layer(self, qkv: ir.Value, past_key: ir.Value, past_value: ir.Value, p: str):
-        """(attention output [B, S, H*D], present key, present value) of one layer."""
+    def layer(
+        self,
+        qkv: ir.Value | tuple[ir.Value, ir.Value, ir.Value],
+        past_key: ir.Value,
+        past_value: ir.Value,
+        p: str,
+        window: int | None,
+        rotary: tuple[ir.Value, ir.Value],
+    ):
+        """(attention output [B, S, H*D], present key, present value) of one layer.
+
+        `qkv` is the packed projection, or (q, k, v) already apart (after a per-head norm);
+        `window` is the layer's sliding window (keys a position sees, itself included) or None;
+        `rotary` its (cos, sin) caches.
+        """
         g, i64 = self.g, self._i64
         heads, kv, d, group = self.heads, self.kv_heads, self.head_dim, self.group
-        q, k, v = g.ops(
-            "Split",
-            [qkv, i64(f"{p}/att_split", [heads * d, kv * d, kv * d])],
-            f"{p}/att_qkv",
-            3,
-            axis=-1,
-        )
-        rotary = dict(domain=_MS, interleaved=0)
+        if isinstance(qkv, tuple):
+            q, k, v = qkv
+        else:
+            q, k, v = g.ops(
+                "Split",
+                [qkv, i64(f"{p}/att_split", [heads * d, kv * d, kv * d])],
+                f"{p}/att_qkv",
+                3,
+                axis=-1,
+            )
+        cos, sin = rotary
+        rotary = dict(domain=_MS, interleaved=0, **self.rotary)
         q = g.op(
             "RotaryEmbedding",
-            [q, self.pos, self.cos, self.sin],
+            [q, self.pos, cos, sin],
             f"{p}/att_rotary_q",
             num_heads=heads,
             **rotary,
         )
         k = g.op(
             "RotaryEmbedding",
-            [k, self.pos, self.cos, self.sin],
+            [k, self.pos, cos, sin],
             f"{p}/att_rotary_k",
             num_heads=kv,
             **rotary,
@@ -178,11 +211,21 @@ class ExactAttention:
             f"{p}/att_scores",
             domain=_MS,
             transB=1,
-            alpha=float(d**-0.5),
+            alpha=self.scale,
         )
+        if self.softcap:  # Gemma 2: c * tanh(scores / c), as GroupQueryAttention's softcap
+            cap = g.const(f"{p}/att_softcap", np.array(self.softcap, g.np_dtype))
+            scores = g.op(
+                "Mul",
+                [
+                    g.op("Tanh", [g.op("Div", [scores, cap], f"{p}/att_capped")], f"{p}/att_tanh"),
+                    cap,
+                ],
+                f"{p}/att_softcapped",
+            )
         masked = g.op(
             "Add",
-            [g.op("Reshape", [scores, self.scores5], f"{p}/att_scores5"), self.mask],
+            [g.op("Reshape", [scores, self.scores5], f"{p}/att_scores5"), self._mask(window)],
             f"{p}/att_masked",
         )
         probs = g.op(

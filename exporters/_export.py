@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from onnxsample.errors import ExportError, InvalidParameter
-from onnxsample.exporters import _fs, _gguf_quant, _llama, _manifest, gguf, hf
+from onnxsample.exporters import _fs, _gguf_quant, _manifest, _weights, families, gguf, hf
 from onnxsample.exporters._exact_attention import ATTENTIONS
 from onnxsample.exporters._source import Source, resolve_source
 from onnxsample.exporters._verify import VerifyResult, verify_export
@@ -99,8 +99,9 @@ def resolve_options(
     """(layout, precision) with ``auto`` decided for this source; refuse what cannot be combined.
 
     `model_type` is the HF config's (for a GGUF: its architecture). ``auto`` layout is ``gqa`` for
-    Llama-family models and ``optimum`` otherwise; ``auto`` precision is ``gguf`` (the file's own
-    blocks) for a GGUF whose weights are all transplantable, else fp32 (fp16 for ``cuda``).
+    the families of :mod:`.families` (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2/3) and
+    ``optimum`` otherwise; ``auto`` precision is ``gguf`` (the file's own blocks) for a GGUF whose
+    weights are all transplantable, else fp32 (fp16 for ``cuda``).
 
     ``device="cuda"`` is the GPU export: our GQA graph with fp16 activations and KV cache, where
     every compute node has a CUDA kernel (CUDA's GroupQueryAttention takes fp16/bf16 only).
@@ -116,13 +117,16 @@ def resolve_options(
                 "--device cuda computes in fp16 (CUDA's attention has no fp32 kernel): use "
                 "--precision auto, fp16, int4, int8 or gguf"
             )
-    families = _llama.LLAMA_GGUF_ARCHITECTURES if info is not None else _llama.LLAMA_HF_TYPES
-    llama = model_type in families
+    known = families.GGUF_ARCHITECTURES if info is not None else families.HF_TYPES
+    ours = model_type in known
     if layout == "auto":
-        layout = "gqa" if llama else "optimum"
-    elif layout == "gqa" and not llama:
+        layout = "gqa" if ours else "optimum"
+    elif layout == "gqa" and not ours and info is not None:
+        raise ExportError(families.gguf_refusal(model_type))
+    elif layout == "gqa" and not ours:
         raise ExportError(
-            f"the gqa layout is for Llama-family models, not {model_type}; use --layout optimum"
+            f"the gqa layout is for Llama-family models ({', '.join(known)}), not {model_type}; "
+            "use --layout optimum"
         )
     transplantable = info is not None and not _untransplantable(info)
     if precision == "auto":
@@ -205,9 +209,9 @@ def export(
     """Export a model source to `output/model.onnx`: a decoder with a KV cache.
 
     `source` is a Hugging Face model folder, a `.gguf` file, or None for the embedded SmolLM2.
-    `layout` is ``gqa`` (our GroupQueryAttention graph, Llama family), ``optimum`` (optimum's export)
-    or ``auto``; `precision` is fp32/fp16, int8/int4 (ORT's block quantiser, gqa only), ``gguf``
-    (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, exactly) or ``auto`` (see :func:`resolve_options`).
+    `layout` is ``gqa`` (our GroupQueryAttention graph: the families of :mod:`.families`),
+    ``optimum`` (optimum's export) or ``auto``; `precision` is fp32/fp16, int8/int4 (ORT's block
+    quantiser, gqa only), ``gguf`` (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, exactly) or ``auto`` (see :func:`resolve_options`).
     `accuracy_level` 4 lets quantised MatMuls use int8 activations (faster), 0 computes in float.
     `device` ``cuda`` writes the GPU export: the gqa layout with fp16 activations and KV cache,
     float weights in fp16 and quantised ones as fp16 ``MatMulNBits`` (accuracy level 0: CUDA has
@@ -307,14 +311,38 @@ def _export_gqa(
     if info is not None:
         tokenizer = gguf.gguf_tokenizer(src.path, info)
         config, generation = gguf.gguf_config(src.path), gguf.gguf_generation_config(info)
-        spec, weights = _llama.read_gguf(src.path, info.metadata, quantized=precision == "gguf")
+        spec, weights = _weights.read_gguf(src.path, info.metadata, quantized=precision == "gguf")
+        if getattr(config, "head_dim", None) not in (None, spec.head_dim):
+            # transformers' GGUF config skips attention.key_length (Qwen3 takes its default 128)
+            config.head_dim = spec.head_dim
         tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
         generation.save_pretrained(tmp)
     else:
         tokenizer, config, generation = hf.load_hf_config(src.path)
-        spec, weights = _llama.read_hf(src.path)
+        spec, weights = _weights.read_hf(src.path)
         _copy_hf_files(src.path, tmp)
+        if spec.max_positions < int(getattr(config, "max_position_embeddings", 0) or 0):
+            # LongRoPE's short factors hold up to original_max_position_embeddings only (see
+            # families/phi3.py): the manifest's context length is the export's
+            log.warning(
+                "%s: the export's context is %d positions (LongRoPE's short factors), not %d",
+                src.name,
+                spec.max_positions,
+                config.max_position_embeddings,
+            )
+            config.max_position_embeddings = spec.max_positions
+    if device == "cuda" and spec.layer_windows:
+        raise ExportError(
+            f"{src.name} has sliding-window attention, whose GroupQueryAttention window is checked "
+            "against transformers on the CPU only: drop --device cuda"
+        )
+    if device == "cuda" and spec.rotary_dims < spec.head_dim:
+        raise ExportError(
+            f"{src.name} rotates {spec.rotary_dims} of {spec.head_dim} values per head, whose "
+            "GroupQueryAttention rotary is checked against transformers on the CPU only: drop "
+            "--device cuda"
+        )
     stage("export")
     activations = "fp16" if device == "cuda" or precision == "fp16" else "fp32"
     gqa.write_gqa(

@@ -1,5 +1,11 @@
 """Our own GroupQueryAttention layout for Llama-family decoders, written with onnx-ir.
 
+One builder for every family of :mod:`.families`: the spec says which variations a model has
+(biases on the packed QKV projection, an RMSNorm over each head of Q and K, sliding windows as
+GroupQueryAttention's ``local_window_size``, partial rotary as a cos/sin cache narrower than the
+head, a second rotary cache for local layers, scaled embeddings, post-attention and post-MLP norms,
+GeGLU, the attention's scale and ``softcap``, and a soft-cap of the logits).
+
 The graph (about 11 nodes per layer) is the layout onnxruntime-genai's builder writes: packed QKV
 projection, rotary embedding inside ``com.microsoft.GroupQueryAttention``, ``SkipSimplified-
 LayerNormalization`` for the residual adds, and one LM-head ``MatMul`` (or ``MatMulNBits``) at the end,
@@ -34,7 +40,7 @@ from onnx_ir import tape as ir_tape
 
 from onnxsample.exporters import _gguf_quant
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
-from onnxsample.exporters._llama import LlamaSpec
+from onnxsample.exporters.families import DecoderSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
 
@@ -99,7 +105,7 @@ def _concat(weights: list[Any]) -> Any:
 
 
 def build_gqa_model(
-    spec: LlamaSpec,
+    spec: DecoderSpec,
     weights: dict[str, Any],
     *,
     precision: str = "fp32",
@@ -109,7 +115,10 @@ def build_gqa_model(
     """The decoder as an onnx-ir model (weights as in-memory initializers; save it with ir.save).
 
     `weights` maps ``embed``, ``norm``, ``lm_head`` and ``layers.{i}.{q,k,v,o,gate,up,down,
-    attn_norm,ffn_norm}`` to float [N, K] arrays or quantised weights (see :mod:`._llama`).
+    attn_norm,ffn_norm}`` to float [N, K] arrays or quantised weights (see :mod:`._weights`), plus
+    ``layers.{i}.{q,k,v}_bias`` with `spec.qkv_bias`, ``layers.{i}.{q,k}_norm`` with
+    `spec.qk_norm` and ``layers.{i}.post_{attn,ffn}_norm`` with `spec.post_norms` (norm weights as
+    the graph multiplies by them: Gemma's 1 + w already added).
     `precision` is the float type of activations, KV cache and float weights (``fp32``/``fp16``).
     `attention` is ``gqa`` (com.microsoft.GroupQueryAttention) or ``exact`` (see the module).
     """
@@ -150,15 +159,26 @@ def build_gqa_model(
         total_len = g.op("Cast", [width], "total_sequence_length", to=ir.DataType.INT32)
     elif attention != "exact":
         raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
-    cos, sin = spec.rotary_caches()
-    cos_cache = g.const("rotary.cos_cache", cos.astype(g.np_dtype))
-    sin_cache = g.const("rotary.sin_cache", sin.astype(g.np_dtype))
+    # One (cos, sin) cache per rotary base the layers use (Gemma 3's local layers have their own).
+    caches: dict[tuple[float, bool], tuple[ir.Value, ir.Value]] = {}
+    for i in range(spec.num_layers):
+        rope = spec.layer_rope(i)
+        if rope not in caches:
+            cos, sin = spec.rotary_caches(*rope)
+            prefix = "rotary" if not caches else f"rotary_{len(caches)}"
+            caches[rope] = (
+                g.const(f"{prefix}.cos_cache", cos.astype(g.np_dtype)),
+                g.const(f"{prefix}.sin_cache", sin.astype(g.np_dtype)),
+            )
 
     exact = None
     if attention == "exact":
-        exact = ExactAttention(g, spec, input_ids, lengths, width, cos_cache, sin_cache)
+        exact = ExactAttention(g, spec, input_ids, lengths, width)
     embed = g.const("model.embed_tokens.weight", np.asarray(weights["embed"], g.np_dtype))
     hidden = g.op("Gather", [embed, input_ids], "embed", axis=0)
+    if spec.embed_scale is not None:  # transformers multiplies in the embedding's own type
+        scale = g.const("embed.scale", np.array(spec.embed_scale, g.np_dtype))
+        hidden = g.op("Mul", [hidden, scale], "embed_scaled")
     eps = float(spec.rms_norm_eps)
     x = g.op(
         "SimplifiedLayerNormalization",
@@ -170,16 +190,24 @@ def build_gqa_model(
     residual = hidden
     for i in range(spec.num_layers):
         p = f"layers.{i}"
-        qkv = g.linear(x, _concat([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj")
+        qkv = _attention_inputs(g, spec, weights, x, p)
+        window = spec.window(i)
+        cos_cache, sin_cache = caches[spec.layer_rope(i)]
         if exact is not None:
-            attn, present_k, present_v = exact.layer(qkv, pasts[i][0], pasts[i][1], p)
+            attn, present_k, present_v = exact.layer(
+                qkv, pasts[i][0], pasts[i][1], p, window, (cos_cache, sin_cache)
+            )
         else:
+            packed = not isinstance(qkv, tuple)
+            # ORT 1.31 (CPU) lets a query see local_window_size keys, itself included, as
+            # transformers sees sliding_window (tests/exporters/test_export_families.py)
+            window_attr = {} if window is None else {"local_window_size": window}
+            if spec.attn_softcap:
+                window_attr["softcap"] = float(spec.attn_softcap)
             attn, present_k, present_v = g.ops(
                 "GroupQueryAttention",
                 [
-                    qkv,
-                    None,
-                    None,
+                    *((qkv, None, None) if packed else qkv),
                     pasts[i][0],
                     pasts[i][1],
                     seqlens_k,
@@ -194,13 +222,16 @@ def build_gqa_model(
                 kv_num_heads=spec.num_kv_heads,
                 do_rotary=1,
                 rotary_interleaved=0,
-                scale=float(spec.head_dim**-0.5),
+                scale=spec.scale,
+                **window_attr,
             )
         for value, kind in ((present_k, "key"), (present_v, "value")):
             value.name = f"present.{i}.{kind}"
             value.type, value.shape = ir.TensorType(T), ir.Shape(present_shape)
             outputs.append(value)
         o = g.linear(attn, weights[f"{p}.o"], f"{p}.o_proj")
+        if spec.post_norms:
+            o = _rms_norm(g, spec, o, weights, f"{p}.post_attn_norm")
         x, _, _, residual = g.ops(
             "SkipSimplifiedLayerNormalization",
             [o, residual, g.const(f"{p}.ffn_norm.weight", _norm(weights, f"{p}.ffn_norm", g))],
@@ -219,12 +250,10 @@ def build_gqa_model(
             2,
             axis=-1,
         )
-        act = g.op(
-            "Mul",
-            [g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/sigmoid")], f"{p}/silu"), up],
-            f"{p}/act",
-        )
+        act = g.op("Mul", [_ACTIVATIONS[spec.activation](g, gate, p), up], f"{p}/act")
         down = g.linear(act, weights[f"{p}.down"], f"{p}.down_proj")
+        if spec.post_norms:
+            down = _rms_norm(g, spec, down, weights, f"{p}.post_ffn_norm")
         last = i == spec.num_layers - 1
         norm_name = "norm" if last else f"layers.{i + 1}.attn_norm"
         x, _, _, residual = g.ops(
@@ -240,6 +269,11 @@ def build_gqa_model(
     logits = g.linear(x, weights["lm_head"], "lm_head")
     if T != ir.DataType.FLOAT:
         logits = g.op("Cast", [logits], "logits_fp32", to=ir.DataType.FLOAT)
+    if spec.final_softcap:  # c * tanh(logits / c), after the LM head (the composer then gathers
+        # the logits' rows: its LM-head move looks for a head that ends the graph)
+        cap = g.const("logits.softcap", np.array(spec.final_softcap, np.float32))
+        capped = g.op("Tanh", [g.op("Div", [logits, cap], "logits_over_cap")], "logits_tanh")
+        logits = g.op("Mul", [capped, cap], "logits_capped")
     logits.name = "logits"
     logits.type = ir.TensorType(ir.DataType.FLOAT)
     logits.shape = ir.Shape([batch, seq, spec.vocab_size])
@@ -249,7 +283,7 @@ def build_gqa_model(
         nodes=g.tape.nodes,
         initializers=g.tape.initializers,
         opset_imports={"": OPSET, MS: 1},
-        name="onnxsample-gqa-llama",
+        name=f"onnxsample-gqa-{spec.family}",
     )
     model = ir.Model(graph, ir_version=IR_VERSION, producer_name="onnxsample")
     if exact is not None:
@@ -257,12 +291,80 @@ def build_gqa_model(
     return model
 
 
+def _attention_inputs(
+    g: _Graph, spec: DecoderSpec, weights: dict[str, Any], x: ir.Value, p: str
+) -> ir.Value | tuple[ir.Value, ir.Value, ir.Value]:
+    """The attention's input: the packed QKV projection (plus its bias, for families with one),
+    or q, k, v apart when each head of q and k is RMS-normalised first (Qwen3)."""
+    qkv = g.linear(x, _concat([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj")
+    if spec.qkv_bias:
+        bias = np.concatenate([np.reshape(weights[f"{p}.{k}_bias"], -1) for k in ("q", "k", "v")])
+        qkv = g.op(
+            "Add", [qkv, g.const(f"{p}.qkv_proj.bias", bias.astype(g.np_dtype))], f"{p}/qkv_bias"
+        )
+    if not spec.qk_norm:
+        return qkv
+    d, heads, kv_heads = spec.head_dim, spec.num_heads, spec.num_kv_heads
+    split = g.const(f"{p}.qkv_split", np.array([heads * d, kv_heads * d, kv_heads * d], np.int64))
+    q, k, v = g.ops("Split", [qkv, split], f"{p}/qkv_split", 3, axis=-1)
+    return (
+        _head_norm(g, spec, q, heads, _norm(weights, f"{p}.q_norm", g), f"{p}.q_norm"),
+        _head_norm(g, spec, k, kv_heads, _norm(weights, f"{p}.k_norm", g), f"{p}.k_norm"),
+        v,
+    )
+
+
+def _silu(g: _Graph, gate: ir.Value, p: str) -> ir.Value:
+    return g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/sigmoid")], f"{p}/silu")
+
+
+def _gelu_tanh(g: _Graph, gate: ir.Value, p: str) -> ir.Value:
+    """transformers' gelu_pytorch_tanh (Gemma's GeGLU)."""
+    return g.op("Gelu", [gate], f"{p}/gelu", approximate="tanh")
+
+
+_ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh}
+
+
+def _rms_norm(
+    g: _Graph, spec: DecoderSpec, x: ir.Value, weights: dict[str, Any], key: str
+) -> ir.Value:
+    """A plain RMSNorm (Gemma's post-attention and post-MLP norms, before the residual add)."""
+    return g.op(
+        "SimplifiedLayerNormalization",
+        [x, g.const(f"{key}.weight", _norm(weights, key, g))],
+        "/".join(key.rsplit(".", 1)),
+        axis=-1,
+        epsilon=float(spec.rms_norm_eps),
+    )
+
+
+def _head_norm(
+    g: _Graph, spec: DecoderSpec, x: ir.Value, heads: int, weight: np.ndarray, name: str
+) -> ir.Value:
+    """RMSNorm over each head's head_dim values of x [B, S, heads * head_dim]."""
+    by_head = g.op(
+        "Reshape",
+        [x, g.const(f"{name}.heads", np.array([0, 0, heads, spec.head_dim], np.int64))],
+        name,
+    )
+    normed = g.op(
+        "SimplifiedLayerNormalization",
+        [by_head, g.const(f"{name}.weight", weight)],
+        f"{name}/norm",
+        axis=-1,
+        epsilon=float(spec.rms_norm_eps),
+    )
+    flat = np.array([0, 0, heads * spec.head_dim], np.int64)
+    return g.op("Reshape", [normed, g.const(f"{name}.flat", flat)], f"{name}/flat")
+
+
 def _norm(weights: dict[str, Any], key: str, g: _Graph) -> np.ndarray:
     return np.asarray(weights[key], g.np_dtype).reshape(-1)
 
 
 def write_gqa(
-    spec: LlamaSpec,
+    spec: DecoderSpec,
     weights: dict[str, Any],
     path: Path,
     precision: str = "fp32",

@@ -66,11 +66,14 @@ def load_hf(path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    # transformers soft-caps attention scores (Gemma 2) in its eager attention only
+    config = json.loads((path / "config.json").read_text())
+    eager = {"attn_implementation": "eager"} if config.get("attn_logit_softcapping") else {}
     try:
         with quiet():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=torch.float32, local_files_only=True
+                path, dtype=torch.float32, local_files_only=True, **eager
             )
     except Exception as exc:
         raise ExportError(f"transformers cannot load {path}: {exc}") from exc

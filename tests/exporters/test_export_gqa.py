@@ -151,10 +151,10 @@ def test_non_llama_models_are_refused_by_the_gqa_layout(tmp_path, tiny_hf):
     import json
     import shutil
 
-    folder = tmp_path / "mistral"
+    folder = tmp_path / "gemma"
     shutil.copytree(tiny_hf, folder)
     config = json.loads((folder / "config.json").read_text())
-    config["model_type"] = "mistral"
+    config["model_type"] = "gemma"
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ExportError, match="the gqa layout is for Llama-family models"):
         export(folder, tmp_path / "out", layout="gqa")

@@ -1,0 +1,157 @@
+"""Decoder weights for the GroupQueryAttention exporter, read from an HF folder or a GGUF file.
+
+Both readers give the same thing: a :class:`~onnxsample.exporters.families.DecoderSpec` and a
+mapping from our tensor names (``embed``, ``layers.{i}.q`` ... ``norm``, ``lm_head``; the family's
+extra ones such as ``layers.{i}.q_bias`` or ``layers.{i}.q_norm``) to float32 ``[N, K]`` arrays
+(output channels first, as in torch; vectors for norms and biases) or, from a GGUF with
+``precision="gguf"``, the file's own quantised blocks
+(:class:`~onnxsample.exporters._gguf_quant.QuantizedWeight`).
+
+llama.cpp stores a Llama's Q and K with their rows permuted for its interleaved rotary embedding;
+the GGUF reader undoes that (exactly: a row permutation moves whole quantisation blocks), so both
+sources feed one graph with the rotate-half rotary of transformers. Families whose llama.cpp
+rotary is NeoX's (Qwen2, Qwen3) are stored unpermuted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from onnxsample.errors import ExportError
+from onnxsample.exporters.families import DecoderSpec, Family, gguf_family, hf_family
+from onnxsample.exporters.families._family import LINEAR
+
+__all__ = ["read_gguf", "read_hf"]
+
+log = logging.getLogger(__name__)
+
+
+# ---- Hugging Face folders ---------------------------------------------------------------------
+
+
+def read_hf(folder: Path) -> tuple[DecoderSpec, dict[str, np.ndarray]]:
+    """Spec and float32 weights of an HF folder of a supported family (safetensors)."""
+    from safetensors import safe_open
+
+    config = json.loads((folder / "config.json").read_text())
+    family = hf_family(config.get("model_type"), folder.name)
+    spec = family.hf_spec(config, folder.name)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"{folder} holds no *.safetensors weights (needed by the gqa layout)")
+    raw: dict[str, np.ndarray] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                    raw[name] = f.get_tensor(name).float().numpy()
+        except Exception as exc:  # safetensors raises its own error types
+            raise ExportError(f"cannot load {file.name}: {exc}") from exc
+    weights = {"embed": raw.pop("model.embed_tokens.weight"), "norm": raw.pop("model.norm.weight")}
+    for i in range(spec.num_layers):
+        for key, names in family.tensors.items():
+            name = f"model.layers.{i}.{names.hf}"
+            if name not in raw:
+                raise ExportError(f"{folder.name}: weight {name} is missing")
+            weights[f"layers.{i}.{key}"] = raw.pop(name)
+        if family.unpack is not None:  # fused tensors (Phi-3's qkv_proj, gate_up_proj) apart
+            family.unpack(weights, spec, f"layers.{i}")
+    if family.norm_offset:
+        for key in [k for k in weights if k == "norm" or k.endswith("_norm")]:
+            weights[key] = weights[key] + np.float32(family.norm_offset)
+    head = raw.pop("lm_head.weight", None)
+    weights["lm_head"] = weights["embed"] if head is None else head
+    _refuse_leftovers(raw, folder.name)
+    return spec, weights
+
+
+def _refuse_leftovers(raw: dict[str, np.ndarray], what: str) -> None:
+    """A weight the family does not read would be silently dropped: refuse instead."""
+    left = sorted(n for n in raw if not n.endswith("rotary_emb.inv_freq"))
+    if left:
+        shown = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
+        raise ExportError(
+            f"{what}: weights the gqa layout does not use ({shown}); use --layout optimum"
+        )
+
+
+# ---- GGUF files ----------------------------------------------------------------------------------
+
+
+def _unpermute_order(rows: int, heads: int) -> np.ndarray:
+    """Row order that turns llama.cpp's interleaved Q/K rows back into transformers' halves."""
+    return np.arange(rows).reshape(heads, -1, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def read_gguf(
+    path: Path, metadata: dict[str, Any], *, quantized: bool
+) -> tuple[DecoderSpec, dict[str, Any]]:
+    """Spec and weights of a GGUF decoder: float32 arrays, or the file's blocks when `quantized`.
+
+    `metadata` is the header :func:`~onnxsample.exporters.gguf.inspect_gguf` read already.
+
+    Norm weights, biases and the token embedding's lookup table are always float32; with
+    `quantized` every linear weight (the LM head included) keeps its GGUF type, which must be
+    transplantable.
+    """
+    import gguf
+
+    from onnxsample.exporters import _gguf_quant
+
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+    family = gguf_family(metadata.get("general.architecture"), path.name)
+    spec = family.gguf_spec(metadata, set(tensors), path.name)
+
+    def load(name: str, *, linear: bool):
+        if name not in tensors:
+            raise ExportError(f"{path.name}: tensor {name} is missing")
+        t = tensors[name]
+        data, type_name = np.asarray(t.data), t.tensor_type.name
+        k = int(t.shape[0])
+        if linear and quantized:
+            return _gguf_quant.from_gguf(data, type_name, k, name=name)
+        return _float(data, t.tensor_type, name)
+
+    embed = load("token_embd.weight", linear=False)
+    if spec.vocab_size == 0:
+        spec = DecoderSpec(**{**spec.__dict__, "vocab_size": int(embed.shape[0])})
+    weights: dict[str, Any] = {"embed": embed, "norm": load("output_norm.weight", linear=False)}
+    orders = _qk_orders(family, spec)
+    for i in range(spec.num_layers):
+        for key, names in family.tensors.items():
+            w = load(f"blk.{i}.{names.gguf}", linear=key in LINEAR)
+            if key in orders:
+                w = _gguf_quant.permute_rows(w, orders[key])
+            weights[f"layers.{i}.{key}"] = w.reshape(-1) if key not in LINEAR else w
+    head = "token_embd.weight" if spec.tied else "output.weight"
+    weights["lm_head"] = (
+        load(head, linear=True) if quantized else (embed if spec.tied else load(head, linear=False))
+    )
+    return spec, weights
+
+
+def _qk_orders(family: Family, spec: DecoderSpec) -> dict[str, np.ndarray]:
+    """Row orders that undo llama.cpp's Q/K permutation, for the families it permutes."""
+    if not family.gguf_qk_permuted:
+        return {}
+    return {
+        "q": _unpermute_order(spec.num_heads * spec.head_dim, spec.num_heads),
+        "k": _unpermute_order(spec.num_kv_heads * spec.head_dim, spec.num_kv_heads),
+    }
+
+
+def _float(data: np.ndarray, qtype, name: str) -> np.ndarray:
+    import gguf.quants
+
+    try:
+        return np.ascontiguousarray(gguf.quants.dequantize(data, qtype), dtype=np.float32)
+    except NotImplementedError as exc:
+        raise ExportError(
+            f"tensor {name} has type {qtype.name}, which cannot be de-quantised"
+        ) from exc

@@ -1,0 +1,96 @@
+"""GGUF Qwen2 and Qwen3 through the gqa layout: files written from the tiny random models with
+llama.cpp's tensor names (no Q/K row permutation for these NeoX-rotary families, F32 biases and
+per-head norms), read back to what transformers computes from the HF folder, and the GGUF's own
+Q8_0/Q4_0 blocks transplanted exactly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _family_models import PROMPT, STEPS, build, write_gguf
+
+from onnxsample.errors import ExportError
+from onnxsample.exporters import export
+from onnxsample.exporters._verify import ort_greedy
+
+ARCHITECTURES = ["qwen2", "qwen3"]
+pytestmark = pytest.mark.slow  # transformers converts the 49k-token GGUF tokenizer per export
+QUANTISED = {"attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q8_0"}
+QUANTISED |= {"ffn_gate": "Q4_0", "ffn_up": "Q4_0", "ffn_down": "Q4_0"}
+
+
+def _logits(path: Path, ids: list[int]) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    seq = np.asarray([ids], np.int64)
+    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            feed[i.name] = np.zeros((1, i.shape[1], len(ids), i.shape[3]), np.float32)
+    return session.run(["logits"], feed)[0][0]
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def hf_and_ggufs(request, tiny_hf, tmp_path_factory):
+    """(architecture, HF folder, an all-F32 GGUF of it, a Q8_0/Q4_0 GGUF of it)."""
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"gguf-{arch}")
+    build(arch, root / "hf", tiny_hf)
+    write_gguf(root / "hf", root / "f32.gguf", arch, {})
+    write_gguf(root / "hf", root / "quantised.gguf", arch, QUANTISED)
+    return arch, root / "hf", root / "f32.gguf", root / "quantised.gguf"
+
+
+def test_an_f32_gguf_computes_what_transformers_computes(hf_and_ggufs, tmp_path):
+    """Tensor names, orientation and (no) Q/K permutation: logits as transformers' from the HF
+    folder, and the same greedy tokens as the HF folder's export."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    arch, folder, f32, _ = hf_and_ggufs
+    result = export(f32, tmp_path / "gguf", verify_tokens=0)
+    assert (result.manifest["layout"], result.manifest["precision"]) == ("gqa", "gguf")
+    assert result.manifest["model"]["architecture"] == arch
+    head_dim = 16 if arch == "qwen2" else 32
+    assert result.manifest["io"]["kv_cache"]["shape"][1:] == [2, "past_sequence_length", head_dim]
+    config = json.loads((result.output / "config.json").read_text())
+    assert config.get("head_dim", head_dim) == head_dim
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    with torch.no_grad():
+        reference = model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
+    np.testing.assert_allclose(_logits(result.model_path, PROMPT), reference, atol=1e-4)
+    from_hf = export(folder, tmp_path / "hf", verify_tokens=0)
+    assert ort_greedy(result.model_path, PROMPT, STEPS) == ort_greedy(
+        from_hf.model_path, PROMPT, STEPS
+    )
+
+
+def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
+    """precision gguf (the file's Q8_0/Q4_0 blocks, accuracy level 0) against precision fp32 of
+    the same file (its blocks de-quantised): the same greedy tokens, logits within float error."""
+    _, _, _, quantised = hf_and_ggufs
+    blocks = export(quantised, tmp_path / "blocks", accuracy_level=0, verify_tokens=0)
+    assert blocks.manifest["precision"] == "gguf"  # auto: every tensor is transplantable
+    floats = export(quantised, tmp_path / "floats", precision="fp32", verify_tokens=0)
+    assert ort_greedy(blocks.model_path, PROMPT, STEPS) == ort_greedy(
+        floats.model_path, PROMPT, STEPS
+    )
+    np.testing.assert_allclose(
+        _logits(blocks.model_path, PROMPT), _logits(floats.model_path, PROMPT), atol=1e-3
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "arch"), [("phi3", "phi3"), ("gemma2", "gemma2"), ("gemma3", "gemma3")]
+)
+def test_phi3_and_gemma_ggufs_are_refused_by_name(name, arch, tiny_hf, tmp_path):
+    """The gqa layout reads these families from HF folders only: their GGUFs are refused with
+    the architecture named, before anything is converted (auto takes optimum's layout)."""
+    build(name, tmp_path / "hf", tiny_hf)
+    write_gguf(tmp_path / "hf", tmp_path / "model.gguf", arch, {})
+    with pytest.raises(ExportError, match=rf"GGUF architecture '{arch}'.*HF folders only"):
+        export(tmp_path / "model.gguf", tmp_path / "out", layout="gqa", verify_tokens=0)
