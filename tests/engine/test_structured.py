@@ -152,3 +152,17 @@ def test_space_prefixed_tokens_read_as_spaces(engine):
         assert matcher.consume(token)
     matcher.fill(row)
     assert matcher.done and set(np.flatnonzero(row)) <= set(engine.info.eos_ids)
+
+
+@pytest.mark.parametrize("option", ['He said "hi"', "back\\slash", "ünïcode ✓", "new\nline", "a|b"])
+def test_choices_are_taken_literally(engine, option):
+    """A choice is matched as the exact text, whatever quotes, escapes or grammar syntax it holds."""
+    tokenizer = engine.tokenizer
+    vocabulary = GrammarVocabulary(tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    matcher = vocabulary.matcher(Constraint.choice([option, "other"]).grammar_text())
+    row = np.zeros(engine.meta.vocab_size, bool)
+    for token in tokenizer.encode(option, add_special_tokens=False):
+        matcher.fill(row)
+        assert row[token]
+        assert matcher.consume(token)
+    assert matcher.done
