@@ -250,7 +250,7 @@ def _drafts(t) -> str:
 
 def _constraint(json_schema, json_object, regex, grammar, choice):
     """The one output constraint the options ask for (structured output), or None."""
-    from onnxsample.constraint import Constraint
+    from onnxsample.constraint import Constraint, one_constraint
 
     given = {
         "--json-schema": json_schema is not None,
@@ -259,23 +259,32 @@ def _constraint(json_schema, json_object, regex, grammar, choice):
         "--grammar": grammar is not None,
         "--choice": bool(choice),
     }
-    if sum(given.values()) > 1:
-        named = ", ".join(name for name, on in given.items() if on)
-        raise InvalidParameter(f"give one output constraint, not several: {named}")
-    if json_schema is not None:
-        return Constraint.json_schema(_file_or_text(json_schema))
-    if json_object:
-        return Constraint.json_object()
-    if regex is not None:
-        return Constraint.regex(regex)
-    if grammar is not None:
-        return Constraint.grammar(_file_or_text(grammar))
-    return Constraint.choice(choice) if choice else None
+    if sum(given.values()) > 1:  # named before any is read or compiled
+        one_constraint(dict.fromkeys((n for n, on in given.items() if on), True), "run")
+    return one_constraint(
+        {
+            "--json-schema": Constraint.json_schema(_file_or_text(json_schema))
+            if json_schema is not None
+            else None,
+            "--json-object": Constraint.json_object() if json_object else None,
+            "--regex": Constraint.regex(regex) if regex is not None else None,
+            "--grammar": Constraint.grammar(_file_or_text(grammar))
+            if grammar is not None
+            else None,
+            "--choice": Constraint.choice(choice) if choice else None,
+        },
+        "run",
+    )
 
 
 def _file_or_text(value: str) -> str:
-    path = Path(value)
     try:
-        return path.read_text() if len(value) < 4096 and path.is_file() else value
-    except OSError as exc:
-        raise InvalidParameter(f"cannot read {value}: {exc.strerror}") from None
+        is_file = Path(value).is_file()
+    except (OSError, ValueError):  # text too long (or odd) to be a path: the text itself
+        return value
+    if not is_file:
+        return value
+    try:
+        return Path(value).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidParameter(f"cannot read {value}: {exc}") from None

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from onnxsample.errors import InvalidParameter
 
-__all__ = ["CONSTRAINT_KINDS", "Constraint"]
+__all__ = ["CONSTRAINT_KINDS", "Constraint", "one_constraint"]
 
 ConstraintKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
 CONSTRAINT_KINDS: tuple[str, ...] = ("json_schema", "json_object", "regex", "grammar", "choice")
@@ -46,10 +46,10 @@ class Constraint:
             try:
                 schema = json.loads(schema)
             except json.JSONDecodeError as exc:
-                raise InvalidParameter(f"the JSON schema is not valid JSON: {exc}") from None
+                raise InvalidParameter(f"json_schema is not valid JSON: {exc}") from None
         if not isinstance(schema, dict):
             raise InvalidParameter(
-                f"a JSON schema must be a JSON object, got {type(schema).__name__}"
+                f"json_schema must be a JSON object, got {type(schema).__name__}"
             )
         return cls("json_schema", schema)
 
@@ -80,6 +80,15 @@ class Constraint:
         if self.kind not in CONSTRAINT_KINDS:
             kinds = ", ".join(CONSTRAINT_KINDS)
             raise InvalidParameter(f"unknown constraint kind {self.kind!r}; one of: {kinds}")
+        made = {
+            "json_schema": lambda: Constraint.json_schema(self.value),
+            "json_object": lambda: Constraint.json_object() if self.value is None else None,
+            "regex": lambda: Constraint.regex(self.value),
+            "grammar": lambda: Constraint.grammar(self.value),
+            "choice": lambda: Constraint.choice(self.value),
+        }[self.kind]()
+        if made is None:
+            raise InvalidParameter("a json_object constraint takes no value")
         return self
 
     def grammar_text(self) -> str:
@@ -110,6 +119,15 @@ class Constraint:
             return "json_object"
         shown = json.dumps(self.value) if self.kind != "choice" else json.dumps(list(self.value))
         return f"{self.kind}({shown[:60]}{'…' if len(shown) > 60 else ''})"
+
+
+def one_constraint(found: dict[str, Constraint | None], what: str) -> Constraint | None:
+    """The one constraint among `found` (by the name the user gave it), or None;
+    InvalidParameter naming them when there are several (`what`: where they came from)."""
+    given = {name: c for name, c in found.items() if c is not None}
+    if len(given) > 1:
+        raise InvalidParameter(f"one output constraint per {what}, got {', '.join(given)}")
+    return next(iter(given.values()), None)
 
 
 def _text(kind: str, value: object) -> str:

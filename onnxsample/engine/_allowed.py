@@ -5,7 +5,8 @@ the branching chain skips; otherwise every row is bound (``[S, V]``): a constrai
 is filled by its grammar matcher just before the call, every other row is all true. A static
 chain (CUDA graphs) always binds ``[S, V]``. The masks live on the device, each at one address,
 and are rewritten in place only when a row changed: a step without constrained sequences copies
-nothing.
+nothing, one with them copies the [S, V] mask, and the per-position masks only when a constrained
+sequence drafts.
 
 A graph that verifies drafts also takes ``sampler.draft_allowed`` ``[S, K, V]``: a constrained
 drafting sequence's mask at each draft position, as its grammar stands after the drafts before it
@@ -38,8 +39,12 @@ class AllowedTokens:
         self._none = ortvalue(np.ones((slots, 1), bool), device)
         self.draft_rows = np.ones((slots, draft_width, vocab), bool) if draft_width else None
         self._draft_value = ortvalue(self.draft_rows, device) if draft_width else None
+        self._draft_true = (
+            ortvalue(np.ones((slots, draft_width, vocab), bool), device) if draft_width else None
+        )
         self._draft_none = ortvalue(np.ones((slots, draft_width, 1), bool), device)
         self._filled: set[int] = set()
+        self._drafted: set[int] = set()
 
     def for_call(
         self, sampling: Iterable[Sequence], drafts: Mapping[int, list[int]]
@@ -50,23 +55,27 @@ class AllowedTokens:
         changed = bool(self._filled)
         for slot in self._filled:
             self.rows[slot] = True
-            if self.draft_rows is not None:
-                self.draft_rows[slot] = True
+        for slot in self._drafted:
+            self.draft_rows[slot] = True
         self._filled.clear()
+        self._drafted.clear()
         for seq in sampling:
             if seq.matcher is None:
                 continue
             seq.matcher.fill(self.rows[seq.slot])
+            self._filled.add(seq.slot)
             draft = drafts.get(seq.slot)
             if draft:
                 seq.matcher.fill_along(draft, self.draft_rows[seq.slot])
-            self._filled.add(seq.slot)
+                self._drafted.add(seq.slot)
         constrained = bool(self._filled)
         if changed or constrained:
             self.rows_value.update_inplace(self.rows)
-            if self._draft_value is not None:
-                self._draft_value.update_inplace(self.draft_rows)
+        if self._drafted:
+            self._draft_value.update_inplace(self.draft_rows)
         allowed = self.rows_value if constrained or self.static else self._none
         if not self.draft_width:
             return allowed, None
-        return allowed, self._draft_value if constrained else self._draft_none
+        if not constrained:
+            return allowed, self._draft_none
+        return allowed, self._draft_value if self._drafted else self._draft_true

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.engine._allowed import ALLOWED
 from onnxsample.engine._layout import Call
 from onnxsample.engine._slots import COUNTS_OUT, SlotState
 
@@ -133,7 +134,7 @@ class CapturedDecode:
         for name, value in self.slots.static().items():
             binding.bind_ortvalue_input(name, value)
         if self.allowed is not None:
-            binding.bind_ortvalue_input("sampler.allowed", self.allowed.rows_value)
+            binding.bind_ortvalue_input(ALLOWED, self.allowed.rows_value)
         self.slots.bind_counts(binding)
         if self.slots.penalties:
             outputs[COUNTS_OUT] = None

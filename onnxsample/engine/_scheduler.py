@@ -310,8 +310,11 @@ class Scheduler:
             token = seq.params.host_sampler(ids, logits)
             if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
                 raise TypeError(f"it returned {token!r}, not a token id")
-            if not 0 <= token < self.state.meta.vocab_size:
-                raise ValueError(f"it returned {token}, outside [0, {self.state.meta.vocab_size})")
+            kept = ids[np.isfinite(logits)]
+            if token not in kept:
+                raise ValueError(
+                    f"it returned {token}, which is not among the candidates the filters kept"
+                )
         except Exception as exc:
             log.warning("request %s: the host sampler failed: %s", seq.request.id, exc)
             self._fail(seq, GenerationError(f"the host sampler failed: {exc}"))

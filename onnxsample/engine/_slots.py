@@ -46,6 +46,11 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
             "structured output (a constraint) needs a model composed with the allowed-tokens "
             "mask (onnxsample compose --allowed-tokens)"
         )
+    if params.constraint is not None and params.min_tokens:
+        raise InvalidParameter(
+            "min_tokens cannot be combined with an output constraint: the grammar decides where "
+            "the answer may end"
+        )
     if params.host_sampler is not None and not meta.output_candidates:
         raise InvalidParameter(
             "a host sampler needs a model composed with candidates "
@@ -138,6 +143,11 @@ class SlotState:
         """The slot's last token is `instead`, not the `taken` the graph counted (a host sampler
         chose): move its count."""
         if not self.penalties or taken == instead:
+            return
+        if self.device == "cpu":  # numpy() of a CPU tensor is a view of it: two numbers change
+            view = self.counts.numpy()
+            view[slot, taken] -= 1
+            view[slot, instead] += 1
             return
         counts = host_copy(self.counts)
         counts[slot, taken] -= 1

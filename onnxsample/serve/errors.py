@@ -40,6 +40,9 @@ _PARAMS = {
     "token": "prompt",  # "token ids must be integers in [0, V)"
     "a": "prompt",  # "a prompt is a string, ..."
     "each": "messages",  # "each chat message needs ..."
+    "one": "response_format",  # "one output constraint per request, got ..."
+    "invalid": "response_format",  # "invalid constraint: ...", "invalid JSON schema: ..."
+    "structured": "response_format",  # "structured output (a constraint) needs ..."
 }
 _TYPES = {
     400: "invalid_request_error",

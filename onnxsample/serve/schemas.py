@@ -33,8 +33,10 @@ class JsonSchemaFormat(_Body):
 
 
 class ResponseFormat(_Body):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")  # llama-server
 
 
 class StructuredOutputs(_Body):
@@ -45,6 +47,8 @@ class StructuredOutputs(_Body):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: StrictBool | None = None
+    whitespace_pattern: str | None = None  # refused: not supported
+    structural_tag: Any = None  # refused: not supported
 
     def model_dump(self, **kwargs) -> dict[str, Any]:  # the API's names
         dumped = super().model_dump(**kwargs)
@@ -82,6 +86,7 @@ class SamplingFields(_Body):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None  # refused: not supported
 
 
 class ContentPart(_Body):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from onnxsample.constraint import Constraint
+from onnxsample.constraint import Constraint, one_constraint
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve.schemas import SamplingFields
 
@@ -27,10 +27,27 @@ __all__ = ["constraint_of"]
 def constraint_of(body: SamplingFields) -> Constraint | None:
     """The constraint the request's fields ask for, or None; InvalidParameter for a malformed or
     contradictory one."""
+    unsupported = {
+        "guided_whitespace_pattern": body.guided_whitespace_pattern,
+        "structured_outputs.whitespace_pattern": getattr(
+            body.structured_outputs, "whitespace_pattern", None
+        ),
+        "structured_outputs.structural_tag": getattr(
+            body.structured_outputs, "structural_tag", None
+        ),
+    }
+    for name, value in unsupported.items():
+        if value is not None:
+            raise InvalidParameter(
+                f"{name} is not supported (JSON is written compactly; a schema's x-guidance "
+                "options set its whitespace)"
+            )
     found: list[tuple[str, Constraint]] = []
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
-        if fmt.type == "json_object":
+        if fmt.type == "json_object" and fmt.schema_ is not None:  # llama-server's extension
+            found.append(("response_format", Constraint.json_schema(fmt.schema_)))
+        elif fmt.type == "json_object":
             found.append(("response_format", Constraint.json_object()))
         else:
             spec = fmt.json_schema
@@ -55,10 +72,7 @@ def constraint_of(body: SamplingFields) -> Constraint | None:
         "grammar": body.guided_grammar,
     }
     found += [(f"guided_{k}", c) for k, c in _vllm(legacy).items()]
-    if len(found) > 1:
-        names = ", ".join(name for name, _ in found)
-        raise InvalidParameter(f"only one output constraint per request, got {names}")
-    return found[0][1] if found else None
+    return one_constraint(dict(found), "request")
 
 
 def _vllm(fields: dict[str, Any]) -> dict[str, Constraint]:
@@ -89,11 +103,16 @@ def _check_strict(schema: Any, where: str) -> None:
     if not isinstance(schema, dict):
         return
     if schema.get("type") == "object" or "properties" in schema:
+        properties, required = schema.get("properties", {}), schema.get("required", [])
+        if not isinstance(properties, dict):
+            raise InvalidParameter(f"{where}: 'properties' must be an object")
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise InvalidParameter(f"{where}: 'required' must be a list of property names")
         if schema.get("additionalProperties") is not False:
             raise InvalidParameter(
                 f"{where}: with strict, 'additionalProperties' must be present and false"
             )
-        missing = sorted(set(schema.get("properties", {})) - set(schema.get("required", [])))
+        missing = sorted(set(properties) - set(required))
         if missing:
             raise InvalidParameter(
                 f"{where}: with strict, 'required' must list every property; missing "

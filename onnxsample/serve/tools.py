@@ -135,11 +135,45 @@ def plan_tools(body: ChatRequest) -> ToolPlan | None:
     return ToolPlan(tuple(tools), _envelope(tools, allow_response, body), allow_response)
 
 
+def _hoisted(parameters: dict, prefix: str, defs: dict) -> dict:
+    """A tool's `parameters` schema with its local definitions (``$defs``/``definitions``) moved
+    into the envelope's `defs` under `prefix`, and its ``#/$defs/...`` references rewritten, so they
+    still resolve once the schema sits inside the envelope."""
+    own = {**parameters.get("definitions", {}), **parameters.get("$defs", {})}
+    names = {name: f"{prefix}{name}" for name in own}
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {}
+        for key, value in node.items():
+            if key in ("$defs", "definitions") and node is parameters:
+                continue
+            if key == "$ref" and isinstance(value, str):
+                for root in ("#/$defs/", "#/definitions/"):
+                    if value.startswith(root) and value[len(root) :].split("/")[0] in names:
+                        rest = value[len(root) :]
+                        head, _, tail = rest.partition("/")
+                        value = f"#/$defs/{names[head]}" + (f"/{tail}" if tail else "")
+            out[key] = rewrite(value)
+        return out
+
+    for name, schema in own.items():
+        defs[names[name]] = rewrite(schema)
+    return rewrite(parameters)
+
+
 def _envelope(tools: list[dict], allow_response: bool, body: ChatRequest) -> Constraint:
+    defs: dict[str, Any] = {}
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": t["name"]}, "arguments": t["parameters"]},
+            "properties": {
+                "name": {"const": t["name"]},
+                "arguments": _hoisted(t["parameters"], f"{t['name']}__", defs),
+            },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
@@ -167,6 +201,8 @@ def _envelope(tools: list[dict], allow_response: bool, body: ChatRequest) -> Con
             }
         )
     schema = options[0] if len(options) == 1 else {"anyOf": options}
+    if defs:
+        schema = {**schema, "$defs": defs}
     return Constraint.json_schema(schema)
 
 

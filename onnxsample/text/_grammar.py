@@ -131,15 +131,20 @@ class Matcher:
         draft's positions 1..k), leaving the matcher where it was."""
         taken = 0
         for i, token in enumerate(draft):
-            if not self._inner.consume_token(int(token)):
+            if token in self._eos or not self._inner.consume_token(int(token)):
                 break
             taken += 1
             self.fill(rows[i])
-        self._inner.rollback(taken)
+        if taken and not self._inner.rollback(taken):
+            raise RuntimeError(f"the grammar matcher could not step back {taken} tokens")
 
     def valid_prefix(self, tokens: list[int]) -> list[int]:
-        """The longest prefix of `tokens` the grammar allows from here (a draft cut at its first
-        rejected token)."""
+        """The longest prefix of `tokens` the grammar allows from here, cut before its first
+        rejected token and its first end-of-sequence (a draft ends where the text may end)."""
+        for i, token in enumerate(tokens):
+            if token in self._eos:
+                tokens = tokens[:i]
+                break
         return list(tokens[: self._inner.validate_tokens([int(t) for t in tokens])])
 
     def forced(self, limit: int) -> list[int]:

@@ -383,7 +383,7 @@ def test_run_streams_one_prompt(run_folder, capsys):
         (["--seed", "-1"], "seed must be an integer in [0, 2**64), got -1"),
         (["--provider", "cuda"], "onnxsample[gpu]"),
         (["--prefill-chunk", "-1"], "--prefill-chunk"),
-        (["--regex", "a", "--choice", "b"], "give one output constraint, not several"),
+        (["--regex", "a", "--choice", "b"], "one output constraint per run, got --regex, --choice"),
         (["--json-schema", "{nope"], "not valid JSON"),
         (["--json-schema", '{"type": "strin"}'], "invalid constraint: Invalid type: strin"),
         (["--grammar", "root ::= nowhere"], "nowhere"),
@@ -405,6 +405,7 @@ def test_run_errors(argv, message, run_folder, capsys):
         (["--choice", "yes", "--choice", "no"], lambda text: text in ("yes", "no")),
         (["--regex", "[0-9]{2}:[0-9]{2}"], lambda text: re.fullmatch("[0-9]{2}:[0-9]{2}", text)),
         (["--json-schema", "SCHEMA_FILE"], lambda text: json.loads(text)["answer"] in ("a", "b")),
+        (["--json-schema", "SCHEMA_TEXT"], lambda text: json.loads(text)["answer"] in ("a", "b")),
         (["--grammar", 'root ::= "v" [0-9]'], lambda text: re.fullmatch("v[0-9]", text)),
     ],
 )
@@ -420,7 +421,8 @@ def test_run_constrains_the_answer(argv, check, run_folder, tmp_path, capsys):
             }
         )
     )
-    argv = [str(schema) if a == "SCHEMA_FILE" else a for a in argv]
+    long_text = json.dumps({**json.loads(schema.read_text()), "description": "x" * 400})
+    argv = [{"SCHEMA_FILE": str(schema), "SCHEMA_TEXT": long_text}.get(a, a) for a in argv]
     code, out, err = run_cli(
         capsys, "run", str(run_folder), "-p", "Q", "--no-chat", "--json", "--seed", "1", *argv
     )

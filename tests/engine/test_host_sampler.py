@@ -78,11 +78,13 @@ def test_a_mixed_batch_gives_each_row_its_tokens_alone(engine):
     [
         (lambda ids, logits: 1 / 0, "division by zero"),
         (lambda ids, logits: "7", "not a token id"),
-        (lambda ids, logits: 10**9, "outside"),
+        (lambda ids, logits: 10**9, "not among the candidates"),
+        (lambda ids, logits: int(ids[-1]), "not among the candidates"),  # dropped by top_k
     ],
 )
 def test_a_failing_host_sampler_fails_its_request_alone(engine, sampler, message):
-    bad = engine.submit("x", SamplingParams(host_sampler=sampler), max_new_tokens=4, chat=False)
+    params = SamplingParams(top_k=2, host_sampler=sampler)
+    bad = engine.submit("x", params, max_new_tokens=4, chat=False)
     good = engine.submit("x", SamplingParams(temperature=0), max_new_tokens=4, chat=False)
     with pytest.raises(GenerationError, match=message):
         bad.result(60)

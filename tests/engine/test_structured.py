@@ -118,11 +118,41 @@ def test_a_bad_constraint_is_refused_at_submit(engine, constraint, message):
         (lambda: Constraint.regex(""), "non-empty"),
         (lambda: SamplingParams(constraint="json").validate(), "Constraint"),
         (lambda: Constraint("xml").validate(), "unknown constraint kind"),
+        (lambda: Constraint("regex", 5).validate(), "regex must be a non-empty string"),
+        (lambda: Constraint("json_object", {"a": 1}).validate(), "takes no value"),
     ],
 )
 def test_malformed_constraints_raise(make, message):
     with pytest.raises(InvalidParameter, match=message):
         make()
+
+
+def test_min_tokens_and_a_constraint_are_refused_together(engine):
+    params = SamplingParams(min_tokens=3, constraint=Constraint.json_object())
+    with pytest.raises(InvalidParameter, match="min_tokens cannot be combined"):
+        engine.submit("x", params, chat=False)
+
+
+def test_a_draft_is_cut_before_end_of_sequence(engine):
+    """A draft that runs past where the grammar may end stops there, and walking it leaves the
+    matcher where it was (llguidance does not count end-of-sequence among the tokens to step
+    back)."""
+    tokenizer = engine.tokenizer
+    vocabulary = GrammarVocabulary(tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    text = "The cat"
+    matcher = vocabulary.matcher(Constraint.regex(text).grammar_text())
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    eos = sorted(engine.info.eos_ids)[0]
+    assert matcher.valid_prefix([*tokens, eos, *tokens]) == tokens
+    fresh = np.zeros(engine.meta.vocab_size, bool)
+    matcher.fill(fresh)
+    rows = np.ones((len(tokens) + 1, engine.meta.vocab_size), bool)
+    matcher.fill_along([*tokens, eos], rows)
+    assert set(np.flatnonzero(rows[len(tokens) - 1])) <= set(engine.info.eos_ids)  # complete
+    again = np.zeros(engine.meta.vocab_size, bool)
+    matcher.fill(again)
+    np.testing.assert_array_equal(again, fresh)  # still at the start
+    assert all(matcher.consume(t) for t in tokens) and matcher.done
 
 
 def test_a_model_without_the_mask_refuses_constraints(tiny_gqa_export, tmp_path):

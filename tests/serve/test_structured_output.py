@@ -128,7 +128,7 @@ def test_schema_fields_on_chat(client, extra):
         ({"extra_body": {"guided_choice": []}}, "choice"),
         (
             {"response_format": {"type": "json_object"}, "extra_body": {"guided_regex": "a"}},
-            "only one output constraint",
+            "one output constraint per request",
         ),
         (
             {
@@ -284,3 +284,41 @@ def test_the_chat_page_asks_for_json(port, chromium):
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".message.error"))
     error = driver.find_element(By.CSS_SELECTOR, ".message.error").text
     assert "not valid JSON" in error
+
+
+def test_tool_parameters_with_local_definitions(client):
+    """Nested models (pydantic's ``$defs``, as ``openai.pydantic_function_tool`` writes them) keep
+    their references inside the tool-call envelope."""
+    place = {
+        "type": "object",
+        "properties": {"city": {"enum": ["Paris", "Oslo"]}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    trip = {
+        "type": "function",
+        "function": {
+            "name": "book_trip",
+            "parameters": {
+                "$defs": {"Place": place},
+                "type": "object",
+                "properties": {
+                    "start": {"$ref": "#/$defs/Place"},
+                    "end": {"$ref": "#/$defs/Place"},
+                },
+                "required": ["start", "end"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    done = chat(
+        client,
+        max_tokens=80,
+        seed=1,
+        tools=[trip],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    [(name, arguments)] = _calls(done.choices[0])
+    assert name == "book_trip"
+    assert {arguments["start"]["city"], arguments["end"]["city"]} <= {"Paris", "Oslo"}
