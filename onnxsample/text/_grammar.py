@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 
 import numpy as np
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 __all__ = ["GrammarVocabulary", "Matcher"]
 
 _SPECIAL = b"\xff"  # llguidance's mark of a special token's bytes
+_COMPILED = 64  # grammars kept compiled per vocabulary (a service sends the same schema often)
 
 
 class _Tokens:
@@ -53,13 +55,15 @@ class _Tokens:
 class GrammarVocabulary:
     """A model's vocabulary as llguidance sees it; built on first use (about 0.2 s for 49k
     tokens), shared by every request's matcher. `eos_ids` end a sequence; the grammar allows
-    them where it is complete."""
+    them where it is complete. The last grammars compiled are kept: a request with the same
+    grammar (the `n` choices of one request, a service's one schema) gets a copy of its matcher."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, eos_ids: Iterable[int]) -> None:
         self.tokenizer, self.vocab_size = tokenizer, vocab_size
         self.eos_ids = sorted(eos_ids)
         self._ll = None
         self._lock = threading.Lock()
+        self._compiled: OrderedDict[str, object] = OrderedDict()
 
     def _tokenizer(self):
         import llguidance
@@ -81,6 +85,10 @@ class GrammarVocabulary:
         import llguidance
 
         tokenizer = self._tokenizer()
+        with self._lock:
+            if grammar in self._compiled:
+                self._compiled.move_to_end(grammar)
+                return Matcher(self._compiled[grammar].deep_copy(), self.vocab_size, self.eos_ids)
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if failed:
             raise InvalidParameter(f"invalid constraint: {'; '.join(messages)}")
@@ -92,6 +100,10 @@ class GrammarVocabulary:
             raise InvalidParameter(f"invalid constraint: {exc}") from None
         if inner.is_error():
             raise InvalidParameter(f"invalid constraint: {inner.get_error()}")
+        with self._lock:
+            self._compiled[grammar] = inner.deep_copy()
+            while len(self._compiled) > _COMPILED:
+                self._compiled.popitem(last=False)
         return Matcher(inner, self.vocab_size, self.eos_ids)
 
 

@@ -196,3 +196,20 @@ def test_choices_are_taken_literally(engine, option):
         assert row[token]
         assert matcher.consume(token)
     assert matcher.done
+
+
+def test_a_grammar_compiled_once_serves_independent_matchers(engine):
+    """The same grammar again (n choices, a service's one schema) is a copy of the compiled
+    matcher: each copy goes its own way."""
+    vocabulary = GrammarVocabulary(engine.tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    grammar = Constraint.json_schema(SCHEMA).grammar_text()
+    first, second = vocabulary.matcher(grammar), vocabulary.matcher(grammar)
+    for token in engine.tokenizer.encode('{"ok": true', add_special_tokens=False):
+        assert first.consume(token)
+    rows = np.zeros((2, engine.meta.vocab_size), bool)
+    first.fill(rows[0])
+    second.fill(rows[1])
+    fresh = np.zeros(engine.meta.vocab_size, bool)
+    vocabulary.matcher(grammar).fill(fresh)
+    np.testing.assert_array_equal(rows[1], fresh)
+    assert not np.array_equal(rows[0], rows[1])
