@@ -3,6 +3,8 @@ files written from them with llama.cpp's tensor names (the `gguf` package's own 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -122,6 +124,20 @@ def build(name: str, folder: Path, tokenizer_folder: Path, seed: int = 0) -> Non
     for file in _TOKENIZER_FILES:
         if (tokenizer_folder / file).is_file():
             shutil.copy2(tokenizer_folder / file, folder / file)
+
+
+def cached(name: str, tiny_hf: Path, seed: int = 0) -> Path:
+    """`name`'s tiny model built once beside the tiny Llama's cache folder (`tiny_hf`, whose name
+    carries the torch/transformers/tokenizer versions), keyed by its config and seed."""
+    blob = json.dumps({"common": COMMON, "family": FAMILIES[name], "seed": seed}, sort_keys=True)
+    key = hashlib.sha256(f"{tiny_hf.parent.name}:{blob}".encode()).hexdigest()[:16]
+    folder = tiny_hf.parent.parent / f"family-{name}-{key}" / "hf"
+    if not (folder / "config.json").is_file():
+        staging = folder.with_name("hf.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        build(name, staging, tiny_hf, seed)
+        staging.rename(folder)
+    return folder
 
 
 def write_gguf(folder: Path, path: Path, arch: str, linear_types: dict[str, str]) -> None:
