@@ -266,7 +266,11 @@ def export(
                 src, info, tmp, precision, keep_hf, stage
             )
         stage("verify")
-        if verify_tokens:
+        unverified = families.gguf_unverified(info.architecture) if layout == "gqa" and info else ""
+        if verify_tokens and unverified:
+            log.warning("%s: verify step skipped: %s", src.name, unverified)
+            checked = VerifyResult(0, None, note=f"skipped ({unverified})")
+        elif verify_tokens:
             checked = verify_export(
                 tmp / "model.onnx",
                 model,
@@ -322,16 +326,18 @@ def _export_gqa(
         tokenizer, config, generation = hf.load_hf_config(src.path)
         spec, weights = _weights.read_hf(src.path)
         _copy_hf_files(src.path, tmp)
-        if spec.max_positions < int(getattr(config, "max_position_embeddings", 0) or 0):
-            # LongRoPE's short factors hold up to original_max_position_embeddings only (see
-            # families/phi3.py): the manifest's context length is the export's
-            log.warning(
-                "%s: the export's context is %d positions (LongRoPE's short factors), not %d",
-                src.name,
-                spec.max_positions,
-                config.max_position_embeddings,
-            )
-            config.max_position_embeddings = spec.max_positions
+    if spec.max_positions < int(getattr(config, "max_position_embeddings", 0) or 0):
+        # LongRoPE's short factors hold up to original_max_position_embeddings only (see
+        # families/phi3.py): the manifest's context length is the export's
+        log.warning(
+            "%s: the export's context is %d positions (LongRoPE's short factors), not %d",
+            src.name,
+            spec.max_positions,
+            config.max_position_embeddings,
+        )
+        config.max_position_embeddings = spec.max_positions
+        if info is not None:
+            config.save_pretrained(tmp)
     if device == "cuda":
         _warn_cpu_checked(spec, src.name)
     stage("export")
@@ -341,7 +347,7 @@ def _export_gqa(
     )
     del weights
     model = None
-    if verify_tokens:
+    if verify_tokens and not (info is not None and families.gguf_unverified(info.architecture)):
         model = gguf.gguf_model(src.path, info) if info is not None else hf.load_hf(src.path)[0]
     return config, generation, tokenizer, model
 

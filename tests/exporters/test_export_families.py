@@ -281,7 +281,9 @@ def test_cuda_exports_say_what_is_checked_on_the_cpu_only(name, what, tiny_hf, t
         result = export(folder, tmp_path / "out", device="cuda", verify_tokens=0)
     assert (result.manifest["layout"], result.manifest["precision"]) == ("gqa", "fp16")
     warned = " ".join(r.getMessage() for r in caplog.records)
-    assert re.search(rf"{what}.* checked against transformers on ONNX Runtime's CPU", warned), warned
+    assert re.search(rf"{what}.* checked against transformers on ONNX Runtime's CPU", warned), (
+        warned
+    )
     assert "simulated CUDA device" in warned
 
 
