@@ -72,7 +72,7 @@ def _composed(folder: Path, layout: str) -> Path:
     from onnxsample.errors import ExportError
     from onnxsample.exporters import export
 
-    output = folder.parent / f"{layout}-fp32"
+    output = folder.parent / f"bench-{layout}-fp32"  # not the tests' cached exports
     options = dict(layout=layout, precision="fp32", verify_tokens=0)
     try:
         export(folder, output, **options)
@@ -118,7 +118,7 @@ def main() -> None:
                 log(f"{family} {layout}: {row[f'{layout}_error']}")
         # the gqa export's context (Phi-3's LongRoPE: original_max_position_embeddings, 64 here)
         # bounds both layouts' requests, so they decode the same number of tokens
-        manifest = json.loads((folder.parent / "gqa-fp32" / "onnxsample.json").read_text())
+        manifest = json.loads((folder.parent / "bench-gqa-fp32" / "onnxsample.json").read_text())
         context = int(manifest["model"]["max_position_embeddings"])
         new_tokens = min(args.new_tokens, context - len(PROMPT))
         row["new_tokens"] = new_tokens
