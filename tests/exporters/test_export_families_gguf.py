@@ -113,3 +113,36 @@ def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
     np.testing.assert_allclose(
         _logits(blocks.model_path, PROMPT), _logits(floats.model_path, PROMPT), atol=1e-3
     )
+
+
+def _gemma_metadata(arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
+    keys = {
+        "attention.head_count": heads,
+        "attention.head_count_kv": max(heads // 2, 1),
+        "embedding_length": hidden,
+        "feed_forward_length": 4 * hidden,
+        "block_count": layers,
+        "attention.key_length": head_dim,
+        "attention.layer_norm_rms_epsilon": 1e-6,
+        "context_length": 8192,
+        "attention.sliding_window": 4096,
+    }
+    return {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in keys.items()}}
+
+
+def test_gemma_gguf_headers_read_as_llama_cpp_reads_them():
+    """Sizes the tiny models do not reach: llama.cpp scales the 27B's attention by embedding /
+    heads (Gemma 2: 46 layers, 4608 / 32 = 144, not its head size 128), the others by head size;
+    Gemma 2 slides every other layer, Gemma 3 all but every 6th, whose local base is 10000."""
+    from onnxsample.exporters.families import gemma2, gemma3
+
+    names = {"token_embd.weight"}
+    big = gemma2.FAMILY.gguf_spec(_gemma_metadata("gemma2", 46, 4608, 32, 128), names, "27b")
+    assert big.scale == pytest.approx(144**-0.5)
+    assert big.layer_windows == (4096, None) * 23 and big.tied
+    small = gemma2.FAMILY.gguf_spec(_gemma_metadata("gemma2", 26, 2304, 8, 256), names, "2b")
+    assert small.scale == pytest.approx(256**-0.5)
+    one_b = gemma3.FAMILY.gguf_spec(_gemma_metadata("gemma3", 26, 1152, 4, 256), names, "1b")
+    assert one_b.layer_windows == ((4096,) * 5 + (None,)) * 4 + (4096, 4096)
+    assert one_b.local_rope_theta == 10000.0 and one_b.scale == pytest.approx(256**-0.5)
+    assert one_b.attn_softcap is None and one_b.final_softcap is None
