@@ -266,7 +266,11 @@ def export(
                 src, info, tmp, precision, keep_hf, stage
             )
         stage("verify")
-        if verify_tokens:
+        unverified = families.gguf_unverified(info.architecture) if layout == "gqa" and info else ""
+        if verify_tokens and unverified:
+            log.warning("%s: verify step skipped: %s", src.name, unverified)
+            checked = VerifyResult(0, None, note=f"skipped ({unverified})")
+        elif verify_tokens:
             checked = verify_export(
                 tmp / "model.onnx",
                 model,
@@ -322,27 +326,20 @@ def _export_gqa(
         tokenizer, config, generation = hf.load_hf_config(src.path)
         spec, weights = _weights.read_hf(src.path)
         _copy_hf_files(src.path, tmp)
-        if spec.max_positions < int(getattr(config, "max_position_embeddings", 0) or 0):
-            # LongRoPE's short factors hold up to original_max_position_embeddings only (see
-            # families/phi3.py): the manifest's context length is the export's
-            log.warning(
-                "%s: the export's context is %d positions (LongRoPE's short factors), not %d",
-                src.name,
-                spec.max_positions,
-                config.max_position_embeddings,
-            )
-            config.max_position_embeddings = spec.max_positions
-    if device == "cuda" and spec.layer_windows:
-        raise ExportError(
-            f"{src.name} has sliding-window attention, whose GroupQueryAttention window is checked "
-            "against transformers on the CPU only: drop --device cuda"
+    if spec.max_positions < int(getattr(config, "max_position_embeddings", 0) or 0):
+        # LongRoPE's short factors hold up to original_max_position_embeddings only (see
+        # families/phi3.py): the manifest's context length is the export's
+        log.warning(
+            "%s: the export's context is %d positions (LongRoPE's short factors), not %d",
+            src.name,
+            spec.max_positions,
+            config.max_position_embeddings,
         )
-    if device == "cuda" and spec.rotary_dims < spec.head_dim:
-        raise ExportError(
-            f"{src.name} rotates {spec.rotary_dims} of {spec.head_dim} values per head, whose "
-            "GroupQueryAttention rotary is checked against transformers on the CPU only: drop "
-            "--device cuda"
-        )
+        config.max_position_embeddings = spec.max_positions
+        if info is not None:
+            config.save_pretrained(tmp)
+    if device == "cuda":
+        _warn_cpu_checked(spec, src.name)
     stage("export")
     activations = "fp16" if device == "cuda" or precision == "fp16" else "fp32"
     gqa.write_gqa(
@@ -350,7 +347,7 @@ def _export_gqa(
     )
     del weights
     model = None
-    if verify_tokens:
+    if verify_tokens and not (info is not None and families.gguf_unverified(info.architecture)):
         model = gguf.gguf_model(src.path, info) if info is not None else hf.load_hf(src.path)[0]
     return config, generation, tokenizer, model
 
@@ -455,3 +452,26 @@ def _build_manifest(
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "export_seconds": round(time.perf_counter() - start, 2),
     }
+
+
+def _warn_cpu_checked(spec, name: str) -> None:
+    """The GPU export writes sliding windows, partial rotary and soft-caps as the CPU export does
+    (GroupQueryAttention's `local_window_size`, a narrower cos/sin cache, `softcap`; the logits'
+    soft-cap is Div/Tanh/Mul): CUDA's kernel takes the same attributes, but its numbers were held to
+    transformers on the CPU kernel only, and its placement on the simulated CUDA device."""
+    checked = []
+    if spec.layer_windows:
+        checked.append("sliding-window attention (local_window_size)")
+    if spec.rotary_dims < spec.head_dim:
+        checked.append(f"partial rotary ({spec.rotary_dims} of {spec.head_dim} values per head)")
+    if spec.attn_softcap:
+        checked.append("attention soft-capping")
+    if not checked:
+        return
+    log.warning(
+        "%s: %s checked against transformers on ONNX Runtime's CPU GroupQueryAttention only; "
+        "CUDA's GroupQueryAttention takes the same attributes, and the GPU export is checked for "
+        "placement on a simulated CUDA device, not for its numbers on a GPU",
+        name,
+        " and ".join(checked),
+    )

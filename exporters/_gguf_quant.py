@@ -35,6 +35,7 @@ Mapping
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ __all__ = [
     "from_gguf",
     "linear_nodes",
     "permute_rows",
+    "split_rows",
 ]
 
 BLOCK_SIZE = 32
@@ -213,6 +215,35 @@ def permute_rows(
         None if w.zero_points is None else w.zero_points[order],
         None if w.mins is None else np.ascontiguousarray(w.mins[:, order]),
     )
+
+
+def split_rows(
+    w: QuantizedWeight | np.ndarray, sizes: list[int]
+) -> list[QuantizedWeight | np.ndarray]:
+    """`w`'s output channels in consecutive parts of `sizes` rows (a fused QKV or gate/up apart).
+
+    Exact for quantised weights, as :func:`permute_rows`: blocks never span rows.
+    """
+    n = w.n if isinstance(w, QuantizedWeight) else w.shape[0]
+    if sum(sizes) != n:
+        raise ValueError(f"row parts {sizes} do not add up to the weight's {n} rows")
+    starts = np.cumsum([0, *sizes])
+    if not isinstance(w, QuantizedWeight):
+        return [w[a:b] for a, b in itertools.pairwise(starts)]
+    scales = w.scales.reshape(w.n, w.n_blocks)
+    return [
+        QuantizedWeight(
+            w.bits,
+            w.block_size,
+            w.k,
+            int(b - a),
+            np.ascontiguousarray(w.packed[a:b]),
+            np.ascontiguousarray(scales[a:b]).reshape(-1),
+            None if w.zero_points is None else np.ascontiguousarray(w.zero_points[a:b]),
+            None if w.mins is None else np.ascontiguousarray(w.mins[:, a:b]),
+        )
+        for a, b in itertools.pairwise(starts)
+    ]
 
 
 def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:

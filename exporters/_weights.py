@@ -24,7 +24,7 @@ import numpy as np
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters.families import DecoderSpec, Family, gguf_family, hf_family
-from onnxsample.exporters.families._family import LINEAR
+from onnxsample.exporters.families._family import FUSED, LINEAR
 
 __all__ = ["read_gguf", "read_hf"]
 
@@ -106,7 +106,12 @@ def read_gguf(
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: t for t in reader.tensors}
     family = gguf_family(metadata.get("general.architecture"), path.name)
-    spec = family.gguf_spec(metadata, set(tensors), path.name)
+
+    def read(name: str) -> np.ndarray | None:
+        t = tensors.get(name)
+        return None if t is None else _float(np.asarray(t.data), t.tensor_type, name)
+
+    spec = family.gguf_spec(metadata, set(tensors), path.name, read)
 
     def load(name: str, *, linear: bool):
         if name not in tensors:
@@ -123,12 +128,15 @@ def read_gguf(
         spec = DecoderSpec(**{**spec.__dict__, "vocab_size": int(embed.shape[0])})
     weights: dict[str, Any] = {"embed": embed, "norm": load("output_norm.weight", linear=False)}
     orders = _qk_orders(family, spec)
+    linear = (*LINEAR, *FUSED)
     for i in range(spec.num_layers):
         for key, names in family.tensors.items():
-            w = load(f"blk.{i}.{names.gguf}", linear=key in LINEAR)
+            w = load(f"blk.{i}.{names.gguf}", linear=key in linear)
             if key in orders:
                 w = _gguf_quant.permute_rows(w, orders[key])
-            weights[f"layers.{i}.{key}"] = w.reshape(-1) if key not in LINEAR else w
+            weights[f"layers.{i}.{key}"] = w.reshape(-1) if key not in linear else w
+        if family.unpack is not None:  # Phi-3's attn_qkv and ffn_up (gate, up) apart
+            family.unpack(weights, spec, f"layers.{i}")
     head = "token_embd.weight" if spec.tied else "output.weight"
     weights["lm_head"] = (
         load(head, linear=True) if quantized else (embed if spec.tied else load(head, linear=False))

@@ -3,6 +3,8 @@ files written from them with llama.cpp's tensor names (the `gguf` package's own 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -95,6 +97,32 @@ FAMILIES = {
         },
     ),
 }
+# Gemma variants a llama.cpp GGUF can carry: its converter writes no query_pre_attn_scalar (llama.cpp
+# scales by head_dim ** -0.5), no layer types (every 2nd / 6th layer global) and no local rope base
+# (10000); the soft-caps, the window and Gemma 3's linear scaling it writes.
+GGUF_FAMILIES = {
+    "gemma2-gguf": (
+        "Gemma2Config",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "sliding_window": WINDOW,
+            "attn_logit_softcapping": 1.5,
+            "final_logit_softcapping": 2.0,
+        },
+    ),
+    "gemma3-gguf": (
+        "Gemma3TextConfig",
+        {
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "num_hidden_layers": 6,  # 5 sliding, the 6th global
+            "sliding_window": WINDOW,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+        },
+    ),
+}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
@@ -105,7 +133,7 @@ def build(name: str, folder: Path, tokenizer_folder: Path, seed: int = 0) -> Non
     import transformers
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    config_class, options = FAMILIES[name]
+    config_class, options = {**FAMILIES, **GGUF_FAMILIES}[name]
     config = getattr(transformers, config_class)(**{**COMMON, **options})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
@@ -124,12 +152,30 @@ def build(name: str, folder: Path, tokenizer_folder: Path, seed: int = 0) -> Non
             shutil.copy2(tokenizer_folder / file, folder / file)
 
 
+def cached(name: str, tiny_hf: Path, seed: int = 0) -> Path:
+    """`name`'s tiny model built once beside the tiny Llama's cache folder (`tiny_hf`, whose name
+    carries the torch/transformers/tokenizer versions), keyed by its config and seed."""
+    options = {**FAMILIES, **GGUF_FAMILIES}[name]
+    blob = json.dumps({"common": COMMON, "family": options, "seed": seed}, sort_keys=True)
+    key = hashlib.sha256(f"{tiny_hf.parent.name}:{blob}".encode()).hexdigest()[:16]
+    folder = tiny_hf.parent.parent / f"family-{name}-{key}" / "hf"
+    if not (folder / "config.json").is_file():
+        staging = folder.with_name("hf.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        build(name, staging, tiny_hf, seed)
+        staging.rename(folder)
+    return folder
+
+
 def write_gguf(folder: Path, path: Path, arch: str, linear_types: dict[str, str]) -> None:
     """`folder`'s model as a GGUF of architecture `arch`, tokenizer from the embedded SmolLM2.
 
     `linear_types` maps a projection's GGUF name part (``attn_q``, ``ffn_down``...) to its type
     (F32, Q8_0, Q4_0; F32 when absent); norms, biases and the embedding are F32. The names come
-    from gguf's map for the architecture, so they are llama.cpp's, not the exporter's.
+    from gguf's map for the architecture, so they are llama.cpp's, not the exporter's; the
+    metadata and the changes to tensors are those of llama.cpp's convert_hf_to_gguf.py for the
+    architecture (Phi-3: no head size, rotated dimensions, window, LongRoPE factors as tensors;
+    Gemma: 1 added to every norm weight, soft-caps, window, Gemma 3's linear scaling).
     """
     import gguf
     import torch
@@ -147,16 +193,32 @@ def write_gguf(folder: Path, path: Path, arch: str, linear_types: dict[str, str]
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_key_length(head_dim)
-    writer.add_value_length(head_dim)
+    if arch != "phi3":  # llama.cpp's Phi-3 head size is embedding / heads
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_vocab_size(config.vocab_size)
+    if arch == "phi3":
+        _phi3_metadata(writer, config, head_dim)
+    if arch.startswith("gemma"):
+        writer.add_sliding_window(config.sliding_window)
+        if arch == "gemma2":
+            writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
+        if arch == "gemma3" and config.rope_scaling:
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(config.rope_scaling["factor"])
     source = gguf.GGUFReader(str(embedded_gguf()))
     for name, field in source.fields.items():
         if name.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             writer.add_key_value(name, field.contents(), field.types[0], sub)
+    if arch.startswith("gemma") and "tokenizer.ggml.scores" not in source.fields:
+        # transformers reads a Gemma GGUF's tokenizer as SentencePiece's (Unigram), whose scores
+        # real Gemma files carry: zeros for SmolLM2's tokens (the tests feed token ids)
+        tokens = len(source.fields["tokenizer.ggml.tokens"].data)
+        writer.add_token_scores([0.0] * tokens)
     names = gguf.get_tensor_name_map(
         next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch), config.num_hidden_layers
     )
@@ -165,6 +227,8 @@ def write_gguf(folder: Path, path: Path, arch: str, linear_types: dict[str, str]
             continue
         name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         data = tensor.numpy().astype(np.float32)
+        if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
+            data = data + np.float32(1.0)  # llama.cpp stores Gemma's norms as 1 + w
         qtype = linear_types.get(name.split(".")[-2], "F32") if data.ndim == 2 else "F32"
         if name == "token_embd.weight" or qtype == "F32":
             writer.add_tensor(name, data)
@@ -175,3 +239,27 @@ def write_gguf(folder: Path, path: Path, arch: str, linear_types: dict[str, str]
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _phi3_metadata(writer, config, head_dim: int) -> None:
+    """What convert_hf_to_gguf.py's Phi3MiniModel writes beyond the common keys."""
+    import math
+
+    import gguf
+
+    writer.add_rope_dimension_count(int(head_dim * (config.partial_rotary_factor or 1.0)))
+    writer.add_sliding_window(config.sliding_window or 0)
+    original = config.original_max_position_embeddings
+    writer.add_rope_scaling_orig_ctx_len(original)
+    scaling = config.rope_scaling
+    if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
+        return
+    scale = config.max_position_embeddings / original
+    writer.add_rope_scaling_attn_factors(
+        math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1.0 else 1.0
+    )
+    for kind, key in (
+        (gguf.MODEL_TENSOR.ROPE_FACTORS_LONG, "long_factor"),
+        (gguf.MODEL_TENSOR.ROPE_FACTORS_SHORT, "short_factor"),
+    ):
+        writer.add_tensor(gguf.TENSOR_NAMES[kind] + ".weight", np.asarray(scaling[key], np.float32))

@@ -20,6 +20,7 @@ __all__ = [
     "Family",
     "gguf_family",
     "gguf_refusal",
+    "gguf_unverified",
     "hf_family",
 ]
 
@@ -62,6 +63,11 @@ def gguf_refusal(architecture: str | None) -> str:
         f"GGUF architecture {architecture!r} is not one the gqa layout reads "
         f"({', '.join(GGUF_ARCHITECTURES)}){note}; use --layout optimum"
     )
+
+
+def gguf_unverified(architecture: str | None) -> str:
+    """Why the verify step has no reference for a GGUF of `architecture` ("" when it has)."""
+    return next((f.gguf_unverified for f in FAMILIES if architecture in f.gguf_architectures), "")
 
 
 def gguf_family(architecture: str | None, what: str) -> Family:

@@ -16,12 +16,14 @@ from onnxsample.errors import ExportError
 from onnxsample.exporters.families._spec import DecoderSpec, check_spec
 
 __all__ = [
+    "FUSED",
     "LINEAR",
     "LLAMA_TENSORS",
     "QKV_BIAS_TENSORS",
     "QK_NORM_TENSORS",
     "Family",
     "TensorName",
+    "longrope",
     "no_windows",
     "refuse_biases",
     "typed_windows",
@@ -39,6 +41,8 @@ class TensorName:
 
 # Our keys of a Llama layer; the linear ones are [N, K] matrices (quantisable), the rest vectors.
 LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
+# Fused linear weights a family's unpack splits into LINEAR ones (Phi-3's).
+FUSED = ("qkv", "gate_up")
 LLAMA_TENSORS: Mapping[str, TensorName] = {
     "q": TensorName("self_attn.q_proj.weight", "attn_q.weight"),
     "k": TensorName("self_attn.k_proj.weight", "attn_k.weight"),
@@ -66,6 +70,12 @@ CheckFn = Callable[[dict[str, Any], str], None]
 FeaturesFn = Callable[[dict[str, Any]], dict[str, Any]]
 # Turns a layer's tensors as read (fused ones included) into the builder's keys, in place.
 UnpackFn = Callable[[dict[str, Any], DecoderSpec, str], None]
+# A GGUF's spec fields beyond the common ones: from meta(key) (the architecture's metadata key,
+# None when absent), read(name) (a float32 tensor of the file, None when absent) and the common
+# fields; as llama.cpp reads that architecture.
+GgufFeaturesFn = Callable[
+    [Callable[[str], Any], Callable[[str], Any], dict[str, Any]], dict[str, Any]
+]
 
 
 def no_windows(config: dict[str, Any], layers: int) -> tuple[int | None, ...]:
@@ -109,7 +119,11 @@ def _no_features(config: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _longrope(config: dict[str, Any], scaling: dict[str, Any]) -> tuple[dict[str, Any], int]:
+def _no_gguf_features(meta, read, fields: dict[str, Any]) -> dict[str, Any]:
+    return {}
+
+
+def longrope(config: dict[str, Any], scaling: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """LongRoPE's scaling as transformers reads it, and the positions its short factors cover.
 
     transformers turns with the short factors while a sequence stays within
@@ -150,6 +164,10 @@ class Family:
     # Added to every RMSNorm weight as read (Gemma's norms multiply by 1 + w).
     norm_offset: float = 0.0
     unpack: UnpackFn | None = None
+    gguf_features: GgufFeaturesFn = _no_gguf_features
+    # Why transformers' GGUF loader is no reference for this family's GGUFs (it reads them unlike
+    # llama.cpp): the verify step is skipped with this note. Empty: it is the reference.
+    gguf_unverified: str = ""
     # llama.cpp architectures of this family whose GGUF files the gqa layout does not read.
     gguf_refused: tuple[str, ...] = ()
 
@@ -177,19 +195,18 @@ class Family:
         fields.update(self.features(config))
         scaling = fields["rope_scaling"] or {}
         if scaling.get("rope_type", scaling.get("type")) == "longrope":
-            fields["rope_scaling"], fields["max_positions"] = _longrope(config, scaling)
-        # a window no shorter than the positions the export has never binds (Phi-4-mini's 262144)
-        windows = tuple(
-            None if w is not None and w >= fields["max_positions"] else w
-            for w in fields["layer_windows"]
-        )
-        fields["layer_windows"] = windows if any(w is not None for w in windows) else ()
-        spec = DecoderSpec(**fields)
-        check_spec(spec, what)
-        return spec
+            fields["rope_scaling"], fields["max_positions"] = longrope(config, scaling)
+        return _finish(fields, what)
 
-    def gguf_spec(self, metadata: dict[str, Any], tensor_names: set[str], what: str) -> DecoderSpec:
-        """The spec of a GGUF header (llama.cpp's keys, prefixed with the architecture)."""
+    def gguf_spec(
+        self,
+        metadata: dict[str, Any],
+        tensor_names: set[str],
+        what: str,
+        read: Callable[[str], Any] | None = None,
+    ) -> DecoderSpec:
+        """The spec of a GGUF header (llama.cpp's keys, prefixed with the architecture); `read`
+        gives a float32 tensor of the file by name (Phi-3's rope factors), None when absent."""
         arch = metadata.get("general.architecture")
 
         def get(key: str, default=None):
@@ -205,26 +222,34 @@ class Family:
                 "rope_type": metadata[f"{arch}.rope.scaling.type"],
                 "factor": metadata.get(f"{arch}.rope.scaling.factor"),
             }
-        head_dim = metadata.get(f"{arch}.attention.key_length") or metadata.get(
-            f"{arch}.rope.dimension_count"
-        )
-        spec = DecoderSpec(
+        # llama.cpp's head size: key_length, else embedding / heads; rope.dimension_count below
+        # it rotates part of each head (Phi-4-mini)
+        head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // heads)
+        rope_dims = metadata.get(f"{arch}.rope.dimension_count")
+        fields = dict(
             vocab_size=int(metadata.get(f"{arch}.vocab_size") or 0),
             hidden_size=hidden,
             intermediate_size=int(get("feed_forward_length")),
             num_layers=int(get("block_count")),
             num_heads=heads,
             num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv") or heads),
-            head_dim=int(head_dim or hidden // heads),
+            head_dim=head_dim,
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
             rope_theta=float(metadata.get(f"{arch}.rope.freq_base", 10000.0)),
             max_positions=int(get("context_length")),
             tied="output.weight" not in tensor_names,
             rope_scaling=rope_scaling,
+            rotary_dim=int(rope_dims) if rope_dims and int(rope_dims) < head_dim else None,
             **self._features(()),
         )
-        check_spec(spec, what)
-        return spec
+        fields.update(
+            self.gguf_features(
+                lambda key: metadata.get(f"{arch}.{key}"),
+                read or (lambda name: None),
+                dict(fields),
+            )
+        )
+        return _finish(fields, what)
 
     def _features(self, windows: tuple[int | None, ...]) -> dict[str, Any]:
         return {
@@ -233,3 +258,16 @@ class Family:
             "qk_norm": self.qk_norm,
             "layer_windows": windows,
         }
+
+
+def _finish(fields: dict[str, Any], what: str) -> DecoderSpec:
+    """The checked spec of `fields`, windows that never bind dropped."""
+    # a window no shorter than the positions the export has never binds (Phi-4-mini's 262144)
+    windows = tuple(
+        None if w is not None and w >= fields["max_positions"] else w
+        for w in fields["layer_windows"]
+    )
+    fields["layer_windows"] = windows if any(w is not None for w in windows) else ()
+    spec = DecoderSpec(**fields)
+    check_spec(spec, what)
+    return spec

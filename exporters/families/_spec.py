@@ -107,7 +107,7 @@ class DecoderSpec:
             return 1.0
         if scaling.get("attention_factor") is not None:
             return float(scaling["attention_factor"])
-        factor = scaling["factor"]  # max / original positions (see _family._longrope)
+        factor = scaling["factor"]  # max / original positions (see _family.longrope)
         if factor <= 1.0:
             return 1.0
         return math.sqrt(

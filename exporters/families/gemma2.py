@@ -14,7 +14,12 @@
 * sliding windows on the layers ``layer_types`` name (every other one, from the first, when a
   config has none), as GroupQueryAttention's ``local_window_size``.
 
-Gemma GGUFs (llama.cpp's ``gemma2``) are not read by the gqa layout: ``--layout optimum``.
+GGUFs (llama.cpp's ``gemma2``): llama.cpp's converter adds the 1 to every norm weight already (not
+added again here), drops the tied LM head, writes ``attn_logit_softcapping``,
+``final_logit_softcapping`` and ``attention.sliding_window`` but no ``query_pre_attn_scalar``:
+llama.cpp scales by head_size ** -0.5, embedding / heads for the 27B (46 layers), and slides every
+other layer from the first; the reader does as llama.cpp does (``attention.scale`` and
+``attention.sliding_window_pattern`` win where a file has them).
 """
 
 from __future__ import annotations
@@ -61,6 +66,37 @@ def gemma_features(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def gemma_gguf_features(pattern: int, big_layers: int, local_theta: float | None = None):
+    """The GGUF features of llama.cpp's ``gemma2``/``gemma3``: every-`pattern`-th layer global,
+    the 27B's (`big_layers` layers) attention scale, and (Gemma 3) the local layers' rope base."""
+
+    def features(meta, read, fields: dict[str, Any]) -> dict[str, Any]:
+        hidden, layers = fields["hidden_size"], fields["num_layers"]
+        scalar = hidden // fields["num_heads"] if layers == big_layers else fields["head_dim"]
+        found: dict[str, Any] = {
+            "embed_scale": float(hidden) ** 0.5,
+            "post_norms": True,
+            "activation": "gelu_tanh",
+            "attn_scale": float(meta("attention.scale") or float(scalar) ** -0.5),
+            "attn_softcap": meta("attn_logit_softcapping") or None,
+            "final_softcap": meta("final_logit_softcapping") or None,
+        }
+        window = meta("attention.sliding_window")
+        if window:
+            every = meta("attention.sliding_window_pattern")
+            if isinstance(every, (list, tuple)):  # a flag per layer: sliding or not
+                sliding = [bool(x) for x in every]
+            else:
+                n = int(every or pattern)
+                sliding = [i % n < n - 1 for i in range(layers)]
+            found["layer_windows"] = tuple(int(window) if s else None for s in sliding)
+        if local_theta is not None:
+            found["local_rope_theta"] = float(meta("rope.freq_base_swa") or local_theta)
+        return found
+
+    return features
+
+
 def refuse_bidirectional(config: dict[str, Any], what: str) -> None:
     """Biases and EmbeddingGemma's bidirectional attention have no place in the graph."""
     if config.get("attention_bias"):
@@ -76,9 +112,10 @@ def refuse_bidirectional(config: dict[str, Any], what: str) -> None:
 
 FAMILY = Family(
     name="gemma2",
+    gguf_unverified="transformers' GGUF loader takes its defaults for query_pre_attn_scalar (256) and the soft-caps (50, 30), not llama.cpp's scale or the file's soft-caps",
     hf_types=("gemma2",),
-    gguf_architectures=(),
-    gguf_refused=("gemma2",),
+    gguf_architectures=("gemma2",),
+    gguf_features=gemma_gguf_features(2, 46),
     tensors=GEMMA_TENSORS,
     windows=lambda config, layers: windows_every(2, config, layers),
     check_hf=refuse_bidirectional,

@@ -8,6 +8,12 @@ layers with ``rope_theta`` and ``rope_scaling`` (linear for the larger Gemma 3),
 holds two rotary caches. Soft-capping is off in Gemma 3's configs (taken when set).
 
 The multimodal Gemma 3 (``gemma3``, weights under ``language_model.``) is not this family.
+
+GGUFs (llama.cpp's ``gemma3``, text weights) as Gemma 2's (norms, Q/K norms included, already
+1 + w): llama.cpp makes every 6th layer global and rotates the local ones with base 10000 unscaled
+(``rope.freq_base_swa`` where a file has it), the global ones with ``rope.freq_base`` and the
+linear ``rope.scaling``; attention scale head_size ** -0.5, embedding / heads for the 27B (62
+layers).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from onnxsample.exporters.families._family import QK_NORM_TENSORS, Family
 from onnxsample.exporters.families.gemma2 import (
     GEMMA_TENSORS,
     gemma_features,
+    gemma_gguf_features,
     refuse_bidirectional,
     windows_every,
 )
@@ -32,9 +39,10 @@ def _features(config: dict[str, Any]) -> dict[str, Any]:
 
 FAMILY = Family(
     name="gemma3",
+    gguf_unverified="transformers' GGUF loader takes its default query_pre_attn_scalar (256), not llama.cpp's scale, and drops the linear rope scaling",
     hf_types=("gemma3_text",),
-    gguf_architectures=(),
-    gguf_refused=("gemma3",),
+    gguf_architectures=("gemma3",),
+    gguf_features=gemma_gguf_features(6, 62, 10000.0),
     tensors={**GEMMA_TENSORS, **QK_NORM_TENSORS},
     qk_norm=True,
     windows=lambda config, layers: windows_every(

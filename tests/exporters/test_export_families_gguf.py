@@ -1,7 +1,9 @@
-"""GGUF Qwen2 and Qwen3 through the gqa layout: files written from the tiny random models with
-llama.cpp's tensor names (no Q/K row permutation for these NeoX-rotary families, F32 biases and
-per-head norms), read back to what transformers computes from the HF folder, and the GGUF's own
-Q8_0/Q4_0 blocks transplanted exactly."""
+"""GGUF Qwen2, Qwen3, Phi-3 (LongRoPE and a window; Phi-4-mini's partial rotary), Gemma 2 and
+Gemma 3 through the gqa layout: files written from the tiny random models with llama.cpp's tensor
+names and its converter's changes (no Q/K row permutation for these NeoX-rotary families, F32
+biases and per-head norms, Phi-3's fused attn_qkv and gate/up ffn_up, Gemma's 1 + w norms), read
+back to what transformers computes from the HF folder, and the GGUF's own Q8_0/Q4_0 blocks
+transplanted exactly."""
 
 from __future__ import annotations
 
@@ -12,13 +14,28 @@ import numpy as np
 import pytest
 from _family_models import PROMPT, STEPS, build, write_gguf
 
-from onnxsample.errors import ExportError
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import ort_greedy
 
-ARCHITECTURES = ["qwen2", "qwen3"]
+# (tiny model, GGUF architecture); Gemma's are the variants llama.cpp's metadata can carry
+CASES = [
+    ("qwen2", "qwen2"),
+    ("qwen3", "qwen3"),
+    ("phi3", "phi3"),
+    ("phi4-mini", "phi3"),
+    ("gemma2-gguf", "gemma2"),
+    ("gemma3-gguf", "gemma3"),
+]
 pytestmark = pytest.mark.slow  # transformers converts the 49k-token GGUF tokenizer per export
-QUANTISED = {"attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q8_0"}
+# transformers reads these GGUFs unlike llama.cpp (Phi-3's rope factors, Gemma's attention scale)
+UNVERIFIED = ("phi3", "gemma2", "gemma3")
+QUANTISED = {
+    "attn_qkv": "Q8_0",
+    "attn_q": "Q8_0",
+    "attn_k": "Q8_0",
+    "attn_v": "Q8_0",
+    "attn_output": "Q8_0",
+}
 QUANTISED |= {"ffn_gate": "Q4_0", "ffn_up": "Q4_0", "ffn_down": "Q4_0"}
 
 
@@ -34,12 +51,12 @@ def _logits(path: Path, ids: list[int]) -> np.ndarray:
     return session.run(["logits"], feed)[0][0]
 
 
-@pytest.fixture(scope="module", params=ARCHITECTURES)
+@pytest.fixture(scope="module", params=CASES, ids=[name for name, _ in CASES])
 def hf_and_ggufs(request, tiny_hf, tmp_path_factory):
     """(architecture, HF folder, an all-F32 GGUF of it, a Q8_0/Q4_0 GGUF of it)."""
-    arch = request.param
-    root = tmp_path_factory.mktemp(f"gguf-{arch}")
-    build(arch, root / "hf", tiny_hf)
+    name, arch = request.param
+    root = tmp_path_factory.mktemp(f"gguf-{name}")
+    build(name, root / "hf", tiny_hf)
     write_gguf(root / "hf", root / "f32.gguf", arch, {})
     write_gguf(root / "hf", root / "quantised.gguf", arch, QUANTISED)
     return arch, root / "hf", root / "f32.gguf", root / "quantised.gguf"
@@ -52,14 +69,28 @@ def test_an_f32_gguf_computes_what_transformers_computes(hf_and_ggufs, tmp_path)
     from transformers import AutoModelForCausalLM
 
     arch, folder, f32, _ = hf_and_ggufs
-    result = export(f32, tmp_path / "gguf", verify_tokens=0)
+    # transformers' GGUF loader is no reference for UNVERIFIED: the verify step says it skipped
+    # (it cannot load Qwen3's head_dim either; that one is skipped by verify_tokens=0)
+    result = export(f32, tmp_path / "gguf", verify_tokens=8 if arch in UNVERIFIED else 0)
     assert (result.manifest["layout"], result.manifest["precision"]) == ("gqa", "gguf")
+    if arch in UNVERIFIED:
+        assert result.verify["note"].startswith("skipped (transformers' GGUF loader"), result.verify
     assert result.manifest["model"]["architecture"] == arch
-    head_dim = 16 if arch == "qwen2" else 32
-    assert result.manifest["io"]["kv_cache"]["shape"][1:] == [2, "past_sequence_length", head_dim]
+    hf_config = json.loads((folder / "config.json").read_text())
+    head_dim = (
+        hf_config.get("head_dim") or hf_config["hidden_size"] // hf_config["num_attention_heads"]
+    )
+    kv_heads = hf_config["num_key_value_heads"]
+    assert result.manifest["io"]["kv_cache"]["shape"][1:] == [
+        kv_heads,
+        "past_sequence_length",
+        head_dim,
+    ]
     config = json.loads((result.output / "config.json").read_text())
     assert config.get("head_dim", head_dim) == head_dim
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    # Gemma: eager attention, the one transformers soft-caps the scores in
+    eager = {"attn_implementation": "eager"} if arch.startswith("gemma") else {}
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **eager).eval()
     with torch.no_grad():
         reference = model(input_ids=torch.tensor([PROMPT])).logits[0].numpy()
     np.testing.assert_allclose(_logits(result.model_path, PROMPT), reference, atol=1e-4)
@@ -84,13 +115,34 @@ def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
     )
 
 
-@pytest.mark.parametrize(
-    ("name", "arch"), [("phi3", "phi3"), ("gemma2", "gemma2"), ("gemma3", "gemma3")]
-)
-def test_phi3_and_gemma_ggufs_are_refused_by_name(name, arch, tiny_hf, tmp_path):
-    """The gqa layout reads these families from HF folders only: their GGUFs are refused with
-    the architecture named, before anything is converted (auto takes optimum's layout)."""
-    build(name, tmp_path / "hf", tiny_hf)
-    write_gguf(tmp_path / "hf", tmp_path / "model.gguf", arch, {})
-    with pytest.raises(ExportError, match=rf"GGUF architecture '{arch}'.*HF folders only"):
-        export(tmp_path / "model.gguf", tmp_path / "out", layout="gqa", verify_tokens=0)
+def _gemma_metadata(arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> dict:
+    keys = {
+        "attention.head_count": heads,
+        "attention.head_count_kv": max(heads // 2, 1),
+        "embedding_length": hidden,
+        "feed_forward_length": 4 * hidden,
+        "block_count": layers,
+        "attention.key_length": head_dim,
+        "attention.layer_norm_rms_epsilon": 1e-6,
+        "context_length": 8192,
+        "attention.sliding_window": 4096,
+    }
+    return {"general.architecture": arch, **{f"{arch}.{k}": v for k, v in keys.items()}}
+
+
+def test_gemma_gguf_headers_read_as_llama_cpp_reads_them():
+    """Sizes the tiny models do not reach: llama.cpp scales the 27B's attention by embedding /
+    heads (Gemma 2: 46 layers, 4608 / 32 = 144, not its head size 128), the others by head size;
+    Gemma 2 slides every other layer, Gemma 3 all but every 6th, whose local base is 10000."""
+    from onnxsample.exporters.families import gemma2, gemma3
+
+    names = {"token_embd.weight"}
+    big = gemma2.FAMILY.gguf_spec(_gemma_metadata("gemma2", 46, 4608, 32, 128), names, "27b")
+    assert big.scale == pytest.approx(144**-0.5)
+    assert big.layer_windows == (4096, None) * 23 and big.tied
+    small = gemma2.FAMILY.gguf_spec(_gemma_metadata("gemma2", 26, 2304, 8, 256), names, "2b")
+    assert small.scale == pytest.approx(256**-0.5)
+    one_b = gemma3.FAMILY.gguf_spec(_gemma_metadata("gemma3", 26, 1152, 4, 256), names, "1b")
+    assert one_b.layer_windows == ((4096,) * 5 + (None,)) * 4 + (4096, 4096)
+    assert one_b.local_rope_theta == 10000.0 and one_b.scale == pytest.approx(256**-0.5)
+    assert one_b.attn_softcap is None and one_b.final_softcap is None
