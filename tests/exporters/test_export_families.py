@@ -340,3 +340,22 @@ def test_phi35_shaped_configs_read_as_transformers_does():
     assert abs(cos[0, 0] - np.sqrt(1 + np.log(32) / np.log(4096))) < 1e-6
     windowed = hf_family("phi3", "phi-3").hf_spec({**config, "sliding_window": 2047}, "phi-3")
     assert windowed.layer_windows == (2047,) * 32
+
+
+def test_speculation_and_prefix_reuse_on_the_family(family, tmp_path):
+    """Each family's export composed with draft verification: n-gram speculation gives plain
+    greedy decoding's tokens, and the same prompt again reuses the cached prefix."""
+    from onnxsample import Engine, SamplingParams, compose
+
+    _, _, _, result = family
+    path = compose(result.output, None, tmp_path / "spec.onnx", max_slots=2, draft_tokens=4)
+    prompt = "one two three four one two three four one two three four one two"
+    greedy = SamplingParams(temperature=0)
+    options = {"tokenizer": result.output, "threads": 1}
+    with Engine(path, **options) as plain, Engine(path, speculative="ngram", **options) as fast:
+        base = plain.submit(prompt, greedy, max_new_tokens=24, chat=False).result(120)
+        first = fast.submit(prompt, greedy, max_new_tokens=24, chat=False).result(120)
+        again = fast.submit(prompt, greedy, max_new_tokens=24, chat=False).result(120)
+    assert first.token_ids == base.token_ids and again.token_ids == base.token_ids
+    assert first.timings.draft_tokens > 0
+    assert again.timings.cached_tokens > 0
