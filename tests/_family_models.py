@@ -10,11 +10,28 @@ from pathlib import Path
 
 import numpy as np
 
+
+def export_logits(path: Path, ids: list[int]) -> np.ndarray:
+    """The logits [T, V] of an exported model (model.onnx) for one prefill of `ids`, its
+    past a buffer as long as the mask (what a GroupQueryAttention graph reads lengths from)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    seq = np.asarray([ids], np.int64)
+    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
+    for i in session.get_inputs():
+        if i.name.startswith("past_key_values."):
+            dtype = np.float16 if "float16" in i.type else np.float32
+            feed[i.name] = np.zeros((1, i.shape[1], len(ids), i.shape[3]), dtype)
+    return session.run(["logits"], feed)[0][0]
+
+
 # 12 tokens: longer than the windowed models' window of 8, so the prefill already slides.
 PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9, 4300, 12, 881, 30]
 STEPS = 32
 WINDOW = 8
-# As the tiny Llama of conftest.py: SmolLM2's tokenizer, 2 layers, hidden 64, 4 heads over 2.
+# The tiny Llama of conftest.py and every family's: SmolLM2's vocabulary, 2 layers, hidden 64,
+# 4 heads over 2.
 COMMON = dict(
     vocab_size=49152,
     hidden_size=64,

@@ -16,29 +16,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+from _family_models import COMMON as TINY_CONFIG
 
 from onnxsample.errors import ExportError
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "artifacts" / "cache"
 
-# A random Llama with SmolLM2's tokenizer and vocabulary: 2 layers, hidden 64 (~13 MB exported).
-TINY_CONFIG = dict(
-    vocab_size=49152,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    initializer_range=0.1,
-    tie_word_embeddings=True,
-    bos_token_id=1,
-    eos_token_id=2,
-    pad_token_id=2,
-)
+# The tiny random Llama (TINY_CONFIG: SmolLM2's tokenizer and vocabulary, 2 layers, hidden 64,
+# ~13 MB exported; every family's tiny model in tests/_family_models.py has its sizes) and its seed.
 TINY_SEED = 0
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from _family_models import FAMILIES, PROMPT, STEPS, WINDOW, build
+from _family_models import export_logits as _logits
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters import export
@@ -39,19 +40,6 @@ def family(request, tiny_hf, tmp_path_factory):
 
 def _eager(name: str) -> dict:
     return {"attn_implementation": "eager"} if name.startswith("gemma") else {}
-
-
-def _logits(path: Path, ids: list[int]) -> np.ndarray:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    seq = np.asarray([ids], np.int64)
-    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
-    for i in session.get_inputs():
-        if i.name.startswith("past_key_values."):
-            dtype = np.float16 if "float16" in i.type else np.float32
-            feed[i.name] = np.zeros((1, i.shape[1], len(ids), i.shape[3]), dtype)
-    return session.run(["logits"], feed)[0][0]
 
 
 def _torch_logits(model, ids: list[int]) -> np.ndarray:

@@ -8,11 +8,11 @@ transplanted exactly."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from _family_models import PROMPT, STEPS, build, write_gguf
+from _family_models import export_logits as _logits
 
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import ort_greedy
@@ -37,18 +37,6 @@ QUANTISED = {
     "attn_output": "Q8_0",
 }
 QUANTISED |= {"ffn_gate": "Q4_0", "ffn_up": "Q4_0", "ffn_down": "Q4_0"}
-
-
-def _logits(path: Path, ids: list[int]) -> np.ndarray:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    seq = np.asarray([ids], np.int64)
-    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
-    for i in session.get_inputs():
-        if i.name.startswith("past_key_values."):
-            feed[i.name] = np.zeros((1, i.shape[1], len(ids), i.shape[3]), np.float32)
-    return session.run(["logits"], feed)[0][0]
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[name for name, _ in CASES])

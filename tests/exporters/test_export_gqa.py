@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from _family_models import export_logits as _logits
 
 from onnxsample.composer.loading import check_model
 from onnxsample.errors import ExportError, InvalidParameter
@@ -20,19 +21,6 @@ PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
 def _ops(path: Path) -> Counter:
     model = onnx.load(str(path), load_external_data=False)
     return Counter(node.op_type for node in model.graph.node)
-
-
-def _logits(path: Path, ids: list[int]) -> np.ndarray:
-    import onnxruntime as ort
-
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    seq = np.asarray([ids], np.int64)
-    feed = {"input_ids": seq, "attention_mask": np.ones_like(seq)}
-    for i in session.get_inputs():
-        if i.name.startswith("past_key_values."):
-            dtype = np.float16 if "float16" in i.type else np.float32
-            feed[i.name] = np.zeros((1, i.shape[1], 0, i.shape[3]), dtype)
-    return session.run(["logits"], feed)[0][0]
 
 
 @pytest.fixture(scope="module")
