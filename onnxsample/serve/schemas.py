@@ -49,6 +49,7 @@ class StructuredOutputs(_Body):
     json_object: StrictBool | None = None
     whitespace_pattern: str | None = None  # refused: not supported
     structural_tag: Any = None  # refused: not supported
+    disable_additional_properties: StrictBool | None = None  # refused when true: not supported
 
     def model_dump(self, **kwargs) -> dict[str, Any]:  # the API's names
         dumped = super().model_dump(**kwargs)

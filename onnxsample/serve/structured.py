@@ -27,21 +27,26 @@ __all__ = ["constraint_of"]
 def constraint_of(body: SamplingFields) -> Constraint | None:
     """The constraint the request's fields ask for, or None; InvalidParameter for a malformed or
     contradictory one."""
-    unsupported = {
-        "guided_whitespace_pattern": body.guided_whitespace_pattern,
-        "structured_outputs.whitespace_pattern": getattr(
-            body.structured_outputs, "whitespace_pattern", None
+    outputs = body.structured_outputs
+    whitespace = "JSON is written compactly; a schema's x-guidance options set its whitespace"
+    unsupported = {  # name: (value, why it is refused)
+        "guided_whitespace_pattern": (body.guided_whitespace_pattern, whitespace),
+        "structured_outputs.whitespace_pattern": (
+            getattr(outputs, "whitespace_pattern", None),
+            whitespace,
         ),
-        "structured_outputs.structural_tag": getattr(
-            body.structured_outputs, "structural_tag", None
+        "structured_outputs.structural_tag": (
+            getattr(outputs, "structural_tag", None),
+            "use a JSON schema, a regex or a grammar",
+        ),
+        "structured_outputs.disable_additional_properties": (
+            getattr(outputs, "disable_additional_properties", None) or None,
+            "set additionalProperties: false in the schema",
         ),
     }
-    for name, value in unsupported.items():
+    for name, (value, why) in unsupported.items():
         if value is not None:
-            raise InvalidParameter(
-                f"{name} is not supported (JSON is written compactly; a schema's x-guidance "
-                "options set its whitespace)"
-            )
+            raise InvalidParameter(f"{name} is not supported ({why})")
     found: list[tuple[str, Constraint]] = []
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
@@ -62,7 +67,6 @@ def constraint_of(body: SamplingFields) -> Constraint | None:
         found.append(("json_schema", Constraint.json_schema(body.json_schema)))
     if body.grammar is not None:
         found.append(("grammar", Constraint.grammar(body.grammar)))
-    outputs = body.structured_outputs
     if outputs is not None:
         found += [(f"structured_outputs.{k}", c) for k, c in _vllm(outputs.model_dump()).items()]
     legacy = {
