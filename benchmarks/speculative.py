@@ -36,6 +36,7 @@ from pathlib import Path
 from _harness.machine import emit, load_average, machine, versions
 from _harness.process import JsonLinesProcess
 from _harness.script import BENCHMARKS, RESULTS, ROOT, ints, logger, parser
+from _harness.workload import EMBEDDED_A4_EXACT
 
 _CODE = "\n".join(
     [
@@ -250,7 +251,9 @@ def main() -> None:
     if "exact" in attention:
         from onnxsample.exporters import export
 
-        models["exact"] = prepare(export(None, attention="exact", verify_tokens=0).output)
+        models["exact"] = prepare(
+            export(None, EMBEDDED_A4_EXACT, attention="exact", verify_tokens=0).output
+        )
     if "gqa" not in attention:
         models.pop("onnxsample")
     workloads = [w for w in args.workloads.split(",") if w]

@@ -41,6 +41,7 @@ from pathlib import Path
 from _harness.machine import emit, load_average, machine, versions
 from _harness.measure import closed_loop
 from _harness.script import RESULTS, ints, logger, parser
+from _harness.workload import EMBEDDED_A4_EXACT
 from serve import LLAMA_SERVER, _start, _stream, _warm_up
 
 SCHEMA = {
@@ -137,7 +138,7 @@ def _models() -> dict[str, Path]:
     masked = prepare(None)
     options = {**RUN_COMPOSE_OPTIONS, "allowed_tokens": False}
     plain = compose(masked.parent, None, masked.with_name("composed-nomask.onnx"), **options)
-    exact = prepare(export(None, attention="exact", verify_tokens=0).output)
+    exact = prepare(export(None, EMBEDDED_A4_EXACT, attention="exact", verify_tokens=0).output)
     return {"mask-off": plain, "mask-on": masked, "exact": exact}
 
 

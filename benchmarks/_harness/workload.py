@@ -16,6 +16,8 @@ from .script import ROOT
 # and the GQA layout with the GGUF's own blocks at accuracy level 4 (what `onnxsample run` uses).
 EMBEDDED_FP32 = ROOT / "artifacts" / "smollm2-135m-instruct"
 EMBEDDED_A4 = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"
+# The same with `--attention exact` (the folder `onnxsample export --attention exact` writes).
+EMBEDDED_A4_EXACT = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4-exact"
 
 # The serving benchmarks' request: a ~50-token chat prompt, 128 new tokens, EOS ignored.
 MESSAGE = (
