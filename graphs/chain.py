@@ -108,6 +108,23 @@ def chain_outputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]
     return found
 
 
+def _greedy_rows_skip_draw(body: FunctionBody, floor: str, whole_rows: str) -> tuple[str, str]:
+    """(floor, whole_rows) for ``Dist``: +inf and false on the greedy rows (temperature < 1e-5)."""
+    body.op("Constant", [], ["draw_greedy_below"], value=_scalar("draw_greedy_below", GREEDY_BELOW))
+    body.op("Constant", [], ["draw_columns"], value=helper.make_tensor("c", T_INT64, [1], [1]))
+    body.op("Constant", [], ["draw_skip_floor"], value=_scalar("draw_skip_floor", np.inf))
+    body.op("Less", ["temperature", "draw_greedy_below"], ["draw_greedy"])
+    body.op("Unsqueeze", ["draw_greedy", "draw_columns"], ["draw_greedy_rows"])
+    body.op("Where", ["draw_greedy_rows", "draw_skip_floor", floor], ["draw_floor"])
+    body.op("Not", ["draw_greedy_rows"], ["draw_sampled_rows"])
+    body.op("And", [whole_rows, "draw_sampled_rows"], ["draw_whole_rows"])
+    return "draw_floor", "draw_whole_rows"
+
+
+def _scalar(name: str, value: float) -> onnx.TensorProto:
+    return helper.make_tensor(name, T_FLOAT, [], [value])
+
+
 def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     """The ``onnxsample.SamplerChain`` function for ``config`` (inputs/outputs without prefix)."""
     body = FunctionBody()
@@ -184,7 +201,13 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         kept = "kept"
     if sampling:
         if floors:
-            draw_inputs = [draw_z, "candidates", "candidate_ids_all", "top", floor, whole_rows]
+            draw_floor, draw_whole = floor, whole_rows
+            if config.has("temperature") and not static:
+                # A greedy row's draw is thrown away (SelectGreedy): make it the cheap candidate
+                # draw (a floor of +inf is inside the candidates), so that a batch of greedy rows
+                # never draws from the whole vocabulary.
+                draw_floor, draw_whole = _greedy_rows_skip_draw(body, floor, whole_rows)
+            draw_inputs = [draw_z, "candidates", "candidate_ids_all", "top", draw_floor, draw_whole]
             dist_fn = "DistStatic" if static else "Dist"
             body.call(dist_fn, [*draw_inputs, "uniform"], ["drawn_token"])
         else:

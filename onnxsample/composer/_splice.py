@@ -28,6 +28,7 @@ from onnxsample.graphs.prompt_logprobs import (
 )
 
 _PREFIX = "sampler."
+COUNTS_OUT = "sampler.output_counts_out"
 
 DOCS = {
     "sampler.row_index": "int64[S]: padded logits row each slot samples; 0 = inactive slot (dummy row), "
@@ -105,14 +106,56 @@ def _scatter_slots(
     graph: ir.Graph,
     active: ir.Value,
     rows: ir.Value,
-    base: ir.Value | None,
     slots: ir.Value,
     name: str,
 ) -> ir.Value:
-    """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); the rest from `base`, or zeros."""
-    if base is None:
-        base = filled_like(graph, slots, rows, 0, name)
-    return scatter_rows(graph, base, active, rows, name)
+    """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); zeros elsewhere."""
+    return scatter_rows(graph, filled_like(graph, slots, rows, 0, name), active, rows, name)
+
+
+def _emitted(
+    graph: ir.Graph, results: dict[str, ir.Value], picked: dict[str, ir.Value]
+) -> tuple[ir.Value, ir.Value]:
+    """The token each active slot emits this step, ids INT64[A, 1] and emitted BOOL[A, 1]
+    (false for the stand-in slot when none is active)."""
+    column = _const(graph, "sampler/emitted_axis", np.array([1]))
+    ids = _op(graph, "Unsqueeze", [results["sampler.next_token"], column], "emitted_ids")
+    live = _op(
+        graph,
+        "Greater",
+        [picked["sampler.row_index"], _const(graph, "sampler/emitted_zero", np.array(0))],
+        "emitted_live",
+    )
+    return ids, _op(graph, "Unsqueeze", [live, column], "emitted_take")
+
+
+def _counted(
+    graph: ir.Graph,
+    counts: ir.Value,
+    active: ir.Value,
+    slots: ir.Value,
+    ids: ir.Value,
+    take: ir.Value,
+) -> ir.Value:
+    """``sampler.output_counts_out``: `counts` [S, V] plus one for every token an active slot
+    emitted (ids [A, M] where take [A, M]; repeats count every time).
+
+    Only the emitted cells are touched: the [A, M] tokens are laid out per slot ([S, M], 0 added
+    elsewhere) and added with one ScatterElements along the vocabulary. Scattering the chain's
+    updated [A, V] rows back instead costs a ScatterElements of A·V elements, about 1.5 ms a step
+    on a CPU for a 49k vocabulary.
+    """
+    where = _op(
+        graph,
+        "Where",
+        [take, ids, _const(graph, "sampler/counts_any_id", np.array(0, np.int64))],
+        "counts_ids_active",
+    )
+    ones = _op(graph, "Cast", [take], "counts_add_active", to=ir.DataType.INT32)
+    where.dtype, ones.dtype = ir.DataType.INT64, ir.DataType.INT32
+    at = _scatter_slots(graph, active, where, slots, "counts_ids")
+    add = _scatter_slots(graph, active, ones, slots, "counts_add")
+    return _op(graph, "ScatterElements", [counts, at, add], "counts_out", axis=1, reduction="add")
 
 
 def splice(
@@ -232,16 +275,19 @@ def splice(
         results[template.name] = value
         specs[template.name] = (template.type, template.shape)
     if at is not None:
-        results = draft.accept(graph, results, picked, at)
+        results, emitted = draft.accept(graph, results, picked, at)
         specs = draft.output_specs(specs, draft_tokens, max_slots)
         draft.add_functions(base)
+    else:
+        emitted = _emitted(graph, results, picked)
     for name, (kind, shape) in specs.items():
         tag = name[len(_PREFIX) :]
-        state = new_inputs.get("sampler.output_counts") if tag == "output_counts_out" else None
         if active is None:
             out = _op(graph, "Identity", [results[name]], tag)
+        elif name == COUNTS_OUT:
+            out = _counted(graph, new_inputs["sampler.output_counts"], active, slots, *emitted)
         else:
-            out = _scatter_slots(graph, active, results[name], state, slots, tag)
+            out = _scatter_slots(graph, active, results[name], slots, tag)
         out.name, out.type, out.shape = name, kind, shape
         out.doc_string = draft.DOCS.get(name, "")
         graph.outputs.append(out)

@@ -157,10 +157,11 @@ def accept(
     results: dict[str, ir.Value],
     picked: dict[str, ir.Value],
     at: Positions,
-) -> dict[str, ir.Value]:
+) -> tuple[dict[str, ir.Value], tuple[ir.Value, ir.Value]]:
     """From the chain's per-pair `results` (by output name) to per-active-slot outputs: position
-    0 under the contract's names, positions 1..K under the draft names, ``sampler.accepted``, and
-    the counts with every emitted token added."""
+    0 under the contract's names, positions 1..K under the draft names and ``sampler.accepted``;
+    and the tokens each active slot emits (ids INT64[A, K + 1], emitted BOOL[A, K + 1]), which
+    the penalty counts gain."""
     drafts, row_index = picked[DRAFT_TOKENS], picked["sampler.row_index"]
     size = _op(
         graph,
@@ -201,11 +202,7 @@ def accept(
     accepted, emitted = _call(graph, "Accept", [tokens, drafts, row_index], 2, "accept")
     out[ACCEPTED] = accepted
     accepted.dtype = ir.DataType.INT64
-    if "sampler.output_counts" in picked:
-        counts = [picked["sampler.output_counts"], tokens, emitted]
-        (out["sampler.output_counts_out"],) = _call(graph, "AddTokens", counts, 1, "emitted")
-        out["sampler.output_counts_out"].dtype = ir.DataType.INT32
-    return out
+    return out, (tokens, emitted)
 
 
 def add_functions(model: ir.Model) -> None:
