@@ -4,8 +4,9 @@ One source kind per module (:mod:`.hf`, :mod:`.gguf`, :mod:`.embedded`); :func:`
 together and writes a manifest (`onnxsample.json`) beside `model.onnx`.
 """
 
-from onnxsample.exporters._export import PRECISIONS, STAGES, ExportResult, export
+from onnxsample.exporters._export import STAGES, ExportResult, export
 from onnxsample.exporters._manifest import MANIFEST_NAME, read_manifest
+from onnxsample.exporters._options import PRECISIONS
 from onnxsample.exporters._source import Source, resolve_source
 from onnxsample.exporters.embedded import embedded_gguf
 

@@ -14,19 +14,22 @@ from pathlib import Path
 from typing import Any
 
 from onnxsample.errors import ExportError, InvalidParameter
-from onnxsample.exporters import _fs, _gguf_quant, _manifest, _weights, families, gguf, hf
-from onnxsample.exporters._exact_attention import ATTENTIONS
+from onnxsample.exporters import _fs, _manifest, _weights, families, gguf, hf
+from onnxsample.exporters._options import (
+    ACCURACY_LEVELS,
+    QUANTISED,
+    check_choices,
+    default_output,
+    lossy,
+    resolve_options,
+)
 from onnxsample.exporters._source import Source, resolve_source
 from onnxsample.exporters._verify import VerifyResult, verify_export
 
 log = logging.getLogger(__name__)
 
-LAYOUTS = ("auto", "gqa", "optimum")
-DEVICES = ("cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4", "gguf")
-ACCURACY_LEVELS = (0, 4)
 STAGES = ("check", "load", "export", "verify")
-_QUANTISED = ("int8", "int4", "gguf")
+
 _KEEP_FROM_HF = (
     "config.json",
     "generation_config.json",
@@ -70,128 +73,6 @@ class ExportResult:
         return self.manifest.get("verify", {})
 
 
-def export_name(
-    name: str,
-    layout: str,
-    precision: str,
-    accuracy_level: int,
-    device: str = "cpu",
-    attention: str = "gqa",
-) -> str:
-    """Folder name of an export: the source's name, plus what is not the optimum fp32 default."""
-    if device == "cuda":
-        return f"{name}-{layout}-{precision}-cuda"
-    if (layout, precision) == ("optimum", "fp32"):
-        return name
-    suffix = f"-{layout}-{precision}"
-    suffix += f"-a{accuracy_level}" if precision in _QUANTISED else ""
-    return name + suffix + ("-exact" if attention == "exact" else "")
-
-
-def resolve_options(
-    src: Source,
-    info: gguf.GGUFInfo | None,
-    model_type: str,
-    layout: str,
-    precision: str,
-    device: str = "cpu",
-) -> tuple[str, str]:
-    """(layout, precision) with ``auto`` decided for this source; refuse what cannot be combined.
-
-    `model_type` is the HF config's (for a GGUF: its architecture). ``auto`` layout is ``gqa`` for
-    the families of :mod:`.families` (Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2/3) and
-    ``optimum`` otherwise; ``auto`` precision is ``gguf`` (the file's own blocks) for a GGUF whose
-    weights are all transplantable, else fp32 (fp16 for ``cuda``).
-
-    ``device="cuda"`` is the GPU export: our GQA graph with fp16 activations and KV cache, where
-    every compute node has a CUDA kernel (CUDA's GroupQueryAttention takes fp16/bf16 only).
-    """
-    _check_choices(layout, precision, device)
-    if device == "cuda":
-        if layout == "optimum":
-            raise ExportError(
-                "--device cuda writes our GroupQueryAttention layout (fp16): drop --layout optimum"
-            )
-        if precision == "fp32":
-            raise ExportError(
-                "--device cuda computes in fp16 (CUDA's attention has no fp32 kernel): use "
-                "--precision auto, fp16, int4, int8 or gguf"
-            )
-    known = families.GGUF_ARCHITECTURES if info is not None else families.HF_TYPES
-    ours = model_type in known
-    if layout == "auto":
-        layout = "gqa" if ours else "optimum"
-    elif layout == "gqa" and not ours and info is not None:
-        raise ExportError(families.gguf_refusal(model_type))
-    elif layout == "gqa" and not ours:
-        raise ExportError(
-            f"the gqa layout is for Llama-family models ({', '.join(known)}), not {model_type}; "
-            "use --layout optimum"
-        )
-    transplantable = info is not None and not _untransplantable(info)
-    if precision == "auto":
-        float_precision = "fp16" if device == "cuda" else "fp32"
-        precision = "gguf" if layout == "gqa" and transplantable else float_precision
-    if layout == "optimum" and precision not in ("fp32", "fp16"):
-        raise ExportError(f"precision {precision} needs --layout gqa (optimum: fp32, fp16)")
-    if precision == "gguf":
-        if info is None:
-            raise ExportError(
-                "precision gguf transplants a GGUF file's own blocks: give a .gguf source"
-            )
-        other = _untransplantable(info)
-        if other:
-            raise ExportError(
-                f"{src.path.name} holds {', '.join(other)} tensors, which precision gguf cannot "
-                f"transplant (supported: {', '.join(_gguf_quant.TRANSPLANTABLE)}, F16, F32); "
-                "use --precision fp32, int8 or int4"
-            )
-    return layout, precision
-
-
-def _lossy(precision: str, accuracy_level: int, device: str = "cpu") -> str:
-    """Why an export does not compute what transformers computes ('' when it should)."""
-    if precision in ("int8", "int4"):
-        return "re-quantised weights"
-    if device == "cuda" or precision == "fp16":
-        return "fp16 activations"
-    if precision == "gguf" and accuracy_level == 4:
-        return "int8 activations"
-    return ""
-
-
-def _check_choices(
-    layout: str, precision: str, device: str = "cpu", attention: str = "gqa"
-) -> None:
-    if device not in DEVICES:
-        raise InvalidParameter(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
-    if attention not in ATTENTIONS:
-        raise InvalidParameter(
-            f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}"
-        )
-    if attention == "exact" and device == "cuda":
-        raise InvalidParameter(
-            "--attention exact is for the CPU (the GPU's GEMM kernels are chosen by shape, so "
-            "plain ops give no such guarantee there): drop it with --device cuda"
-        )
-    if layout not in LAYOUTS:
-        raise InvalidParameter(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    if precision not in PRECISIONS:
-        raise InvalidParameter(
-            f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
-        )
-
-
-def _untransplantable(info: gguf.GGUFInfo) -> list[str]:
-    """GGUF tensor types that precision gguf cannot carry over as they are."""
-    return sorted(set(info.tensor_types) - {*_gguf_quant.TRANSPLANTABLE, "F32", "F16"})
-
-
-def default_output(source: Source, *options: Any) -> Path:
-    """artifacts/ + :func:`export_name` of `source` with `options` (layout, precision, ...)."""
-    return Path("artifacts") / export_name(source.name, *options)
-
-
 def export(
     source: str | Path | None = None,
     output: str | Path | None = None,
@@ -228,7 +109,7 @@ def export(
         raise InvalidParameter(f"accuracy_level must be 0 or 4, got {accuracy_level!r}")
     if verify_tokens < 0:
         raise InvalidParameter(f"verify_tokens must be >= 0, got {verify_tokens}")
-    _check_choices(layout, precision, device, attention)
+    check_choices(layout, precision, device, attention)
     start = time.perf_counter()
     stage = progress or (lambda _name: None)
 
@@ -241,7 +122,7 @@ def export(
     layout, precision = resolve_options(src, info, model_type, layout, precision, device)
     if attention == "exact" and layout != "gqa":
         raise ExportError("--attention exact is an attention of the gqa layout: use --layout gqa")
-    if precision not in _QUANTISED or device == "cuda":
+    if precision not in QUANTISED or device == "cuda":
         accuracy_level = 0
     out = (
         Path(output)
@@ -276,7 +157,7 @@ def export(
                 model,
                 tokenizer,
                 verify_tokens,
-                lossy=_lossy(precision, accuracy_level, device),
+                lossy=lossy(precision, accuracy_level, device),
             )
         else:
             checked = VerifyResult(0, None, note="skipped (verify_tokens=0)")

@@ -100,7 +100,7 @@ def prepare(
     )
     if model is None:
         from onnxsample.exporters import export
-        from onnxsample.exporters._export import export_name
+        from onnxsample.exporters._options import export_name
         from onnxsample.exporters.embedded import EMBEDDED_NAME
 
         # The fastest export that keeps llama.cpp's quality: our GQA graph on the GGUF's own blocks

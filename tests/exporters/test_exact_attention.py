@@ -15,8 +15,8 @@ from onnxsample.composer._model_facts import ATTENTION_KEY, exact_positions, sha
 from onnxsample.composer.loading import check_model
 from onnxsample.errors import ExportError
 from onnxsample.exporters import export
-from onnxsample.exporters._export import export_name
 from onnxsample.exporters._llama import LlamaSpec
+from onnxsample.exporters._options import export_name
 from onnxsample.exporters._verify import ort_greedy
 from onnxsample.exporters.gqa import build_gqa_model
 

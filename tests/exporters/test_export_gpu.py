@@ -10,7 +10,7 @@ import pytest
 
 from onnxsample.errors import ExportError, InvalidParameter
 from onnxsample.exporters import export
-from onnxsample.exporters._export import export_name
+from onnxsample.exporters._options import export_name
 from onnxsample.exporters._verify import mean_logprob, ort_greedy
 
 PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
