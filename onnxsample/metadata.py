@@ -30,8 +30,8 @@ CONTRACT_VERSION = "1"
 # composed models are rebuilt. 2: the chain runs on the active slots only. 3: kv_layout metadata.
 # 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options. 5: draft tokens
 # (speculative decoding) in the run options. 6: batch-wide conditions valid on empty rows (CUDA);
-# the static chain. 7: the allowed-tokens mask. 8: the penalty counts gain only the emitted cells;
-# greedy rows skip the draw.
+# the static chain. 7: the allowed-tokens mask. 8: the penalty counts gain only the emitted cells
+# (no [S, V] scatter, no widened copy); greedy rows skip the draw.
 COMPOSER_REVISION = "8"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
