@@ -60,12 +60,17 @@ def _wait(port: int, proc: subprocess.Popen, path: str = "/health") -> None:
     raise RuntimeError("the server did not come up")
 
 
-def _start(engine: str, threads: int, replicas: int) -> tuple[subprocess.Popen, int]:
-    """One server on a free port: `threads` in all (split between the replicas)."""
+def _start(
+    engine: str, threads: int, replicas: int, chunk: int | None = None
+) -> tuple[subprocess.Popen, int]:
+    """One server on a free port: `threads` in all (split between the replicas); `chunk` is our
+    servers' --prefill-chunk (None: their default)."""
     port = _port()
     if engine in ("onnxsample", "replicas"):
         argv = [str(Path(sys.executable).parent / "onnxsample"), "serve", str(MODEL)]
         argv += ["--port", str(port), "--max-queue", "1024"]
+        if chunk is not None:
+            argv += ["--prefill-chunk", str(chunk)]
         if engine == "onnxsample":
             argv += ["--threads", str(threads)]
         else:
@@ -187,6 +192,12 @@ def main() -> None:
         help="replicas: onnxsample serve --replicas on Ray Serve, the threads split between them",
     )
     p.add_argument("--replicas", type=int, default=2)
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="our servers' --prefill-chunk (default: theirs)",
+    )
     p.add_argument("--output", default=str(RESULTS / "serve.json"))
     args = p.parse_args()
     log = logger("serve")
@@ -198,7 +209,7 @@ def main() -> None:
     rows = []
     for mode in MODES:
         for engine in engines:
-            proc, port = _start(engine, args.threads, args.replicas)
+            proc, port = _start(engine, args.threads, args.replicas, args.prefill_chunk)
             try:
                 _warm_up(port)
                 for clients in args.concurrency:
@@ -222,6 +233,7 @@ def main() -> None:
         "threads": args.threads,
         "replicas": args.replicas if "replicas" in engines else None,
         "slots": SLOTS,
+        "prefill_chunk": args.prefill_chunk,
         "new_tokens": NEW_TOKENS,
         "rows": rows,
         "skipped": skipped,
