@@ -70,10 +70,20 @@ def test_gpu_greedy_tokens_follow_the_cpu_fp32_export(models):
         assert abs(np.mean(logprobs[:k]) - np.mean(ref_logprobs[:k])) <= 0.03
 
 
+def _same_tokens_close_logprobs(got: list, expected: list, tolerance: float) -> None:
+    for (tokens, logprobs), (ref_tokens, ref_logprobs) in zip(got, expected, strict=True):
+        assert tokens == ref_tokens
+        np.testing.assert_allclose(logprobs, ref_logprobs, atol=tolerance)
+
+
 def test_cuda_graphs_and_the_static_chain_give_the_branching_chains_tokens(models):
+    """The same greedy tokens; logprobs within fp16 rounding, not to the bit: cuBLAS picks its
+    kernels by the number of rows, and the static chain computes the LM head over every slot where
+    the branching one computes only the active rows (an H100 gave up to 0.032 apart)."""
     branching = _greedy(models["branching"], "cuda")
-    assert _greedy(models["static"], "cuda") == branching
-    assert _greedy(models["static"], "cuda", cuda_graph=True) == branching
+    _same_tokens_close_logprobs(_greedy(models["static"], "cuda"), branching, 0.05)
+    static_graph = _greedy(models["static"], "cuda", cuda_graph=True)
+    _same_tokens_close_logprobs(static_graph, branching, 0.05)
     speculative = _greedy(models["branching"], "cuda", speculative="ngram")
     assert [t for t, _ in speculative] == [t for t, _ in branching]
 
