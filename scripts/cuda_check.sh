@@ -6,6 +6,10 @@
 # 2. .venv-gpu gets the gpu extra (onnxruntime-gpu with its CUDA 13 / cuDNN 9 packages) and the
 #    test tools, never beside onnxruntime. Offline, ONNXSAMPLE_GPU_WHEEL=path/to/onnxruntime_gpu.whl
 #    installs that wheel alone instead (the CUDA / cuDNN packages must then already be installed);
+#    on a machine with no network at all whose python3 already holds PyTorch and CUDA 13,
+#    ONNXSAMPLE_WHEELS=DIR (filled by scripts/cuda_wheels.sh elsewhere) replaces 1 and 2: every wheel
+#    of DIR goes into a folder of its own on PYTHONPATH, a preinstalled onnxruntime is removed, and
+#    the exports are made there with that python3;
 # 3. runs the tests marked `cuda` (tests/cuda: greedy tokens against the CPU's fp32 export within
 #    the documented fp16 tolerance, CUDA graphs and the static chain against the branching chain,
 #    sampled draws under identical uniforms) and the GPU benchmark (benchmarks/gpu.py: decode tok/s
@@ -18,23 +22,41 @@ cd "$(dirname "$0")/.."
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1)
 awk -v c="$cap" 'BEGIN { exit !(c >= 8.0) }' || { echo "needs compute capability >= 8.0, found $cap"; exit 1; }
 
-make setup
-.venv/bin/onnxsample export --device cuda -o artifacts/smollm2-135m-instruct-gqa-gguf-cuda
-.venv/bin/onnxsample export --layout gqa --precision fp32 -o artifacts/smollm2-135m-instruct-gqa-fp32
-
-GPU_VENV=.venv-gpu
-[ -x $GPU_VENV/bin/python ] || python3 -m venv $GPU_VENV
-if [ -n "${ONNXSAMPLE_GPU_WHEEL:-}" ]; then
-  $GPU_VENV/bin/pip install -q --no-deps "$ONNXSAMPLE_GPU_WHEEL"
-  $GPU_VENV/bin/pip install -q -c constraints.txt -e . pytest
+if [ -n "${ONNXSAMPLE_WHEELS:-}" ]; then
+  # No network: the machine's python3 (PyTorch, CUDA 13) and the wheels of $ONNXSAMPLE_WHEELS.
+  SITE=${ONNXSAMPLE_SITE:-$PWD/.cuda-check-site}
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" \
+    "$ONNXSAMPLE_WHEELS"/*.whl
+  python3 -m pip uninstall -q -y onnxruntime 2>/dev/null || true
+  export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+  for lib in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /usr/local/nvidia/lib64; do
+    [ -d $lib ] && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  done
+  PYTHON="python3 -P"  # -P: the installed package, not this checkout's unmapped source folders
+  $PYTHON -m onnxsample export --device cuda -o artifacts/smollm2-135m-instruct-gqa-gguf-cuda
+  $PYTHON -m onnxsample export --layout gqa --precision fp32 -o artifacts/smollm2-135m-instruct-gqa-fp32
+  BENCH_PYTHON=python3
 else
-  $GPU_VENV/bin/pip install -q -c constraints.txt -e ".[gpu]" pytest
+  make setup
+  .venv/bin/onnxsample export --device cuda -o artifacts/smollm2-135m-instruct-gqa-gguf-cuda
+  .venv/bin/onnxsample export --layout gqa --precision fp32 -o artifacts/smollm2-135m-instruct-gqa-fp32
+
+  GPU_VENV=.venv-gpu
+  [ -x $GPU_VENV/bin/python ] || python3 -m venv $GPU_VENV
+  if [ -n "${ONNXSAMPLE_GPU_WHEEL:-}" ]; then
+    $GPU_VENV/bin/pip install -q --no-deps "$ONNXSAMPLE_GPU_WHEEL"
+    $GPU_VENV/bin/pip install -q -c constraints.txt -e . pytest
+  else
+    $GPU_VENV/bin/pip install -q -c constraints.txt -e ".[gpu]" pytest
+  fi
+  $GPU_VENV/bin/pip uninstall -q -y onnxruntime 2>/dev/null || true
+  PYTHON=$GPU_VENV/bin/python
+  BENCH_PYTHON=$PYTHON
 fi
-$GPU_VENV/bin/pip uninstall -q -y onnxruntime 2>/dev/null || true
-$GPU_VENV/bin/python -c 'import onnxruntime as o; assert "CUDAExecutionProvider" in o.get_available_providers(), o.get_available_providers()'
+$PYTHON -c 'import onnxruntime as o; assert "CUDAExecutionProvider" in o.get_available_providers(), o.get_available_providers()'
 
 status=0
-$GPU_VENV/bin/python -m pytest -m cuda -p no:cacheprovider tests/cuda \
+$PYTHON -m pytest -m cuda -p no:cacheprovider tests/cuda \
   --junitxml "$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log" || status=1
-$GPU_VENV/bin/python benchmarks/gpu.py --output "$OUT/gpu.json" || status=1
+$BENCH_PYTHON benchmarks/gpu.py --output "$OUT/gpu.json" || status=1
 exit $status
