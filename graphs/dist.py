@@ -11,6 +11,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import NEG_INF, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._rows import RowMax
 from onnxsample.graphs.candidates import Contained, Truncate
 
 BLOCK = 256
@@ -39,7 +40,6 @@ def RowDraw(z: FLOAT["S", "V"], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
 
     z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); uniform: FLOAT["S", 1] → INT64["S", 1].
     """
-    axis = op.Constant(value_ints=[1])
     axis2 = op.Constant(value_ints=[2])
     cum_axis = op.Constant(value_int=1)
     last = op.Constant(value_ints=[-1])
@@ -50,7 +50,7 @@ def RowDraw(z: FLOAT["S", "V"], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
     vocab = op.Shape(z, start=1, end=2)
     blocks = op.Div(op.Sub(op.Add(vocab, block), one), block)
     pad = op.Sub(op.Mul(blocks, block), vocab)
-    top = op.ReduceMax(z, axis, keepdims=1)
+    top = RowMax(z)
     weights = op.Pad(op.Exp(op.Sub(z, top)), op.Concat(zero, zero, zero, pad, axis=0))
     grid = op.Reshape(weights, op.Concat(rows, blocks, block, axis=0))
     block_sums = op.ReduceSum(grid, axis2, keepdims=0)

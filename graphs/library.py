@@ -17,6 +17,7 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
+from onnxsample.graphs._rows import RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import Candidates, Contained, SortedRow, Truncate
 from onnxsample.graphs.dist import (
@@ -90,6 +91,7 @@ _SCRIPTS = (
     TopKOff,
     TopK,
     TopKStatic,
+    RunningSum,
     MassTotal,
     NucleusFloor,
     PrefixThreshold,

@@ -15,6 +15,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._rows import RunningSum
 from onnxsample.graphs.candidates import CANDIDATES
 
 
@@ -22,19 +23,18 @@ from onnxsample.graphs.candidates import CANDIDATES
 def PrefixThreshold(
     key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], k: INT64[1]
 ) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
-    """Among the min(k, V) largest keys: c = cumsum of p in key order (accumulated in float64,
+    """Among the min(k, V) largest keys: c = running sum (:func:`RunningSum`) of p in key order (float64,
     compared in float32), m = #{c < mass} clamped to the
     last candidate, threshold = key at m; reached = (mass of all candidates ≥ mass).
 
     key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; k: INT64[1] → (FLOAT["S", 1], BOOL["S", 1]).
     """
     axis = op.Constant(value_ints=[1])
-    cum_axis = op.Constant(value_int=1)
     one = op.Constant(value_ints=[1])
     n = op.Min(k, op.Shape(key, start=1, end=2))
     sorted_key, order = op.TopK(key, n, axis=1, largest=1, sorted=1)
     gathered = op.Cast(op.GatherElements(p, order, axis=1), to=T_DOUBLE)
-    cum = op.Cast(op.CumSum(gathered, cum_axis), to=T_FLOAT)
+    cum = op.Cast(RunningSum(gathered), to=T_FLOAT)
     below = op.ReduceSum(op.Cast(op.Less(cum, mass), to=T_INT64), axis, keepdims=1)
     last = op.Sub(n, one)
     threshold = op.GatherElements(sorted_key, op.Min(below, last), axis=1)

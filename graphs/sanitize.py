@@ -11,6 +11,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import FLT_MAX, NEG_INF, POS_INF, onnxsample
+from onnxsample.graphs._rows import RowMax
 
 
 @script(onnxsample)
@@ -31,14 +32,14 @@ def Sanitize(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
     """
     pinf = op.Constant(value_float=POS_INF)
     axis = op.Constant(value_ints=[1])
-    row_max = op.ReduceMax(logits, axis, keepdims=1)
+    row_max = RowMax(logits)
     suspicious = op.Or(
         AnyRow(op.IsNaN(op.ReduceSum(logits, axis, keepdims=1))),
         AnyRow(op.Equal(row_max, pinf)),
     )
     if suspicious:
         out = FixNonFinite(logits)
-        out_max = op.ReduceMax(out, axis, keepdims=1)
+        out_max = RowMax(out)
     else:
         out = op.Identity(logits)
         out_max = op.Identity(row_max)
@@ -49,13 +50,7 @@ def Sanitize(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
 def SanitizeStatic(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
     """``Sanitize`` without control flow. FLOAT[S, V] → (FLOAT[S, V], FLOAT[S, 1])."""
     out = FixNonFinite(logits)
-    return out, op.ReduceMax(out, op.Constant(value_ints=[1]), keepdims=1)
-
-
-@script(onnxsample)
-def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
-    """The maximum of each row. z: FLOAT[S, V] → FLOAT[S, 1]."""
-    return op.ReduceMax(z, op.Constant(value_ints=[1]), keepdims=1)
+    return out, RowMax(out)
 
 
 @script(onnxsample)

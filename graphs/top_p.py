@@ -5,6 +5,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._rows import RunningSum
 from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained
 
 
@@ -23,16 +24,16 @@ def NucleusFloor(
     A token is kept when the mass before it is < mass, i.e. the prefix up to the first position
     where c reaches the mass; every token whose logit equals that of position m is kept with it.
     Accumulating in float64 keeps the boundary exact over 10^5 tokens (a float32 running sum drifts
-    by ~10^-4 there, which moves a top_p = 0.999 boundary by dozens of tokens).
+    by ~10^-4 there, which moves a top_p = 0.999 boundary by dozens of tokens); the sum is
+    :func:`RunningSum`'s, linear on every provider.
     """
     axis = op.Constant(value_ints=[1])
-    cum_axis = op.Constant(value_int=1)
     last = op.Constant(value_ints=[-1])
     one = op.Constant(value_ints=[1])
     zero_f = op.Constant(value_float=0.0)
     kept = op.GreaterOrEqual(sorted_z, floor)
     weights = op.Where(kept, op.Exp(op.Sub(sorted_z, top)), zero_f)
-    cum = op.Cast(op.CumSum(op.Div(op.Cast(weights, to=T_DOUBLE), total), cum_axis), to=T_FLOAT)
+    cum = op.Cast(RunningSum(op.Div(op.Cast(weights, to=T_DOUBLE), total)), to=T_FLOAT)
     below = op.ReduceSum(op.Cast(op.Less(cum, mass), to=T_INT64), axis, keepdims=1)
     end = op.Sub(op.Shape(sorted_z, start=1, end=2), one)
     return op.GatherElements(sorted_z, op.Min(below, end), axis=1), op.Gather(cum, last, axis=1)

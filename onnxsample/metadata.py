@@ -31,8 +31,9 @@ CONTRACT_VERSION = "1"
 # 4: temperatures below 1e-5 are greedy; prompt logprobs in the run options. 5: draft tokens
 # (speculative decoding) in the run options. 6: batch-wide conditions valid on empty rows (CUDA);
 # the static chain. 7: the allowed-tokens mask. 8: the penalty counts gain only the emitted cells
-# (no [S, V] scatter, no widened copy); greedy rows skip the draw.
-COMPOSER_REVISION = "8"
+# (no [S, V] scatter, no widened copy); greedy rows skip the draw. 9: row maxima and long running
+# sums in blocks (RowMax, RunningSum: fast on CUDA).
+COMPOSER_REVISION = "9"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 

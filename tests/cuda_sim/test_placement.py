@@ -10,6 +10,18 @@ pytestmark = pytest.mark.cuda_sim
 # What the GQA graph computes on the CPU by design: the mask's width, read from its shape, is
 # GroupQueryAttention's `total_sequence_length`, an input the CUDA kernel takes in host memory.
 STATIC_SHAPE_NODES = [["Cast", "total_sequence_length"], ["Gather", "mask_width"]]
+# RowMax's block width, from the vocabulary: ORT folds it where the rows are static and keeps it on
+# the CPU (shape arithmetic, feeding a Reshape's shape) where they are not.
+ROW_MAX_WIDTH_OPS = {"Concat", "Div", "Equal", "Mod", "ReduceMax", "Where"}
+
+
+def shape_nodes_off_cuda(report: dict) -> list[list[str]]:
+    """The report's nodes off CUDA, less RowMax's width arithmetic."""
+    return [
+        [op, name]
+        for op, name in report["off_cuda"]
+        if not (name.startswith("_inlfunc_RowMax") and op in ROW_MAX_WIDTH_OPS)
+    ]
 
 
 @pytest.mark.parametrize("variant", ["static", "branching", "static-greedy", "branching-greedy"])
@@ -21,7 +33,7 @@ def test_every_compute_node_runs_on_cuda(device, gpu_models, variant):
     assert report["compute_off_cuda"] == [], report["compute_off_cuda"]
     assert report["unknown"] == []  # every node ORT placed is in the graph it optimised
     if variant.startswith("static"):
-        assert report["off_cuda"] == STATIC_SHAPE_NODES
+        assert shape_nodes_off_cuda(report) == STATIC_SHAPE_NODES
         assert report["memcpy"] == [], report["memcpy"]
         assert report["control_flow"] == []
 

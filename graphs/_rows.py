@@ -1,0 +1,67 @@
+"""Reductions along a row that are fast on every execution provider: the running sum and the maximum.
+
+ONNX Runtime's CUDA ``CumSum`` gives each output element a thread that adds its whole prefix again,
+O(N²) additions per row, and its CUDA ``ReduceMax`` over whole rows of more than one row takes
+milliseconds (measured on an H100: 2.5 ms for [8, 49152], 3.2 ms for [64, 49152], 0.03 ms for one row).
+The samplers' long running sums (top-p's and typical-p's exact prefixes over the whole sorted row)
+use :func:`RunningSum`, and their row maxima :func:`RowMax`; on the CPU each costs what the plain op
+does. The full chain's sampler alone on an H100 (static, 64 slots): 66 ms a call with the plain ops.
+
+:func:`RunningSum`: ``CumSum`` inside blocks of ``SCAN_BLOCK`` values, then the sum of the blocks
+before each block. Blocks start at position 0, so the first n values are the same numbers for a row
+of any length ≥ n: a prefix over the candidates and the same prefix over the whole sorted row agree,
+as they must for the branching and the static chains to keep the same tokens. A row of at most
+``SCAN_BLOCK`` values is one block, and its running sum is ``CumSum``'s, bit for bit.
+"""
+
+from onnxscript import DOUBLE, FLOAT, script
+from onnxscript import opset18 as op
+
+from onnxsample.graphs._common import onnxsample
+
+SCAN_BLOCK = 256
+
+
+@script(onnxsample)
+def RunningSum(x: DOUBLE["S", "N"]) -> DOUBLE["S", "N"]:
+    """c[:, i] = x[:, 0] + … + x[:, i]: each block's ``CumSum``, plus the blocks before it (a block's
+    total is its running sum's last value; their exclusive ``CumSum`` over the blocks: [S, blocks, 1]).
+
+    x: DOUBLE["S", "N"] → DOUBLE["S", "N"].
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    last = op.Constant(value_ints=[-1])
+    block = op.Constant(value_ints=[SCAN_BLOCK])
+    rows = op.Shape(x, start=0, end=1)  # explicit: a Reshape cannot infer a dimension of 0 rows
+    n = op.Shape(x, start=1, end=2)
+    blocks = op.Div(op.Sub(op.Add(n, block), one), block)
+    pad = op.Sub(op.Mul(blocks, block), n)
+    grid = op.Reshape(
+        op.Pad(x, op.Concat(zero, zero, zero, pad, axis=0)), op.Concat(rows, blocks, block, axis=0)
+    )
+    inner = op.CumSum(grid, op.Constant(value_int=2))
+    before = op.CumSum(op.Gather(inner, last, axis=2), op.Constant(value_int=1), exclusive=1)
+    sums = op.Reshape(op.Add(inner, before), op.Concat(rows, op.Mul(blocks, block), axis=0))
+    return op.Slice(sums, zero, n, one)
+
+
+@script(onnxsample)
+def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
+    """The maximum of each row, in two reductions: over blocks of w consecutive logits (w the
+    largest power of two ≤ 256 that divides V), then over the blocks. A maximum does not depend on
+    the order it is taken in, so this is one ``ReduceMax``'s number; it exists for the CUDA provider,
+    whose ``ReduceMax`` over whole rows of a 49,152-token vocabulary takes 2.5–3 ms for 8–64 rows on
+    an H100 against 0.06 ms for the two reductions (on the CPU both cost the same).
+
+    z: FLOAT[S, V] → FLOAT[S, 1].
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    widths = op.Constant(value_ints=[256, 128, 64, 32, 16, 8, 4, 2, 1])
+    rows = op.Shape(z, start=0, end=1)  # explicit: a Reshape cannot infer a dimension of 0 rows
+    vocab = op.Shape(z, start=1, end=2)
+    width = op.ReduceMax(op.Where(op.Equal(op.Mod(vocab, widths), zero), widths, one), keepdims=1)
+    grid = op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0))
+    blocks = op.ReduceMax(grid, op.Constant(value_ints=[2]), keepdims=0)
+    return op.ReduceMax(blocks, one, keepdims=1)

@@ -1,0 +1,66 @@
+"""The row reductions every provider runs fast (graphs/_rows.py): ``RowMax`` is ``ReduceMax``'s number
+for any vocabulary size, and ``RunningSum`` is a running sum whose first n values do not depend on
+the row's length; each run by ONNX Runtime and by ``onnx.reference``."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import helper
+from onnx.reference import ReferenceEvaluator
+
+from onnxsample.graphs._common import DOMAIN, DOMAIN_VERSION
+from onnxsample.graphs._rows import SCAN_BLOCK, RowMax, RunningSum
+
+
+def _both(fn, value: np.ndarray, out_shape: list) -> list[np.ndarray]:
+    """One call of the library function `fn`, from ONNX Runtime and from onnx.reference."""
+    elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+    graph = helper.make_graph(
+        [helper.make_node(fn.name, ["x"], ["y"], domain=DOMAIN)],
+        "call",
+        [helper.make_tensor_value_info("x", elem, ["S", "N"])],
+        [helper.make_tensor_value_info("y", elem, out_shape)],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
+        functions=[fn.to_function_proto()],
+        ir_version=10,
+    )
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [
+        session.run(None, {"x": value})[0],
+        ReferenceEvaluator(model).run(None, {"x": value})[0],
+    ]
+
+
+# Vocabularies whose largest power-of-two divisor up to 256 is 256, 128, 64, 1 (GPT-2's 50257), 1.
+@pytest.mark.parametrize("vocab", [256, 49152, 151936 // 16, 32064, 50257, 7])
+@pytest.mark.parametrize("rows", [0, 1, 3])
+def test_row_max_is_the_maximum(vocab: int, rows: int) -> None:
+    z = np.random.default_rng(vocab + rows).normal(0, 3, (rows, vocab)).astype(np.float32)
+    if rows:
+        z[0, :] = -np.inf  # a row with no finite logit keeps −inf
+        z[-1, vocab // 2] = np.float32(3.4e38)
+    for got in _both(RowMax, z, ["S", 1]):
+        assert got.shape == (rows, 1) and got.dtype == np.float32
+        np.testing.assert_array_equal(got[:, 0], z.max(axis=1, initial=-np.inf))
+
+
+@pytest.mark.parametrize(
+    "length", [1, SCAN_BLOCK - 1, SCAN_BLOCK, SCAN_BLOCK + 1, 3 * SCAN_BLOCK + 17]
+)
+@pytest.mark.parametrize("rows", [0, 2])
+def test_running_sum_is_a_prefix_sum_whatever_the_row_length(length: int, rows: int) -> None:
+    x = np.random.default_rng(length).random((rows, length))
+    n = min(length, SCAN_BLOCK + 5)
+    head = _both(RunningSum, np.ascontiguousarray(x[:, :n]), ["S", "N"])
+    for got, cut in zip(_both(RunningSum, x, ["S", "N"]), head, strict=True):
+        assert got.shape == (rows, length) and got.dtype == np.float64
+        np.testing.assert_allclose(got, np.cumsum(x, axis=1), rtol=1e-14, atol=0)
+        if length <= SCAN_BLOCK:  # one block: CumSum's own numbers
+            np.testing.assert_array_equal(got, np.cumsum(x, axis=1))
+        # the first n sums are the same numbers for the row cut at n (candidates vs whole row)
+        np.testing.assert_array_equal(got[:, :n], cut)
