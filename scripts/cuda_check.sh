@@ -14,7 +14,8 @@
 #    the documented fp16 tolerance, CUDA graphs and the static chain against the branching chain,
 #    sampled draws under identical uniforms) and the GPU benchmark (benchmarks/gpu.py: decode tok/s
 #    at batch 1, 8, 32, 64 for the branching chain, the static chain with CUDA graphs, and the plain
-#    model with host sampling), writing OUT/cuda-tests.xml, OUT/cuda-tests.log and OUT/gpu.json.
+#    model with host sampling) and the sampler alone (benchmarks/gpu_sampler.py), writing
+#    OUT/cuda-tests.xml, OUT/cuda-tests.log, OUT/gpu.json and OUT/gpu_sampler.json.
 set -euo pipefail
 OUT=$(mkdir -p "${1:?usage: scripts/cuda_check.sh OUT}" && cd "$1" && pwd)
 cd "$(dirname "$0")/.."
@@ -59,4 +60,6 @@ status=0
 $PYTHON -m pytest -m cuda -p no:cacheprovider tests/cuda \
   --junitxml "$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log" || status=1
 $BENCH_PYTHON benchmarks/gpu.py --output "$OUT/gpu.json" || status=1
+$BENCH_PYTHON benchmarks/gpu_sampler.py build "$OUT/gpu_sampler" &&
+  $BENCH_PYTHON benchmarks/gpu_sampler.py run "$OUT/gpu_sampler" --output "$OUT/gpu_sampler.json" || status=1
 exit $status

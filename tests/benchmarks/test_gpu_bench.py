@@ -70,3 +70,26 @@ def test_the_plain_loop_decodes_what_the_engine_decodes(bench, tiny_gqa_export, 
     monkeypatch.setitem(gpu.SAMPLED, "top_k", 1)
     plain.run(ids, 2, 8, seed=0)
     assert plain.generated.tolist() == [list(t) for t in want]
+
+
+def test_the_sampler_alone_is_built_then_timed_with_its_profile(bench, tmp_path: Path) -> None:
+    """benchmarks/gpu_sampler.py: `build` writes what `run` needs, `run` times both chains and sums
+    the profiler's node times (on the CPU here, so without the CUDA-graph replay)."""
+    sampler = bench("gpu_sampler")
+    folder, out = tmp_path / "models", tmp_path / "gpu_sampler.json"
+    sampler.main(["build", str(folder), "--slots", "2,3", "--vocab", "1000"])
+    assert sorted(p.name for p in folder.glob("*.onnx")) == [
+        "branching-s2.onnx",
+        "branching-s3.onnx",
+        "static-s2.onnx",
+        "static-s3.onnx",
+    ]
+    run = ["run", str(folder), "--provider", "cpu", "--calls", "2", "--profile-calls", "1"]
+    sampler.main([*run, "--output", str(out)])
+    report = json.loads(out.read_text())
+    assert report["settings"] == {"slots": [2, 3], "vocab": 1000}
+    assert set(report["results"]) == {"branching-s2", "static-s2", "branching-s3", "static-s3"}
+    for row in report["results"].values():
+        assert 0 < row["min_ms"] <= row["ms_per_call"] and "cuda_graph_ms_per_call" not in row
+        assert row["ms_per_call_by_op"] and all(v >= 0 for v in row["ms_per_call_by_op"].values())
+        assert row["ms_per_call_by_node"]
