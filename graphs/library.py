@@ -58,7 +58,15 @@ from onnxsample.graphs.speculative import (
 )
 from onnxsample.graphs.temperature import Greedy, GreedyRows, SelectGreedy, Temperature
 from onnxsample.graphs.top_k import TopK, TopKOff, TopKStatic
-from onnxsample.graphs.top_p import MassTotal, NucleusFloor, TopP, TopPStatic
+from onnxsample.graphs.top_p import (
+    MassTotal,
+    NucleusCut,
+    NucleusFloor,
+    NucleusFloorLong,
+    NucleusMass,
+    TopP,
+    TopPStatic,
+)
 from onnxsample.graphs.typical_p import TypicalKey, TypicalP, TypicalPStatic
 
 __all__ = ["FunctionBody", "merge_functions", "opsets", "sampler_functions", "used_functions"]
@@ -93,7 +101,10 @@ _SCRIPTS = (
     TopKStatic,
     RunningSum,
     MassTotal,
+    NucleusMass,
+    NucleusCut,
     NucleusFloor,
+    NucleusFloorLong,
     PrefixThreshold,
     MassThreshold,
     MassThresholdStatic,

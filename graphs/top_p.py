@@ -10,6 +10,43 @@ from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained
 
 
 @script(onnxsample)
+def NucleusMass(
+    sorted_z: FLOAT["S", "N"], top: FLOAT["S", 1], floor: FLOAT["S", 1], total: DOUBLE["S", 1]
+) -> DOUBLE["S", "N"]:
+    """p = [z ≥ floor] · exp(z − top) / total in float64, over the N logits ``sorted_z``.
+
+    sorted_z: FLOAT["S", "N"]; top, floor: FLOAT["S", 1]; total: DOUBLE["S", 1] → DOUBLE["S", "N"].
+    """
+    zero_f = op.Constant(value_float=0.0)
+    weights = op.Where(op.GreaterOrEqual(sorted_z, floor), op.Exp(op.Sub(sorted_z, top)), zero_f)
+    return op.Div(op.Cast(weights, to=T_DOUBLE), total)
+
+
+@script(onnxsample)
+def NucleusCut(
+    sorted_z: FLOAT["S", "N"], cum: DOUBLE["S", "N"], mass: FLOAT["S", 1]
+) -> tuple[FLOAT["S", 1], FLOAT["S", 1]]:
+    """c = `cum` (the running sum of ``NucleusMass``, accumulated in float64) compared in float32;
+    m = #{c < mass} clamped to N − 1. Returns (the logit at m, c[N − 1]).
+
+    A token is kept when the mass before it is < mass, i.e. the prefix up to the first position
+    where c reaches the mass; every token whose logit equals that of position m is kept with it.
+    Accumulating in float64 keeps the boundary exact over 10^5 tokens (a float32 running sum drifts
+    by ~10^-4 there, which moves a top_p = 0.999 boundary by dozens of tokens).
+
+    sorted_z: FLOAT["S", "N"] (descending); cum: DOUBLE["S", "N"]; mass: FLOAT["S", 1] →
+    (FLOAT["S", 1], FLOAT["S", 1]).
+    """
+    axis = op.Constant(value_ints=[1])
+    last = op.Constant(value_ints=[-1])
+    one = op.Constant(value_ints=[1])
+    c = op.Cast(cum, to=T_FLOAT)
+    below = op.ReduceSum(op.Cast(op.Less(c, mass), to=T_INT64), axis, keepdims=1)
+    end = op.Sub(op.Shape(sorted_z, start=1, end=2), one)
+    return op.GatherElements(sorted_z, op.Min(below, end), axis=1), op.Gather(c, last, axis=1)
+
+
+@script(onnxsample)
 def NucleusFloor(
     sorted_z: FLOAT["S", "N"],
     top: FLOAT["S", 1],
@@ -17,26 +54,26 @@ def NucleusFloor(
     total: DOUBLE["S", 1],
     mass: FLOAT["S", 1],
 ) -> tuple[FLOAT["S", 1], FLOAT["S", 1]]:
-    """Over the N logits ``sorted_z`` (descending): p = [z ≥ floor] · exp(z − top) / total;
-    c = cumsum(p) accumulated in float64 and compared in float32; m = #{c < mass} clamped to
-    N − 1. Returns (the logit at m, c[N − 1]).
+    """``NucleusCut`` over the candidates (N ≤ ``SCAN_BLOCK``): the running sum is ``CumSum``'s,
+    the same numbers as the leading ones of :func:`RunningSum` over a longer row."""
+    p = NucleusMass(sorted_z, top, floor, total)
+    threshold, reached = NucleusCut(sorted_z, op.CumSum(p, op.Constant(value_int=1)), mass)
+    return threshold, reached
 
-    A token is kept when the mass before it is < mass, i.e. the prefix up to the first position
-    where c reaches the mass; every token whose logit equals that of position m is kept with it.
-    Accumulating in float64 keeps the boundary exact over 10^5 tokens (a float32 running sum drifts
-    by ~10^-4 there, which moves a top_p = 0.999 boundary by dozens of tokens); the sum is
-    :func:`RunningSum`'s, linear on every provider.
-    """
-    axis = op.Constant(value_ints=[1])
-    last = op.Constant(value_ints=[-1])
-    one = op.Constant(value_ints=[1])
-    zero_f = op.Constant(value_float=0.0)
-    kept = op.GreaterOrEqual(sorted_z, floor)
-    weights = op.Where(kept, op.Exp(op.Sub(sorted_z, top)), zero_f)
-    cum = op.Cast(RunningSum(op.Div(op.Cast(weights, to=T_DOUBLE), total)), to=T_FLOAT)
-    below = op.ReduceSum(op.Cast(op.Less(cum, mass), to=T_INT64), axis, keepdims=1)
-    end = op.Sub(op.Shape(sorted_z, start=1, end=2), one)
-    return op.GatherElements(sorted_z, op.Min(below, end), axis=1), op.Gather(cum, last, axis=1)
+
+@script(onnxsample)
+def NucleusFloorLong(
+    sorted_z: FLOAT["S", "N"],
+    top: FLOAT["S", 1],
+    floor: FLOAT["S", 1],
+    total: DOUBLE["S", 1],
+    mass: FLOAT["S", 1],
+) -> tuple[FLOAT["S", 1], FLOAT["S", 1]]:
+    """``NucleusCut`` over a longer row (the ``WIDER_CANDIDATES``, the whole sorted row): the running
+    sum is :func:`RunningSum`'s, linear on every provider (CUDA's ``CumSum`` is quadratic)."""
+    p = NucleusMass(sorted_z, top, floor, total)
+    threshold, reached = NucleusCut(sorted_z, RunningSum(p), mass)
+    return threshold, reached
 
 
 @script(onnxsample)
@@ -90,11 +127,11 @@ def TopP(
             vocab = op.Shape(z, start=1, end=2)
             wider = op.Min(op.Constant(value_ints=[WIDER_CANDIDATES]), vocab)
             wide_z, _ = op.TopK(z, wider, axis=1, largest=1, sorted=1)
-            wide, wide_mass = NucleusFloor(wide_z, top, floor, total, mass)
+            wide, wide_mass = NucleusFloorLong(wide_z, top, floor, total, mass)
             still = op.Not(op.Or(op.GreaterOrEqual(wide_mass, mass), off))
             if AnyRow(still):
                 sorted_z, _ = op.TopK(z, vocab, axis=1, largest=1, sorted=1)
-                exact, _ = NucleusFloor(sorted_z, top, floor, total, mass)
+                exact, _ = NucleusFloorLong(sorted_z, top, floor, total, mass)
                 beyond = op.Where(still, exact, wide)
             else:
                 beyond = op.Identity(wide)
@@ -133,8 +170,8 @@ def TopPStatic(
     missed = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
     wider = op.Min(op.Constant(value_ints=[WIDER_CANDIDATES]), op.Shape(z, start=1, end=2))
     wide_z = op.Slice(sorted_z, op.Constant(value_ints=[0]), wider, axis)
-    wide, wide_mass = NucleusFloor(wide_z, top, floor, total, mass)
+    wide, wide_mass = NucleusFloorLong(wide_z, top, floor, total, mass)
     still = op.Not(op.Or(op.GreaterOrEqual(wide_mass, mass), off))
-    exact, _ = NucleusFloor(sorted_z, top, floor, total, mass)
+    exact, _ = NucleusFloorLong(sorted_z, top, floor, total, mass)
     threshold = op.Where(missed, op.Where(still, exact, wide), nucleus)
     return op.Where(off, floor, op.Max(floor, threshold))

@@ -64,3 +64,11 @@ def test_running_sum_is_a_prefix_sum_whatever_the_row_length(length: int, rows: 
             np.testing.assert_array_equal(got, np.cumsum(x, axis=1))
         # the first n sums are the same numbers for the row cut at n (candidates vs whole row)
         np.testing.assert_array_equal(got[:, :n], cut)
+
+
+def test_the_candidates_fit_in_one_block() -> None:
+    """Top-p sums the candidates' prefix with CumSum and longer rows with RunningSum; the two agree
+    on the leading sums only while the candidates fit in one block."""
+    from onnxsample.graphs.candidates import CANDIDATES
+
+    assert CANDIDATES <= SCAN_BLOCK
