@@ -7,12 +7,12 @@ its time goes (ONNX Runtime's profiler, by node and by op type).
 ``build`` writes the full chain's sampler models (``{branching,static}-sN.onnx``) and the small
 per-slot feeds (``feeds-sN.npz``) to DIR; ``run`` needs nothing else, so DIR can be copied to a GPU
 machine that has only onnxruntime-gpu and numpy. The [S, V] inputs are made there: LLM-like logits
-([S + 1, V]: each slot reads its own row)
-(N(0, 2) plus a head of 20 tokens raised by 8…16, as ``benchmarks/sampler.py``), no prompt tokens and
-no output counts. Every slot samples with temperature 0.8, top-k 40, top-p 0.95, min-p 0.05 (the
+(N(0, 2) plus a head of 20 tokens raised by 8…16, as ``benchmarks/sampler.py``; S + 1 rows, each
+slot reading its own), no prompt tokens and no output counts. Every slot samples with temperature 0.8, top-k 40, top-p 0.95, min-p 0.05 (the
 serving benchmarks' setting). Inputs are bound on the device (IOBinding), the outputs copied back,
 so a call's time is the sampler's and the one copy of the tokens. Median of ``--calls`` calls after
-a warm-up; then ``--profile-calls`` more with the profiler on, whose node times are summed.
+a warm-up; then ``--profile-calls`` more with the profiler on, whose node times are summed per call
+(an ``If`` node's time holds the nodes of the branch it ran, which are also listed).
 
 The profiler times a node on the host: for the CUDA provider that is the kernel launch, except
 where the host waits for the device (an ``If`` reading its condition, a copy back), which then
@@ -128,10 +128,12 @@ def _median_ms(session, binding, calls: int, copy: bool) -> tuple[float, float]:
 
 def _profile(path: str, calls: int) -> dict:
     events = json.loads(Path(path).read_text())
+    runs = sorted(e["ts"] + e["dur"] for e in events if e.get("name") == "model_run")
+    warm = runs[0] if runs else 0  # the session's first call: allocations, not a step
     by_node: dict[str, float] = defaultdict(float)
     by_op: dict[str, float] = defaultdict(float)
     for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] > warm:
             by_node[e["name"][: -len("_kernel_time")]] += e["dur"]
             by_op[e.get("args", {}).get("op_name", "?")] += e["dur"]
 
@@ -168,7 +170,7 @@ def run(folder: Path, provider: str, calls: int, profile_calls: int) -> dict:
             for _ in range(profile_calls):
                 profiled.run_with_iobinding(pbinding)
                 pbinding.copy_outputs_to_cpu()
-            report = _profile(profiled.end_profiling(), profile_calls + 1)
+            report = _profile(profiled.end_profiling(), profile_calls)
             results[f"{kind}-s{s}"] = {**row, **report}
             print(json.dumps({f"{kind}-s{s}": row}), file=sys.stderr)
     shutil.rmtree(scratch, ignore_errors=True)

@@ -1,11 +1,12 @@
-"""Reductions along a row that are fast on every execution provider: the running sum and the maximum.
+"""Reductions along a row that ONNX Runtime runs fast on the CPU and on CUDA: the running sum and the
+maximum.
 
 ONNX Runtime's CUDA ``CumSum`` gives each output element a thread that adds its whole prefix again,
 O(N²) additions per row, and its CUDA ``ReduceMax`` over whole rows of more than one row takes
 milliseconds (measured on an H100: 2.5 ms for [8, 49152], 3.2 ms for [64, 49152], 0.03 ms for one row).
-The samplers' long running sums (top-p's and typical-p's exact prefixes over the whole sorted row)
-use :func:`RunningSum`, and their row maxima :func:`RowMax`; on the CPU each costs what the plain op
-does. The full chain's sampler alone on an H100 (static, 64 slots): 66 ms a call with the plain ops.
+Top-p's wider and whole-row prefixes and typical-p's prefixes use :func:`RunningSum` (top-p's 64
+candidates keep ``CumSum``: one block, the same numbers), and every row maximum over the vocabulary
+:func:`RowMax`; on the CPU each costs what the plain op does. The full chain's sampler alone on an H100 (static, 64 slots): 66 ms a call with the plain ops.
 
 :func:`RunningSum`: ``CumSum`` inside blocks of ``SCAN_BLOCK`` values, then the sum of the blocks
 before each block. Blocks start at position 0, so the first n values are the same numbers for a row
@@ -50,9 +51,11 @@ def RunningSum(x: DOUBLE["S", "N"]) -> DOUBLE["S", "N"]:
 def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
     """The maximum of each row, in two reductions: over blocks of w consecutive logits (w the
     largest power of two ≤ 256 that divides V), then over the blocks. A maximum does not depend on
-    the order it is taken in, so this is one ``ReduceMax``'s number; it exists for the CUDA provider,
-    whose ``ReduceMax`` over whole rows of a 49,152-token vocabulary takes 2.5–3 ms for 8–64 rows on
-    an H100 against 0.06 ms for the two reductions (on the CPU both cost the same).
+    the order it is taken in, so this is one ``ReduceMax``'s number. It exists for the CUDA
+    provider, whose ``ReduceMax`` over whole rows of a 49,152-token vocabulary takes 2.5–3 ms for
+    8–64 rows on an H100 against 0.06 ms for the two reductions (on the CPU both cost the same).
+    Vocabularies are multiples of 64 or more in the models we export; an odd one (GPT-2's 50,257)
+    gets w = 1, the plain reduction's cost.
 
     z: FLOAT[S, V] → FLOAT[S, 1].
     """

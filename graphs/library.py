@@ -17,7 +17,7 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
-from onnxsample.graphs._rows import RunningSum
+from onnxsample.graphs._rows import RowMax, RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import Candidates, Contained, SortedRow, Truncate
 from onnxsample.graphs.dist import (
@@ -45,7 +45,6 @@ from onnxsample.graphs.sanitize import (
     FiniteRowsStatic,
     FixNonFinite,
     OnlyToken0,
-    RowMax,
     Sanitize,
     SanitizeStatic,
 )

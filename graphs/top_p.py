@@ -102,7 +102,7 @@ def TopP(
 
     - the normaliser is summed (in float64) over the candidates when the kept set lies inside
       them, else over the whole row;
-    - the prefix mass is summed in float32 in descending order, as llama.cpp does, over the
+    - the prefix mass is summed in descending order (accumulated in float64, compared in float32), over the
       candidates when they reach top_p, else over the ``WIDER_CANDIDATES`` largest, else over the
       whole row sorted (the leading prefix sums are the same numbers on every path, so the kept set
       does not depend on the path).
