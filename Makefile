@@ -13,7 +13,7 @@ PROMPT  ?= Explain in a few sentences why the sky is blue.
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test test-deps lint format clean genai-model cuda-sim
+.PHONY: setup run test test-deps lint format clean genai-model cuda-sim llama-cpp
 
 setup: $(STAMP)
 
@@ -51,6 +51,11 @@ genai-model: setup
 cuda-sim:
 	bash scripts/cuda_sim/build.sh
 
+# llama.cpp, the oracle of the GGUF tests and the peer of the benchmarks: llama-server, llama-tokenize
+# and llama-quantize built from the llama-cpp-python sdist into the user cache (~15 min once).
+llama-cpp: setup
+	PYTHON=$(PY) bash scripts/build_llama_cpp.sh
+
 # What the tests need beyond the venv: Debian's chromium and chromedriver (the Netron page test).
 test-deps:
 	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
@@ -62,6 +67,8 @@ test: setup lint test-deps
 	  else $(MAKE) genai-model || echo "make genai-model failed: the genai-layout tests will skip"; fi
 	@if [ "$$CI" = "true" ]; then $(MAKE) cuda-sim; \
 	  else $(MAKE) cuda-sim || echo "make cuda-sim failed: the cuda_sim tests will skip"; fi
+	@if [ "$$CI" = "true" ]; then $(MAKE) llama-cpp; \
+	  else $(MAKE) llama-cpp || echo "make llama-cpp failed: the llama.cpp tests will skip"; fi
 	$(PY) -m pytest
 
 clean:

@@ -3,6 +3,7 @@ and the folder name that says what was chosen."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ __all__ = [
     "lossy",
     "resolve_options",
 ]
+
+log = logging.getLogger(__name__)
 
 LAYOUTS = ("auto", "gqa", "optimum")
 DEVICES = ("cpu", "cuda")
@@ -93,6 +96,13 @@ def resolve_options(
     if precision == "auto":
         float_precision = "fp16" if device == "cuda" else "fp32"
         precision = "gguf" if layout == "gqa" and transplantable else float_precision
+        if info is not None and layout == "gqa" and not transplantable:
+            log.warning(
+                "%s: %s cannot be transplanted as they are: exporting de-quantised %s weights",
+                src.path.name,
+                _untransplantable_tensors(info),
+                float_precision,
+            )
     if layout == "optimum" and precision not in ("fp32", "fp16"):
         raise ExportError(f"precision {precision} needs --layout gqa (optimum: fp32, fp16)")
     if precision == "gguf":
@@ -100,12 +110,11 @@ def resolve_options(
             raise ExportError(
                 "precision gguf transplants a GGUF file's own blocks: give a .gguf source"
             )
-        other = untransplantable(info)
-        if other:
+        if untransplantable(info):
             raise ExportError(
-                f"{src.path.name} holds {', '.join(other)} tensors, which precision gguf cannot "
-                f"transplant (supported: {', '.join(_gguf_quant.TRANSPLANTABLE)}, F16, F32); "
-                "use --precision fp32, int8 or int4"
+                f"{src.path.name}: precision gguf cannot transplant "
+                f"{_untransplantable_tensors(info)} (supported: "
+                f"{', '.join(_gguf_quant.SUPPORTED)}); use --precision fp32, int8 or int4"
             )
     return layout, precision
 
@@ -143,7 +152,13 @@ def check_choices(layout: str, precision: str, device: str = "cpu", attention: s
 
 def untransplantable(info: gguf.GGUFInfo) -> list[str]:
     """GGUF tensor types that precision gguf cannot carry over as they are."""
-    return sorted(set(info.tensor_types) - {*_gguf_quant.TRANSPLANTABLE, "F32", "F16"})
+    return sorted(set(info.tensor_types) - set(_gguf_quant.SUPPORTED))
+
+
+def _untransplantable_tensors(info: gguf.GGUFInfo) -> str:
+    """The tensors precision gguf cannot carry, named with their types (the first few)."""
+    bad = [f"{n} ({t})" for n, t in info.tensors.items() if t not in _gguf_quant.SUPPORTED]
+    return ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
 
 
 def default_output(source: Source, *options: Any) -> Path:

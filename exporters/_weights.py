@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from onnxsample.errors import ExportError
+from onnxsample.exporters import _gguf_quant
 from onnxsample.exporters.families import DecoderSpec, Family, gguf_family, hf_family
 from onnxsample.exporters.families._family import FUSED, LINEAR
 
@@ -95,15 +96,13 @@ def read_gguf(
 
     `metadata` is the header :func:`~onnxsample.exporters.gguf.inspect_gguf` read already.
 
-    Norm weights, biases and the token embedding's lookup table are always float32; with
-    `quantized` every linear weight (the LM head included) keeps its GGUF type, which must be
-    transplantable.
+    Norm weights and biases are always float32; with `quantized` every linear weight, the LM
+    head and the token embedding keep their GGUF blocks (which must be transplantable), else
+    they are de-quantised to float32.
     """
-    import gguf
+    from onnxsample.exporters.gguf import open_gguf
 
-    from onnxsample.exporters import _gguf_quant
-
-    reader = gguf.GGUFReader(str(path))
+    reader = open_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
     family = gguf_family(metadata.get("general.architecture"), path.name)
 
@@ -123,9 +122,10 @@ def read_gguf(
             return _gguf_quant.from_gguf(data, type_name, k, name=name)
         return _float(data, t.tensor_type, name)
 
-    embed = load("token_embd.weight", linear=False)
+    embed = load("token_embd.weight", linear=True)  # gathered from its blocks when quantized
     if spec.vocab_size == 0:
-        spec = DecoderSpec(**{**spec.__dict__, "vocab_size": int(embed.shape[0])})
+        rows = embed.n if isinstance(embed, _gguf_quant.QuantizedWeight) else embed.shape[0]
+        spec = DecoderSpec(**{**spec.__dict__, "vocab_size": int(rows)})
     weights: dict[str, Any] = {"embed": embed, "norm": load("output_norm.weight", linear=False)}
     orders = _qk_orders(family, spec)
     linear = (*LINEAR, *FUSED)
@@ -137,11 +137,33 @@ def read_gguf(
             weights[f"layers.{i}.{key}"] = w.reshape(-1) if key not in linear else w
         if family.unpack is not None:  # Phi-3's attn_qkv and ffn_up (gate, up) apart
             family.unpack(weights, spec, f"layers.{i}")
-    head = "token_embd.weight" if spec.tied else "output.weight"
-    weights["lm_head"] = (
-        load(head, linear=True) if quantized else (embed if spec.tied else load(head, linear=False))
-    )
+    # a tied LM head is the embedding's own object: the graph stores its blocks once
+    weights["lm_head"] = embed if spec.tied else load("output.weight", linear=True)
+    _check_shapes(weights, spec, path.name)
     return spec, weights
+
+
+def _rows_cols(w: Any) -> tuple[int, int]:
+    return (w.n, w.k) if isinstance(w, _gguf_quant.QuantizedWeight) else tuple(np.shape(w))
+
+
+def _check_shapes(weights: dict[str, Any], spec: DecoderSpec, name: str) -> None:
+    """Refuse metadata that contradicts the tensors (a wrong embedding_length, head counts or
+    feed_forward_length) before a graph is built on it."""
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    h, f = spec.hidden_size, spec.intermediate_size
+    expected = {"embed": (spec.vocab_size, h), "lm_head": (spec.vocab_size, h)}
+    for i in range(spec.num_layers):
+        p = f"layers.{i}"
+        expected |= {f"{p}.q": (q, h), f"{p}.k": (kv, h), f"{p}.v": (kv, h), f"{p}.o": (h, q)}
+        expected |= {f"{p}.gate": (f, h), f"{p}.up": (f, h), f"{p}.down": (h, f)}
+    for key, shape in expected.items():
+        if key in weights and _rows_cols(weights[key]) != shape:
+            raise ExportError(
+                f"{name}: the metadata contradicts the tensors: {key} is "
+                f"{list(_rows_cols(weights[key]))} (rows, inputs), the header's sizes make it "
+                f"{list(shape)}"
+            )
 
 
 def _qk_orders(family: Family, spec: DecoderSpec) -> dict[str, np.ndarray]:

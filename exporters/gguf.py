@@ -27,6 +27,7 @@ __all__ = [
     "gguf_to_hf",
     "gguf_tokenizer",
     "inspect_gguf",
+    "open_gguf",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class GGUFInfo:
     tensor_types: Counter
     n_params: int
     metadata: dict[str, Any] = field(default_factory=dict)
+    tensors: dict[str, str] = field(default_factory=dict)  # name -> GGUF type name
 
     def token_id(self, key: str) -> int | None:
         value = self.metadata.get(_TOKEN_KEYS[key])
@@ -78,12 +80,7 @@ def _scalar(field_) -> Any:
 
 def inspect_gguf(path: Path) -> GGUFInfo:
     """Read a GGUF header and tensor table, and refuse what the exporter cannot convert."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:
-        raise ExportError(f"cannot read GGUF file {path}: {exc}") from exc
+    reader = open_gguf(path)
     metadata = {
         name: _scalar(f)
         for name, f in reader.fields.items()
@@ -91,10 +88,40 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     }
     metadata = {k: v for k, v in metadata.items() if v is not None}
     architecture = str(metadata.get("general.architecture", ""))
-    types = Counter(t.tensor_type.name for t in reader.tensors)
-    info = GGUFInfo(architecture, types, sum(int(t.n_elements) for t in reader.tensors), metadata)
+    tensors = {t.name: t.tensor_type.name for t in reader.tensors}
+    n_params = sum(int(t.n_elements) for t in reader.tensors)
+    info = GGUFInfo(architecture, Counter(tensors.values()), n_params, metadata, tensors)
     _check(info, path)
     return info
+
+
+def open_gguf(path: Path):
+    """`gguf.GGUFReader` over `path`, with one clear line for a file that is not a GGUF, is
+    truncated, or holds a tensor type this gguf package does not know."""
+    import gguf
+
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ExportError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
+    size, reader_of = path.stat().st_size, gguf.GGUFReader
+    try:
+        reader = reader_of(str(path))
+    except ValueError as exc:
+        if "GGMLQuantizationType" in str(exc):
+            raise ExportError(
+                f"{path.name} holds a tensor of a type this exporter does not know ({exc}); "
+                "a newer llama.cpp may have written it"
+            ) from exc
+        raise ExportError(f"{path.name} is truncated or damaged ({size} bytes): {exc}") from exc
+    except Exception as exc:  # gguf raises what numpy raises on a short file
+        raise ExportError(f"{path.name} is truncated or damaged ({size} bytes): {exc}") from exc
+    end = max((t.data_offset + t.n_bytes for t in reader.tensors), default=0)
+    if end > size:
+        raise ExportError(
+            f"{path.name} is truncated: its tensors end at byte {end}, the file has {size}"
+        )
+    return reader
 
 
 def _check(info: GGUFInfo, path: Path) -> None:

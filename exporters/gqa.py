@@ -40,6 +40,7 @@ from onnx_ir import tape as ir_tape
 
 from onnxsample.exporters import _gguf_quant
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
+from onnxsample.exporters._gguf_quant import QuantizedWeight
 from onnxsample.exporters.families import DecoderSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
@@ -59,9 +60,36 @@ class _Graph:
         self.tape = ir_tape.Tape()
         self.dtype, self.np_dtype = _DTYPES[precision]
         self.accuracy_level = accuracy_level
+        self._consts: dict[str, ir.Value] = {}
+        self._block_sums: dict = {}  # one block sum per input of the GGUF minimums' corrections
+        self._weight_names: dict[int, tuple[QuantizedWeight, str]] = {}
 
     def const(self, name: str, array: np.ndarray) -> ir.Value:
-        return self.tape.initializer(ir.tensor(np.ascontiguousarray(array), name=name), name=name)
+        """The initializer `name`; asked again (a tied LM head's blocks), the same value."""
+        if name not in self._consts:
+            tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+            self._consts[name] = self.tape.initializer(tensor, name=name)
+        return self._consts[name]
+
+    def _weight_name(self, weight: QuantizedWeight, name: str) -> str:
+        """The initializers' prefix of `weight`: the first name it was used under."""
+        return self._weight_names.setdefault(id(weight), (weight, name))[1]
+
+    def embedding(self, ids: ir.Value, weight: Any, name: str, weight_name: str) -> ir.Value:
+        """weight[ids]: a float table, or a GGUF's blocks gathered and de-quantised exactly;
+        nodes named after `name`, initializers after `weight_name`."""
+        if isinstance(weight, QuantizedWeight):
+            return _gguf_quant.gather_nodes(
+                self.tape,
+                ids,
+                weight,
+                name,
+                self.const,
+                self.dtype,
+                weight_name=self._weight_name(weight, weight_name),
+            )
+        table = self.const(f"{weight_name}.weight", np.asarray(weight, self.np_dtype))
+        return self.op("Gather", [table, ids], name, axis=0)
 
     def op(self, op_type: str, inputs, name: str, domain: str = "", **attributes) -> ir.Value:
         out = self.tape.op(op_type, inputs, attributes or None, domain=domain, name=name)
@@ -77,14 +105,26 @@ class _Graph:
         return list(outs)
 
     def linear(self, x: ir.Value, weight: Any, name: str) -> ir.Value:
-        """x @ weight.T for a float [N, K] array or a GGUF-transplanted quantised weight."""
-        if isinstance(weight, _gguf_quant.QuantizedWeight) and (
+        """x @ weight.T for a float [N, K] array or a GGUF-transplanted quantised weight; a list
+        (row parts that do not stack: GGUF types of other bits) is one linear each, concatenated."""
+        if isinstance(weight, list):
+            parts = [self.linear(x, w, f"{name}.{i}") for i, w in enumerate(weight)]
+            return self.op("Concat", parts, f"{name}/Concat", axis=-1)
+        if isinstance(weight, QuantizedWeight) and (
             weight.bits == 4 or self.accuracy_level == 4 or self.dtype == ir.DataType.FLOAT16
         ):
             return _gguf_quant.linear_nodes(
-                self.tape, x, weight, name, self.accuracy_level, self.const, self.dtype
+                self.tape,
+                x,
+                weight,
+                name,
+                self.accuracy_level,
+                self.const,
+                self.dtype,
+                weight_name=self._weight_name(weight, name),
+                block_sums=self._block_sums,
             )
-        if isinstance(weight, _gguf_quant.QuantizedWeight):
+        if isinstance(weight, QuantizedWeight):
             # ORT's 8-bit MatMulNBits is ~20x slower than 4-bit below accuracy level 4 on the CPU
             # (fp32 activations); the float matrix holds the same values. CUDA's fp16 kernel has
             # a fused 8-bit path, so fp16 graphs keep the blocks.
@@ -94,13 +134,15 @@ class _Graph:
 
 
 def _concat(weights: list[Any]) -> Any:
-    if all(isinstance(w, _gguf_quant.QuantizedWeight) for w in weights):
+    """Row parts stacked into one weight, or left a list (one linear each) where GGUF blocks of
+    other bits or block sizes meet (Q4_K_M's Q6_K value projection beside Q4_K keys)."""
+    if all(isinstance(w, QuantizedWeight) for w in weights):
         try:
             return _gguf_quant.concat_rows(weights)
-        except ValueError:  # mixed GGUF types: de-quantise this projection exactly
-            return np.concatenate([w.dequantize() for w in weights])
+        except ValueError:
+            return list(weights)
     return np.concatenate(
-        [w.dequantize() if isinstance(w, _gguf_quant.QuantizedWeight) else w for w in weights]
+        [w.dequantize() if isinstance(w, QuantizedWeight) else w for w in weights]
     )
 
 
@@ -174,8 +216,7 @@ def build_gqa_model(
     exact = None
     if attention == "exact":
         exact = ExactAttention(g, spec, input_ids, lengths, width)
-    embed = g.const("model.embed_tokens.weight", np.asarray(weights["embed"], g.np_dtype))
-    hidden = g.op("Gather", [embed, input_ids], "embed", axis=0)
+    hidden = g.embedding(input_ids, weights["embed"], "embed", "model.embed_tokens")
     if spec.embed_scale is not None:  # transformers multiplies in the embedding's own type
         scale = g.const("embed.scale", np.array(spec.embed_scale, g.np_dtype))
         hidden = g.op("Mul", [hidden, scale], "embed_scaled")

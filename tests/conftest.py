@@ -15,6 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
+import _llama_cpp
 import pytest
 from _family_models import COMMON as TINY_CONFIG
 
@@ -67,6 +68,15 @@ def _build_tiny_hf(folder: Path) -> None:
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
     staging.rename(folder)
+
+
+@pytest.fixture(scope="session")
+def llama_cpp() -> _llama_cpp.LlamaCpp:
+    """llama.cpp built from the llama-cpp-python sdist (`make llama-cpp`): the GGUF oracle."""
+    built = _llama_cpp.find()
+    if built is None:
+        pytest.skip(f"llama.cpp is not built in {_llama_cpp.folder()}: run `make llama-cpp`")
+    return built
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""GGUF quantised weights transplanted onto MatMulNBits: exact dequantisation and ORT agreement."""
+"""GGUF quantised weights transplanted onto MatMulNBits and a gathered embedding: every linear ggml
+type de-quantises to `gguf.quants.dequantize` bit for bit, and ONNX Runtime computes with it."""
 
 from __future__ import annotations
 
@@ -11,55 +12,87 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from onnxsample.errors import ExportError
+from onnxsample.exporters._gguf_blocks import FORMATS
 from onnxsample.exporters._gguf_quant import (
+    SUPPORTED,
     TRANSPLANTABLE,
     QuantizedWeight,
     concat_rows,
     from_gguf,
+    gather_nodes,
     linear_nodes,
     permute_rows,
 )
 
-SHAPES = [(96, 256), (5, 32), (7, 96)]  # (N, K): ordinary, one block, odd block count
+SHAPES = [(96, 256), (5, 512), (7, 768)]  # (N, K): K a multiple of the K-quants' 256
+# (type, bits, block size, minimums): what each type becomes
+LAYOUTS = [
+    ("Q4_0", 4, 32, False),
+    ("Q4_1", 4, 32, True),
+    ("Q5_0", 8, 32, False),
+    ("Q5_1", 8, 32, True),
+    ("Q8_0", 8, 32, False),
+    ("Q2_K", 4, 16, True),
+    ("Q3_K", 4, 16, False),
+    ("Q4_K", 4, 32, True),
+    ("Q5_K", 8, 32, True),
+    ("Q6_K", 8, 16, False),
+    ("IQ4_NL", 8, 32, False),
+    ("IQ4_XS", 8, 32, False),
+]
+# where each type keeps its fp16 fields (d, dmin, m), byte offsets in a block
+_FP16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+            "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0],
+            "IQ4_XS": [0]}  # fmt: skip
 
 
 def _quantized(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """GGUF data of a random [N, K] weight: uint8 [N, row_bytes]."""
+    """GGUF data of an [N, K] weight, uint8 [N, row_bytes]: random codes and scales (finite fp16
+    of a weight's magnitude), or gguf's own quantiser where it has one."""
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((n, k)).astype(np.float32) * 0.1
-    if qtype == "Q4_1":
-        w += rng.standard_normal((n, k // 32, 1)).astype(np.float32).repeat(32, -1).reshape(n, k)
-    return gguf.quants.quantize(w, QT[qtype])
+    if qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"):
+        w = rng.standard_normal((n, k)).astype(np.float32) * 0.1
+        if qtype in ("Q4_1", "Q5_1"):  # a minimum that matters
+            w += (
+                rng.standard_normal((n, k // 32, 1)).astype(np.float32).repeat(32, -1).reshape(n, k)
+            )
+        return gguf.quants.quantize(w, QT[qtype])
+    fmt = FORMATS[qtype]
+    blocks = rng.integers(0, 256, (n, k // fmt.block, fmt.nbytes), dtype=np.uint8)
+    for at in _FP16_AT[qtype]:
+        halves = (rng.standard_normal(blocks.shape[:2]) * 0.02).astype(np.float16)
+        blocks[..., at : at + 2] = halves[..., None].view(np.uint8)
+    return blocks.reshape(n, -1)
 
 
 def _reference(data: np.ndarray, qtype: str) -> np.ndarray:
     return gguf.quants.dequantize(data, QT[qtype])
 
 
-def _session(
-    w: QuantizedWeight,
-    accuracy_level: int,
-    x_shape: list | None = None,
-    dtype: ir.DataType = ir.DataType.FLOAT,
-) -> tuple[onnx.ModelProto, ort.InferenceSession]:
-    """A one-layer model `x -> linear_nodes(x)`; x is [b, s, K] unless `x_shape` says otherwise."""
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal float32 numbers, element for element (a signed zero equals zero: Q2_K's reference
+    writes -0.0 where the centred form writes 0.0, which no product can tell apart)."""
+    return a.dtype == b.dtype == np.float32 and np.array_equal(a, b) and not np.isnan(a).any()
+
+
+def _model(build, inputs: list[ir.Value]) -> tuple[onnx.ModelProto, ort.InferenceSession]:
+    """A model of the nodes `build(tape, initializer)` records; its output is what it returns."""
     tape = ir.tape.Tape()
-    shape = ir.Shape(["b", "s", w.k] if x_shape is None else x_shape)
-    x = ir.Value(name="x", type=ir.TensorType(dtype), shape=shape)
-    if x_shape == []:
-        x.shape = None  # type: ignore[assignment]  # unknown rank: linear_nodes assumes [B, S, K]
+    names: dict[str, ir.Value] = {}
 
     def initializer(name: str, array: np.ndarray) -> ir.Value:
-        return tape.initializer(ir.tensor(array, name=name))
+        if name not in names:
+            names[name] = tape.initializer(ir.tensor(np.ascontiguousarray(array), name=name))
+        return names[name]
 
-    y = linear_nodes(tape, x, w, "layer", accuracy_level, initializer)
+    outputs = build(tape, initializer)
     graph = ir.Graph(
-        [x],
-        [y],
+        inputs,
+        outputs,
         nodes=tape.nodes,
         initializers=tape.initializers,
         opset_imports={"": 21, "com.microsoft": 1},
-        name="linear",
+        name="weights",
     )
     proto = ir.serde.serialize_model(ir.Model(graph, ir_version=10))
     options = ort.SessionOptions()
@@ -70,31 +103,82 @@ def _session(
     return proto, session
 
 
-@pytest.mark.parametrize("qtype", TRANSPLANTABLE)
+def _x(shape: list | None, dtype: ir.DataType = ir.DataType.FLOAT) -> ir.Value:
+    return ir.Value(
+        name="x", type=ir.TensorType(dtype), shape=None if shape is None else ir.Shape(shape)
+    )
+
+
+def _session(
+    w: QuantizedWeight, accuracy_level: int, x_shape: list | None = None, dtype=ir.DataType.FLOAT
+):
+    """A one-layer model `x -> linear_nodes(x)`; x is [b, s, K] unless `x_shape` says otherwise
+    ([] leaves its rank unknown: linear_nodes then takes it to be [B, S, K])."""
+    x = _x(["b", "s", w.k] if x_shape is None else (x_shape or None), dtype)
+    return _model(
+        lambda tape, init: [linear_nodes(tape, x, w, "layer", accuracy_level, init, dtype)], [x]
+    )
+
+
+@pytest.mark.parametrize(("qtype", "bits", "block", "mins"), LAYOUTS)
 @pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_dequantize_is_bit_exact(qtype, n, k):
+def test_dequantize_is_bit_exact(qtype, bits, block, mins, n, k):
     data = _quantized(qtype, n, k)
     w = from_gguf(data, qtype, k, name="w")
     assert isinstance(w, QuantizedWeight)
-    assert (w.qtype, w.n, w.k, w.packed.shape) == (qtype, n, k, (n, k // 32, w.bits * 4))
-    assert w.packed.dtype == np.uint8 and w.scales.dtype == np.float32
-    assert w.scales.shape == (n * (k // 32),)
+    assert (w.qtype, w.n, w.k, w.bits, w.block_size) == (qtype, n, k, bits, block)
+    assert w.packed.shape == (n, k // block, block * bits // 8) and w.packed.dtype == np.uint8
+    assert w.scales.shape == (n, k // block) and w.scales.dtype == np.float32
+    assert (w.mins is not None) == mins
     out = w.dequantize()
     assert out.dtype == np.float32
-    assert np.array_equal(out, _reference(data, qtype))
+    assert _same(out, _reference(data, qtype))
 
 
-@pytest.mark.parametrize(
-    ("qtype", "bits", "zero_points", "mins"),
-    [("Q4_0", 4, None, None), ("Q4_1", 4, (96, 4), (8, 96)), ("Q8_0", 8, None, None)],
-)
-def test_matmulnbits_layout(qtype, bits, zero_points, mins):
-    w = from_gguf(_quantized(qtype, 96, 256), qtype, 256)
-    assert w.bits == bits
-    assert (None if w.zero_points is None else w.zero_points.shape) == zero_points
-    assert (None if w.mins is None else w.mins.shape) == mins
-    if w.zero_points is not None:
-        assert w.zero_points.dtype == np.uint8 and not w.zero_points.any()
+def test_every_transplantable_type_has_a_layout():
+    assert sorted(TRANSPLANTABLE) == sorted(q for q, *_ in LAYOUTS)
+    assert set(SUPPORTED) == {*TRANSPLANTABLE, "F32", "F16", "BF16"}
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K", "Q2_K", "Q5_1", "Q5_K"])
+def test_minimums_are_centred_where_exact(qtype):
+    """Codes centred on MatMulNBits' default zero point (no zero-point input) and the minimums
+    moved by centre * scale, where every moved minimum is exact; where one is not, 4-bit codes
+    keep a zero point of 0 and the weight is still exact."""
+    data = _quantized(qtype, 16, 256)
+    w = from_gguf(data, qtype, 256)
+    assert w.zeros is None and w.zero_points is None
+    codes = w.codes().astype(np.int32) - (1 << (w.bits - 1))
+    assert codes.min() < 0 < codes.max()  # centred
+    if qtype not in ("Q4_1", "Q4_K"):
+        return
+    fmt = FORMATS[qtype]
+    blocks = data.reshape(16, -1, fmt.nbytes).copy()
+    # d = 1.0 and a minimum of 2**-24: 8 + 2**-24 needs more than float32's 24 bits
+    blocks[0, 0, 0:2] = np.array([1.0], np.float16).view(np.uint8)
+    if qtype == "Q4_1":
+        blocks[0, 0, 2:4] = np.array([2.0**-24], np.float16).view(np.uint8)
+    else:  # dmin * 6-bit minimum of the first sub-block; its scale 1
+        blocks[0, 0, 2:4] = np.array([-(2.0**-24)], np.float16).view(np.uint8)
+        blocks[0, 0, 4], blocks[0, 0, 8] = 1, 1
+    data = blocks.reshape(16, -1)
+    w = from_gguf(data, qtype, 256)
+    assert w.zeros is not None and w.zeros[0, 0] == 0 and (w.zeros[1:] == 8).all()
+    assert w.zero_points is not None and w.zero_points[0, 0] & 0x0F == 0  # block 0: low nibble
+    assert _same(w.dequantize(), _reference(data, qtype))
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 1])
+@pytest.mark.parametrize(("qtype", "bits", "block", "mins"), LAYOUTS)
+def test_ort_multiplies_by_the_exact_weight(qtype, bits, block, mins, accuracy_level):
+    """Fed an identity matrix, MatMulNBits (plus the minimums' correction) gives gguf's
+    de-quantised weight bit for bit: nothing is rounded on the way into the graph."""
+    data = _quantized(qtype, 24, 256)
+    w = from_gguf(data, qtype, 256)
+    proto, session = _session(w, accuracy_level)
+    onnx.checker.check_model(proto, full_check=True)
+    (y,) = session.run(None, {"x": np.eye(256, dtype=np.float32)[None]})
+    assert _same(y[0].T, _reference(data, qtype))
 
 
 @pytest.mark.parametrize(
@@ -102,12 +186,10 @@ def test_matmulnbits_layout(qtype, bits, zero_points, mins):
     [(0, 1e-4), (4, 2e-2)],  # 4: int8-quantised activations
 )
 @pytest.mark.parametrize("qtype", TRANSPLANTABLE)
-@pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_ort_matches_the_dequantised_matmul(qtype, n, k, accuracy_level, tolerance):
+def test_ort_matches_the_dequantised_matmul(qtype, accuracy_level, tolerance):
+    n, k = 96, 512
     data = _quantized(qtype, n, k)
-    w = from_gguf(data, qtype, k)
-    proto, session = _session(w, accuracy_level)
-    onnx.checker.check_model(proto, full_check=True)
+    _proto, session = _session(from_gguf(data, qtype, k), accuracy_level)
     x = np.random.default_rng(1).standard_normal((2, 3, k)).astype(np.float32)
     (y,) = session.run(None, {"x": x})
     expected = x.astype(np.float64) @ _reference(data, qtype).T.astype(np.float64)
@@ -116,19 +198,19 @@ def test_ort_matches_the_dequantised_matmul(qtype, n, k, accuracy_level, toleran
 
 
 @pytest.mark.parametrize("qtype", TRANSPLANTABLE)
-@pytest.mark.parametrize(("n", "k"), SHAPES)
-def test_fp16_activations_keep_the_blocks(qtype, n, k):
-    """The GPU export's linear layers: fp16 activations, the GGUF's fp16 scales and minimums as they
-    are, 8-bit blocks kept as MatMulNBits too (CUDA's fp16 kernel has a fused 8-bit path)."""
+def test_fp16_activations_keep_the_blocks(qtype):
+    """The GPU export's linear layers: fp16 activations, scales and minimums in fp16 (exact for
+    Q4_0/Q5_0/Q8_0/IQ4_NL's fp16 d; a product d * sc of the K-quants rounds once, relative error
+    <= 2**-11), 8-bit blocks kept as MatMulNBits too (CUDA's fp16 kernel has a fused 8-bit path)."""
+    n, k = 96, 512
     data = _quantized(qtype, n, k)
     w = from_gguf(data, qtype, k)
     proto, session = _session(w, 0, dtype=ir.DataType.FLOAT16)
-    onnx.checker.check_model(proto, full_check=True)
-    initializers = {t.name: t for t in proto.graph.initializer}
-    assert initializers["layer.scales"].data_type == onnx.TensorProto.FLOAT16
-    assert np.array_equal(
-        onnx.numpy_helper.to_array(initializers["layer.scales"]).astype(np.float32), w.scales
-    )  # GGUF stores d in fp16: nothing is rounded
+    initializers = {t.name: onnx.numpy_helper.to_array(t) for t in proto.graph.initializer}
+    assert initializers["layer.scales"].dtype == np.float16
+    assert np.array_equal(initializers["layer.scales"], w.scales.astype(np.float16))
+    if qtype in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL"):
+        assert np.array_equal(initializers["layer.scales"].astype(np.float32), w.scales)
     x = np.random.default_rng(1).standard_normal((2, 3, k)).astype(np.float16)
     (y,) = session.run(None, {"x": x})
     assert y.dtype == np.float16 and y.shape == (2, 3, n)
@@ -149,11 +231,34 @@ def test_node_names_and_correction_graph():
     ]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.graph.node[0].attribute}
     assert attrs == {"K": 256, "N": 96, "bits": 4, "block_size": 32, "accuracy_level": 0}
+    assert len(proto.graph.node[0].input) == 3  # centred: the default zero point
     assert proto.graph.output[0].name == "layer/AddMins/output_0"
     w0 = from_gguf(_quantized("Q4_0", 96, 256), "Q4_0", 256)
     proto0, _ = _session(w0, 0)
     assert [node.op_type for node in proto0.graph.node] == ["MatMulNBits"]
-    assert len(proto0.graph.node[0].input) == 3  # default zero point
+
+
+def test_projections_of_one_input_sum_its_blocks_once():
+    """Q/K/V or gate/up of one input share one block sum per block size (block_sums)."""
+    a, b = (from_gguf(_quantized("Q4_K", 8, 256, seed), "Q4_K", 256) for seed in (1, 2))
+    c = from_gguf(_quantized("Q2_K", 8, 256, 3), "Q2_K", 256)  # blocks of 16: a sum of its own
+    x = _x(["b", "s", 256])
+    sums: dict = {}
+
+    def build(tape, init):
+        return [
+            linear_nodes(tape, x, w, name, 0, init, block_sums=sums)
+            for w, name in ((a, "a"), (b, "b"), (c, "c"))
+        ]
+
+    proto, session = _model(build, [x])
+    assert [n.name for n in proto.graph.node if n.op_type == "ReduceSum"] == [
+        "a/BlockSum/ReduceSum",
+        "c/BlockSum/ReduceSum",
+    ]
+    xs = np.random.default_rng(0).standard_normal((1, 2, 256)).astype(np.float32)
+    for y, w in zip(session.run(None, {"x": xs}), (a, b, c), strict=True):
+        np.testing.assert_allclose(y, xs @ w.dequantize().T, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -164,7 +269,7 @@ def test_node_names_and_correction_graph():
         (["a", "b", "c", 64], (2, 1, 3, 64), [0, 0, 0, 2, 32]),
     ],
 )
-def test_q4_1_correction_follows_the_input_rank(x_shape, input_shape, block_shape):
+def test_minimum_correction_follows_the_input_rank(x_shape, input_shape, block_shape):
     data = _quantized("Q4_1", 5, 64)
     proto, session = _session(from_gguf(data, "Q4_1", 64), 0, x_shape)
     shape = next(i for i in proto.graph.initializer if i.name == "layer.block_shape")
@@ -176,13 +281,38 @@ def test_q4_1_correction_follows_the_input_rank(x_shape, input_shape, block_shap
 
 
 @pytest.mark.parametrize("qtype", TRANSPLANTABLE)
+def test_embedding_rows_are_gathered_exactly(qtype):
+    """A quantised token_embd gathered from its blocks: rows bit for bit gguf's de-quantised
+    rows; the tied LM head on the same weight name adds no second copy of the blocks."""
+    v, k = 40, 256
+    data = _quantized(qtype, v, k)
+    w = from_gguf(data, qtype, k)
+    ids = ir.Value(name="ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape(["b", "s"]))
+    x = _x(["xb", "xs", k])
+
+    def build(tape, init):
+        rows = gather_nodes(tape, ids, w, "embed", init, weight_name="tok")
+        logits = linear_nodes(tape, x, w, "head", 4, init, weight_name="tok")
+        return [rows, logits]
+
+    proto, session = _model(build, [ids, x])
+    onnx.checker.check_model(proto, full_check=True)
+    names = [t.name for t in proto.graph.initializer]
+    assert names.count("tok.qweight") == 1 and not any(n.startswith("head.q") for n in names)
+    index = np.array([[0, 39, 7], [7, 3, 1]], np.int64)
+    rows, _ = session.run(None, {"ids": index, "x": np.zeros((1, 1, k), np.float32)})
+    assert rows.shape == (2, 3, k) and rows.dtype == np.float32
+    assert _same(rows, _reference(data, qtype)[index])
+
+
+@pytest.mark.parametrize("qtype", TRANSPLANTABLE)
 def test_permute_rows_matches_the_float_permutation(qtype):
     data = _quantized(qtype, 96, 256)
     w = from_gguf(data, qtype, 256)
     order = np.random.default_rng(2).permutation(96)
     permuted = permute_rows(w, order)
     assert isinstance(permuted, QuantizedWeight)
-    assert np.array_equal(permuted.dequantize(), _reference(data, qtype)[order])
+    assert _same(permuted.dequantize(), _reference(data, qtype)[order])
     floats = _reference(data, qtype)
     assert np.array_equal(permute_rows(floats, order), floats[order])
 
@@ -194,27 +324,35 @@ def test_permute_rows_rejects_a_non_permutation(order):
         permute_rows(w, order)
 
 
-@pytest.mark.parametrize("qtype", TRANSPLANTABLE)
-def test_concat_rows_matches_the_float_concatenation(qtype):
-    parts = [_quantized(qtype, n, 64, seed) for seed, n in enumerate((8, 3, 5))]
-    weights = [from_gguf(part, qtype, 64) for part in parts]
+@pytest.mark.parametrize(
+    "qtypes", [["Q4_0"] * 3, ["Q4_K"] * 3, ["Q4_K", "Q4_K", "Q4_0"], ["Q6_K"] * 3]
+)
+def test_concat_rows_matches_the_float_concatenation(qtypes):
+    """Q, K and V stacked, also of different types with the same bits and blocks (Q4_0 rows get
+    zero minimums beside Q4_K's)."""
+    parts = [
+        _quantized(q, n, 256, seed)
+        for seed, (q, n) in enumerate(zip(qtypes, (8, 3, 5), strict=False))
+    ]
+    weights = [from_gguf(part, q, 256) for part, q in zip(parts, qtypes, strict=True)]
     joined = concat_rows(weights)
-    assert (joined.n, joined.k, joined.qtype) == (16, 64, qtype)
-    expected = np.concatenate([_reference(part, qtype) for part in parts])
-    assert np.array_equal(joined.dequantize(), expected)
+    mixed = len(set(qtypes)) > 1
+    assert (joined.n, joined.k, joined.qtype) == (16, 256, "mixed" if mixed else qtypes[0])
+    expected = np.concatenate([_reference(p, q) for p, q in zip(parts, qtypes, strict=True)])
+    assert _same(joined.dequantize(), expected)
     _, session = _session(joined, 0)
-    x = np.random.default_rng(3).standard_normal((1, 2, 64)).astype(np.float32)
+    x = np.random.default_rng(3).standard_normal((1, 2, 256)).astype(np.float32)
     (y,) = session.run(None, {"x": x})
     np.testing.assert_allclose(y, x @ expected.T, rtol=1e-4, atol=1e-4 * np.abs(y).max())
 
 
 @pytest.mark.parametrize(
-    ("a", "b"), [("Q4_0", "Q4_1"), ("Q4_0", "Q8_0"), ("Q4_1", "Q8_0"), ("Q4_0@64", "Q4_0@32")]
+    ("a", "b"), [("Q4_0", "Q8_0"), ("Q4_K", "Q6_K"), ("Q4_K", "Q2_K"), ("Q4_0@512", "Q4_0@256")]
 )
-def test_concat_rows_rejects_mixed_weights(a, b):
+def test_concat_rows_rejects_weights_that_do_not_stack(a, b):
     def make(spec: str) -> QuantizedWeight:
         qtype, _, k = spec.partition("@")
-        return from_gguf(_quantized(qtype, 4, int(k or 64)), qtype, int(k or 64))
+        return from_gguf(_quantized(qtype, 4, int(k or 256)), qtype, int(k or 256))
 
     with pytest.raises(ValueError, match="must match"):
         concat_rows([make(a), make(b)])
@@ -231,35 +369,36 @@ def test_float_tensors_become_float32_rows(qtype, dtype):
         assert np.array_equal(out, w.astype(np.float32))
 
 
-@pytest.mark.parametrize(
-    ("qtype", "data"),
-    [
-        ("Q6_K", np.zeros((4, 210), dtype=np.uint8)),
-        ("Q4_K", np.zeros((4, 144), dtype=np.uint8)),
-        ("Q5_0", gguf.quants.quantize(np.ones((4, 64), np.float32), QT.Q5_0)),
-        ("BF16", np.zeros((4, 64), dtype=np.uint8)),
-    ],
-)
-def test_unsupported_types_are_refused_by_name(qtype, data):
+def test_bf16_tensors_become_float32_rows():
+    w = np.random.default_rng(4).standard_normal((6, 40)).astype(np.float32)
+    bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)
+    out = from_gguf(bf16.view(np.uint8), "BF16", 40)
+    assert np.array_equal(out, (bf16.astype(np.uint32) << 16).view(np.float32))
+
+
+@pytest.mark.parametrize("qtype", ["IQ2_XXS", "TQ1_0", "IQ3_S", "MXFP4"])
+def test_unsupported_types_are_refused_by_name(qtype):
     with pytest.raises(ExportError) as info:
-        from_gguf(data, qtype, 256, name="blk.3.ffn_down.weight")
+        from_gguf(np.zeros((4, 64), np.uint8), qtype, 256, name="blk.3.ffn_down.weight")
     message = str(info.value)
     assert "\n" not in message
-    for part in ("blk.3.ffn_down.weight", qtype, "Q4_0", "Q4_1", "Q8_0", "F16", "F32"):
+    for part in ("blk.3.ffn_down.weight", qtype, "Q4_K", "Q6_K", "Q8_0", "F16"):
         assert part in message
 
 
 @pytest.mark.parametrize(
-    ("data", "k", "match"),
+    ("qtype", "data", "k", "match"),
     [
-        (np.zeros((4, 18), dtype=np.uint8), 48, "multiple"),
-        (np.zeros((4, 19), dtype=np.uint8), 32, "rows"),
-        (np.zeros((4, 16), dtype=np.float32), 32, "float32"),
+        ("Q4_0", np.zeros((4, 18), dtype=np.uint8), 48, "multiple"),
+        ("Q4_K", np.zeros((4, 144), dtype=np.uint8), 128, "multiple of Q4_K's 256"),
+        ("Q4_0", np.zeros((4, 19), dtype=np.uint8), 32, "rows"),
+        ("Q6_K", np.zeros((4, 200), dtype=np.uint8), 256, "rows"),
+        ("Q4_0", np.zeros((4, 16), dtype=np.float32), 32, "float32"),
     ],
 )
-def test_malformed_data_is_an_export_error(data, k, match):
+def test_malformed_data_is_an_export_error(qtype, data, k, match):
     with pytest.raises(ExportError, match=match):
-        from_gguf(data, "Q4_0", k, name="w")
+        from_gguf(data, qtype, k, name="w")
 
 
 @pytest.fixture(scope="module")
@@ -278,4 +417,4 @@ def test_embedded_tensors_dequantize_exactly(embedded_reader, tensor_name, qtype
     k, n = (int(d) for d in tensor.shape)
     w = from_gguf(tensor.data, tensor.tensor_type.name, k, name=tensor.name)
     assert isinstance(w, QuantizedWeight) and (w.n, w.k) == (n, k)
-    assert np.array_equal(w.dequantize(), gguf.quants.dequantize(tensor.data, tensor.tensor_type))
+    assert _same(w.dequantize(), gguf.quants.dequantize(tensor.data, tensor.tensor_type))

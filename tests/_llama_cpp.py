@@ -1,0 +1,166 @@
+"""llama.cpp, the oracle for GGUF files: its tools built by ``scripts/build_llama_cpp.sh`` (``make
+llama-cpp``) into the user cache, its converter and vocabulary files from the same sources.
+
+Tests take the :func:`llama_cpp` fixture of conftest.py (which fails under CI=true, and skips
+elsewhere, when the build is missing) rather than calling :func:`find` themselves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
+TOOLS = ("llama-server", "llama-tokenize", "llama-quantize")
+
+
+def folder() -> Path:
+    """Where scripts/build_llama_cpp.sh builds: ``$ONNXSAMPLE_CACHE`` or ~/.cache/onnxsample."""
+    cache = os.environ.get("ONNXSAMPLE_CACHE") or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache", "onnxsample"
+    )
+    return Path(cache) / f"llama.cpp-{VERSION}"
+
+
+@dataclass(frozen=True)
+class LlamaCpp:
+    """A built llama.cpp: ``src`` (its sources: convert_hf_to_gguf.py, gguf-py, models/) and
+    ``bin`` (llama-server, llama-tokenize, llama-quantize)."""
+
+    src: Path
+    bin: Path
+
+    def tool(self, name: str) -> Path:
+        return self.bin / name
+
+    def tokenize(
+        self, gguf: Path, text: str, *, bos: bool = True, special: bool = True
+    ) -> list[int]:
+        """llama.cpp's token ids for `text` (read from a file, byte for byte): BOS where the
+        vocabulary adds one and `bos`; special tokens in the text parsed when `special`."""
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("wb", suffix=".txt", delete=False) as f:
+            f.write(text.encode("utf-8"))
+        try:
+            cmd = [str(self.tool("llama-tokenize")), "-m", str(gguf), "-f", f.name, "--ids"]
+            cmd += ["--log-disable", "--no-escape"]
+            cmd += [] if bos else ["--no-bos"]
+            cmd += [] if special else ["--no-parse-special"]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        finally:
+            os.unlink(f.name)
+        if out.returncode != 0:
+            raise RuntimeError(f"llama-tokenize failed ({out.returncode}): {out.stderr[-2000:]}")
+        line = [s for s in out.stdout.splitlines() if s.startswith("[")][-1]
+        return [int(i) for i in json.loads(line)]
+
+    def converter_env(self) -> dict[str, str]:
+        """The environment convert_hf_to_gguf.py runs in: its own gguf-py first on the path."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(self.src / "gguf-py"), *filter(None, [env.get("PYTHONPATH")])]
+        )
+        return env
+
+
+def find() -> LlamaCpp | None:
+    """The built llama.cpp, or None when scripts/build_llama_cpp.sh has not run."""
+    root = folder()
+    built = LlamaCpp(root / "src", root / "build" / "bin")
+    if not (built.src / "convert_hf_to_gguf.py").is_file():
+        return None
+    if not all(built.tool(t).is_file() for t in TOOLS):
+        return None
+    return built
+
+
+class LlamaServer:
+    """llama-server on one GGUF at 127.0.0.1 (a free port), stopped on exit; greedy tokens and
+    the raw distribution's top logprobs of a prompt given as token ids."""
+
+    def __init__(
+        self, built: LlamaCpp, gguf: Path, *, threads: int = 2, ctx: int = 2048, slots: int = 1
+    ) -> None:
+        self.built, self.gguf, self.threads, self.ctx, self.slots = built, gguf, threads, ctx, slots
+        self.proc: subprocess.Popen | None = None
+        self.url = ""
+
+    def __enter__(self) -> LlamaServer:
+        import socket
+        import time
+        import urllib.request
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        cmd = [str(self.built.tool("llama-server")), "-m", str(self.gguf), "--host", "127.0.0.1"]
+        cmd += [
+            "--port",
+            str(port),
+            "-t",
+            str(self.threads),
+            "-c",
+            str(self.ctx),
+            "-np",
+            str(self.slots),
+        ]
+        cmd += ["--no-webui", "--log-disable"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {self.proc.stderr.read()[-2000:]!r}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__()
+        raise RuntimeError("llama-server did not become healthy in 120 s")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+    def post(self, path: str, body: dict) -> dict:
+        import urllib.request
+
+        request = urllib.request.Request(
+            self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=300) as r:
+            return json.loads(r.read())
+
+    def greedy(self, ids: list[int], n: int, top: int = 0) -> tuple[list[int], list[dict]]:
+        """`n` greedy tokens after the prompt `ids` (no BOS added), and per token the raw
+        distribution's `top` most likely ids with their logprobs ({id: logprob})."""
+        body = {
+            "prompt": ids,
+            "n_predict": n,
+            "temperature": 0.0,
+            "top_k": 1,
+            "cache_prompt": False,
+            "return_tokens": True,
+            "ignore_eos": True,
+            "n_probs": top,
+            "post_sampling_probs": False,
+        }
+        out = self.post("/completion", body)
+        probs = [
+            {t["id"]: t["logprob"] for t in p.get("top_logprobs", [])}
+            for p in out.get("completion_probabilities", [])
+        ]
+        return [int(t) for t in out["tokens"]], probs
