@@ -38,9 +38,9 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir import tape as ir_tape
 
-from onnxsample.exporters import _gguf_quant
+from onnxsample.exporters import _gguf_nodes
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
-from onnxsample.exporters._gguf_quant import QuantizedWeight
+from onnxsample.exporters._gguf_quant import QuantizedWeight, concat_rows
 from onnxsample.exporters.families import DecoderSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
@@ -79,7 +79,7 @@ class _Graph:
         """weight[ids]: a float table, or a GGUF's blocks gathered and de-quantised exactly;
         nodes named after `name`, initializers after `weight_name`."""
         if isinstance(weight, QuantizedWeight):
-            return _gguf_quant.gather_nodes(
+            return _gguf_nodes.gather_nodes(
                 self.tape,
                 ids,
                 weight,
@@ -113,7 +113,7 @@ class _Graph:
         if isinstance(weight, QuantizedWeight) and (
             weight.bits == 4 or self.accuracy_level == 4 or self.dtype == ir.DataType.FLOAT16
         ):
-            return _gguf_quant.linear_nodes(
+            return _gguf_nodes.linear_nodes(
                 self.tape,
                 x,
                 weight,
@@ -138,7 +138,7 @@ def _concat(weights: list[Any]) -> Any:
     other bits or block sizes meet (Q4_K_M's Q6_K value projection beside Q4_K keys)."""
     if all(isinstance(w, QuantizedWeight) for w in weights):
         try:
-            return _gguf_quant.concat_rows(weights)
+            return concat_rows(weights)
         except ValueError:
             return list(weights)
     return np.concatenate(

@@ -13,14 +13,13 @@ from gguf import GGMLQuantizationType as QT
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters._gguf_blocks import FORMATS
+from onnxsample.exporters._gguf_nodes import gather_nodes, linear_nodes
 from onnxsample.exporters._gguf_quant import (
     SUPPORTED,
     TRANSPLANTABLE,
     QuantizedWeight,
     concat_rows,
     from_gguf,
-    gather_nodes,
-    linear_nodes,
     permute_rows,
 )
 
