@@ -4,7 +4,7 @@
 
 Either file may be missing; its section then says how to produce it. Nothing here measures anything.
 This script puts the page together; its sections are report_targets.py, report_e2e.py,
-report_overhead.py, report_engine.py (serving), report_speculative.py and report_structured.py,
+report_overhead.py, report_engine.py (serving), report_speculative.py, report_structured.py and report_gguf.py,
 the chart
 report_chart.py, all over the harness's tables (benchmarks/_harness/tables.py).
 """
@@ -18,6 +18,7 @@ from _harness.script import RESULTS, ROOT, parser, read_json
 from report_chart import chart
 from report_e2e import e2e_section, normalise
 from report_engine import engine_section, load_results
+from report_gguf import gguf_section
 from report_overhead import overhead_section
 from report_speculative import speculative_section
 from report_structured import structured_section
@@ -72,10 +73,11 @@ def render(
         ".venv/bin/python benchmarks/e2e.py                 # exports its variants on first use",
         ".venv/bin/python benchmarks/sampling_overhead.py",
         ".venv/bin/python benchmarks/engine.py load   # also chunked, prefix, echo",
-        "bash scripts/build_llama_server.sh                 # llama-server, for serve.py",
+        "make llama-cpp                                     # llama.cpp's tools, for serve.py",
         ".venv/bin/python benchmarks/serve.py",
         ".venv/bin/python benchmarks/speculative.py         # llama.cpp from .venv-llamacpp",
         ".venv/bin/python benchmarks/structured.py          # llama-server, as serve.py",
+        ".venv/bin/python benchmarks/gguf_files.py --profile  # the same GGUF files in llama-server",
         ".venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -94,6 +96,7 @@ def render(
     lines += engine_section(engine or {})
     lines += speculative_section((engine or {}).get("speculative"))
     lines += structured_section((engine or {}).get("structured"))
+    lines += gguf_section((engine or {}).get("gguf_files"))
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -15,7 +15,7 @@ KINDS = ("load", "chunked", "prefix", "echo")
 def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
     """Every results file these sections read, by name (None where missing)."""
     names = [f"engine_{kind}" for kind in KINDS]
-    names += ["serve", "serve_replicas", "serve_proxy", "speculative", "structured"]
+    names += ["serve", "serve_replicas", "serve_proxy", "speculative", "structured", "gguf_files"]
     found = {name: read_json(folder / f"{name}.json") for name in names}
     return {name.removeprefix("engine_"): data for name, data in found.items()}
 
@@ -168,7 +168,7 @@ def _serve(data: dict | None) -> list[str]:
     lines = [
         "### `onnxsample serve` against llama-server",
         "",
-        f"`python benchmarks/serve.py` (llama-server from `scripts/build_llama_server.sh`): both "
+        f"`python benchmarks/serve.py` (llama-server from `make llama-cpp`): both "
         f"servers on the same Q4_1 GGUF (ours as its gguf-a4 export), {data.get('threads')} "
         f"threads, {data.get('slots')} slots; closed-loop clients stream OpenAI chat completions "
         f"over loopback HTTP, {data.get('new_tokens')} new tokens each, EOS ignored. *sampled* is "

@@ -7,7 +7,7 @@
 Closed-loop clients (threads, stdlib HTTP) stream OpenAI chat completions of a ~50-token prompt,
 128 new tokens, EOS ignored; greedy and sampled (temperature 0.8, top-k 40, top-p 0.95, min-p
 0.05). Per cell: aggregate completion tok/s, TTFT p50/p99, ITL p50/p99. The servers take turns, each
-started fresh per mode. llama-server comes from scripts/build_llama_server.sh; without it that
+started fresh per mode. llama-server comes from `make llama-cpp`; without it that
 engine is skipped with the reason. A third row, ``python-api``, streams the same requests through
 ``onnxsample.Engine`` in-process: what HTTP + JSON per token add. ``replicas`` is
 `onnxsample serve --replicas N` (the ray extra) with the threads split between the replicas.
@@ -32,7 +32,10 @@ from _harness.script import RESULTS, ROOT, logger, parser
 from _harness.workload import EMBEDDED_A4 as MODEL
 from _harness.workload import NEW_TOKENS, SAMPLED, trip_message
 
-LLAMA_SERVER = ROOT / "artifacts" / "llama.cpp" / "build" / "bin" / "llama-server"
+sys.path.insert(0, str(ROOT / "tests"))  # _llama_cpp.py: where `make llama-cpp` builds llama.cpp
+import _llama_cpp
+
+LLAMA_SERVER = _llama_cpp.folder() / "build" / "bin" / "llama-server"
 SLOTS = 8
 ENGINES = ("onnxsample", "llama-server", "replicas", "python-api")
 MODES = {"greedy": {"temperature": 0.0}, "sampled": SAMPLED}
@@ -204,7 +207,7 @@ def main() -> None:
     engines = [e for e in args.engines if e != "python-api"]
     skipped = {}
     if "llama-server" in engines and not LLAMA_SERVER.is_file():
-        skipped["llama-server"] = f"not built: bash scripts/build_llama_server.sh ({LLAMA_SERVER})"
+        skipped["llama-server"] = f"not built: make llama-cpp ({LLAMA_SERVER})"
         engines.remove("llama-server")
     rows = []
     for mode in MODES:

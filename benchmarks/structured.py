@@ -201,7 +201,7 @@ def _http_part(args, log) -> dict:
     engines = ["onnxsample", "llama-server"]
     results: dict = {"threads": threads}
     if not LLAMA_SERVER.is_file():
-        results["skipped"] = {"llama-server": "not built: bash scripts/build_llama_server.sh"}
+        results["skipped"] = {"llama-server": "not built: make llama-cpp"}
         engines.remove("llama-server")
     servers = {}
     try:
