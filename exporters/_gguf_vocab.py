@@ -153,10 +153,10 @@ class _Metadata:
     @classmethod
     def read(cls, source: Path | str | Any) -> _Metadata:
         if isinstance(source, (str, Path)):
-            import gguf
+            from onnxsample.exporters._gguf_reader import FastGGUFReader
 
             try:
-                reader = gguf.GGUFReader(str(source))
+                reader = FastGGUFReader(str(source))
             except Exception as exc:
                 raise ExportError(f"cannot read GGUF file {source}: {exc}") from exc
         else:

@@ -98,13 +98,13 @@ def inspect_gguf(path: Path) -> GGUFInfo:
 def open_gguf(path: Path):
     """`gguf.GGUFReader` over `path`, with one clear line for a file that is not a GGUF, is
     truncated, or holds a tensor type this gguf package does not know."""
-    import gguf
+    from onnxsample.exporters._gguf_reader import FastGGUFReader
 
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ExportError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
-    size, reader_of = path.stat().st_size, gguf.GGUFReader
+    size, reader_of = path.stat().st_size, FastGGUFReader
     try:
         reader = reader_of(str(path))
     except ValueError as exc:
@@ -173,10 +173,11 @@ def gguf_config(path: Path):
     """The transformers config of a GGUF model (no weights read)."""
     from transformers import AutoConfig
 
+    from onnxsample.exporters._gguf_reader import fast_gguf_reader
     from onnxsample.exporters.hf import quiet
 
     try:
-        with quiet():
+        with quiet(), fast_gguf_reader():
             return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:
         raise ExportError(f"transformers cannot read the config of {path.name}: {exc}") from exc
@@ -187,10 +188,11 @@ def gguf_model(path: Path, info: GGUFInfo, eog_ids: Sequence[int] = ()):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from onnxsample.exporters._gguf_reader import fast_gguf_reader
     from onnxsample.exporters.hf import quiet
 
     try:
-        with quiet(), _no_dequantise_bar():
+        with quiet(), _no_dequantise_bar(), fast_gguf_reader():
             model = AutoModelForCausalLM.from_pretrained(
                 path.parent, dtype=torch.float32, gguf_file=path.name
             )

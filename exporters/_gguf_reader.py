@@ -1,0 +1,87 @@
+"""`gguf.GGUFReader`, parsed in a fraction of the time on large vocabularies.
+
+gguf's reader makes two numpy views per string of a string array (its length and its bytes) and
+every view of its `np.memmap` runs Python-level hooks: Llama 3's 128k tokens and merges take
+~10 s, Gemma's 262k tokens longer, and transformers' GGUF config reads the whole header once more.
+:class:`FastGGUFReader` builds the same fields (the same parts, data indices and types) from a plain
+ndarray view of the same map and walks string arrays with `struct`: a second or less.
+:func:`fast_gguf_reader` lends it to code that constructs `gguf.GGUFReader` itself
+(transformers' `load_gguf_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import gguf
+import numpy as np
+from gguf import GGUFValueType
+
+__all__ = ["FastGGUFReader", "fast_gguf_reader"]
+
+_U64 = struct.Struct("<Q")
+
+
+class FastGGUFReader(gguf.GGUFReader):
+    """A `gguf.GGUFReader` whose fields and tensors equal the original's, read faster."""
+
+    def _get(
+        self, offset: int, dtype: Any, count: int = 1, override_order: Any = None
+    ) -> np.ndarray:
+        flat = self.__dict__.get("_flat")
+        if flat is None:  # a plain view of the map gguf opened: the same bytes, no hooks
+            flat = self._flat = self.data.view(np.ndarray)
+        count = int(count)
+        itemsize = np.dtype(dtype).itemsize
+        arr = flat[offset : offset + itemsize * count].view(dtype=dtype)[:count]
+        order = self.byte_order if override_order is None else override_order
+        return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
+
+    def _get_field_parts(
+        self, orig_offs: int, raw_type: int
+    ) -> tuple[int, list[np.ndarray], list[int], list[GGUFValueType]]:
+        if raw_type != GGUFValueType.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
+            return super()._get_field_parts(orig_offs, raw_type)
+        self._get(0, np.uint8)  # makes the plain view
+        raw_itype = self._get(orig_offs, np.uint32)
+        alen = self._get(orig_offs + 4, np.uint64)
+        count, item = int(alen[0]), GGUFValueType(raw_itype[0])
+        parts: list[np.ndarray] = [raw_itype, alen]
+        offs = orig_offs + 12
+        if item == GGUFValueType.STRING:
+            flat, u64 = self._flat, np.dtype(np.uint64)
+            buffer = memoryview(flat)
+            for _ in range(count):
+                (size,) = _U64.unpack_from(buffer, offs)
+                if offs + 8 + size > len(flat):
+                    raise ValueError(f"a string at byte {offs} runs past the end of the file")
+                parts += [flat[offs : offs + 8].view(u64), flat[offs + 8 : offs + 8 + size]]
+                offs += 8 + size
+            data = list(range(3, len(parts), 2))
+        elif (nptype := self.gguf_scalar_to_np.get(item)) is not None:
+            values = self._get(offs, nptype, count)
+            if len(values) < count:
+                raise ValueError(f"an array at byte {orig_offs} runs past the end of the file")
+            parts += [values[i : i + 1] for i in range(count)]
+            offs += values.nbytes
+            data = list(range(2, len(parts)))
+        else:  # arrays of arrays
+            return super()._get_field_parts(orig_offs, raw_type)
+        types = [GGUFValueType.ARRAY] + [item] * (count > 0)
+        return offs - orig_offs, parts, data, types
+
+
+@contextlib.contextmanager
+def fast_gguf_reader() -> Iterator[None]:
+    """`gguf.GGUFReader` is :class:`FastGGUFReader` inside the block (for libraries that import
+    it at call time, as transformers' GGUF loader does)."""
+    original = gguf.GGUFReader
+    gguf.GGUFReader = FastGGUFReader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original

@@ -1,0 +1,84 @@
+"""FastGGUFReader reads every field and tensor as gguf.GGUFReader does: the same parts, data
+indices, types and contents; on real files (the embedded SmolLM2, llama.cpp's vocabulary files)
+and on a file with every kind of array, empty ones included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+
+from onnxsample.exporters import embedded_gguf
+from onnxsample.exporters._gguf_reader import FastGGUFReader, fast_gguf_reader
+
+
+def _assert_same(path: Path) -> None:
+    ours, theirs = FastGGUFReader(str(path)), gguf.GGUFReader(str(path))
+    assert list(ours.fields) == list(theirs.fields)
+    for name, a in theirs.fields.items():
+        b = ours.fields[name]
+        assert (b.offset, b.name, b.data, b.types) == (a.offset, a.name, a.data, a.types), name
+        assert len(b.parts) == len(a.parts), name
+        for x, y in zip(a.parts, b.parts, strict=True):
+            assert x.dtype == y.dtype and np.array_equal(x, y), name
+        assert b.contents() == a.contents(), name
+    assert ours.data_offset == theirs.data_offset
+    assert len(ours.tensors) == len(theirs.tensors)
+    for a, b in zip(theirs.tensors, ours.tensors, strict=True):
+        assert (b.name, b.tensor_type, b.n_elements, b.n_bytes, b.data_offset) == (
+            a.name,
+            a.tensor_type,
+            a.n_elements,
+            a.n_bytes,
+            a.data_offset,
+        )
+        assert np.array_equal(b.shape, a.shape)
+        assert b.data.dtype == a.data.dtype and np.array_equal(b.data, a.data), a.name
+
+
+def _every_array(path: Path) -> Path:
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("test.strings", ["a", "", "ü 🦙", "x" * 300])
+    writer.add_array("test.empty_strings", [])
+    writer.add_array("test.ints", [1, -2, 3])
+    writer.add_array("test.floats", [0.5, -1.25])
+    writer.add_array("test.bools", [True, False, True])
+    writer.add_array("test.nested", [[1, 2], [3]])
+    writer.add_string("test.string", "")
+    writer.add_uint32("test.u32", 7)
+    writer.add_tensor("w", np.arange(64, dtype=np.float32).reshape(2, 32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_embedded_gguf():
+    _assert_same(embedded_gguf())
+
+
+@pytest.mark.parametrize("name", ["llama-spm", "phi-3", "qwen2"])
+def test_llama_cpp_vocabularies(llama_cpp, name):
+    _assert_same(llama_cpp.src / "models" / f"ggml-vocab-{name}.gguf")
+
+
+def test_every_kind_of_array(tmp_path):
+    _assert_same(_every_array(tmp_path / "arrays.gguf"))
+
+
+def test_truncated_string_array(tmp_path):
+    whole = _every_array(tmp_path / "whole.gguf").read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: whole.index(b"x" * 100)])
+    with pytest.raises(ValueError, match="past the end"):
+        FastGGUFReader(str(cut))
+
+
+def test_lent_to_libraries():
+    """Inside fast_gguf_reader(), code that constructs gguf.GGUFReader gets the fast one."""
+    with fast_gguf_reader():
+        assert gguf.GGUFReader is FastGGUFReader
+    assert gguf.GGUFReader is not FastGGUFReader
