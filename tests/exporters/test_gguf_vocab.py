@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gguf
 import pytest
+from _hard_texts import HARD, hard_corpus
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters import embedded_gguf
@@ -42,48 +43,6 @@ LIVE = ["smollm", "gemma3", *(n for n in VOCABS if n != "qwen35")]
 # deepseek's single-character user-defined tokens that are letters of GPT-2's byte alphabet ("ö")
 # decode through the byte-level decoder as one byte (transformers' tokenizer does the same).
 ROUND_TRIP = [n for n in LIVE if not n.startswith("deepseek")]
-
-# Strings llama.cpp's tokenisers are easy to get wrong on.
-HARD = [
-    "",
-    " ",
-    "   ",
-    "\t",
-    "\n",
-    "\n\n\n",
-    " \n ",
-    "Hello world",
-    " Hello world",
-    "Hello world ",
-    "  Hello  world  ",
-    "The capital of France is",
-    "hello\tworld\n\n  foo\r\nbar",
-    "def f(x):\n    return x**2  # square\n\tpass\n",
-    "if (a != b) { return a->c[i] >= 0x1F; }",
-    "1234567890 12345678901234567890 3.14159 -42 1,000,000",
-    "café naïve résumé Ångström São Paulo ñ",
-    "中文测试 日本語のテキスト 한국어 텍스트",
-    "emoji 🦙🔥👍🏽 ❤️ 🇫🇷",
-    "\x00\x01\x07\x1b[0m\x7f",
-    "\u00a0non\u00a0breaking\u3000ideographic\u2003em",
-    "zero\u200bwidth\u200djoiner",
-    "e\u0301 combining a\u0308",
-    "I'm you're we'll they've it's don't I'D",
-    "\n\nnewlines first",
-    "last newlines\n\n",
-    "a" * 120,
-    " " * 40,
-    "\n" * 20,
-    "\t" * 12,
-    "العربية Ελληνικά Привет हिन्दी ไทย",
-    "𝓗𝓮𝓵𝓵𝓸 𝟙𝟚𝟛 ½ Ⅻ ①",
-    "\U0010ffff\ue000 private use",
-]
-# Special tokens written in the text, where the vocabulary has them.
-SPECIAL_TEXTS = ["<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
-                 "<|begin_of_text|>", "<|eot_id|>", "<|user|>", "<|assistant|>", "<|end|>",
-                 "<start_of_turn>", "<end_of_turn>", "<bos>", "<|START_OF_TURN_TOKEN|>",
-                 "<｜begin▁of▁sentence｜>", "<fim_prefix>", "<turn|>"]  # fmt: skip
 
 
 def _path(llama_cpp, name: str, real_gguf: Path) -> Path:
@@ -120,16 +79,6 @@ def _cases(path: Path) -> list[tuple[str, list[int]]]:
     return [(t, [int(i) for i in line.split()]) for t, line in zip(texts, lines, strict=False)]
 
 
-def _corpus(tokenizer: Tokenizer) -> list[str]:
-    """HARD, and the vocabulary's special tokens in text: alone, glued to words, between spaces."""
-    added = {t.content for t in tokenizer._backend.get_added_tokens_decoder().values()}
-    specials = [s for s in SPECIAL_TEXTS if s in added][:3]
-    out = list(HARD)
-    for s in specials:
-        out += [s, f"{s}Hello", f"Hello {s} world ", f"{s}\n{s}  x", f"x\n\n{s}\n"]
-    return out
-
-
 @pytest.mark.parametrize("name", VOCABS)
 def test_llama_cpp_cases(written, name):
     """Every case of llama.cpp's own tokenizer test gives its expected ids (no BOS)."""
@@ -149,7 +98,7 @@ def test_as_llama_tokenize(written, llama_cpp, name):
     """Hard strings and special tokens in the text tokenise as llama-tokenize does (special tokens
     parsed), with BOS as the vocabulary says and without."""
     path, _, tokenizer = written(name)
-    corpus = _corpus(tokenizer)
+    corpus = hard_corpus(tokenizer)
     jobs = [(text, True) for text in corpus] + [(text, False) for text in corpus[:8]]
     with ThreadPoolExecutor(2) as pool:
         wants = list(pool.map(lambda job: llama_cpp.tokenize(path, job[0], bos=job[1]), jobs))

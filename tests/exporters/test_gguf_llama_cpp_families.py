@@ -1,0 +1,119 @@
+"""Every family and mix as llama.cpp's own tools write them, held to llama.cpp on the same file.
+
+The files (tests/_llama_cpp_models.py): tiny random models of every family we export, with their
+real tokenizers, converted by llama.cpp's convert_hf_to_gguf.py and quantised by llama-quantize to
+F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M and Q4_0. For each file:
+
+- every tensor we transplant de-quantises to `gguf.quants.dequantize`'s numbers, bit for bit;
+- `onnxsample export FILE` (every option default) keeps the file's own blocks, within the size
+  bound of its mix (:data:`SIZE`), and decodes as llama-server: the teacher-forced comparison of
+  test_gguf_llama_cpp.py and _llama_cpp.py (likely tokens' logprobs within its TOL, llama.cpp's
+  greedy token wherever its top two are apart, the same greedy tokens until the first near-tie).
+
+For each family, the export's tokenizer gives llama.cpp's ids on the hard strings of
+tests/_hard_texts.py and the family's chat markup, with BOS and without (the tokenizer comes from
+the metadata, which every mix of a family shares: test_llama_cpp_models.py checks that).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import _llama_cpp_models as models
+import gguf
+import numpy as np
+import onnx
+import pytest
+from _exports import export_cached
+from _hard_texts import hard_corpus
+from _llama_cpp import TOL, LlamaServer, compare_with_llama_cpp
+
+from onnxsample.exporters._gguf_quant import QuantizedWeight, from_gguf
+from onnxsample.exporters._gguf_reader import FastGGUFReader
+from onnxsample.text import Tokenizer
+
+pytestmark = pytest.mark.slow
+MIXES = ("F16", *models.MIXES)
+CASES = [(f, m) for f in models.FAMILIES for m in MIXES]
+# The weights' bytes on disk over the GGUF's tensor bytes, at most, as measured: the codes of 5- and
+# 6-bit types take 8 bits (MatMulNBits has 4 and 8) and K-quant scales float32 (exact: fp16 would
+# round them), so a Q6_K tensor takes 1.52x its bytes (a tied Q6_K embedding makes most of these
+# tiny models); Q8_0 keeps its bytes with float32 scales; F16 weights become float32, and a tied
+# float embedding is stored twice (the table and the LM head's transposed matrix). The rotary
+# tables (positions x rotary dims, float32: 33 MB for Llama 3's 131k positions, most of a tiny
+# model, a few percent of a real one) are left out: the GGUF has none.
+SIZE = {"F16": 4.0, "Q8_0": 1.06, "Q6_K": 1.53, "Q5_K_M": 1.67, "Q4_K_M": 1.53, "Q4_0": 1.52}
+ROWS = 4096
+
+
+def _export(path: Path, mix: str):
+    return export_cached(path, path.with_name(f"onnx-{mix}"), verify_tokens=0)
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{f}-{m}" for f, m in CASES])
+def made(request, llama_cpp):
+    """(family, mix, the file llama.cpp's tools made, our default export of it)."""
+    family, mix = request.param
+    path = models.gguf(family, mix, llama_cpp)
+    return family, mix, path, _export(path, mix)
+
+
+def test_every_tensor_dequantizes_as_gguf(made):
+    """Every matrix (of an embedding, its first ROWS rows: rows are independent blocks)."""
+    _, _, path, _ = made
+    types = set()
+    for t in FastGGUFReader(str(path)).tensors:
+        if len(t.shape) != 2 or t.tensor_type.name in ("F32",):
+            continue
+        types.add(t.tensor_type.name)
+        data = np.asarray(t.data)[:ROWS]
+        w = from_gguf(data, t.tensor_type.name, int(t.shape[0]), name=t.name)
+        ours = w.dequantize() if isinstance(w, QuantizedWeight) else w
+        reference = gguf.quants.dequantize(data, t.tensor_type).reshape(ours.shape)
+        assert np.array_equal(ours, reference.astype(np.float32)), t.name
+    assert types
+
+
+def _weight_bytes(model: Path) -> int:
+    """The bytes of `model`'s initializers on disk (external data or inline), rotary tables aside."""
+    proto = onnx.load(str(model), load_external_data=False)
+    return sum(
+        next((int(e.value) for e in t.external_data if e.key == "length"), len(t.raw_data))
+        for t in proto.graph.initializer
+        if not t.name.startswith("rotary")
+    )
+
+
+def test_the_export_keeps_the_files_blocks(made):
+    _, mix, path, result = made
+    manifest = result.manifest
+    assert (manifest["layout"], manifest["precision"]) == ("gqa", "gguf")
+    theirs = sum(t.n_bytes for t in FastGGUFReader(str(path)).tensors)
+    ours = _weight_bytes(Path(result.output) / "model.onnx")
+    assert ours <= SIZE[mix] * theirs, (ours / theirs, mix)
+
+
+def test_the_export_decodes_as_llama_server(made, llama_cpp):
+    _, _, path, result = made
+    with LlamaServer(llama_cpp, path) as server:
+        prompt = server.tokenize("The capital of France is")
+        found = compare_with_llama_cpp(Path(result.output) / "model.onnx", server, prompt, 16)
+    assert found["worst"] <= TOL, found
+    assert found["agree"] == found["decisive"], found
+    assert found["same"] >= found["close"], found
+
+
+@pytest.mark.parametrize("family", models.FAMILIES)
+def test_the_export_tokenizes_as_llama_cpp(family, llama_cpp):
+    path = models.gguf(family, "Q4_K_M", llama_cpp)
+    tokenizer = Tokenizer.from_folder(_export(path, "Q4_K_M").output)
+    corpus = [*hard_corpus(tokenizer), models.CHAT[family]]
+    with LlamaServer(llama_cpp, path) as server:
+        wrong = [
+            (text, bos, want, got)
+            for text in corpus
+            for bos in (True, False)
+            if (got := tokenizer.encode(text, add_special_tokens=bos))
+            != (want := server.tokenize(text, bos=bos))
+        ]
+    assert not wrong, f"{len(wrong)} of {2 * len(corpus)} differ, first: {wrong[0]}"
