@@ -60,7 +60,7 @@ ERROR_CASES = {
     ),
     "truncated gguf": (
         lambda t: ["export", _case_file(t, "cut.gguf", b"GGUF\x03\x00")],
-        "cannot read GGUF file",
+        "cut.gguf is truncated or damaged",
     ),
     "unsupported gguf architecture": (
         lambda t: ["export", str(write_gguf(t / "a.gguf", "rwkv6", np.zeros(32, np.float32)))],
