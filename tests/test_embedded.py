@@ -18,7 +18,9 @@ pytestmark = pytest.mark.integration
         (("model", "num_layers"), 30),
         (("model", "num_key_value_heads"), 3),
         (("io", "kv_cache", "head_dim"), 64),
-        (("tokens", "eos_token_ids"), [2]),
+        # llama.cpp's end-of-generation set: <|endoftext|>, <|im_end|> (EOS) and <reponame> (its
+        # FIM repository token, which llama.cpp also ends generation on)
+        (("tokens", "eos_token_ids"), [0, 2, 4]),
         (("tokens", "add_bos_token"), False),
         (("verify", "ok"), True),
     ],

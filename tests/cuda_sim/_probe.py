@@ -112,7 +112,11 @@ def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -
     """Run one engine scenario on the CUDA provider; what it did and what it copied."""
     from onnxsample import Constraint, Engine, SamplingParams
 
-    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=1)
+    # the simulated device reads every token back as 0, an end-of-generation id of some vocabularies
+    # (SmolLM2's <|endoftext|>, as llama.cpp reads its GGUF): the scenarios run their full lengths
+    params = SamplingParams(
+        temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=1, ignore_eos=True
+    )
     options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
     if scenario == "copies":
         options["prefix_reuse"] = False  # both requests prefill the same way

@@ -22,11 +22,12 @@ pytestmark = pytest.mark.cuda_sim
 @pytest.fixture(scope="module")
 def kquant_gpu(real_gguf: Path) -> dict[str, Path]:
     """The real Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K, Q8_0) exported for CUDA, composed static."""
-    from conftest import CACHE, _export_cached
+    from _exports import export_cached
+    from conftest import CACHE
 
     from onnxsample.composer import compose
 
-    result = _export_cached(
+    result = export_cached(
         real_gguf, CACHE / "gemma3-270m-q4_k_m-cuda", device="cuda", verify_tokens=0
     )
     assert (result.manifest["layout"], result.manifest["precision"]) == ("gqa", "gguf")
