@@ -24,6 +24,14 @@ each output element is one chain over its keys, whatever the call's shape::
 Keys and values are sliced to the mask's width (the longest row of the call) before the products: the
 packed kernel's blocking along the keys does not depend on how many there are, and keys past a row's
 position get probability 0 exactly, so the result is the same for any width and any buffer length.
+The linear layers have the same trap: MatMulNBits at 4 bits (the GGUF's Q4 blocks, the minimums'
+correction) sends M = 1 rows to a GEMV of its own and M >= 2 to the blocked kernel, whose sums
+differ in the last bits (int8 activations make that 0.6 in a logit). So a call that computes one
+position of one row carries a zero position after it through the layers (:meth:`ExactAttention.padded`),
+attention sees the real positions only, and the hidden state loses the zero position before the LM
+head; the composer gives the moved LM head a dummy row for the same reason. Every call then takes
+the kernels of a multi-position call (2, 5 or 9 rows give the same bits for the same position).
+
 The cache must be a buffer at least as long as the mask (the engine's shared buffers are); the model
 says what it is in its metadata (``onnxsample.attention: exact``).
 """
@@ -79,6 +87,14 @@ class ExactAttention:
         self.causal = g.op("LessOrEqual", [keys, pos3], "att/visible")  # [B, S, W]
         self.masks: dict[int | None, ir.Value] = {}
         self.width = width
+        # Rows the linear layers see: at least 2 (a zero position after the last when a call
+        # computes one position of one row), see :meth:`rows`
+        rows = g.op("Mul", [batch, seq], "att/rows")
+        short = g.op("Sub", [self._i64("att/two", [2]), rows], "att/short")
+        none = self._i64("att/none", [0])
+        extra = g.op("Max", [short, none], "att/extra")
+        self.pads = g.op("Concat", [none, extra], "att/pads", axis=0)  # before, after on axis 1
+        self.seq = seq
         # scatter indices: every element of the new [B, Hkv, S, D] block goes to its position
         block = g.op(
             "Concat",
@@ -107,6 +123,18 @@ class ExactAttention:
                 [g.const("att/zero_f", np.zeros((1, 1, 1, 1), g.np_dtype)), shape],
                 "att/zero_row",
             )
+
+    def padded(self, x: ir.Value, name: str) -> ir.Value:
+        """x [B, S, ...] with a zero position after the last when B * S = 1, else x: the rows the
+        linear layers see (M = B * S rows of a GEMM), never one."""
+        return self.g.op(
+            "Pad", [x, self.pads, None, self._i64("att/pad_axis", [1])], name, mode="constant"
+        )
+
+    def unpadded(self, x: ir.Value, name: str) -> ir.Value:
+        """x's first S positions (undoes :meth:`padded`)."""
+        starts, axis = self._i64("att/unpad_start", [0]), self._i64("att/unpad_axis", [1])
+        return self.g.op("Slice", [x, starts, self.seq, axis], name)
 
     def _mask(self, window: int | None) -> ir.Value:
         """[B, 1, S, 1, W]: 0 where a key is visible (causal, and within `window` keys of the
@@ -146,20 +174,26 @@ class ExactAttention:
         window: int | None,
         rotary: tuple[ir.Value, ir.Value],
     ):
-        """(attention output [B, S, H*D], present key, present value) of one layer.
+        """(attention output [B, S', H*D], present key, present value) of one layer.
 
-        `qkv` is the packed projection, or (q, k, v) already apart (after a per-head norm);
+        `qkv` [B, S', ...] has the rows of :meth:`padded` (S' = S, or 2 for one position of one
+        row), and so does the output; `qkv` is the packed projection, or (q, k, v) already apart (after a per-head norm);
         `window` is the layer's sliding window (keys a position sees, itself included) or None;
         `rotary` its (cos, sin) caches.
         """
         g, i64 = self.g, self._i64
         heads, kv, d, group = self.heads, self.kv_heads, self.head_dim, self.group
         if isinstance(qkv, tuple):
-            q, k, v = qkv
+            q, k, v = (
+                self.unpadded(t, f"{p}/att_{n}_rows") for t, n in zip(qkv, "qkv", strict=True)
+            )
         else:
             q, k, v = g.ops(
                 "Split",
-                [qkv, i64(f"{p}/att_split", [heads * d, kv * d, kv * d])],
+                [
+                    self.unpadded(qkv, f"{p}/att_qkv_rows"),
+                    i64(f"{p}/att_split", [heads * d, kv * d, kv * d]),
+                ],
                 f"{p}/att_qkv",
                 3,
                 axis=-1,
@@ -254,4 +288,4 @@ class ExactAttention:
         attention = g.op(
             "Reshape", [out, i64(f"{p}/att_out_shape", [0, 0, heads * d])], f"{p}/att_out"
         )
-        return attention, presents[0], presents[1]
+        return self.padded(attention, f"{p}/att_out_rows"), presents[0], presents[1]

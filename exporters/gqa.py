@@ -220,6 +220,8 @@ def build_gqa_model(
     if spec.embed_scale is not None:  # transformers multiplies in the embedding's own type
         scale = g.const("embed.scale", np.array(spec.embed_scale, g.np_dtype))
         hidden = g.op("Mul", [hidden, scale], "embed_scaled")
+    if exact is not None:  # never one row in a linear layer (see the module)
+        hidden = exact.padded(hidden, "embed_rows")
     eps = float(spec.rms_norm_eps)
     x = g.op(
         "SimplifiedLayerNormalization",
@@ -306,8 +308,11 @@ def build_gqa_model(
             epsilon=eps,
         )
     # Shape inference does not know the contrib ops: annotate what the composer looks for.
-    x.type, x.shape = ir.TensorType(T), ir.Shape([batch, seq, spec.hidden_size])
+    rows = seq if exact is None else "padded_sequence_length"
+    x.type, x.shape = ir.TensorType(T), ir.Shape([batch, rows, spec.hidden_size])
     logits = g.linear(x, weights["lm_head"], "lm_head")
+    if exact is not None:  # the head also sees two rows or more; the zero position goes after it
+        logits = exact.unpadded(logits, "lm_head_rows")
     if T != ir.DataType.FLOAT:
         logits = g.op("Cast", [logits], "logits_fp32", to=ir.DataType.FLOAT)
     if spec.final_softcap:  # c * tanh(logits / c), after the LM head (the composer then gathers

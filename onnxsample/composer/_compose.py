@@ -145,7 +145,7 @@ def compose(
     composed, mode = None, "logits"
     if gather != "logits":
         ir.passes.common.ShapeInferencePass()(base)  # exports rarely carry intermediate shapes
-    head = find_lm_head(logits) if gather != "logits" else None
+    head = find_lm_head(logits, exact_positions(base)) if gather != "logits" else None
     if head is not None:
         composed = splice(base, chain, vocab, max_slots, options, head=head, **spliced)
         mode = "lm_head"

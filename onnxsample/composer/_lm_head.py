@@ -15,15 +15,18 @@ _PREFIX = "sampler."
 _TWO_GB = 2**31 - 2**26  # protobuf's limit, with room for the graph itself
 
 
-def find_lm_head(logits: ir.Value) -> ir.Node | None:
+def find_lm_head(logits: ir.Value, exact: bool = False) -> ir.Node | None:
     """The LM-head node when `logits` = [Cast](MatMul(hidden, W)) or [Cast](MatMulNBits(hidden, ...)).
 
     Its first input is the hidden state [B, T, H]; the node is re-applied, with the same weight
-    inputs, to the gathered rows.
+    inputs, to the gathered rows. With `exact` (an exact-attention export) the head may be followed
+    by the Slice that drops the zero position a one-position call carries (B = 1, so the real
+    rows keep their flat indices).
     """
     node = logits.producer()
-    if node is not None and node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
-        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    for op_type in ("Cast", "Slice") if exact else ("Cast",):
+        if node is not None and node.op_type == op_type and node.domain in ("", "ai.onnx"):
+            node = node.inputs[0].producer() if node.inputs[0] is not None else None
     if node is None or len(node.outputs) != 1:
         return None
     kind = (node.domain or "ai.onnx", node.op_type)

@@ -15,6 +15,7 @@ from onnxsample.composer import _splice_draft as draft
 from onnxsample.composer._ir_build import const as _const
 from onnxsample.composer._ir_build import filled_like, scatter_rows
 from onnxsample.composer._ir_build import op as _op
+from onnxsample.composer._model_facts import exact_positions
 from onnxsample.composer.sampler_model import IR_VERSION, OPSET, build_sampler_model
 from onnxsample.errors import ModelError
 from onnxsample.graphs._common import DOMAIN
@@ -243,6 +244,11 @@ def splice(
         indices = chain_in["sampler.row_index"]
         if prompt is not None:
             indices = _op(graph, "Concat", [indices, prompt[0]], "head_rows_index", axis=0)
+        exact = exact_positions(base)
+        if exact:  # the dummy row first: never one row in the head's GEMM (4-bit MatMulNBits
+            # takes another kernel for M = 1; see onnxsample.exporters._exact_attention)
+            dummy = _const(graph, "sampler/head_dummy_row", np.array([0], np.int64))
+            indices = _op(graph, "Concat", [dummy, indices], "head_rows_index_exact", axis=0)
         rows = _op(graph, "Gather", [padded, indices], "hidden_rows", axis=0)
         moved = ir.node(
             head.op_type,
@@ -255,6 +261,10 @@ def splice(
         moved.outputs[0].dtype = head.outputs[0].dtype
         graph.append(moved)
         rows = _to_float(graph, moved.outputs[0], "logits")
+        if exact:
+            after_dummy = _const(graph, "sampler/head_rows_real", np.array([1]))
+            last = _const(graph, "sampler/head_rows_all", np.array([2**62]))
+            rows = _op(graph, "Slice", [rows, after_dummy, last], "head_rows_real")
         if prompt is not None:
             count = _op(graph, "Shape", [chain_in["sampler.row_index"]], "active_rows")
             zero = _const(graph, "sampler/head_rows_start", np.array([0]))

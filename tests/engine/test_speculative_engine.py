@@ -104,23 +104,11 @@ def embedded_pair(embedded_exact_export, tmp_path_factory):
     yield from _engine_pair(embedded_exact_export.output, path, **options)
 
 
-# The GGUF exports now keep every block type (the Q4_1 codes centred on per-block zero points, the
-# Q8_0 embedding as the tied 8-bit LM head); since then the exact-attention export's logits change
-# bits with a call's row count on the CPU, so speculation and echo part from plain decoding. A
-# float LM head alone does not restore it (tried); the kernel that varies is still to be found.
-_ROWS_CHANGE_BITS = pytest.mark.xfail(
-    reason="exact-attention export: logits change bits with a call's row count since the GGUF "
-    "block transplant (per-block zero points, 8-bit tied LM head)",
-    strict=False,
-)
-
-
 def _together(engine, prompts, params, n):
     requests = [engine.submit(p, params, max_new_tokens=n) for p in prompts]
     return [r.result(timeout=300) for r in requests]
 
 
-@_ROWS_CHANGE_BITS
 def test_embedded_greedy_is_unchanged_token_for_token(embedded_pair):
     """Each prompt alone, then all four in one batch (slots drafting and not, side by side)."""
     plain, fast = embedded_pair
@@ -142,7 +130,6 @@ def test_embedded_greedy_is_unchanged_token_for_token(embedded_pair):
     assert code.draft_tokens > 0 and code.accepted_tokens > 0
 
 
-@_ROWS_CHANGE_BITS
 def test_embedded_sampling_with_penalties_keeps_the_seeded_stream(embedded_pair):
     """One uniform per emitted token, from the request's own generator: the same seed gives the
     same tokens with and without speculation (the logits agree to the last bit)."""
@@ -158,7 +145,6 @@ def test_embedded_sampling_with_penalties_keeps_the_seeded_stream(embedded_pair)
     assert b.token_ids == a.token_ids
 
 
-@_ROWS_CHANGE_BITS
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_embedded_echo_scores_what_generation_reported(embedded_pair, name):
     """A generated continuation scored as a prompt (echo: chunked prefill calls) gets the logprobs

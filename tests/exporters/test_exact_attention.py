@@ -6,15 +6,18 @@ from __future__ import annotations
 
 from collections import Counter
 
+import gguf
 import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
 
+from onnxsample.composer._lm_head import find_lm_head
 from onnxsample.composer._model_facts import ATTENTION_KEY, exact_positions, shared_kv
 from onnxsample.composer.loading import check_model
 from onnxsample.errors import ExportError
 from onnxsample.exporters import export
+from onnxsample.exporters._gguf_quant import from_gguf
 from onnxsample.exporters._llama import LlamaSpec
 from onnxsample.exporters._options import export_name
 from onnxsample.exporters._verify import ort_greedy
@@ -24,11 +27,11 @@ PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
 BUFFER = 32  # positions of the test's KV buffers
 
 
-def _spec(heads: int, kv_heads: int) -> LlamaSpec:
+def _spec(heads: int, kv_heads: int, intermediate: int = 48) -> LlamaSpec:
     return LlamaSpec(
         vocab_size=96,
         hidden_size=16 * heads,
-        intermediate_size=48,
+        intermediate_size=intermediate,
         num_layers=2,
         num_heads=heads,
         num_kv_heads=kv_heads,
@@ -78,12 +81,26 @@ class _Steps:
 
     def logits(self, prefix: list[int], tokens: list[int]) -> np.ndarray:
         """Logits [len(tokens), V] of `tokens` fed in one call after `prefix` (its own prefill)."""
-        empty = {
-            i.name: np.zeros((1, i.shape[1], BUFFER, i.shape[3]), np.float32) for i in self.pasts
-        }
-        _, cache = self._run(prefix, 0, empty)
+        _, cache = self._run(prefix, 0, self._empty())
         logits, _ = self._run(tokens, len(prefix), cache)
         return logits[0]
+
+    def batch_logits(self, prefix: list[int], tokens: list[int]) -> np.ndarray:
+        """Logits [len(tokens), V]: one call in which row r (prefilled with `prefix`) computes
+        ``tokens[r]``."""
+        _, cache = self._run(prefix, 0, self._empty())
+        rows = len(tokens)
+        feed = {
+            "input_ids": np.asarray(tokens, np.int64)[:, None],
+            "attention_mask": np.ones((rows, len(prefix) + 1), np.int64),
+            **{k: np.repeat(v, rows, axis=0) for k, v in cache.items()},
+        }
+        return self.session.run(["logits"], feed)[0][:, 0]
+
+    def _empty(self) -> dict:
+        return {
+            i.name: np.zeros((1, i.shape[1], BUFFER, i.shape[3]), np.float32) for i in self.pasts
+        }
 
     def _run(self, ids: list[int], held: int, cache: dict) -> tuple[np.ndarray, dict]:
         feed = {
@@ -99,6 +116,38 @@ class _Steps:
 
 
 HEADS = [(4, 2), (6, 2), (2, 2)]  # query heads per KV head: 2, 3, and 1 (a zero row is added)
+
+
+def _blocks(weights: dict[str, np.ndarray], qtype: str) -> dict:
+    """Every matrix as the GGUF blocks gguf's quantiser writes, transplanted as an export keeps
+    them (MatMulNBits at 4 bits: M = 1 takes another kernel than M >= 2)."""
+    kind = gguf.GGMLQuantizationType[qtype]
+    return {
+        k: from_gguf(gguf.quants.quantize(w.astype(np.float32), kind), qtype, w.shape[1])
+        if w.ndim == 2 and k != "embed"
+        else w
+        for k, w in weights.items()
+    }
+
+
+# (GGUF type of the matrices or None for float, MatMulNBits accuracy level)
+WEIGHTS = [(None, 0), ("Q4_1", 0), ("Q4_1", 4), ("Q4_0", 4)]
+
+
+@pytest.mark.parametrize(("qtype", "level"), WEIGHTS)
+def test_quantised_layers_get_the_same_bits_in_any_call(qtype, level, tmp_path):
+    """The same with the GGUF's 4-bit blocks (minimums' correction, a 4-bit LM head), alone and
+    in a batch of two rows, at accuracy levels 0 and 4 (int8 activations)."""
+    spec = _spec(4, 2, intermediate=64)
+    weights = _weights(spec) if qtype is None else _blocks(_weights(spec), qtype)
+    model = build_gqa_model(spec, weights, accuracy_level=level, attention="exact")
+    steps = _Steps(model, tmp_path, "exact")
+    prefix, tokens = [5, 17, 3, 44, 8, 60, 21], [9, 33, 70, 2, 11]
+    alone = steps.logits(prefix, tokens[:1])[0]
+    np.testing.assert_array_equal(steps.logits(prefix, tokens[:2])[0], alone)
+    np.testing.assert_array_equal(steps.logits(prefix, tokens)[0], alone)
+    np.testing.assert_array_equal(steps.logits(prefix[:3], prefix[3:] + tokens[:1])[-1], alone)
+    np.testing.assert_array_equal(steps.batch_logits(prefix, [tokens[0], tokens[1]])[0], alone)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads"), HEADS)
@@ -160,3 +209,15 @@ def test_the_folder_name_says_exact():
 def test_exact_attention_is_for_the_gqa_layout(tiny_hf, tmp_path):
     with pytest.raises(ExportError, match="use --layout gqa"):
         export(tiny_hf, tmp_path / "o", layout="optimum", attention="exact")
+
+
+def test_the_composer_finds_the_lm_head_before_the_dropped_position():
+    """The head computes the zero position too; the Slice after it is looked through only in an
+    exact-attention graph (where B = 1 whenever it drops a row, so flat row indices hold)."""
+    spec = _spec(4, 2, intermediate=64)
+    model = build_gqa_model(spec, _blocks(_weights(spec), "Q4_0"), attention="exact")
+    logits = next(v for v in model.graph.outputs if v.name == "logits")
+    assert logits.producer().op_type == "Slice"
+    head = find_lm_head(logits, exact_positions(model))
+    assert head is not None and head.op_type == "MatMulNBits" and head.name == "lm_head/MatMulNBits"
+    assert find_lm_head(logits) is None
