@@ -11,24 +11,11 @@ import onnx_ir as ir
 import onnx_ir.tape
 
 from onnxsample.exporters._gguf_quant import QuantizedWeight
+from onnxsample.exporters._store import stored_inputs
 
 __all__ = ["gather_nodes", "linear_nodes"]
 
 Initializer = Callable[[str, np.ndarray], ir.Value]
-
-
-def _inputs(w: QuantizedWeight, name: str, initializer: Initializer, dtype) -> dict[str, ir.Value]:
-    """The initializers of `w` named ``{name}.qweight``, ``.scales``, ``.qzeros``, ``.mins``
-    (scales and minimums in `dtype`)."""
-    values = {
-        "qweight": initializer(f"{name}.qweight", w.packed),
-        "scales": initializer(f"{name}.scales", w.scales.astype(dtype)),
-    }
-    if w.zero_points is not None:
-        values["qzeros"] = initializer(f"{name}.qzeros", w.zero_points)
-    if w.mins is not None:
-        values["mins"] = initializer(f"{name}.mins", w.mins.astype(dtype))
-    return values
 
 
 _FLOATS = {ir.DataType.FLOAT: np.float32, ir.DataType.FLOAT16: np.float16}
@@ -49,8 +36,9 @@ def linear_nodes(
     """Emit ``y = x @ dequantize(w).T`` as a `com.microsoft.MatMulNBits` (+ the minimums).
 
     Nodes are named ``{name}/MatMulNBits`` and, with minimums, ``{name}/BlockSum/Reshape``,
-    ``{name}/BlockSum/ReduceSum``, ``{name}/MinsMatMul``, ``{name}/AddMins``; initializers
-    ``{weight_name}.qweight``, ``.scales``, ``.qzeros``, ``.mins``, ``{name}.block_shape``,
+    ``{name}/BlockSum/ReduceSum``, ``{name}/MinsMatMul``, ``{name}/AddMins``; inputs
+    ``{weight_name}.qweight``, ``.scales``, ``.qzeros``, ``.mins`` (initializers, or made from
+    compact ones when the session loads: :mod:`._store`), ``{name}.block_shape``,
     ``{name}.block_axes`` (`weight_name` defaults to `name`; a tied LM head names its embedding's,
     so the blocks are stored once).
 
@@ -83,7 +71,7 @@ def linear_nodes(
     if kind not in _FLOATS:
         raise ValueError(f"{name}: MatMulNBits input must be float32 or float16, got {kind}")
     leading = None if x.shape is None else list(x.shape)[:-1]
-    init = _inputs(w, weight_name or name, initializer, _FLOATS[kind])
+    init = stored_inputs(tape, w, weight_name or name, initializer, _FLOATS[kind])
     inputs = [x, init["qweight"], init["scales"]]
     if "qzeros" in init:
         inputs.append(init["qzeros"])
@@ -158,7 +146,7 @@ def gather_nodes(
         ``[B, S, K]`` of `dtype`.
     """
     np_dtype = _FLOATS[dtype]
-    init = _inputs(w, weight_name or name, initializer, np_dtype)
+    init = stored_inputs(tape, w, weight_name or name, initializer, np_dtype)
 
     def op(op_type: str, inputs: list, suffix: str, **attributes) -> ir.Value:
         return tape.op(op_type, inputs, attributes or None, name=f"{name}/{suffix}")

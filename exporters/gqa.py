@@ -38,7 +38,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir import tape as ir_tape
 
-from onnxsample.exporters import _gguf_nodes
+from onnxsample.exporters import _gguf_nodes, _store
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
 from onnxsample.exporters._gguf_quant import QuantizedWeight, concat_rows
 from onnxsample.exporters.families import DecoderSpec
@@ -56,13 +56,15 @@ _DTYPES = {"fp32": (ir.DataType.FLOAT, np.float32), "fp16": (ir.DataType.FLOAT16
 class _Graph:
     """A tape with named initializers and one float type for activations and weights."""
 
-    def __init__(self, precision: str, accuracy_level: int) -> None:
+    def __init__(self, precision: str, accuracy_level: int, compact: bool = True) -> None:
         self.tape = ir_tape.Tape()
+        self.compact = compact  # float matrices as few bytes as they need (:mod:`._store`)
         self.dtype, self.np_dtype = _DTYPES[precision]
         self.accuracy_level = accuracy_level
         self._consts: dict[str, ir.Value] = {}
         self._block_sums: dict = {}  # one block sum per input of the GGUF minimums' corrections
         self._weight_names: dict[int, tuple[QuantizedWeight, str]] = {}
+        self._tables: dict[int, tuple[Any, ir.Value]] = {}  # float embeddings, by id
 
     def const(self, name: str, array: np.ndarray) -> ir.Value:
         """The initializer `name`; asked again (a tied LM head's blocks), the same value."""
@@ -88,8 +90,14 @@ class _Graph:
                 self.dtype,
                 weight_name=self._weight_name(weight, weight_name),
             )
-        table = self.const(f"{weight_name}.weight", np.asarray(weight, self.np_dtype))
+        table = self._matrix(np.asarray(weight), f"{weight_name}.weight")
+        self._tables[id(weight)] = (weight, table)
         return self.op("Gather", [table, ids], name, axis=0)
+
+    def _matrix(self, array: np.ndarray, name: str) -> ir.Value:
+        if not self.compact:
+            return self.const(name, np.asarray(array, self.np_dtype))
+        return _store.float_matrix(self.tape, array, name, self.const, self.np_dtype)
 
     def op(self, op_type: str, inputs, name: str, domain: str = "", **attributes) -> ir.Value:
         out = self.tape.op(op_type, inputs, attributes or None, domain=domain, name=name)
@@ -129,7 +137,12 @@ class _Graph:
             # (fp32 activations); the float matrix holds the same values. CUDA's fp16 kernel has
             # a fused 8-bit path, so fp16 graphs keep the blocks.
             weight = weight.dequantize()
-        w = self.const(f"{name}.weight", np.asarray(weight, self.np_dtype).T)
+        if (
+            self.compact and id(weight) in self._tables
+        ):  # a tied LM head: its embedding's table, transposed
+            w = _store.transposed(self.tape, self._tables[id(weight)][1], f"{name}.weight")
+        else:
+            w = self._matrix(np.asarray(weight).T, f"{name}.weight")
         return self.op("MatMul", [x, w], f"{name}/MatMul")
 
 
@@ -153,6 +166,7 @@ def build_gqa_model(
     precision: str = "fp32",
     accuracy_level: int = 0,
     attention: str = "gqa",
+    compact: bool = True,
 ) -> ir.Model:
     """The decoder as an onnx-ir model (weights as in-memory initializers; save it with ir.save).
 
@@ -163,8 +177,10 @@ def build_gqa_model(
     the graph multiplies by them: Gemma's 1 + w already added).
     `precision` is the float type of activations, KV cache and float weights (``fp32``/``fp16``).
     `attention` is ``gqa`` (com.microsoft.GroupQueryAttention) or ``exact`` (see the module).
+    `compact` stores float matrices in as few bytes as they need, rebuilt when the session loads
+    (:mod:`._store`); off, every matrix is an initializer of its own (for a quantiser to find).
     """
-    g = _Graph(precision, accuracy_level)
+    g = _Graph(precision, accuracy_level, compact)
     T = g.dtype
     batch, seq, total = "batch_size", "sequence_length", "total_sequence_length"
     input_ids = ir.Value(
@@ -425,10 +441,16 @@ def write_gqa(
     a constant weight into 4- or 8-bit blocks of 32 (symmetric), the LM head included (it is a
     materialised matrix here, also for tied embeddings).
     """
+    quantised = precision in ("int8", "int4")
     model = build_gqa_model(
-        spec, weights, precision=activations, accuracy_level=accuracy_level, attention=attention
+        spec,
+        weights,
+        precision=activations,
+        accuracy_level=accuracy_level,
+        attention=attention,
+        compact=not quantised,
     )
-    if precision in ("int8", "int4"):
+    if quantised:
         model = _ort_quantise(model, 8 if precision == "int8" else 4, accuracy_level)
     path.parent.mkdir(parents=True, exist_ok=True)
     ir.save(model, path, external_data=f"{path.name}.data")

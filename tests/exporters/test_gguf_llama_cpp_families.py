@@ -35,14 +35,13 @@ from onnxsample.text import Tokenizer
 pytestmark = pytest.mark.slow
 MIXES = ("F16", *models.MIXES)
 CASES = [(f, m) for f in models.FAMILIES for m in MIXES]
-# The weights' bytes on disk over the GGUF's tensor bytes, at most, as measured: the codes of 5- and
-# 6-bit types take 8 bits (MatMulNBits has 4 and 8) and K-quant scales float32 (exact: fp16 would
-# round them), so a Q6_K tensor takes 1.52x its bytes (a tied Q6_K embedding makes most of these
-# tiny models); Q8_0 keeps its bytes with float32 scales; F16 weights become float32, and a tied
-# float embedding is stored twice (the table and the LM head's transposed matrix). The rotary
-# tables (positions x rotary dims, float32: 33 MB for Llama 3's 131k positions, most of a tiny
-# model, a few percent of a real one) are left out: the GGUF has none.
-SIZE = {"F16": 4.0, "Q8_0": 1.06, "Q6_K": 1.53, "Q5_K_M": 1.67, "Q4_K_M": 1.53, "Q4_0": 1.52}
+# The weights' bytes on disk over the GGUF's tensor bytes, at most, as measured: 5- and 6-bit codes
+# as bit planes and fp16 scales as fp16, rebuilt when the session loads (exporters/_store.py); K-quant
+# scales (d * sc) and minimums float32 (exact: fp16 would round them); F16 weights as fp16 and a tied
+# float LM head over its embedding's table. The rotary tables (positions x rotary dims, float32: 33
+# MB for Llama 3's 131k positions, most of a tiny model, a few percent of a real one) are left out:
+# the GGUF has none.
+SIZE = {"F16": 1.01, "Q8_0": 1.01, "Q6_K": 1.23, "Q5_K_M": 1.26, "Q4_K_M": 1.28, "Q4_0": 1.23}
 ROWS = 4096
 
 

@@ -221,6 +221,9 @@ def test_node_names_and_correction_graph():
     w = from_gguf(_quantized("Q4_1", 96, 256), "Q4_1", 256)
     proto, _ = _session(w, 0)
     ops = [(node.op_type, node.domain, node.name) for node in proto.graph.node]
+    # the fp16 d of Q4_1 stored as fp16 (its Cast folds when the session loads, see below)
+    assert ("Cast", "", "layer.scales/Cast") in ops
+    ops = [op for op in ops if not op[2].startswith("layer.")]
     assert ops == [
         ("MatMulNBits", "com.microsoft", "layer/MatMulNBits"),
         ("Reshape", "", "layer/BlockSum/Reshape"),
@@ -228,13 +231,14 @@ def test_node_names_and_correction_graph():
         ("MatMul", "", "layer/MinsMatMul"),
         ("Add", "", "layer/AddMins"),
     ]
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in proto.graph.node[0].attribute}
+    node = next(n for n in proto.graph.node if n.op_type == "MatMulNBits")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
     assert attrs == {"K": 256, "N": 96, "bits": 4, "block_size": 32, "accuracy_level": 0}
-    assert len(proto.graph.node[0].input) == 3  # centred: the default zero point
+    assert len(node.input) == 3  # centred: the default zero point
     assert proto.graph.output[0].name == "layer/AddMins/output_0"
     w0 = from_gguf(_quantized("Q4_0", 96, 256), "Q4_0", 256)
     proto0, _ = _session(w0, 0)
-    assert [node.op_type for node in proto0.graph.node] == ["MatMulNBits"]
+    assert [node.op_type for node in proto0.graph.node] == ["Cast", "MatMulNBits"]
 
 
 def test_projections_of_one_input_sum_its_blocks_once():
@@ -297,7 +301,8 @@ def test_embedding_rows_are_gathered_exactly(qtype):
     proto, session = _model(build, [ids, x])
     onnx.checker.check_model(proto, full_check=True)
     names = [t.name for t in proto.graph.initializer]
-    assert names.count("tok.qweight") == 1 and not any(n.startswith("head.q") for n in names)
+    assert len(names) == len(set(names)) and not any(n.startswith("head.q") for n in names)
+    assert any(n.startswith("tok.qweight") for n in names)
     index = np.array([[0, 39, 7], [7, 3, 1]], np.int64)
     rows, _ = session.run(None, {"ids": index, "x": np.zeros((1, 1, k), np.float32)})
     assert rows.shape == (2, 3, k) and rows.dtype == np.float32
@@ -417,3 +422,83 @@ def test_embedded_tensors_dequantize_exactly(embedded_reader, tensor_name, qtype
     w = from_gguf(tensor.data, tensor.tensor_type.name, k, name=tensor.name)
     assert isinstance(w, QuantizedWeight) and (w.n, w.k) == (n, k)
     assert _same(w.dequantize(), gguf.quants.dequantize(tensor.data, tensor.tensor_type))
+
+
+# Bytes on disk a weight takes over its GGUF bytes, as measured (`_store`): 5- and 6-bit codes
+# as bit planes, fp16 scales and minimums as fp16. K-quant scales (d * sc) and minimums stay float32,
+# a float32 a block of 16 for Q2_K and Q3_K; IQ4_NL and IQ4_XS codes (a 16-value table) take 8 bits.
+STORED = {
+    "Q4_0": 1.01, "Q4_1": 1.11, "Q5_0": 1.01, "Q5_1": 1.09, "Q8_0": 1.01, "Q2_K": 3.05,
+    "Q3_K": 1.75, "Q4_K": 1.37, "Q5_K": 1.32, "Q6_K": 1.23, "IQ4_NL": 1.89, "IQ4_XS": 2.12,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("qtype", TRANSPLANTABLE)
+def test_the_file_keeps_few_bytes_and_the_session_the_same_arrays(qtype, tmp_path):
+    """The compact initializers fold, when the session loads, into the very arrays MatMulNBits
+    would get stored whole: one MatMulNBits left, and the same bits out at accuracy level 4."""
+    n, k = 96, 512
+    data = _quantized(qtype, n, k)
+    w = from_gguf(data, qtype, k)
+    proto, session = _session(w, 4)
+    stored = sum(onnx.numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+    stored -= sum(  # the correction's small shape constants are not the weight
+        onnx.numpy_helper.to_array(t).nbytes for t in proto.graph.initializer if "block_" in t.name
+    )
+    assert stored <= STORED[qtype] * data.nbytes, stored / data.nbytes
+    whole = _whole_arrays_model(w)
+    x = np.random.default_rng(3).standard_normal((2, 3, k)).astype(np.float32)
+    (y,) = session.run(None, {"x": x})
+    (expected,) = whole.run(None, {"x": x})
+    assert np.array_equal(y, expected)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    folded = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    assert folded.count("MatMulNBits") == 1
+    assert not {"Cast", "BitShift", "BitwiseOr", "Concat"} & set(folded), folded
+
+
+def _whole_arrays_model(w: QuantizedWeight) -> ort.InferenceSession:
+    """MatMulNBits (+ the minimums' correction) over the arrays themselves as initializers."""
+    h = onnx.helper
+    arrays = {"q": w.packed, "s": w.scales}
+    if w.zero_points is not None:
+        arrays["z"] = w.zero_points
+    nodes = [
+        h.make_node(
+            "MatMulNBits",
+            ["x", *arrays],
+            ["y" if w.mins is None else "y0"],
+            domain="com.microsoft",
+            K=w.k,
+            N=w.n,
+            bits=w.bits,
+            block_size=w.block_size,
+            accuracy_level=4,
+        )
+    ]
+    if w.mins is not None:
+        arrays |= {"m": w.mins, "shape": np.array([0, 0, w.n_blocks, w.block_size], np.int64)}
+        arrays["axes"] = np.array([-1], np.int64)
+        nodes += [
+            h.make_node("Reshape", ["x", "shape"], ["blocks"]),
+            h.make_node("ReduceSum", ["blocks", "axes"], ["sums"], keepdims=0),
+            h.make_node("MatMul", ["sums", "m"], ["c"]),
+            h.make_node("Add", ["y0", "c"], ["y"]),
+        ]
+    f = onnx.TensorProto.FLOAT
+    graph = h.make_graph(
+        nodes,
+        "whole",
+        [h.make_tensor_value_info("x", f, [2, 3, w.k])],
+        [h.make_tensor_value_info("y", f, [2, 3, w.n])],
+        [onnx.numpy_helper.from_array(np.ascontiguousarray(a), name) for name, a in arrays.items()],
+    )
+    opsets = [h.make_opsetid("", 21), h.make_opsetid("com.microsoft", 1)]
+    model = h.make_model(graph, ir_version=10, opset_imports=opsets)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
