@@ -36,11 +36,9 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-from onnx_ir import tape as ir_tape
 
-from onnxsample.exporters import _gguf_nodes, _store
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
-from onnxsample.exporters._gguf_quant import QuantizedWeight, concat_rows
+from onnxsample.exporters._gqa_graph import GraphBuilder, concat_weights
 from onnxsample.exporters.families import DecoderSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
@@ -50,113 +48,6 @@ log = logging.getLogger(__name__)
 OPSET = 21
 IR_VERSION = 10
 MS = "com.microsoft"
-_DTYPES = {"fp32": (ir.DataType.FLOAT, np.float32), "fp16": (ir.DataType.FLOAT16, np.float16)}
-
-
-class _Graph:
-    """A tape with named initializers and one float type for activations and weights."""
-
-    def __init__(self, precision: str, accuracy_level: int, compact: bool = True) -> None:
-        self.tape = ir_tape.Tape()
-        self.compact = compact  # float matrices as few bytes as they need (:mod:`._store`)
-        self.dtype, self.np_dtype = _DTYPES[precision]
-        self.accuracy_level = accuracy_level
-        self._consts: dict[str, ir.Value] = {}
-        self._block_sums: dict = {}  # one block sum per input of the GGUF minimums' corrections
-        self._weight_names: dict[int, tuple[QuantizedWeight, str]] = {}
-        self._tables: dict[int, tuple[Any, ir.Value]] = {}  # float embeddings, by id
-
-    def const(self, name: str, array: np.ndarray) -> ir.Value:
-        """The initializer `name`; asked again (a tied LM head's blocks), the same value."""
-        if name not in self._consts:
-            tensor = ir.tensor(np.ascontiguousarray(array), name=name)
-            self._consts[name] = self.tape.initializer(tensor, name=name)
-        return self._consts[name]
-
-    def _weight_name(self, weight: QuantizedWeight, name: str) -> str:
-        """The initializers' prefix of `weight`: the first name it was used under."""
-        return self._weight_names.setdefault(id(weight), (weight, name))[1]
-
-    def embedding(self, ids: ir.Value, weight: Any, name: str, weight_name: str) -> ir.Value:
-        """weight[ids]: a float table, or a GGUF's blocks gathered and de-quantised exactly;
-        nodes named after `name`, initializers after `weight_name`."""
-        if isinstance(weight, QuantizedWeight):
-            return _gguf_nodes.gather_nodes(
-                self.tape,
-                ids,
-                weight,
-                name,
-                self.const,
-                self.dtype,
-                weight_name=self._weight_name(weight, weight_name),
-            )
-        table = self._matrix(np.asarray(weight), f"{weight_name}.weight")
-        self._tables[id(weight)] = (weight, table)
-        return self.op("Gather", [table, ids], name, axis=0)
-
-    def _matrix(self, array: np.ndarray, name: str) -> ir.Value:
-        if not self.compact:
-            return self.const(name, np.asarray(array, self.np_dtype))
-        return _store.float_matrix(self.tape, array, name, self.const, self.np_dtype)
-
-    def op(self, op_type: str, inputs, name: str, domain: str = "", **attributes) -> ir.Value:
-        out = self.tape.op(op_type, inputs, attributes or None, domain=domain, name=name)
-        out.name = name
-        return out
-
-    def ops(self, op_type, inputs, name, num_outputs, domain="", **attributes) -> list[ir.Value]:
-        outs = self.tape.op_multi_out(
-            op_type, inputs, attributes or None, num_outputs=num_outputs, domain=domain, name=name
-        )
-        for i, value in enumerate(outs):
-            value.name = f"{name}/out{i}"
-        return list(outs)
-
-    def linear(self, x: ir.Value, weight: Any, name: str) -> ir.Value:
-        """x @ weight.T for a float [N, K] array or a GGUF-transplanted quantised weight; a list
-        (row parts that do not stack: GGUF types of other bits) is one linear each, concatenated."""
-        if isinstance(weight, list):
-            parts = [self.linear(x, w, f"{name}.{i}") for i, w in enumerate(weight)]
-            return self.op("Concat", parts, f"{name}/Concat", axis=-1)
-        if isinstance(weight, QuantizedWeight) and (
-            weight.bits == 4 or self.accuracy_level == 4 or self.dtype == ir.DataType.FLOAT16
-        ):
-            return _gguf_nodes.linear_nodes(
-                self.tape,
-                x,
-                weight,
-                name,
-                self.accuracy_level,
-                self.const,
-                self.dtype,
-                weight_name=self._weight_name(weight, name),
-                block_sums=self._block_sums,
-            )
-        if isinstance(weight, QuantizedWeight):
-            # ORT's 8-bit MatMulNBits is ~20x slower than 4-bit below accuracy level 4 on the CPU
-            # (fp32 activations); the float matrix holds the same values. CUDA's fp16 kernel has
-            # a fused 8-bit path, so fp16 graphs keep the blocks.
-            weight = weight.dequantize()
-        if (
-            self.compact and id(weight) in self._tables
-        ):  # a tied LM head: its embedding's table, transposed
-            w = _store.transposed(self.tape, self._tables[id(weight)][1], f"{name}.weight")
-        else:
-            w = self._matrix(np.asarray(weight).T, f"{name}.weight")
-        return self.op("MatMul", [x, w], f"{name}/MatMul")
-
-
-def _concat(weights: list[Any]) -> Any:
-    """Row parts stacked into one weight, or left a list (one linear each) where GGUF blocks of
-    other bits or block sizes meet (Q4_K_M's Q6_K value projection beside Q4_K keys)."""
-    if all(isinstance(w, QuantizedWeight) for w in weights):
-        try:
-            return concat_rows(weights)
-        except ValueError:
-            return list(weights)
-    return np.concatenate(
-        [w.dequantize() if isinstance(w, QuantizedWeight) else w for w in weights]
-    )
 
 
 def build_gqa_model(
@@ -180,7 +71,7 @@ def build_gqa_model(
     `compact` stores float matrices in as few bytes as they need, rebuilt when the session loads
     (:mod:`._store`); off, every matrix is an initializer of its own (for a quantiser to find).
     """
-    g = _Graph(precision, accuracy_level, compact)
+    g = GraphBuilder(precision, accuracy_level, compact)
     T = g.dtype
     batch, seq, total = "batch_size", "sequence_length", "total_sequence_length"
     input_ids = ir.Value(
@@ -300,7 +191,7 @@ def build_gqa_model(
             epsilon=eps,
         )
         gate_up = g.linear(
-            x, _concat([weights[f"{p}.gate"], weights[f"{p}.up"]]), f"{p}.gate_up_proj"
+            x, concat_weights([weights[f"{p}.gate"], weights[f"{p}.up"]]), f"{p}.gate_up_proj"
         )
         gate, up = g.ops(
             "Split",
@@ -354,11 +245,13 @@ def build_gqa_model(
 
 
 def _attention_inputs(
-    g: _Graph, spec: DecoderSpec, weights: dict[str, Any], x: ir.Value, p: str
+    g: GraphBuilder, spec: DecoderSpec, weights: dict[str, Any], x: ir.Value, p: str
 ) -> ir.Value | tuple[ir.Value, ir.Value, ir.Value]:
     """The attention's input: the packed QKV projection (plus its bias, for families with one),
     or q, k, v apart when each head of q and k is RMS-normalised first (Qwen3)."""
-    qkv = g.linear(x, _concat([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj")
+    qkv = g.linear(
+        x, concat_weights([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj"
+    )
     if spec.qkv_bias:
         bias = np.concatenate([np.reshape(weights[f"{p}.{k}_bias"], -1) for k in ("q", "k", "v")])
         qkv = g.op(
@@ -376,11 +269,11 @@ def _attention_inputs(
     )
 
 
-def _silu(g: _Graph, gate: ir.Value, p: str) -> ir.Value:
+def _silu(g: GraphBuilder, gate: ir.Value, p: str) -> ir.Value:
     return g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/sigmoid")], f"{p}/silu")
 
 
-def _gelu_tanh(g: _Graph, gate: ir.Value, p: str) -> ir.Value:
+def _gelu_tanh(g: GraphBuilder, gate: ir.Value, p: str) -> ir.Value:
     """transformers' gelu_pytorch_tanh (Gemma's GeGLU)."""
     return g.op("Gelu", [gate], f"{p}/gelu", approximate="tanh")
 
@@ -389,7 +282,7 @@ _ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh}
 
 
 def _rms_norm(
-    g: _Graph, spec: DecoderSpec, x: ir.Value, weights: dict[str, Any], key: str
+    g: GraphBuilder, spec: DecoderSpec, x: ir.Value, weights: dict[str, Any], key: str
 ) -> ir.Value:
     """A plain RMSNorm (Gemma's post-attention and post-MLP norms, before the residual add)."""
     return g.op(
@@ -402,7 +295,7 @@ def _rms_norm(
 
 
 def _head_norm(
-    g: _Graph, spec: DecoderSpec, x: ir.Value, heads: int, weight: np.ndarray, name: str
+    g: GraphBuilder, spec: DecoderSpec, x: ir.Value, heads: int, weight: np.ndarray, name: str
 ) -> ir.Value:
     """RMSNorm over each head's head_dim values of x [B, S, heads * head_dim]."""
     by_head = g.op(
@@ -421,7 +314,7 @@ def _head_norm(
     return g.op("Reshape", [normed, g.const(f"{name}.flat", flat)], f"{name}/flat")
 
 
-def _norm(weights: dict[str, Any], key: str, g: _Graph) -> np.ndarray:
+def _norm(weights: dict[str, Any], key: str, g: GraphBuilder) -> np.ndarray:
     return np.asarray(weights[key], g.np_dtype).reshape(-1)
 
 
