@@ -159,11 +159,11 @@ def _base(codes: np.ndarray) -> tuple[np.ndarray, int | None]:
         (_high_bits(int(highest.max()) - int(lowest.min())), np.uint8(lowest.min())),
         (_high_bits(int((highest - lowest).max())), lowest),
     ]
-    costs = [bits + 4 + (8 / block if base.ndim else 0) for bits, base in options if bits]
-    if not costs:
+    # bits a code plus, for per-block bases, a byte a block
+    found = [(bits + (8 / block if base.ndim else 0), bits, base) for bits, base in options if bits]
+    if not found:
         return np.uint8(0), None
-    found = [(bits, base) for bits, base in options if bits]
-    bits, base = found[int(np.argmin(costs))]
+    _, bits, base = min(found, key=lambda option: option[0])
     return np.asarray(base, np.uint8), bits
 
 
