@@ -27,3 +27,22 @@ def matches_schema(text: str) -> bool:
         and 0 <= value["n"] <= 99
         and value["color"] in ("red", "green", "blue")
     )
+
+
+def streamed_calls(chunks) -> list[dict]:
+    """The tool calls of an `openai` chat stream, assembled as a client does: a call's first
+    delta carries its index, id and name, the rest carry fragments of its arguments. Each is
+    {"id", "name", "arguments", "deltas"}."""
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for part in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if part.index not in calls:
+                assert part.id and part.function.name, "a call's first delta names it"
+                calls[part.index] = {"id": part.id, "name": part.function.name, "arguments": ""}
+                calls[part.index]["deltas"] = 0
+            else:
+                assert not part.id and not part.function.name, "only the first delta names it"
+            calls[part.index]["arguments"] += part.function.arguments or ""
+            calls[part.index]["deltas"] += 1
+    assert sorted(calls) == list(range(len(calls)))
+    return [calls[k] for k in sorted(calls)]

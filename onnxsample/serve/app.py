@@ -184,8 +184,7 @@ def create_app(
             raise InvalidParameter("top_logprobs needs logprobs=true")
         if plan is not None and body.stream and body.logprobs:
             raise InvalidParameter(
-                "logprobs with tools are returned by responses that are not streamed "
-                "(stream=false): a streamed tool call is sent whole once it is complete"
+                "logprobs with tools are returned by responses that are not streamed (stream=false)"
             )
         params = convert.choice_params(
             body,
@@ -209,7 +208,9 @@ def create_app(
             )
             job.stopping = lambda: state.stopping
             return _sse(chat_stream(job, plan))
-        done = await collect(requests, request, metrics, lambda: state.stopping)
+        done = await collect(
+            requests, request, metrics, lambda: state.stopping, tools.loop_watch(plan, len(seqs))
+        )
         choices = []
         for c in done:
             message, finish = tools.answer(c, plan)

@@ -19,9 +19,10 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
 from onnxsample.errors import OnnxSampleError
 from onnxsample.serve import convert
+from onnxsample.serve.envelope import EnvelopeStream
 from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
-from onnxsample.serve.tools import ToolPlan, answer
+from onnxsample.serve.tools import ToolPlan
 
 
 def _finished(metrics: Metrics, completion: Completion) -> None:
@@ -86,16 +87,20 @@ async def collect(
     http: HTTPRequest,
     metrics: Metrics,
     stopping: Callable[[], bool] = lambda: False,
+    ends: Callable[[int, StreamEvent], bool] = lambda k, event: False,
 ) -> list[Completion]:
     """Every choice's completion; if the client disconnects first, the requests are cancelled and
     :class:`ClientGone` raised (there is nobody to answer); a request the stopping server cut is
-    a 503."""
+    a 503. `ends(k, event)` says when choice `k`'s answer is over before the engine says so (it
+    is then cancelled, and its completion holds what it wrote)."""
     done: dict[int, Completion] = {}
 
     async def gather() -> None:
-        async for _k, event in _merged(requests, metrics):
+        async for k, event in _merged(requests, metrics):
             if event.completion is not None:
                 done[event.index] = event.completion
+            elif ends(k, event):
+                requests[k].cancel()
 
     task = asyncio.create_task(gather())
     while not task.done():
@@ -170,20 +175,30 @@ class Job:
 
 def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | str]:
     """Chat completion chunks: the role first, then content (with logprobs when asked). With
-    tools (`plan`), a choice's answer is sent once it is complete: its tool calls (each whole, in
-    ``delta.tool_calls``) or its content."""
+    tools (`plan`), the envelope is streamed as OpenAI streams calls: a call's index, id and name
+    once its name is written, then its arguments in fragments; or the response's text."""
     done: list[Completion] = []
 
     async def chunks() -> AsyncIterator[dict]:
         for seq in job.seqs:
             yield job.chunk({"index": seq.index, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None})  # fmt: skip
-        async for _k, event in _merged(job.requests, job.metrics):
+        envelopes = {k: EnvelopeStream() for k in range(len(job.requests))}
+        written = dict.fromkeys(envelopes, "")
+        async for k, event in _merged(job.requests, job.metrics):
             if plan is not None:
-                if (c := event.completion) is not None:
+                envelope, c = envelopes[k], event.completion
+                written[k] = c.text if c is not None else written[k] + event.text
+                for delta in envelope.feed(written[k]):
+                    yield job.chunk({"index": event.index, "delta": delta, "logprobs": None,
+                                     "finish_reason": None})  # fmt: skip
+                if envelope.repeated:
+                    job.requests[k].cancel()  # the model loops on a call: the answer ends here
+                if c is not None:
                     done.append(c)
-                    for chunk in _tool_chunks(job, c, plan):
-                        yield chunk
+                    _, _, finish = envelope.message(convert.FINISH[c.finish_reason])
+                    yield job.chunk({"index": c.index, "delta": {}, "logprobs": None,
+                                     "finish_reason": finish}, timings=convert.timings(c))  # fmt: skip
                 continue
             logprobs = None
             if event.logprob is not None:
@@ -204,20 +219,6 @@ def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | 
                                 timings=convert.timings(c))  # fmt: skip
 
     return job.framed(chunks(), done)
-
-
-def _tool_chunks(job: Job, c: Completion, plan: ToolPlan) -> list[dict]:
-    message, finish = answer(c, plan)
-    delta: dict = {"content": message["content"]}
-    if "tool_calls" in message:
-        delta = {
-            "tool_calls": [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        }
-    last = {"index": c.index, "delta": {}, "logprobs": None, "finish_reason": finish}
-    return [
-        job.chunk({"index": c.index, "delta": delta, "logprobs": None, "finish_reason": None}),
-        job.chunk(last, timings=convert.timings(c)),
-    ]
 
 
 def completion_stream(

@@ -10,8 +10,11 @@ in a system message, and a JSON schema constrains the answer to
 - ``{"response": "..."}``, a plain answer, which ``tool_choice: "auto"`` allows beside the calls;
   ``"required"`` and a named function allow calls only (of that function).
 
-``tool_choice: "none"`` leaves the tools out of the prompt and the output free. The answer is parsed
-back into ``message.tool_calls`` (``finish_reason: "tool_calls"``) or ``message.content``.
+``tool_choice: "none"`` leaves the tools out of the prompt and the output free. The answer is read
+back (:mod:`onnxsample.serve.envelope`) into ``message.tool_calls`` (``finish_reason:
+"tool_calls"``) or ``message.content``, streamed as OpenAI streams them; an answer cut by the token
+limit keeps the calls it wrote whole (``finish_reason: "length"``), and one that repeats a call ends
+at the repeat.
 Earlier turns are written back in the same envelope: an assistant message's ``tool_calls`` as its
 JSON, a ``tool`` message as ``{"tool_response": {"tool_call_id", "content"}}``.
 """
@@ -20,16 +23,16 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from onnxsample.constraint import Constraint
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve.convert import FINISH
+from onnxsample.serve.envelope import EnvelopeStream
 from onnxsample.serve.schemas import ChatRequest
 
-__all__ = ["ToolPlan", "answer", "envelope_messages", "plan_tools"]
+__all__ = ["ToolPlan", "answer", "envelope_messages", "loop_watch", "plan_tools"]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -65,33 +68,6 @@ class ToolPlan:
             f"You can call the following tools:\n{listed}\n\nRespond in JSON format, {either}. "
             'A tool call is {"name": <tool name>, "arguments": <its arguments as a JSON object>}.'
         )
-
-    def parse(self, text: str) -> tuple[str | None, list[dict]]:
-        """(content, tool_calls in OpenAI's shape) of an answer; an answer that is not a whole
-        envelope (cut by the token limit) is returned as content."""
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            return text, []
-        if not isinstance(value, dict):
-            return text, []
-        if isinstance(value.get("response"), str):
-            return value["response"], []
-        calls = value.get("tool_calls")
-        if not isinstance(calls, list):
-            return text, []
-        return None, [
-            {
-                "id": f"call_{secrets.token_hex(12)}",
-                "type": "function",
-                "function": {
-                    "name": call.get("name"),
-                    "arguments": json.dumps(call.get("arguments", {}), ensure_ascii=False),
-                },
-            }
-            for call in calls
-            if isinstance(call, dict)
-        ]
 
 
 def plan_tools(body: ChatRequest) -> ToolPlan | None:
@@ -232,16 +208,35 @@ def envelope_messages(body: ChatRequest, plan: ToolPlan | None) -> list[dict]:
 
 
 def answer(completion, plan: ToolPlan | None) -> tuple[dict, str]:
-    """A finished choice as OpenAI's ``message`` and ``finish_reason``."""
+    """A finished choice as OpenAI's ``message`` and ``finish_reason``: with tools, the calls it
+    wrote whole (a cut answer keeps those before the cut, a looping one those before its first
+    repeat) or its response's text, never the envelope's own text."""
     finish = FINISH[completion.finish_reason]
     if plan is None:
         return {"role": "assistant", "content": completion.text}, finish
-    content, calls = plan.parse(completion.text) if finish == "stop" else (completion.text, [])
+    stream = EnvelopeStream()
+    stream.feed(completion.text)
+    content, calls, finish = stream.message(finish)
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = calls
-        finish = "tool_calls"
     return message, finish
+
+
+def loop_watch(plan: ToolPlan | None, choices: int):
+    """For :func:`~onnxsample.serve.streaming.collect`: whether a choice's answer repeated a call
+    it already wrote (its envelope is read as it grows), so that it ends there."""
+    if plan is None:
+        return lambda k, event: False
+    envelopes = [EnvelopeStream() for _ in range(choices)]
+    written = [""] * choices
+
+    def ends(k: int, event) -> bool:
+        written[k] += event.text
+        envelopes[k].feed(written[k])
+        return envelopes[k].repeated
+
+    return ends
 
 
 def _arguments(raw: str) -> Any:

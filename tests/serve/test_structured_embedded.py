@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 import openai
 import pytest
 from _http import served
+from _structured_cases import streamed_calls
 from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.integration
@@ -166,15 +167,59 @@ def test_required_tool_calls_streamed_and_not(client):
             parallel_tool_calls=False,
         )
     )
-    calls = [
-        call
-        for chunk in chunks
-        if chunk.choices
-        for call in chunk.choices[0].delta.tool_calls or []
-    ]
+    calls = streamed_calls(chunks)
     assert calls
     for call in calls:
-        _check_call(call.function.name, call.function.arguments)
+        assert call["deltas"] > 1, "the arguments come in fragments as they are written"
+        _check_call(call["name"], call["arguments"])
+
+
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "description": "Add two integers",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"],
+            "additionalProperties": False,
+        },
+    },
+}
+# prompts on which the model calls add(2, 40) again and again inside one answer when left to it
+LOOPS = ["What is 2 plus 40?", "Add 2 and 40.", "Compute 2 + 40 with the tool."]
+
+
+@pytest.mark.parametrize("ask", LOOPS)
+def test_a_model_that_repeats_a_call_gets_it_once_and_never_the_envelope(client, ask):
+    asked = {"tools": [TOOL, ADD], "tool_choice": "required", "max_tokens": 120}
+    done = _chat(client, ask, temperature=0, **asked)
+    choice = done.choices[0]
+    assert choice.message.content is None, "the envelope's text is never content"
+    assert choice.finish_reason in ("tool_calls", "length") and choice.message.tool_calls
+    pairs = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    assert len(set(pairs)) == len(pairs), "a call repeated is the same call"
+    chunks = list(
+        _chat(
+            client,
+            ask,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            **asked,
+        )
+    )
+    calls = streamed_calls(chunks)
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
+        (name, json.loads(arguments)) for name, arguments in pairs
+    ]
+    assert not any(c.choices and c.choices[0].delta.content for c in chunks)
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == [choice.finish_reason]
+    assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens > 0
 
 
 def test_an_invalid_schema_is_a_400_naming_the_problem(client):
