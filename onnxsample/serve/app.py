@@ -177,8 +177,8 @@ def create_app(
         for m in body.messages:
             if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
                 raise InvalidParameter("messages: only text content parts are supported")
-        plan = tools.plan_tools(body)
-        messages = tools.envelope_messages(body, plan)
+        native = tools.native_format(e.tokenizer)
+        plan = tools.plan_tools(body, native)
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise InvalidParameter("top_logprobs needs logprobs=true")
@@ -193,12 +193,17 @@ def create_app(
             tools=plan.constraint if plan is not None else None,
         )
         limit = body.max_completion_tokens or body.max_tokens
-        seqs = await asyncio.to_thread(
-            lambda: [
-                e.prepare(messages, p, limit, body.stop, True, None, i)
-                for i, p in enumerate(params)
+
+        def prepared() -> list:
+            if native is not None:  # the template writes the tools, calls and results itself
+                prompt = tools.native_prompt(e.tokenizer, native, body)
+            else:
+                prompt = tools.envelope_messages(body, plan)
+            return [
+                e.prepare(prompt, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
             ]
-        )
+
+        seqs = await asyncio.to_thread(prepared)
         requests = _enqueue(e, seqs, metrics)
         meta = _meta("chatcmpl", settings)
         if body.stream:

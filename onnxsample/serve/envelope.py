@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Call", "EnvelopeStream", "Reading", "read"]
+__all__ = ["Call", "EnvelopeStream", "Reading", "call_of", "parse_prefix", "read"]
 
 _WS = " \t\r\n"
 _SCALAR = set("-+0123456789.eEtruefalsn")
@@ -114,6 +115,8 @@ def _value(s: str, i: int) -> _Node | None:
     j = i
     while j < len(s) and s[j] in _SCALAR:
         j += 1
+    if j == i:
+        return None  # not JSON: nothing more is read
     return _Node("scalar", i, j, j < len(s))
 
 
@@ -136,6 +139,26 @@ class Reading:
     complete: bool = False  # the whole envelope is written
 
 
+def call_of(text: str, node: _Node, arguments: str) -> Call | None:
+    """The call a JSON object of `text` holds so far (`node`, from :func:`parse_prefix`): its
+    ``name`` once whole, and the text of its `arguments` key; None for a value not an object."""
+    if node.kind != "object":
+        return None
+    parts = dict(node.items)
+    name, args = parts.get("name"), parts.get(arguments)
+    return Call(
+        name.text if name is not None and name.complete else None,
+        text[args.start : args.end] if args is not None else "",
+        node.complete,
+    )
+
+
+def parse_prefix(text: str, start: int = 0) -> _Node | None:
+    """The JSON value that starts at `start` (after whitespace), as far as `text` holds it;
+    None when nothing of it is written yet."""
+    return _value(text, start)
+
+
 def read(text: str) -> Reading:
     """Parse a prefix of the envelope (see the module's docstring)."""
     root = _value(text, 0)
@@ -145,21 +168,8 @@ def read(text: str) -> Reading:
         if key == "response" and node.kind == "string":
             return Reading(response=node.text, complete=root.complete)
         if key == "tool_calls" and node.kind == "array":
-            calls = []
-            for item in node.items:
-                if item.kind != "object":
-                    continue
-                parts = dict(item.items)
-                name = parts.get("name")
-                args = parts.get("arguments")
-                calls.append(
-                    Call(
-                        name.text if name is not None and name.complete else None,
-                        text[args.start : args.end] if args is not None else "",
-                        item.complete,
-                    )
-                )
-            return Reading(calls=tuple(calls), complete=root.complete)
+            calls = [call_of(text, item, "arguments") for item in node.items]
+            return Reading(calls=tuple(c for c in calls if c), complete=root.complete)
     return Reading(complete=root.complete)
 
 
@@ -167,7 +177,8 @@ class EnvelopeStream:
     """One choice's envelope as OpenAI's stream deltas: :meth:`feed` the whole text so far, get
     the ``delta`` dicts to send (``tool_calls`` entries, or ``content``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reader: Callable[[str], Reading] = read) -> None:
+        self.reader = reader
         self.text = ""
         self.ids: list[str] = []  # the id of every call started
         self._sent_args: list[int] = []
@@ -177,12 +188,13 @@ class EnvelopeStream:
 
     def feed(self, text: str) -> list[dict]:
         self.text = text
-        reading = read(text)
+        reading = self.reader(text)
         deltas: list[dict] = []
+        said: list[dict] = []
         if reading.response is not None:
             new = reading.response[self._sent_response :]
             self._sent_response = len(reading.response)
-            return [{"content": new}] if new else []
+            said = [{"content": new}] if new else []
         for k, call in enumerate(reading.calls):
             if self.repeated or call.name is None:
                 break
@@ -205,16 +217,18 @@ class EnvelopeStream:
             if fragment:
                 self._sent_args[k] = len(call.arguments)
                 deltas.append({"index": k, "function": {"arguments": fragment}})
-        return [{"tool_calls": [d]} for d in deltas]
+        return said + [{"tool_calls": [d]} for d in deltas]
 
     def message(self, finish: str) -> tuple[str | None, list[dict], str]:
         """(content, tool_calls, finish_reason) of the answer as written, `finish` being the
         engine's reason: the complete calls (those before a repeat), each with the id it was
         streamed under; the response's text; never the envelope's own text."""
-        reading = read(self.text)
-        if reading.response is not None:
-            return reading.response, [], finish
+        reading = self.reader(self.text)
+        content = reading.response
         calls = [c for c in reading.calls if c.complete]
+        if not calls and not reading.calls:
+            return content, [], finish
+        content = (content or "").strip() or None  # text before the calls (a native format's)
         if self.repeated:
             calls, finish = calls[: self._kept], "tool_calls"
         while len(self.ids) < len(calls):
@@ -229,7 +243,7 @@ class EnvelopeStream:
         ]
         if out and finish == "stop":
             finish = "tool_calls"
-        return None, out, finish
+        return content, out, finish
 
 
 def _compact(arguments: str) -> str:

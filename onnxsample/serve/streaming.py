@@ -183,7 +183,7 @@ def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | 
         for seq in job.seqs:
             yield job.chunk({"index": seq.index, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None})  # fmt: skip
-        envelopes = {k: EnvelopeStream() for k in range(len(job.requests))}
+        envelopes = {k: EnvelopeStream(plan.read) for k in range(len(job.requests)) if plan}
         written = dict.fromkeys(envelopes, "")
         async for k, event in _merged(job.requests, job.metrics):
             if plan is not None:

@@ -29,10 +29,20 @@ from typing import Any
 from onnxsample.constraint import Constraint
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve.convert import FINISH
-from onnxsample.serve.envelope import EnvelopeStream
+from onnxsample.serve.envelope import EnvelopeStream, Reading, read
 from onnxsample.serve.schemas import ChatRequest
+from onnxsample.serve.tool_formats import NativeFormat, detect
+from onnxsample.text.tokenizer import Tokenizer
 
-__all__ = ["ToolPlan", "answer", "envelope_messages", "loop_watch", "plan_tools"]
+__all__ = [
+    "ToolPlan",
+    "answer",
+    "envelope_messages",
+    "loop_watch",
+    "native_format",
+    "native_prompt",
+    "plan_tools",
+]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
@@ -45,6 +55,11 @@ class ToolPlan:
     tools: tuple[dict, ...]
     constraint: Constraint
     allow_response: bool
+    native: NativeFormat | None = None  # the template's own format; None: the envelope
+
+    def read(self, text: str) -> Reading:
+        """What the answer holds so far (its text and its calls), in the plan's format."""
+        return self.native.read(text) if self.native is not None else read(text)
 
     def system_text(self) -> str:
         listed = json.dumps(
@@ -70,9 +85,16 @@ class ToolPlan:
         )
 
 
-def plan_tools(body: ChatRequest) -> ToolPlan | None:
+def native_format(tokenizer: Tokenizer) -> NativeFormat | None:
+    """The tool-call format of the model's chat template, or None for the envelope."""
+    found = detect(tokenizer.chat_template)
+    return NativeFormat(found, tokenizer) if found else None
+
+
+def plan_tools(body: ChatRequest, native: NativeFormat | None = None) -> ToolPlan | None:
     """The tool plan of a chat request, or None when it has no tools or ``tool_choice`` is
-    ``none``; InvalidParameter for a malformed tool or choice."""
+    ``none``; InvalidParameter for a malformed tool or choice. With `native`, calls are held to
+    the chat template's own syntax."""
     choice = body.tool_choice
     if not body.tools:
         if choice not in (None, "none"):
@@ -108,7 +130,35 @@ def plan_tools(body: ChatRequest) -> ToolPlan | None:
                 f"tool_choice names function {named!r}, which is not among the tools"
             )
         tools = [t for t in tools if t["name"] == named]
-    return ToolPlan(tuple(tools), _envelope(tools, allow_response, body), allow_response)
+    if native is None:
+        return ToolPlan(tuple(tools), _envelope(tools, allow_response, body), allow_response)
+    defs: dict[str, Any] = {}
+    hoisted = [
+        {"name": t["name"], "parameters": _hoisted(t["parameters"], f"{t['name']}__", defs)}
+        for t in tools
+    ]
+    grammar = native.grammar(hoisted, allow_response, body.parallel_tool_calls is not False, defs)
+    return ToolPlan(tuple(tools), Constraint.grammar(grammar), allow_response, native)
+
+
+def native_prompt(tokenizer: Tokenizer, native: NativeFormat, body: ChatRequest) -> list[int]:
+    """The token ids of a chat for a template with its own tool format: the request's tools
+    (unless ``tool_choice`` is ``none``) and its earlier calls and results, written by the
+    template."""
+    listed = None
+    if body.tools and body.tool_choice != "none":
+        listed = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.function.name,
+                    "description": t.function.description or "",
+                    "parameters": t.function.parameters or {"type": "object", "properties": {}},
+                },
+            }
+            for t in body.tools
+        ]
+    return tokenizer.apply_chat_template(native.messages(body), tools=listed)
 
 
 def _hoisted(parameters: dict, prefix: str, defs: dict) -> dict:
@@ -214,7 +264,7 @@ def answer(completion, plan: ToolPlan | None) -> tuple[dict, str]:
     finish = FINISH[completion.finish_reason]
     if plan is None:
         return {"role": "assistant", "content": completion.text}, finish
-    stream = EnvelopeStream()
+    stream = EnvelopeStream(plan.read)
     stream.feed(completion.text)
     content, calls, finish = stream.message(finish)
     message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -228,7 +278,7 @@ def loop_watch(plan: ToolPlan | None, choices: int):
     it already wrote (its envelope is read as it grows), so that it ends there."""
     if plan is None:
         return lambda k, event: False
-    envelopes = [EnvelopeStream() for _ in range(choices)]
+    envelopes = [EnvelopeStream(plan.read) for _ in range(choices)]
     written = [""] * choices
 
     def ends(k: int, event) -> bool:

@@ -216,8 +216,15 @@ class Tokenizer:
             return bytes(_BYTE_OF[c] for c in piece)
         return piece.replace("\u2581", " ").encode()
 
-    def render_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> str:
-        """The chat template applied to `messages`, as text."""
+    def render_chat(
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> str:
+        """The chat template applied to `messages` (and `tools`, in OpenAI's shape, for a template
+        that writes them), as text."""
         if self._template_error:
             raise ModelError(self._template_error)
         if self._template is None:
@@ -225,7 +232,7 @@ class Tokenizer:
         try:
             return self._template.render(
                 messages=messages,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self._special,
@@ -234,10 +241,14 @@ class Tokenizer:
             raise InvalidParameter(f"the chat template refused the messages: {_line(exc)}") from exc
 
     def apply_chat_template(
-        self, messages: list[dict], *, add_generation_prompt: bool = True
+        self,
+        messages: list[dict],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat; as in transformers, no special tokens are added to it."""
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt)
+        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.encode(text, add_special_tokens=False)
 
 
