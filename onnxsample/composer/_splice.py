@@ -262,7 +262,7 @@ def splice(
         graph.append(moved)
         rows = _to_float(graph, moved.outputs[0], "logits")
         if exact:
-            after_dummy = _const(graph, "sampler/head_rows_real", np.array([1]))
+            after_dummy = _const(graph, "sampler/head_rows_after_dummy", np.array([1]))
             last = _const(graph, "sampler/head_rows_all", np.array([2**62]))
             rows = _op(graph, "Slice", [rows, after_dummy, last], "head_rows_real")
         if prompt is not None:

@@ -101,6 +101,9 @@ def embedded_pair(embedded_exact_export, tmp_path_factory):
     options = dict(
         max_slots=4, top_logprobs=2, draft_tokens=8, prompt_logprobs=True, allowed_tokens=True
     )
+    # the rows gathered before the LM head (its dummy row included), as compose does by default:
+    # here a failed check is an error, not a quiet fallback to gathering after the logits
+    options["gather"] = "lm_head"
     yield from _engine_pair(embedded_exact_export.output, path, **options)
 
 
