@@ -36,8 +36,8 @@ Precision = Annotated[
     typer.Option(
         "--precision",
         help="Weights: fp32, fp16 (for GPU use), int8 or int4 (ORT's block quantiser, gqa only), "
-        "gguf (the GGUF file's own Q4_0/Q4_1/Q8_0 blocks, exactly) or auto (gguf for a GGUF "
-        "whose blocks can be transplanted, else fp32).",
+        "gguf (the GGUF file's own blocks, Q4_0 to Q8_0, K-quants, IQ4, exactly) or auto (gguf "
+        "for a GGUF whose blocks can all be transplanted, else fp32, said in one line).",
     ),
 ]
 AccuracyLevel = Annotated[

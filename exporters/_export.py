@@ -92,7 +92,8 @@ def export(
     `source` is a Hugging Face model folder, a `.gguf` file, or None for the embedded SmolLM2.
     `layout` is ``gqa`` (our GroupQueryAttention graph: the families of :mod:`.families`),
     ``optimum`` (optimum's export) or ``auto``; `precision` is fp32/fp16, int8/int4 (ORT's block
-    quantiser, gqa only), ``gguf`` (the GGUF's own Q4_0/Q4_1/Q8_0 blocks, exactly) or ``auto`` (see :func:`resolve_options`).
+    quantiser, gqa only), ``gguf`` (the GGUF's own blocks, Q4_0 to Q8_0, K-quants and IQ4,
+    exactly) or ``auto`` (see :func:`resolve_options`).
     `accuracy_level` 4 lets quantised MatMuls use int8 activations (faster), 0 computes in float.
     `device` ``cuda`` writes the GPU export: the gqa layout with fp16 activations and KV cache,
     float weights in fp16 and quantised ones as fp16 ``MatMulNBits`` (accuracy level 0: CUDA has

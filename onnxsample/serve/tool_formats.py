@@ -9,7 +9,7 @@ format      a call, as the model writes it                              template
 hermes      ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``  Qwen2.5, Qwen3, Hermes 2/3
             (several, one per line)
 llama3      ``{"name": ..., "parameters": {...}}`` (one call a turn)       Llama 3.1, 3.2, 3.3
-mistral     ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]``  Mistral Nemo, Small 3
+mistral     ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]``  Mistral Nemo, 7B v0.3
 ==========  ==========================================================  ===========================
 
 Any other template gets the generic envelope (:mod:`onnxsample.serve.tools`). For a native format
@@ -48,7 +48,7 @@ def detect(template: str | None) -> str | None:
         return None
     if _OPEN in template:
         return "hermes"
-    if "[TOOL_CALLS]" in template:
+    if "[TOOL_CALLS][" in template:  # not the later [TOOL_CALLS]name[ARGS]{...} (Small 3.2)
         return "mistral"
     if '"parameters": dictionary of argument name' in template:
         return "llama3"

@@ -28,7 +28,13 @@ TEMPLATES = [
     ("meta-llama-Llama-3.3-70B-Instruct", "llama3", "llama3", 1),
     ("mistralai-Mistral-Nemo-Instruct-2407", "mistral", "mistral", 2),
 ]
-GENERIC = ["google-gemma-2-2b-it", "microsoft-Phi-3.5-mini-instruct", "HuggingFaceTB-SmolLM3-3B"]
+# no tool syntax, or one not spoken yet (Mistral's later [TOOL_CALLS]name[ARGS]{...})
+GENERIC = [
+    "google-gemma-2-2b-it",
+    "microsoft-Phi-3.5-mini-instruct",
+    "Mistral-Small-3.2-24B-Instruct-2506",
+    "unsloth-mistral-Devstral-Small-2507",
+]
 END = {"hermes": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>"}
 TOOLS = [
     {
