@@ -13,7 +13,7 @@ PROMPT  ?= Explain in a few sentences why the sky is blue.
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test test-deps lint format clean genai-model cuda-sim llama-cpp
+.PHONY: setup run test test-deps lint format clean genai-model cuda-sim llama-cpp agents-venv
 
 setup: $(STAMP)
 
@@ -47,6 +47,10 @@ format: setup
 genai-model: setup
 	bash scripts/build_genai_model.sh
 
+# The OpenAI Agents SDK for tests/serve/test_agent_framework.py (own venv: .venv-agents).
+agents-venv:
+	bash scripts/build_agents_venv.sh
+
 # The simulated CUDA device for the cuda_sim tests (own venv: .cuda-sim/, onnxruntime-gpu over stub
 # CUDA libraries built with gcc; nothing is computed, ORT's host code runs for real).
 cuda-sim:
@@ -70,6 +74,8 @@ test: setup lint test-deps
 	  else $(MAKE) cuda-sim || echo "make cuda-sim failed: the cuda_sim tests will skip"; fi
 	@if [ "$$CI" = "true" ]; then $(MAKE) llama-cpp; \
 	  else $(MAKE) llama-cpp || echo "make llama-cpp failed: the llama.cpp tests will skip"; fi
+	@if [ "$$CI" = "true" ]; then $(MAKE) agents-venv; \
+	  else $(MAKE) agents-venv || echo "make agents-venv failed: the agent framework test will skip"; fi
 	$(PY) -m pytest
 
 clean:
