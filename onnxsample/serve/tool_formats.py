@@ -28,10 +28,11 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from onnxsample.errors import InvalidParameter
 from onnxsample.serve.envelope import Reading, call_of, parse_prefix
 from onnxsample.text.tokenizer import Tokenizer
 
-__all__ = ["NATIVE_FORMATS", "NativeFormat", "detect"]
+__all__ = ["NATIVE_FORMATS", "NativeFormat", "call_arguments", "detect"]
 
 NATIVE_FORMATS = ("hermes", "llama3", "mistral")
 # llguidance's JSON options for the embedded schemas: compact, as the templates write calls
@@ -225,7 +226,7 @@ class NativeFormat:
                             "type": "function",
                             "function": {
                                 "name": c.function.name,
-                                "arguments": _arguments(c.function.arguments),
+                                "arguments": call_arguments(c.function.arguments),
                             },
                         }
                     )
@@ -242,9 +243,9 @@ def _schema(schema: dict) -> str:
     return json.dumps({**schema, "x-guidance": _COMPACT}, ensure_ascii=False)
 
 
-def _arguments(raw: str) -> Any:
-    from onnxsample.errors import InvalidParameter
-
+def call_arguments(raw: str) -> Any:
+    """An earlier call's ``function.arguments`` (JSON text) as the value it holds;
+    InvalidParameter when it is not JSON."""
     try:
         return json.loads(raw)
     except json.JSONDecodeError:

@@ -31,7 +31,7 @@ from onnxsample.errors import InvalidParameter
 from onnxsample.serve.convert import FINISH
 from onnxsample.serve.envelope import EnvelopeStream, Reading, read
 from onnxsample.serve.schemas import ChatRequest
-from onnxsample.serve.tool_formats import NativeFormat, detect
+from onnxsample.serve.tool_formats import NativeFormat, call_arguments, detect
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = [
@@ -240,7 +240,7 @@ def envelope_messages(body: ChatRequest, plan: ToolPlan | None) -> list[dict]:
         text = m.text()
         if m.role == "assistant" and m.tool_calls:
             calls = [
-                {"name": c.function.name, "arguments": _arguments(c.function.arguments)}
+                {"name": c.function.name, "arguments": call_arguments(c.function.arguments)}
                 for c in m.tool_calls
             ]
             text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
@@ -287,12 +287,3 @@ def loop_watch(plan: ToolPlan | None, choices: int):
         return envelopes[k].repeated
 
     return ends
-
-
-def _arguments(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        raise InvalidParameter(
-            "messages: an assistant tool call's function.arguments must be a JSON text"
-        ) from None
