@@ -108,3 +108,20 @@ def test_measure_closed_loop_and_summaries(bench) -> None:
     assert measure.median_ms(lambda: calls.append(1), 0.0, minimum=4) >= 0.0
     assert len(calls) == 5  # the warm-up call, then `minimum`
     assert measure.summary([3.0, 1.0, 2.0], 1) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+
+
+def test_free_guesses_are_replayed_on_the_tokens_decoding_produced(bench) -> None:
+    """benchmarks/positions.py: each decode step's guess is the n-gram draft's first token, else
+    the last token again; it is right when it is the token that came next."""
+    positions = bench("positions")
+    # prompt [1, 2, 3, 1, 2]; output 3 (from the prefill), then 1, 2, 9, 9
+    found = positions._guesses([1, 2, 3, 1, 2, 3, 1, 2, 9, 9], prompt_len=5)
+    # steps predict 1 (after ..2,3: draft 1, right), 2 (draft 2, right), 9 (draft 3, wrong),
+    # 9 (no earlier 9: the last token again, right)
+    assert found == {
+        "steps": 4,
+        "right": 0.75,
+        "ngram_drafted": 0.75,
+        "ngram_right": 0.5,
+        "repeat_right": 0.25,
+    }
