@@ -6,11 +6,13 @@ that followed that occurrence are the draft. This is vLLM's ``ngram`` speculator
 prompt lookup: free to compute, and right often wherever the answer repeats the context (editing
 code, quoting a document, rewriting text).
 
-A sequence whose drafts keep failing stops drafting for a while (1, 2, 4, ... 16 steps): its
-steps then cost what plain decoding costs. Alone, a verification that keeps no draft is a miss;
-with other sequences decoding, the draft is verified in a call of its own (GroupQueryAttention
-takes several new positions for one row per call), which a verification must pay for by keeping
-at least ``BATCHED_NEED`` drafts.
+Decoding alone, a sequence drafts every step: its n-gram draft, else its last token again (a free
+guess), since a second position costs a one-row step only 3-9% (``benchmarks/positions.py``) and
+every call then has several positions, so decode, verification, echo and chunked prefill take the
+same kernels. With other sequences decoding, the draft is verified in a call of its own
+(GroupQueryAttention takes several new positions for one row per call), which a verification must
+pay for by keeping at least ``BATCHED_NEED`` drafts; a sequence whose drafts keep failing then stops
+drafting for a while (1, 2, 4, ... 16 steps), and its steps cost what plain decoding costs.
 """
 
 from __future__ import annotations
@@ -53,10 +55,17 @@ class NgramDrafter:
         self.batched = False  # other sequences decode in the same step
 
     def draft(self, stats: DraftStats, history: np.ndarray, limit: int) -> list[int]:
-        """A sequence's draft this step (none while it backs off), at most `limit` tokens."""
-        if not self.allowed(stats):
+        """A sequence's draft this step, at most `limit` tokens. Decoding alone, a sequence always
+        drafts (its n-gram draft, else its last token again: a free guess) and never backs off:
+        a second position costs a step little (3-9%, benchmarks/positions.py), and every call is
+        then one of several positions, whose kernels verification, echo and prefill share.
+        Batched, none while it backs off."""
+        if self.batched and not self.allowed(stats):
             return []
-        return self.propose(history, min(limit, stats.length or self.draft_tokens))
+        found = self.propose(history, min(limit, stats.length or self.draft_tokens))
+        if not found and not self.batched and limit >= 1 and len(history):
+            found = [int(history[-1])]
+        return found
 
     def propose(self, history: np.ndarray, limit: int) -> list[int]:
         """Up to min(`limit`, draft_tokens) tokens to follow `history` (int64 [L]); [] when no

@@ -225,15 +225,19 @@ class Scheduler:
             if seq.params.host_sampler is not None:
                 continue  # the host chooses each token itself
             room = seq.max_new_tokens - len(seq.ids)
-            if seq.limit:
-                room = min(room, seq.limit - len(seq.prompt) - len(seq.ids))
+            context = seq.limit - len(seq.prompt) - len(seq.ids) if seq.limit else room
+            # Alone, the last token's step carries a guess too (kept or not, the request ends
+            # there), so that no call of the sequence computes one position; never past the
+            # context, and the layout trims a draft its buffer has no room for.
+            ahead = max(room - 1, 1) if not self.drafter.batched else room - 1
+            ahead = min(ahead, context - 1)
             if seq.matcher is not None:
-                width = min(room - 1, self.drafter.draft_tokens)
+                width = min(ahead, self.drafter.draft_tokens)
                 draft = seq.matcher.forced(width) or seq.matcher.valid_prefix(
-                    self.drafter.draft(seq.draft, seq.history(), room - 1)
+                    self.drafter.draft(seq.draft, seq.history(), ahead)
                 )
             else:
-                draft = self.drafter.draft(seq.draft, seq.history(), room - 1)
+                draft = self.drafter.draft(seq.draft, seq.history(), ahead)
             if draft and seq.open_ended:  # fed + drafts, and one position free after them
                 try:
                     self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + len(draft) + 1)
