@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 import openai
 import pytest
 from _http import served
-from _structured_cases import streamed_calls
+from _structured_cases import ADD, streamed_calls
 from pydantic import BaseModel, Field
 
 pytestmark = pytest.mark.integration
@@ -174,19 +174,6 @@ def test_required_tool_calls_streamed_and_not(client):
         _check_call(call["name"], call["arguments"])
 
 
-ADD = {
-    "type": "function",
-    "function": {
-        "name": "add",
-        "description": "Add two integers",
-        "parameters": {
-            "type": "object",
-            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            "required": ["a", "b"],
-            "additionalProperties": False,
-        },
-    },
-}
 # prompts on which the model calls add(2, 40) again and again inside one answer when left to it
 LOOPS = ["What is 2 plus 40?", "Add 2 and 40.", "Compute 2 + 40 with the tool."]
 

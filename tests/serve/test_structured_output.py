@@ -11,36 +11,7 @@ import re
 import openai
 import pytest
 from _http import chat
-from _structured_cases import SCHEMA, matches_schema, streamed_calls
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"enum": ["Paris", "Oslo"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
+from _structured_cases import SCHEMA, TIME, WEATHER, matches_schema, streamed_calls
 
 
 def _schema_format(strict: bool = True, schema: dict = SCHEMA) -> dict:

@@ -11,6 +11,7 @@ import shutil
 
 import _llama_cpp_models as models
 import pytest
+from _structured_cases import ADD, TIME, WEATHER, streamed_calls
 
 from onnxsample.serve.envelope import EnvelopeStream
 from onnxsample.serve.tool_formats import NativeFormat, detect
@@ -37,18 +38,7 @@ GENERIC = [
 ]
 END = {"hermes": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>"}
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                "required": ["a", "b"],
-            },
-        },
-    },
+    ADD,
     {
         "type": "function",
         "function": {
@@ -200,34 +190,6 @@ SERVED = [
     ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
     ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
 ]
-FORECAST = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"enum": ["Paris", "Oslo"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
-CLOCK = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module", params=SERVED, ids=[s[1] for s in SERVED])
@@ -260,7 +222,7 @@ def _ask(client, **kwargs):
     return client.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "Weather in Paris for two days?"}],
-        tools=[FORECAST, CLOCK],
+        tools=[WEATHER, TIME],
         max_tokens=64,
         temperature=0,
         parallel_tool_calls=False,
@@ -275,8 +237,6 @@ def _valid(name: str, arguments: dict) -> bool:
 
 
 def test_a_required_call_in_the_model_s_own_format_streamed_and_not(native_client):
-    from _structured_cases import streamed_calls
-
     _, client = native_client
     done = _ask(client, tool_choice="required")
     choice = done.choices[0]
@@ -313,7 +273,7 @@ def test_a_tool_result_goes_back_and_the_conversation_goes_on(native_client):
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C."},
     ]
     done = client.chat.completions.create(
-        model="tiny", messages=turns, tools=[FORECAST, CLOCK], max_tokens=16, temperature=0
+        model="tiny", messages=turns, tools=[WEATHER, TIME], max_tokens=16, temperature=0
     )
     choice = done.choices[0]
     assert choice.finish_reason in ("stop", "length", "tool_calls")
