@@ -25,9 +25,12 @@ from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.tools import ToolPlan
 
 
-def _finished(metrics: Metrics, completion: Completion) -> None:
+def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> None:
+    """Count a finished request: `ended` when the server ended its answer at a repeated tool
+    call (the engine reports it cancelled; the client reads ``tool_calls``)."""
     t = completion.timings
-    metrics.requests.labels(completion.finish_reason).inc()
+    reason = "tool_calls" if ended and completion.finish_reason == "cancelled" else None
+    metrics.requests.labels(reason or completion.finish_reason).inc()
     metrics.prompt_tokens.inc(t.prompt_tokens)
     metrics.cached_tokens.inc(t.cached_tokens)
     metrics.generated_tokens.inc(len(completion.token_ids))
@@ -38,9 +41,11 @@ def _finished(metrics: Metrics, completion: Completion) -> None:
 
 
 async def _merged(
-    requests: list[Request], metrics: Metrics
+    requests: list[Request], metrics: Metrics, ended: set[int] | None = None
 ) -> AsyncIterator[tuple[int, StreamEvent]]:
-    """(choice position, event) of every request, as they arrive; errors raised."""
+    """(choice position, event) of every request, as they arrive; errors raised. `ended`: the
+    positions whose answers the server ends itself (a repeated tool call), filled as it does."""
+    ended = set() if ended is None else ended
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(k: int, request: Request) -> None:
@@ -71,7 +76,7 @@ async def _merged(
                 last[k] = now
             if item.completion is not None:
                 finished.add(k)
-                _finished(metrics, item.completion)
+                _finished(metrics, item.completion, k in ended)
             yield k, item
     finally:
         for k, request in enumerate(requests):
@@ -94,12 +99,14 @@ async def collect(
     a 503. `ends(k, event)` says when choice `k`'s answer is over before the engine says so (it
     is then cancelled, and its completion holds what it wrote)."""
     done: dict[int, Completion] = {}
+    ended: set[int] = set()
 
     async def gather() -> None:
-        async for k, event in _merged(requests, metrics):
+        async for k, event in _merged(requests, metrics, ended):
             if event.completion is not None:
                 done[event.index] = event.completion
             elif ends(k, event):
+                ended.add(k)
                 requests[k].cancel()
 
     task = asyncio.create_task(gather())
@@ -185,7 +192,8 @@ def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | 
                              "logprobs": None, "finish_reason": None})  # fmt: skip
         envelopes = {k: EnvelopeStream(plan.read) for k in range(len(job.requests)) if plan}
         written = dict.fromkeys(envelopes, "")
-        async for k, event in _merged(job.requests, job.metrics):
+        ended: set[int] = set()
+        async for k, event in _merged(job.requests, job.metrics, ended):
             if plan is not None:
                 envelope, c = envelopes[k], event.completion
                 written[k] = c.text if c is not None else written[k] + event.text
@@ -193,6 +201,7 @@ def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | 
                     yield job.chunk({"index": event.index, "delta": delta, "logprobs": None,
                                      "finish_reason": None})  # fmt: skip
                 if envelope.repeated:
+                    ended.add(k)
                     job.requests[k].cancel()  # the model loops on a call: the answer ends here
                 if c is not None:
                     done.append(c)

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import openai
 import pytest
-from _http import served
+from _http import get, metric, served
 from _structured_cases import ADD, streamed_calls
 from pydantic import BaseModel, Field
 
@@ -174,17 +174,36 @@ def test_required_tool_calls_streamed_and_not(client):
         _check_call(call["name"], call["arguments"])
 
 
-# prompts on which the model calls add(2, 40) again and again inside one answer when left to it
-LOOPS = ["What is 2 plus 40?", "Add 2 and 40.", "Compute 2 + 40 with the tool."]
+# (prompt, tools): with add alone the model writes add(2, 40) a second time, and the answer ends at
+# the repeat; with both tools it writes different calls until the token limit
+LOOPS = [
+    ("What is 2 plus 40?", "add"),
+    ("Add 2 and 40.", "add"),
+    ("What is 2 plus 40?", "weather+add"),
+    ("Compute 2 + 40 with the tool.", "weather+add"),
+]
+_ENDED = 'onnxsample_requests_total{finish_reason="tool_calls"}'
 
 
-@pytest.mark.parametrize("ask", LOOPS)
-def test_a_model_that_repeats_a_call_gets_it_once_and_never_the_envelope(client, ask):
-    asked = {"tools": [TOOL, ADD], "tool_choice": "required", "max_tokens": 120}
+def _ended_at_repeats(client) -> float:
+    """Answers the server ended at a repeated call, as /metrics counts them."""
+    text = get(client.base_url.port, "/metrics")[1].decode()
+    return metric(text, _ENDED) if _ENDED in text else 0.0
+
+
+@pytest.mark.parametrize(("ask", "tools"), LOOPS)
+def test_a_model_that_repeats_a_call_gets_it_once_and_never_the_envelope(client, ask, tools):
+    asked = {
+        "tools": [ADD] if tools == "add" else [TOOL, ADD],
+        "tool_choice": "required",
+        "max_tokens": 120,
+    }
+    before = _ended_at_repeats(client)
     done = _chat(client, ask, temperature=0, **asked)
     choice = done.choices[0]
     assert choice.message.content is None, "the envelope's text is never content"
-    assert choice.finish_reason in ("tool_calls", "length") and choice.message.tool_calls
+    assert choice.finish_reason == ("tool_calls" if tools == "add" else "length")
+    assert choice.message.tool_calls
     pairs = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
     assert len(set(pairs)) == len(pairs), "a call repeated is the same call"
     chunks = list(
@@ -207,6 +226,9 @@ def test_a_model_that_repeats_a_call_gets_it_once_and_never_the_envelope(client,
     ]
     assert finish == [choice.finish_reason]
     assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens > 0
+    # ended at the repeat, streamed and not: counted as the client saw it, not as cancelled
+    ended = 2 if tools == "add" else 0
+    assert _ended_at_repeats(client) - before == ended
 
 
 def test_an_invalid_schema_is_a_400_naming_the_problem(client):
