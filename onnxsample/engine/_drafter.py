@@ -9,10 +9,11 @@ code, quoting a document, rewriting text).
 Decoding alone, a sequence drafts every step: its n-gram draft, else its last token again (a free
 guess), since a second position costs a one-row step only 3-9% (``benchmarks/positions.py``) and
 every call then has several positions, so decode, verification, echo and chunked prefill take the
-same kernels. With other sequences decoding, the draft is verified in a call of its own
-(GroupQueryAttention takes several new positions for one row per call), which a verification must
-pay for by keeping at least ``BATCHED_NEED`` drafts; a sequence whose drafts keep failing then stops
-drafting for a while (1, 2, 4, ... 16 steps), and its steps cost what plain decoding costs.
+same kernels. With other sequences decoding (an exact-attention export only: on
+GroupQueryAttention a sequence drafts only alone, see the scheduler), the drafts of all sequences
+are verified in one call, whose extra positions a sequence's draft must pay for by keeping at least
+``BATCHED_NEED`` tokens; a sequence whose drafts keep failing then stops drafting for a while (1, 2,
+4, ... 16 steps), and its steps cost what plain decoding costs.
 """
 
 from __future__ import annotations

@@ -164,8 +164,9 @@ class Engine:
                 "speculative decoding on %s: its attention (GroupQueryAttention) computes a "
                 "verified token's logits with other kernels than a one-token step's, so greedy "
                 "text can differ from plain decoding (a sequence decoding alone drafts every "
-                "step, so all its calls agree with each other and with echo); on the CPU, an "
-                "export with --attention exact gives plain decoding's tokens in any batch",
+                "step, so all its calls agree with each other and with echo; sequences decoding "
+                "together do not draft); on the CPU, an export with --attention exact gives "
+                "plain decoding's tokens in any batch",
                 self.path.name,
             )
         self.ngram = ngram

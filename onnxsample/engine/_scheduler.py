@@ -193,15 +193,11 @@ class Scheduler:
                 self._fail(seq, exc)
         drafts = self._drafts()
         drafting = [s for s in self.decoding if s.slot in drafts]
-        if drafting and self.state.meta.exact_positions:
-            # Exact attention scores several positions of many rows in one call: every drafting
-            # sequence is verified in one call (shorter drafts padded), the others decode in one.
+        if drafting:
+            # Every drafting sequence is verified in one call (shorter drafts padded): on exact
+            # attention several rows' drafts; on GroupQueryAttention the one sequence decoding
+            # alone (see _drafts). The others decode together in one call.
             self._run(self.layout.decode(drafting, {s.slot: drafts[s.slot] for s in drafting}))
-        else:
-            # GroupQueryAttention scores several new positions of one row per call only: a
-            # drafting sequence is verified in its own call, the others decode together in one.
-            for seq in drafting:
-                self._run(self.layout.decode([seq], {seq.slot: drafts[seq.slot]}))
         plain = [s for s in self.decoding if s.slot not in drafts]
         if plain:
             self._run(self.layout.decode(plain))
@@ -209,16 +205,21 @@ class Scheduler:
     def _drafts(self) -> dict[int, list[int]]:
         """Each decoding sequence's draft (speculative decoding), where it has one: none while
         ``min_tokens`` holds end-of-sequence back, none past its token limit. With other
-        sequences decoding, a draft costs a call of its own, so only sequences whose drafts keep
-        paying for that call draft (see :class:`~onnxsample.engine._drafter.NgramDrafter`).
+        sequences decoding, only exact attention drafts (all drafts in one call, each sequence
+        backing off while its drafts fail, see :class:`~onnxsample.engine._drafter.NgramDrafter`):
+        GroupQueryAttention takes several new positions of one row per call only, and a call of
+        its own per drafting row cost serving 23-27% of its tokens/s at 4-16 chat clients
+        (``benchmarks/serve.py``, 2026-11-25), so there a sequence drafts only while alone.
         A constrained sequence drafts the tokens its grammar forces, else its n-gram draft cut at
         the first token the grammar rejects; each position is verified under its own mask (a
         graph without per-position masks: it does not draft)."""
         found: dict[int, list[int]] = {}
         if self.drafter is None:
             return found
-        masks = self.runner.allowed is not None and self.runner.allowed.draft_width > 0
         self.drafter.batched = len(self.decoding) > 1
+        if self.drafter.batched and not self.state.meta.exact_positions:
+            return found
+        masks = self.runner.allowed is not None and self.runner.allowed.draft_width > 0
         for seq in self.decoding:
             if seq.early_params is not None or (seq.matcher is not None and not masks):
                 continue

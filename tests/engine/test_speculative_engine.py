@@ -212,6 +212,22 @@ def test_tiny_model_mixed_batch_logprobs_and_limits(tiny_pair):
     assert sum(c.timings.accepted_tokens for c in spec) > 0
 
 
+def test_gqa_sequences_decoding_together_decode_in_one_call(tiny_pair):
+    """GroupQueryAttention takes several new positions of one row per call only, so sequences
+    decoding together do not draft (a verification call of its own per sequence cost more than
+    it gave): speculation never makes more model calls than plain decoding."""
+    plain, fast = tiny_pair
+    prompts = ["a b c a b c a b", "1 2 3 1 2 3 1 2", "x y x y x y x y"]
+    params = SamplingParams(temperature=0, ignore_eos=True)
+
+    def calls(engine) -> int:
+        before = engine.stats()
+        _together(engine, prompts, params, 32)
+        return engine.stats().decode_steps - before.decode_steps
+
+    assert calls(fast) <= calls(plain)
+
+
 @pytest.mark.parametrize("n", [1, 2, 5])
 def test_token_limit_is_exact(tiny_pair, n):
     _, fast = tiny_pair
