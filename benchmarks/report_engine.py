@@ -177,6 +177,16 @@ def _serve(data: dict | None) -> list[str]:
         "",
     ]
     lines += _pair_table(rows, ("onnxsample", "onnxsample"), ("llama-server", "llama-server"))
+    if any(r["engine"] == "onnxsample-spec" for r in rows):
+        lines += [
+            "",
+            "With `--speculative ngram` (*spec*): a request decoding alone drafts every step "
+            "(its n-gram draft, else its last token again); on this GroupQueryAttention export "
+            "requests decoding together do not draft.",
+            "",
+        ]
+        spec = ("onnxsample-spec", "spec")
+        lines += _pair_table(rows, spec, ("llama-server", "llama-server"))
     cells = {(r["engine"], r["mode"], r["clients"]): r for r in rows}
     for why in (data.get("skipped") or {}).values():
         lines += ["", f"llama-server skipped: {why}."]

@@ -7,9 +7,10 @@
 Closed-loop clients (threads, stdlib HTTP) stream OpenAI chat completions of a ~50-token prompt,
 128 new tokens, EOS ignored; greedy and sampled (temperature 0.8, top-k 40, top-p 0.95, min-p
 0.05). Per cell: aggregate completion tok/s, TTFT p50/p99, ITL p50/p99. The servers take turns, each
-started fresh per mode. llama-server comes from `make llama-cpp`; without it that
-engine is skipped with the reason. A third row, ``python-api``, streams the same requests through
-``onnxsample.Engine`` in-process: what HTTP + JSON per token add. ``replicas`` is
+started fresh per mode. llama-server comes from `make llama-cpp`; without it that engine is skipped
+with the reason. ``onnxsample-spec`` is `onnxsample serve --speculative ngram` (a request decoding
+alone drafts every step: its n-gram draft, else its last token). ``python-api`` streams the same
+requests through ``onnxsample.Engine`` in-process: what HTTP + JSON per token add. ``replicas`` is
 `onnxsample serve --replicas N` (the ray extra) with the threads split between the replicas.
 """
 
@@ -37,7 +38,7 @@ import _llama_cpp
 
 LLAMA_SERVER = _llama_cpp.folder() / "build" / "bin" / "llama-server"
 SLOTS = 8
-ENGINES = ("onnxsample", "llama-server", "replicas", "python-api")
+ENGINES = ("onnxsample", "onnxsample-spec", "llama-server", "replicas", "python-api")
 MODES = {"greedy": {"temperature": 0.0}, "sampled": SAMPLED}
 
 
@@ -69,12 +70,14 @@ def _start(
     """One server on a free port: `threads` in all (split between the replicas); `chunk` is our
     servers' --prefill-chunk (None: their default)."""
     port = _port()
-    if engine in ("onnxsample", "replicas"):
+    if engine in ("onnxsample", "onnxsample-spec", "replicas"):
         argv = [str(Path(sys.executable).parent / "onnxsample"), "serve", str(MODEL)]
         argv += ["--port", str(port), "--max-queue", "1024"]
         if chunk is not None:
             argv += ["--prefill-chunk", str(chunk)]
-        if engine == "onnxsample":
+        if engine == "onnxsample-spec":
+            argv += ["--speculative", "ngram"]
+        if engine != "replicas":
             argv += ["--threads", str(threads)]
         else:
             each = max(1, threads // replicas)
