@@ -13,7 +13,8 @@ PROMPT  ?= Explain in a few sentences why the sky is blue.
 
 SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup run test test-deps lint format clean genai-model cuda-sim llama-cpp docs agents-venv
+.PHONY: setup run test test-deps lint format clean genai-model cuda-sim llama-cpp docs agents-venv \
+	llamacpp-venv
 
 setup: $(STAMP)
 
@@ -65,6 +66,11 @@ cuda-sim:
 # and llama-quantize built from the llama-cpp-python sdist into the user cache (~15 min once).
 llama-cpp: setup
 	PYTHON=$(PY) bash scripts/build_llama_cpp.sh
+
+# llama-cpp-python over that build (own venv: .venv-llamacpp): the in-process llama.cpp peer of
+# benchmarks/e2e.py and benchmarks/speculative.py; not needed by the tests.
+llamacpp-venv: setup
+	PYTHON=$(PY) bash scripts/build_llamacpp_venv.sh
 
 # What the tests need beyond the venv: Debian's chromium and chromedriver (the Netron page test).
 test-deps:

@@ -88,10 +88,11 @@ def render(
         "$ .venv/bin/python benchmarks/report.py",
         "```",
         "",
-        "llama.cpp is optional: `python3 -m venv .venv-llamacpp && .venv-llamacpp/bin/pip install "
-        "llama-cpp-python` (it compiles llama.cpp, several minutes); without it the engine is "
-        "skipped with the reason. Numbers come from a shared 2-core machine: compare ratios within "
-        "one run, and read the load average beside them.",
+        "llama.cpp in process (llama-cpp-python, for e2e.py and speculative.py) is optional: "
+        "`make llamacpp-venv` makes `.venv-llamacpp` from the same sdist as "
+        "`make llama-cpp`, over that build's library (no second compile); without it the engine "
+        "is skipped with the reason. Numbers come from a shared 2-core machine: compare ratios "
+        "within one run, and read the load average beside them.",
         "",
         "Two more scripts, whose numbers are not on this page:",
         "",
