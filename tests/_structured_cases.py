@@ -34,6 +34,18 @@ WEATHER = {
         },
     },
 }
+# the weather of any city (a free string: a name like "Zürich" round-trips through a template)
+ANY_CITY_WEATHER = {
+    "type": "function",
+    "function": {
+        **WEATHER["function"],
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
 TIME = {
     "type": "function",
     "function": {

@@ -19,10 +19,9 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
 from onnxsample.errors import OnnxSampleError
 from onnxsample.serve import convert
-from onnxsample.serve.envelope import EnvelopeStream
 from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
-from onnxsample.serve.tools import ToolPlan
+from onnxsample.serve.tools import ToolPlan, ToolWatch
 
 
 def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> None:
@@ -190,22 +189,19 @@ def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | 
         for seq in job.seqs:
             yield job.chunk({"index": seq.index, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None})  # fmt: skip
-        envelopes = {k: EnvelopeStream(plan.read) for k in range(len(job.requests)) if plan}
-        written = dict.fromkeys(envelopes, "")
+        watch = ToolWatch(plan, len(job.requests)) if plan is not None else None
         ended: set[int] = set()
         async for k, event in _merged(job.requests, job.metrics, ended):
-            if plan is not None:
-                envelope, c = envelopes[k], event.completion
-                written[k] = c.text if c is not None else written[k] + event.text
-                for delta in envelope.feed(written[k]):
+            if watch is not None:
+                for delta in watch.feed(k, event):
                     yield job.chunk({"index": event.index, "delta": delta, "logprobs": None,
                                      "finish_reason": None})  # fmt: skip
-                if envelope.repeated:
+                if watch.repeated(k):
                     ended.add(k)
                     job.requests[k].cancel()  # the model loops on a call: the answer ends here
-                if c is not None:
+                if (c := event.completion) is not None:
                     done.append(c)
-                    _, _, finish = envelope.message(convert.FINISH[c.finish_reason])
+                    _, _, finish = watch.streams[k].message(convert.FINISH[c.finish_reason])
                     yield job.chunk({"index": c.index, "delta": {}, "logprobs": None,
                                      "finish_reason": finish}, timings=convert.timings(c))  # fmt: skip
                 continue

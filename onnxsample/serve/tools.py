@@ -36,6 +36,7 @@ from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = [
     "ToolPlan",
+    "ToolWatch",
     "answer",
     "envelope_messages",
     "loop_watch",
@@ -273,17 +274,34 @@ def answer(completion, plan: ToolPlan | None) -> tuple[dict, str]:
     return message, finish
 
 
+class ToolWatch:
+    """Each choice's answer read as it grows, in the plan's format: the stream deltas it adds
+    (:class:`~onnxsample.serve.envelope.EnvelopeStream`), and whether it repeated a call it
+    already wrote (the answer ends there)."""
+
+    def __init__(self, plan: ToolPlan, choices: int) -> None:
+        self.streams = [EnvelopeStream(plan.read) for _ in range(choices)]
+        self._written = [""] * choices
+
+    def feed(self, k: int, event) -> list[dict]:
+        """The deltas choice `k`'s stream event adds (its completion: the whole text)."""
+        done = event.completion
+        self._written[k] = done.text if done is not None else self._written[k] + event.text
+        return self.streams[k].feed(self._written[k])
+
+    def repeated(self, k: int) -> bool:
+        return self.streams[k].repeated
+
+
 def loop_watch(plan: ToolPlan | None, choices: int):
     """For :func:`~onnxsample.serve.streaming.collect`: whether a choice's answer repeated a call
-    it already wrote (its envelope is read as it grows), so that it ends there."""
+    it already wrote, so that it ends there."""
     if plan is None:
         return lambda k, event: False
-    envelopes = [EnvelopeStream(plan.read) for _ in range(choices)]
-    written = [""] * choices
+    watch = ToolWatch(plan, choices)
 
     def ends(k: int, event) -> bool:
-        written[k] += event.text
-        envelopes[k].feed(written[k])
-        return envelopes[k].repeated
+        watch.feed(k, event)
+        return watch.repeated(k)
 
     return ends

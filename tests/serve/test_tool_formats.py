@@ -11,7 +11,7 @@ import shutil
 
 import _llama_cpp_models as models
 import pytest
-from _structured_cases import ADD, TIME, WEATHER, streamed_calls
+from _structured_cases import ADD, ANY_CITY_WEATHER, TIME, WEATHER, streamed_calls
 
 from onnxsample.serve.envelope import EnvelopeStream
 from onnxsample.serve.tool_formats import NativeFormat, detect
@@ -37,21 +37,7 @@ GENERIC = [
     "unsloth-mistral-Devstral-Small-2507",
 ]
 END = {"hermes": "<|im_end|>", "llama3": "<|eot_id|>", "mistral": "</s>"}
-TOOLS = [
-    ADD,
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        },
-    },
-]
+TOOLS = [ADD, ANY_CITY_WEATHER]
 CALLS = [("add", {"a": 2, "b": 40}), ("get_weather", {"city": "Zürich"})]
 ASK = [{"role": "user", "content": "What is 2 plus 40, and the weather in Zürich?"}]
 
