@@ -1,7 +1,7 @@
 """GPU decode: the sampler inside the graph (branching chain; static chain replayed as a CUDA graph)
 against the plain model with sampling on the host, at batch sizes up to 64.
 
-    python benchmarks/gpu.py [--model artifacts/smollm2-135m-instruct-gqa-gguf-cuda]
+    python benchmarks/gpu.py [--model artifacts/smollm2-135m-instruct-gqa-fp16-cuda]
         [--batch 1,8,32,64] [--new-tokens 128] [--repeats 3] [--output FILE] [--provider cuda]
         [--max-slots N]
 
@@ -42,7 +42,7 @@ from _harness.measure import summary
 from _harness.script import RESULTS, ROOT, ints, logger, parser
 from _harness.workload import SAMPLED, compose_cached, trip_message
 
-MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-cuda"
+MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-fp16-cuda"
 # The full chain with the room the serving path composes: bias entries, no logprobs, no drafts.
 COMPOSE = {"top_logprobs": 0, "max_bias": 16, "prompt_logprobs": False, "draft_tokens": 0}
 ENGINES = ("branching", "static-cuda-graph", "plain-host-sampling")

@@ -53,8 +53,9 @@ Device = Annotated[
     typer.Option(
         "--device",
         help="cpu (fp32 activations) or cuda: the GPU export, our GroupQueryAttention graph in fp16 "
-        "(KV cache too; quantised weights as fp16 MatMulNBits) where every compute node has a "
-        "CUDA kernel. Verified on the CPU.",
+        "(KV cache too; a GGUF of up to 1B parameters de-quantised to fp16 weights, other "
+        "quantised weights as fp16 MatMulNBits) where every compute node has a CUDA kernel. "
+        "Verified on the CPU.",
     ),
 ]
 Attention = Annotated[

@@ -104,8 +104,10 @@ def prepare(
         from onnxsample.exporters.embedded import EMBEDDED_NAME
 
         # The fastest export that keeps llama.cpp's quality: our GQA graph on the GGUF's own blocks
-        # (int8 activations on the CPU as llama.cpp; fp16 on the GPU).
-        options = {"layout": "gqa", "precision": "gguf", "accuracy_level": 4, "device": device}
+        # with int8 activations on the CPU, as llama.cpp; on the GPU fp16 weights and activations
+        # (the model is small: a step costs its kernels, and fp16 weights take half of them).
+        precision = "fp16" if device == "cuda" else "gguf"
+        options = {"layout": "gqa", "precision": precision, "accuracy_level": 4, "device": device}
         if attention == "exact":
             options["attention"] = attention
         folder = cache_dir() / export_name(EMBEDDED_NAME, **options)

@@ -34,12 +34,12 @@ if [ -n "${ONNXSAMPLE_WHEELS:-}" ]; then
     [ -d $lib ] && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   done
   PYTHON="python3 -P"  # -P: the installed package, not this checkout's unmapped source folders
-  $PYTHON -m onnxsample export --device cuda -o artifacts/smollm2-135m-instruct-gqa-gguf-cuda
+  $PYTHON -m onnxsample export --device cuda -o artifacts/smollm2-135m-instruct-gqa-fp16-cuda
   $PYTHON -m onnxsample export --layout gqa --precision fp32 -o artifacts/smollm2-135m-instruct-gqa-fp32
   BENCH_PYTHON=python3
 else
   make setup
-  .venv/bin/onnxsample export --device cuda -o artifacts/smollm2-135m-instruct-gqa-gguf-cuda
+  .venv/bin/onnxsample export --device cuda -o artifacts/smollm2-135m-instruct-gqa-fp16-cuda
   .venv/bin/onnxsample export --layout gqa --precision fp32 -o artifacts/smollm2-135m-instruct-gqa-fp32
 
   GPU_VENV=.venv-gpu

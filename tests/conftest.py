@@ -137,9 +137,14 @@ def real_gguf_export(real_gguf: Path):
 
 @pytest.fixture(scope="session")
 def real_gguf_gpu_export(real_gguf: Path):
-    """The real Q4_K_M file's GPU export (`--device cuda`: fp16, the file's own blocks)."""
+    """The real Q4_K_M file's GPU export with the file's own blocks (`--device cuda --precision
+    gguf`: fp16 activations; a model this small takes fp16 weights by default)."""
     return export_cached(
-        real_gguf, CACHE / "gemma3-270m-q4_k_m-cuda", device="cuda", verify_tokens=0
+        real_gguf,
+        CACHE / "gemma3-270m-q4_k_m-cuda",
+        device="cuda",
+        precision="gguf",
+        verify_tokens=0,
     )
 
 
@@ -182,10 +187,18 @@ def embedded_exact_export():
 
 @pytest.fixture(scope="session")
 def embedded_gpu_export():
-    """The embedded SmolLM2 exported for the GPU (`--device cuda`: fp16, its own GGUF blocks)."""
+    """The embedded SmolLM2 exported for the GPU as `export --device cuda` does by default: fp16
+    activations and weights (de-quantised from its Q4_1 blocks)."""
+    _need_embedded()
+    return export_cached(None, CACHE / "smollm2-gqa-fp16-cuda", device="cuda", verify_tokens=0)
+
+
+@pytest.fixture(scope="session")
+def embedded_gpu_blocks_export():
+    """The embedded SmolLM2's GPU export that keeps its Q4_1 blocks (`--precision gguf`)."""
     _need_embedded()
     out = CACHE / "smollm2-gqa-gguf-cuda"
-    return export_cached(None, out, device="cuda", verify_tokens=0)
+    return export_cached(None, out, device="cuda", precision="gguf", verify_tokens=0)
 
 
 def _submitted_together(generator, prompts, params, lengths) -> dict:

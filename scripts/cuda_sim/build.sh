@@ -53,26 +53,31 @@ if [ ! -f "$OUT/ready-$key" ]; then
   echo 'libcudart.so.13 { global: cuda*; __cuda*; fakecuda_*; local: *; };' >"$B/cudart.map"
   gcc -shared -fPIC -Wl,-soname,libcudart.so.13 -Wl,--version-script="$B/cudart.map" -o "$L/libcudart.so.13" \
     "$B/fakecudart.o" -x c "$B/cudart_rest.c" >>"$log" 2>&1
-  # libcublasLt.so.13 / libcublas.so.13: handles and descriptors are calloc'd blocks, the rest no-ops
+  # libcublasLt.so.13 / libcublas.so.13 / libcudnn.so.9: handles and descriptors are calloc'd
+  # blocks, the rest no-ops; the entry points that launch work on a real device (`stubs PATTERN`)
+  # count themselves in libcudart's fakecuda_library_call()
+  stubs() { sed -E "s/^($1)\$/int &(void){fakecuda_library_call();return 0;}/; /fakecuda_library_call/!s/^.*\$/int &(void){return 0;}/"; }
+  counted=(-L"$L" -l:libcudart.so.13)
   {
-    echo '#include <stdlib.h>'; echo '#include <string.h>'
+    echo '#include <stdlib.h>'; echo '#include <string.h>'; echo 'void fakecuda_library_call(void);'
     echo 'int cublasLtCreate(void **h){*h=calloc(1,256);return 0;}'
     echo 'int cublasLtMatmulAlgoGetHeuristic(void*h,void*o,void*a,void*b,void*c,void*d,void*p,int n,void*r,int*k){if(n>0)memset(r,0,64);*k=n>0;return 0;}'
     for f in cublasLtMatmulDescCreate cublasLtMatrixLayoutCreate cublasLtMatmulPreferenceCreate cublasLtMatrixTransformDescCreate; do
       echo "int $f(void **d){*d=calloc(1,1024);return 0;}"; done
     want libcublasLt.so.13 | grep -vxE 'cublasLt(Create|MatmulAlgoGetHeuristic|MatmulDescCreate|MatrixLayoutCreate|MatmulPreferenceCreate|MatrixTransformDescCreate)' \
-      | sed 's/.*/int &(void){return 0;}/'
+      | stubs 'cublasLt(Matmul|MatrixTransform)'
   } >"$B/cublasLt.c"
   echo 'libcublasLt.so.13 { global: *; };' >"$B/cublasLt.map"
-  gcc -shared -fPIC -Wl,-soname,libcublasLt.so.13 -Wl,--version-script="$B/cublasLt.map" -o "$L/libcublasLt.so.13" "$B/cublasLt.c"
+  gcc -shared -fPIC -Wl,-soname,libcublasLt.so.13 -Wl,--version-script="$B/cublasLt.map" -o "$L/libcublasLt.so.13" "$B/cublasLt.c" "${counted[@]}"
   {
-    echo '#include <stdlib.h>'
+    echo '#include <stdlib.h>'; echo 'void fakecuda_library_call(void);'
     echo 'int cublasCreate_v2(void **h){*h=calloc(1,256);return 0;} int cublasGetMathMode(void *h,int *m){*m=0;return 0;}'
     echo 'const char *cublasGetStatusName(int s){return "FAKE";} const char *cublasGetStatusString(int s){return "fake cublas";}'
-    want libcublas.so.13 | grep -vxE 'cublas(Create_v2|GetMathMode|GetStatusName|GetStatusString)' | sed 's/.*/int &(void){return 0;}/'
+    want libcublas.so.13 | grep -vxE 'cublas(Create_v2|GetMathMode|GetStatusName|GetStatusString)' \
+      | stubs 'cublas([SDH](gemm|geam|copy|scal|getr)[A-Za-z_0-9]*|Gemm[A-Za-z]*)'
   } >"$B/cublas.c"
   echo 'libcublas.so.13 { global: *; };' >"$B/cublas.map"
-  gcc -shared -fPIC -Wl,-soname,libcublas.so.13 -Wl,--version-script="$B/cublas.map" -o "$L/libcublas.so.13" "$B/cublas.c"
+  gcc -shared -fPIC -Wl,-soname,libcublas.so.13 -Wl,--version-script="$B/cublas.map" -o "$L/libcublas.so.13" "$B/cublas.c" "${counted[@]}"
   # libcurand.so.10 (needed, nothing imported), libcuda.so.1 (one driver entry point, "not supported")
   echo 'int fake_curand_unused(void){return 0;}' >"$B/curand.c"
   gcc -shared -fPIC -Wl,-soname,libcurand.so.10 -o "$L/libcurand.so.10" "$B/curand.c"
@@ -84,7 +89,7 @@ if [ ! -f "$OUT/ready-$key" ]; then
   # libcudnn.so.9 (dlopen'd; every cudnn* name in the provider): handles/descriptors calloc'd, no-ops
   syms() { strings -n 6 "$SO" | grep -E "^$1[A-Z][A-Za-z_0-9]*$" | sort -u; }
   {
-    echo '#include <stdlib.h>'; echo '#include <stddef.h>'
+    echo '#include <stdlib.h>'; echo '#include <stddef.h>'; echo 'void fakecuda_library_call(void);'
     echo 'int cudnnCreate(void **h){*h=calloc(1,256);return 0;} size_t cudnnGetVersion(void){return 92801;}'
     echo 'const char *cudnnGetErrorString(int s){return "fake cudnn";} void cudnnGetLastErrorString(char *m,size_t n){if(n)m[0]=0;}'
     echo 'int cudnnGetStream(void *h,void **s){*s=0;return 0;} int cudnnDropoutGetStatesSize(void *h,size_t *s){*s=0;return 0;}'
@@ -92,9 +97,9 @@ if [ ! -f "$OUT/ready-$key" ]; then
     echo 'int cudnnGetReductionIndicesSize(void*h,void*r,void*a,void*c,size_t*s){*s=0;return 0;}'
     for f in $(syms cudnnCreate | grep 'Descriptor$'); do echo "int $f(void **d){*d=calloc(1,1024);return 0;}"; done
     syms cudnn | grep -vxE 'cudnn(Create|GetVersion|GetErrorString|GetLastErrorString|GetStream|DropoutGetStatesSize|GetReductionWorkspaceSize|GetReductionIndicesSize|Create[A-Za-z]*Descriptor)' \
-      | sed 's/.*/int &(void){return 0;}/'
+      | stubs 'cudnn((Activation|BatchNormalization|Convolution|ConvolutionBiasActivation|LRNCrossChannel|Pooling|RNN|Softmax)Forward[A-Za-z]*|(Reduce|Add|Op|Scale|Set|Transform)Tensor|BackendExecute)'
   } >"$B/cudnn.c"
-  gcc -shared -fPIC -Wl,-soname,libcudnn.so.9 -o "$L/libcudnn.so.9" "$B/cudnn.c"
+  gcc -shared -fPIC -Wl,-soname,libcudnn.so.9 -o "$L/libcudnn.so.9" "$B/cudnn.c" "${counted[@]}"
   cat >"$OUT/env.sh" <<EOS
 # source before starting $OUT/venv/bin/python: the stub CUDA libraries stand in for the real ones
 export LD_LIBRARY_PATH=$L

@@ -44,9 +44,12 @@ static void dev_free(void *p) { if (p) free(((void **)p)[-1]); }
 /* counters for the tests (ctypes): kernel launches, captures, capture errors, graph launches,
  * device->host copies, copies of kind cudaMemcpyDefault (direction unknown: copied as is),
  * host->device copies, and the bytes of each direction */
-static long n_d2h, n_default, n_h2d, b_d2h, b_h2d;
-void fakecuda_stats(long *out) { out[0] = nlaunch; out[1] = n_captures; out[2] = n_capture_errors; out[3] = n_graph_launches; out[4] = n_d2h; out[5] = n_default; out[6] = n_h2d; out[7] = b_d2h; out[8] = b_h2d; }
-void fakecuda_reset(void) { nlaunch = n_captures = n_capture_errors = n_graph_launches = n_d2h = n_default = n_h2d = b_d2h = b_h2d = 0; }
+static long n_d2h, n_default, n_h2d, b_d2h, b_h2d, n_library;
+void fakecuda_stats(long *out) { out[0] = nlaunch; out[1] = n_captures; out[2] = n_capture_errors; out[3] = n_graph_launches; out[4] = n_d2h; out[5] = n_default; out[6] = n_h2d; out[7] = b_d2h; out[8] = b_h2d; out[9] = n_library; }
+void fakecuda_reset(void) { nlaunch = n_captures = n_capture_errors = n_graph_launches = n_d2h = n_default = n_h2d = b_d2h = b_h2d = n_library = 0; }
+/* called by the stub cuBLAS, cuBLASLt and cuDNN from every entry point that launches work on a real
+ * device (a GEMM, a reduction, a softmax...): each is at least one kernel there */
+void fakecuda_library_call(void) { n_library++; }
 
 cudaError_t cudaGetDeviceCount(int *c) { T("cudaGetDeviceCount"); *c = 1; return cudaSuccess; }
 cudaError_t cudaSetDevice(int d) { T("cudaSetDevice"); return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }

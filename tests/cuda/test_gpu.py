@@ -3,7 +3,7 @@ them): the GPU export's numbers against the CPU's fp32 export, the static chain 
 against the branching chain, and the sampler's draws on the device against the CPU's.
 
 The models come from scripts/cuda_check.sh: the embedded SmolLM2 exported for the GPU
-(artifacts/smollm2-135m-instruct-gqa-gguf-cuda) and as fp32 GQA for the CPU reference
+(artifacts/smollm2-135m-instruct-gqa-fp16-cuda) and as fp32 GQA for the CPU reference
 (artifacts/smollm2-135m-instruct-gqa-fp32).
 
 fp16 tolerance: the GPU export computes in fp16 with other kernels than the CPU (cuBLAS, flash
@@ -25,7 +25,7 @@ from onnxsample.composer import build_sampler_model, compose
 pytestmark = pytest.mark.cuda
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-cuda"
+GPU = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-fp16-cuda"
 CPU = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-fp32"
 PROMPTS = [
     "Explain in a few sentences why the sky is blue.",

@@ -4,6 +4,10 @@ scripts/cuda_sim/build.sh) and prints one JSON object: what ONNX Runtime's real 
     python _probe.py placement MODEL [--cuda-graph]
     python _probe.py engine MODEL SCENARIO [--cuda-graph] [--tokenizer DIR]
 
+`engine MODEL copies` reports, per decode step of one running request, the copies each way and the
+kernels: `launches` (libcudart) and `library` (the cuBLAS, cuBLASLt and cuDNN calls that launch
+work on a real device).
+
 The simulated device computes nothing: every value read back from it is zero (token ids, If
 conditions, NonZero counts), so a probe checks what runs and what is copied, never a number.
 """
@@ -23,14 +27,17 @@ import onnx
 import onnxruntime as ort
 
 _STATS = ("launches", "captures", "capture_errors", "graph_launches", "d2h", "default", "h2d")
+_COUNTERS = (*_STATS, "d2h_bytes", "h2d_bytes", "library")
 
 
 def counters() -> dict[str, int]:
-    """The stand-in libcudart's counters (kernel launches, captures, copies by direction)."""
+    """The stand-in libcudart's counters: kernel launches, captures, copies by direction, and the
+    calls into cuBLAS, cuBLASLt and cuDNN that launch work on a real device (`library`)."""
     lib = ctypes.CDLL("libcudart.so.13")
-    out = (ctypes.c_long * 9)()
+    out = (ctypes.c_long * len(_COUNTERS))()
     lib.fakecuda_stats(out)
-    return dict(zip(_STATS, out[: len(_STATS)], strict=True))
+    found = dict(zip(_COUNTERS, out, strict=True))
+    return {k: found[k] for k in (*_STATS, "library")}
 
 
 def placement(model: str, cuda_graph: bool) -> dict:
@@ -120,6 +127,10 @@ def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -
     options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
     if scenario == "copies":
         options["prefix_reuse"] = False  # both requests prefill the same way
+        from onnxsample import composed_metadata
+
+        if not composed_metadata(model).chain.samples:
+            params = SamplingParams(temperature=0.0, ignore_eos=True)
     prompt = list(range(10, 30))
     if scenario == "chunked":
         options["prefill_chunk"] = 6
@@ -157,6 +168,9 @@ def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -
             second, long = _counted(eng, prompt, params, 14)
             steps = len(long.token_ids) - len(short.token_ids)
             result["per_step"] = {k: (second[k] - first[k]) / steps for k in ("h2d", "d2h")}
+            result["kernels_per_step"] = {
+                k: (second[k] - first[k]) / steps for k in ("launches", "library", "graph_launches")
+            }
             result["buffers_kept"] = _device_buffers(eng) == buffers
             result["host_outputs"] = sorted(eng._scheduler.runner.host)
         else:
@@ -197,7 +211,7 @@ def _counted(eng, prompt, params, n):
     before = counters()
     completion = _complete(eng, prompt, params, n)
     after = counters()
-    return {k: after[k] - before[k] for k in _STATS}, completion
+    return {k: after[k] - before[k] for k in after}, completion
 
 
 def _complete(eng, prompt, params, n):

@@ -1,8 +1,8 @@
-"""The GPU export (`export --device cuda`) of GGUF files in llama.cpp's K-quant mixes on the simulated
-CUDA device: every block type's MatMulNBits (4 and 8 bits, blocks of 16 and 32, the minimums'
-correction) and the embedding gathered from its blocks (a Floor/Sub nibble split, since CUDA has no
-BitShift kernel) run on the CUDA provider with no copy to the host, and the engine decodes through
-the composed model without an ONNX Runtime error.
+"""The GPU export with the file's blocks (`export --device cuda --precision gguf`) of GGUF files in
+llama.cpp's K-quant mixes on the simulated CUDA device: every block type's MatMulNBits (4 and 8
+bits, blocks of 16 and 32, the minimums' correction) and the embedding gathered from its blocks (a
+Floor/Sub nibble split, since CUDA has no BitShift kernel) run on the CUDA provider with no copy to
+the host, and the engine decodes through the composed model without an ONNX Runtime error.
 
 What only a GPU shows stays out of reach here: on CUDA the scales and minimums are fp16, so a
 K-quant's sub-block scale d * sc (exact in float32) is rounded once (relative error <= 2**-11,
@@ -20,16 +20,12 @@ pytestmark = pytest.mark.cuda_sim
 
 
 @pytest.fixture(scope="module")
-def kquant_gpu(real_gguf: Path) -> dict[str, Path]:
-    """The real Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K, Q8_0) exported for CUDA, composed static."""
-    from _exports import export_cached
-    from conftest import CACHE
-
+def kquant_gpu(real_gguf_gpu_export) -> dict[str, Path]:
+    """The real Gemma 3 270M Q4_K_M (Q5_0, Q4_K, Q6_K, Q8_0) exported for CUDA with its blocks,
+    composed static."""
     from onnxsample.composer import compose
 
-    result = export_cached(
-        real_gguf, CACHE / "gemma3-270m-q4_k_m-cuda", device="cuda", verify_tokens=0
-    )
+    result = real_gguf_gpu_export
     assert (result.manifest["layout"], result.manifest["precision"]) == ("gqa", "gguf")
     static = _composed(
         compose,

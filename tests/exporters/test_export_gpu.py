@@ -74,15 +74,26 @@ def test_a_cpu_export_is_not_taken_for_a_gpu_one(tiny_hf, tiny_gqa_export, tmp_p
         export(tiny_hf, out, device="cuda", verify_tokens=0)
 
 
+# The embedded Q4_1 GGUF for the GPU: by default its weights de-quantised to fp16 (one GEMM a
+# projection), with --precision gguf its blocks as fp16 MatMulNBits (Q4_1's minimum added back per
+# block). (fixture, precision, MatMulNBits nodes, MatMul nodes)
+EMBEDDED_GPU = [
+    ("embedded_gpu_export", "fp16", 0, 4 * 30 + 1),
+    ("embedded_gpu_blocks_export", "gguf", 4 * 30 + 1, 4 * 30),  # the Q8_0 LM head too; minimums
+]
+
+
 @pytest.mark.integration
-def test_embedded_gpu_export_keeps_its_4bit_blocks(embedded_gqa_exports, embedded_gpu_export):
-    """The embedded Q4_1 GGUF for the GPU: the GGUF's blocks as fp16 MatMulNBits (Q4_1's minimum
-    added back exactly, per block), greedy tokens and quality as the fp32 export's on the CPU."""
-    result = embedded_gpu_export
-    assert (result.manifest["precision"], result.manifest["device"]) == ("gguf", "cuda")
+@pytest.mark.parametrize(("fixture", "precision", "nbits", "matmuls"), EMBEDDED_GPU)
+def test_embedded_gpu_export_follows_the_fp32_export(
+    request, embedded_gqa_exports, fixture, precision, nbits, matmuls
+):
+    """Greedy tokens and quality as the fp32 export's, on the CPU, in either weight form."""
+    result = request.getfixturevalue(fixture)
+    assert (result.manifest["precision"], result.manifest["device"]) == (precision, "cuda")
     ops, kv = _ops_and_kv(result.model_path)
     assert kv == onnx.TensorProto.FLOAT16
-    assert ops["MatMulNBits"] == 4 * 30 + 1  # the Q8_0 LM head too, in fp16
+    assert (ops["MatMulNBits"], ops["MatMul"]) == (nbits, matmuls)
     assert ops["GroupQueryAttention"] == 30
     fp32 = embedded_gqa_exports["fp32"].model_path
     from transformers import AutoTokenizer
@@ -97,3 +108,25 @@ def test_embedded_gpu_export_keeps_its_4bit_blocks(embedded_gqa_exports, embedde
     assert same >= 32, f"fp16 greedy diverges at token {same}"
     score = mean_logprob(result.model_path, ids, reference)
     assert abs(score - mean_logprob(fp32, ids, reference)) <= 0.03
+
+
+@pytest.mark.parametrize(
+    ("params", "precision", "device", "expected"),
+    [
+        (135_000_000, "auto", "cuda", "fp16"),  # kernel-bound: one GEMM a projection
+        (1_000_000_000, "auto", "cuda", "fp16"),
+        (1_000_000_001, "auto", "cuda", "gguf"),  # bandwidth-bound: the blocks' bytes
+        (135_000_000, "gguf", "cuda", "gguf"),  # asked for
+        (135_000_000, "auto", "cpu", "gguf"),
+    ],
+)
+def test_the_gpu_export_of_a_small_gguf_takes_fp16_weights(params, precision, device, expected):
+    from pathlib import Path
+
+    from onnxsample.exporters._options import resolve_options
+    from onnxsample.exporters._source import Source
+    from onnxsample.exporters.gguf import GGUFInfo
+
+    info = GGUFInfo("llama", Counter({"Q4_K": 10}), params, {}, {"blk.0.w": "Q4_K"})
+    src = Source("gguf", Path("model.gguf"), "model")
+    assert resolve_options(src, info, "llama", "auto", precision, device) == ("gqa", expected)

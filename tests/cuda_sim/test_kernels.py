@@ -1,0 +1,63 @@
+"""How many kernels a decode step of the embedded model launches on the simulated CUDA device:
+libcudart's kernel launches plus the cuBLAS / cuBLASLt / cuDNN calls (each at least one kernel on
+a real device), per step of one running request, uncaptured. A captured graph replays the same
+kernels, and each costs a few microseconds of device time even inside a graph, so these counts
+are what a small model's step costs on a GPU. Deterministic: pinned here so they cannot creep back.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = [pytest.mark.cuda_sim, pytest.mark.integration]
+
+# (export fixture, chain, slots composed, kernels a step at most). The GPU export's default fp16
+# weights take one GEMM a projection; its Q4_1 blocks (--precision gguf) take MatMulNBits, a block
+# sum, a GEMM and an Add. The static sampled chain sorts whole rows (two TopK over the vocabulary,
+# which ONNX Runtime's CUDA kernel sorts one row at a time), so it grows with the slots composed.
+BUDGETS = [
+    ("embedded_gpu_export", "", 8, 330),  # measured 327
+    ("embedded_gpu_export", "", 64, 330),
+    ("embedded_gpu_blocks_export", "", 8, 700),  # 692
+    ("embedded_gpu_export", None, 8, 680),  # 672
+    ("embedded_gpu_export", None, 64, 1570),  # 1568
+]
+
+
+@pytest.fixture(scope="module")
+def counted(device, request, tmp_path_factory):
+    """Kernels per decode step of one request, by (export fixture, chain, slots)."""
+    from onnxsample.composer import compose
+
+    found: dict[tuple, dict] = {}
+
+    def count(fixture: str, chain: str | None, slots: int) -> dict:
+        key = (fixture, chain, slots)
+        if key not in found:
+            folder = request.getfixturevalue(fixture).output
+            target = tmp_path_factory.mktemp("kernels") / "static.onnx"
+            model = compose(folder, chain, target, static=True, max_slots=slots)
+            report = device.probe("engine", model, "copies", "--tokenizer", folder)
+            assert report["failure"] is None
+            found[key] = report["kernels_per_step"]
+        return found[key]
+
+    return count
+
+
+@pytest.mark.parametrize(("fixture", "chain", "slots", "budget"), BUDGETS)
+def test_a_decode_step_launches_at_most_its_budget(counted, fixture, chain, slots, budget):
+    kernels = counted(fixture, chain, slots)
+    assert kernels["launches"] + kernels["library"] <= budget, kernels
+
+
+def test_the_model_costs_the_same_whatever_the_slots_composed(counted):
+    """Greedy (the chain is an ArgMax): one running request asks the same of the device with 8
+    or 64 slots composed."""
+    assert counted("embedded_gpu_export", "", 8) == counted("embedded_gpu_export", "", 64)
+
+
+def test_fp16_weights_halve_the_kernels_of_the_blocks(counted):
+    fp16 = counted("embedded_gpu_export", "", 8)
+    blocks = counted("embedded_gpu_blocks_export", "", 8)
+    assert 2 * (fp16["launches"] + fp16["library"]) <= blocks["launches"] + blocks["library"]
