@@ -188,11 +188,13 @@ Provider = Annotated[
     ),
 ]
 CudaGraph = Annotated[
-    bool,
+    bool | None,
     typer.Option(
-        "--cuda-graph",
+        "--cuda-graph/--no-cuda-graph",
         help="With --provider cuda: replay each decode step as a captured CUDA graph (composes a "
-        "static chain; no speculative decoding).",
+        "static chain; no speculative decoding). Default: on with --provider cuda unless "
+        "--speculative (an H100 measured it 1.02-1.42x the branching chain).",
+        show_default=False,
     ),
 ]
 Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)]
@@ -249,10 +251,11 @@ def engine_options(
     draft_tokens: int | None,
     ngram: int,
     provider: str = "auto",
-    cuda_graph: bool = False,
+    cuda_graph: bool | None = None,
 ) -> dict:
     """The engine's decoding keywords from the options, checked together before any model is
-    prepared: speculative decoding, the CUDA-graph mode, and a CUDA provider that is there."""
+    prepared: speculative decoding, the CUDA-graph mode (None: on for --provider cuda without
+    --speculative), and a CUDA provider that is there."""
     from onnxsample.engine._session import require_provider
     from onnxsample.errors import InvalidParameter
 
@@ -266,14 +269,17 @@ def engine_options(
             "--cuda-graph replays a static chain, which verifies no drafts: drop --speculative"
         )
     spec = {"speculative": speculative, "draft_tokens": draft_tokens, "ngram": ngram}
-    return {**spec, "cuda_graph": cuda_graph} if cuda_graph else spec
+    return {**spec, "cuda_graph": cuda_graph}
 
 
 def preparation(provider: str, spec: dict, attention: str = "gqa") -> dict:
     """What `prepare` builds for these options: the GPU export for --provider cuda, a static
     chain for --cuda-graph, the exact-attention export for --attention exact."""
+    graph = spec.get("cuda_graph")
+    if graph is None:  # the engine's default: captured where it can be
+        graph = provider == "cuda" and spec.get("speculative") is None
     return {
         "device": "cuda" if provider == "cuda" else "cpu",
-        "static": bool(spec.get("cuda_graph")),
+        "static": graph,
         "attention": attention,
     }

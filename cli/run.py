@@ -136,7 +136,7 @@ def run(
         list[str], typer.Option(help="Answer with exactly one of these strings; repeatable.")
     ] = (),
     provider: opt.Provider = "auto",
-    cuda_graph: opt.CudaGraph = False,
+    cuda_graph: opt.CudaGraph = None,
     threads: opt.Threads = None,
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,

@@ -96,7 +96,7 @@ def serve(
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
     provider: opt.Provider = "auto",
-    cuda_graph: opt.CudaGraph = False,
+    cuda_graph: opt.CudaGraph = None,
     speculative: opt.Speculative = None,
     attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,

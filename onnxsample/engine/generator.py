@@ -51,7 +51,7 @@ class Generator:
         speculative: str | None = None,
         draft_tokens: int | None = None,
         ngram: int = DEFAULT_NGRAM,
-        cuda_graph: bool = False,
+        cuda_graph: bool | None = None,
     ) -> None:
         self.engine = Engine(
             model,

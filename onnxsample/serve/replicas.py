@@ -62,7 +62,7 @@ class ReplicaOptions:
     speculative: str | None = None
     draft_tokens: int | None = None
     ngram: int = DEFAULT_NGRAM
-    cuda_graph: bool = False
+    cuda_graph: bool | None = None
 
 
 @dataclass(frozen=True)

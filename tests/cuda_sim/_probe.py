@@ -2,7 +2,7 @@
 scripts/cuda_sim/build.sh) and prints one JSON object: what ONNX Runtime's real host code did.
 
     python _probe.py placement MODEL [--cuda-graph]
-    python _probe.py engine MODEL SCENARIO [--cuda-graph] [--tokenizer DIR]
+    python _probe.py engine MODEL SCENARIO [--cuda-graph | --default-graph] [--tokenizer DIR]
 
 `engine MODEL copies` reports, per decode step of one running request, the copies each way and the
 kernels: `launches` (libcudart) and `library` (the cuBLAS, cuBLASLt and cuDNN calls that launch
@@ -115,7 +115,7 @@ def _all_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
-def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -> dict:
+def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | None) -> dict:
     """Run one engine scenario on the CUDA provider; what it did and what it copied."""
     from onnxsample import Constraint, Engine, SamplingParams
 
@@ -125,6 +125,8 @@ def engine(model: str, scenario: str, cuda_graph: bool, tokenizer: str | None) -
         temperature=0.8, top_k=20, top_p=0.9, min_p=0.05, seed=1, ignore_eos=True
     )
     options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
+    if cuda_graph is None:  # the engine's default
+        del options["cuda_graph"]
     if scenario == "copies":
         options["prefix_reuse"] = False  # both requests prefill the same way
         from onnxsample import composed_metadata
@@ -233,14 +235,19 @@ def main() -> None:
     parser.add_argument("command", choices=("placement", "engine"))
     parser.add_argument("model")
     parser.add_argument("scenario", nargs="?")
-    parser.add_argument("--cuda-graph", action="store_true")
+    graphs = parser.add_mutually_exclusive_group()
+    graphs.add_argument("--cuda-graph", action="store_true")
+    graphs.add_argument(
+        "--default-graph", action="store_true", help="leave cuda_graph to the engine"
+    )
     parser.add_argument("--tokenizer")
     args = parser.parse_args()
     try:
         if args.command == "placement":
             report = placement(args.model, args.cuda_graph)
         else:
-            report = engine(args.model, args.scenario, args.cuda_graph, args.tokenizer)
+            graph = None if args.default_graph else args.cuda_graph
+            report = engine(args.model, args.scenario, graph, args.tokenizer)
         report["ok"] = True
     except Exception as exc:
         report = {

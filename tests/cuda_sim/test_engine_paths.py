@@ -108,6 +108,19 @@ def test_kv_buffers_grow_and_shrink_under_a_running_request(
         assert report["counters"]["captures"] >= 4  # both parities, before and after the growth
 
 
+@pytest.mark.parametrize(("variant", "captures"), [("static", 2), ("branching", 0)])
+def test_the_engine_captures_by_default_where_it_can(device, gpu_models, variant, captures):
+    """Engine(provider="cuda") left to its default replays a static chain's decode steps and runs
+    a branching chain uncaptured, without an error."""
+    report = device.probe(
+        "engine", gpu_models[variant], "copies", "--default-graph", "--tokenizer",
+        gpu_models["folder"],
+    )  # fmt: skip
+    assert report["failure"] is None
+    assert report["counters"]["captures"] == captures
+    assert (report["counters"]["graph_launches"] > 0) == (captures > 0)
+
+
 def test_cuda_graph_needs_a_static_chain(device, gpu_models):
     report = device.probe(
         "engine",
@@ -128,13 +141,19 @@ def test_a_cpu_shaped_export_gets_one_warning(device, gpu_models):
 
 
 @pytest.mark.parametrize(
-    "flags",
-    [["--cuda-graph"], ["--speculative", "ngram"], []],
-    ids=["cuda-graph", "speculative", "branching"],
+    ("flags", "expected"),
+    [
+        ([], "composed-static.onnx"),  # CUDA graphs by default
+        (["--cuda-graph"], "composed-static.onnx"),
+        (["--speculative", "ngram"], "composed.onnx"),  # verifies drafts: the branching chain
+        (["--no-cuda-graph"], "composed.onnx"),
+    ],
+    ids=["default", "cuda-graph", "speculative", "branching"],
 )
-def test_run_provider_cuda_prints_only_its_json(device, tiny_gpu_export, tmp_path, flags):
-    """`onnxsample run FOLDER --provider cuda --json` composes for the GPU by itself; stdout holds
-    the JSON lines only (nothing from preload_dlls) and stderr no ONNX Runtime warning."""
+def test_run_provider_cuda_prints_only_its_json(device, tiny_gpu_export, tmp_path, flags, expected):
+    """`onnxsample run FOLDER --provider cuda --json` composes for the GPU by itself (a static
+    chain replayed as CUDA graphs unless told otherwise); stdout holds the JSON lines only
+    (nothing from preload_dlls) and stderr no ONNX Runtime warning."""
     import json
     import shutil
     import subprocess
@@ -151,5 +170,4 @@ def test_run_provider_cuda_prints_only_its_json(device, tiny_gpu_export, tmp_pat
     assert json.loads(line)["finish_reason"] == "length"
     assert "W:onnxruntime" not in proc.stderr and "warning" not in proc.stderr.lower()
     assert "cuda," in proc.stderr.splitlines()[-1]
-    expected = "composed-static.onnx" if "--cuda-graph" in flags else "composed.onnx"
-    assert (folder / expected).is_file()
+    assert sorted(p.name for p in folder.glob("composed*.onnx")) == [expected]
