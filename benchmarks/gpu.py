@@ -3,7 +3,7 @@ against the plain model with sampling on the host, at batch sizes up to 64.
 
     python benchmarks/gpu.py [--model artifacts/smollm2-135m-instruct-gqa-fp16-cuda]
         [--batch 1,8,32,64] [--new-tokens 128] [--repeats 3] [--output FILE] [--provider cuda]
-        [--max-slots N]
+        [--max-slots N] [--llama-batched-bench PATH [--gguf FILE] [--threads N]]
 
 The model is a GroupQueryAttention export (``onnxsample export --device cuda -o DIR``). Each batch
 size B decodes B copies of one ~50-token chat prompt (the serving benchmarks' trip message), EOS
@@ -20,6 +20,13 @@ after a warm-up per batch:
   does), then B rows per decode step, whose logits [B, V] are copied to the host and sampled with
   numpy (the same settings: top-k by argpartition, then top-p, then min-p on the 40 candidates).
 
+- ``llama.cpp`` (with ``--llama-batched-bench PATH``): llama.cpp's ``llama-batched-bench`` on the GGUF
+  the export was made from (``--gguf``, default the embedded model's): B sequences of the same
+  prompt length and ``--new-tokens`` each, all layers on the GPU with ``--provider cuda``. It times
+  ``llama_decode`` on random tokens, with no sampling, so it is the model's step alone: ours
+  includes the sampler. Its own decode and prompt tokens/s, ``--repeats`` runs; our engines get
+  ``vs_llama_cpp``, the ratio of the median decode tokens/s.
+
 Per engine and batch: decode tokens/s (tokens after each sequence's first, over the time of the
 decode calls: ``Engine.stats()`` deltas for the engines; the engine prefills the later prompts
 between decode steps, so its first steps hold fewer rows), ms per decode step (decode time over
@@ -31,7 +38,9 @@ ratio of the medians against ``branching``. JSON to stdout and ``--output`` (def
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,6 +67,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--provider", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--max-slots", type=int, help="slots composed (default: the largest batch)")
     p.add_argument("--output", type=Path, default=RESULTS / "gpu.json")
+    p.add_argument("--llama-batched-bench", type=Path, help="llama.cpp's llama-batched-bench")
+    p.add_argument("--gguf", type=Path, help="the GGUF for llama.cpp (default: the embedded one)")
+    p.add_argument("--threads", type=int, help="llama.cpp's CPU threads (its default otherwise)")
     args = p.parse_args(argv)
     args.batch = ints(args.batch, "batch")
     args.max_slots = args.max_slots or max(args.batch)
@@ -211,6 +223,55 @@ def _load(args: argparse.Namespace, log) -> tuple[dict, dict]:
     return loaded, skipped
 
 
+def llama_cpp(args: argparse.Namespace, prompt_tokens: int, log) -> dict[int, list[dict]]:
+    """llama-batched-bench's decode and prompt rates on the same GGUF, by batch size: one list of
+    rows per batch, one row per repetition (module doc)."""
+    gguf = args.gguf or _embedded_gguf()
+    command = [
+        str(args.llama_batched_bench),
+        "-m", str(gguf),
+        "-c", str((prompt_tokens + args.new_tokens) * max(args.batch) + 64),
+        "-b", "2048", "-ub", "512",
+        "-npp", str(prompt_tokens), "-ntg", str(args.new_tokens),
+        "-npl", ",".join(map(str, args.batch)),
+        "-ngl", "99" if args.provider == "cuda" else "0",
+        "--output-format", "jsonl",
+    ]  # fmt: skip
+    if args.threads:
+        command += ["-t", str(args.threads)]
+    found: dict[int, list[dict]] = {}
+    for rep in range(args.repeats):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise SystemExit(
+                f"llama-batched-bench failed ({done.returncode}):\n{done.stderr[-2000:]}"
+            )
+        for line in done.stdout.splitlines():
+            if line.startswith("{"):
+                row = json.loads(line)
+                found.setdefault(row["pl"], []).append(
+                    {
+                        "decode_tokens_per_s": row["speed_tg"],
+                        "ms_per_step": 1000 * row["t_tg"] / row["tg"],
+                        "prompt_tokens_per_s": row["speed_pp"],
+                    }
+                )
+        log(
+            f"rep {rep} llama.cpp: "
+            + ", ".join(f"B={b} {r[-1]['decode_tokens_per_s']:.4g} tok/s" for b, r in found.items())
+        )
+    missing = set(args.batch) - set(found)
+    if missing:
+        raise SystemExit(f"llama-batched-bench gave no row for batch {sorted(missing)}")
+    return found
+
+
+def _embedded_gguf() -> Path:
+    from onnxsample.exporters.embedded import embedded_gguf
+
+    return embedded_gguf()
+
+
 def _table(runs: list[dict], base: list[dict] | None) -> dict:
     """Median and spread of each figure; with `base` (branching's runs), the ratio of the medians."""
     out: dict = {k: summary([r[k] for r in runs], 2) for k in KEYS}
@@ -256,6 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     device = loaded["branching"].device
     for engine in loaded.values():
         engine.close()
+    peer = llama_cpp(args, len(ids), log) if args.llama_batched_bench else {}
+    if not peer:
+        skipped["llama.cpp"] = "no --llama-batched-bench"
     results = {}
     for batch in args.batch:
         base = runs[("branching", batch)]
@@ -266,6 +330,14 @@ def main(argv: list[str] | None = None) -> None:
                 table[name] = {"skipped": skipped[name]}
             else:
                 table[name] = _table(found, None if name == "branching" else base)
+        if peer:
+            rows = peer[batch]
+            table["llama.cpp"] = {k: summary([r[k] for r in rows], 2) for k in rows[0]}
+            theirs = statistics.median(r["decode_tokens_per_s"] for r in rows)
+            for name in ENGINES:
+                if (name, batch) in runs:
+                    ours = statistics.median(r["decode_tokens_per_s"] for r in runs[(name, batch)])
+                    table[name]["vs_llama_cpp"] = round(ours / theirs, 3)
     emit(
         {
             "benchmark": "gpu-decode",
@@ -285,6 +357,8 @@ def main(argv: list[str] | None = None) -> None:
                 "prompt_tokens": len(ids),
                 "sampling": SAMPLED,
                 "compose": COMPOSE,
+                "llama_batched_bench": str(args.llama_batched_bench or ""),
+                "gguf": str(args.gguf or (_embedded_gguf() if args.llama_batched_bench else "")),
             },
             "skipped": skipped,
             "results": results,

@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # Build llama.cpp from the sources the llama-cpp-python sdist carries (PyPI is the only source
 # reachable here): llama-server (benchmarks, greedy text and logprobs for the GGUF tests),
-# llama-tokenize (the tokenizer oracle) and llama-quantize (the test GGUFs' K-quant mixes). Its
+# llama-tokenize (the tokenizer oracle), llama-quantize (the test GGUFs' K-quant mixes) and
+# llama-batched-bench (the GPU benchmark's peer, checked here on the CPU). Its
 # converter, convert_hf_to_gguf.py, and the gguf-py it imports come with the sources.
 #
 # Built once into the user cache, keyed by the sdist's version, and reused by every clone:
 #   ${ONNXSAMPLE_CACHE:-~/.cache/onnxsample}/llama.cpp-$VERSION/{src,build/bin}
 # ~15 min on 2 cores. Prints the folder.
+#
+# `build_llama_cpp.sh cuda` (a GPU machine with nvcc) builds llama.cpp's CUDA backend instead, for
+# the GPU benchmark's peer: llama-batched-bench and llama-bench in build-cuda/bin, for the
+# architectures in CUDA_ARCHITECTURES (default 90: H100, H200).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
 ROOT=${ONNXSAMPLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/onnxsample}/llama.cpp-$VERSION
-TARGETS=(llama-server llama-tokenize llama-quantize)
+TARGETS=(llama-server llama-tokenize llama-quantize llama-batched-bench)
+BUILD=build
+FLAGS=(-DGGML_NATIVE=ON)
+if [ "${1:-}" = cuda ]; then
+  TARGETS=(llama-batched-bench llama-bench)
+  BUILD=build-cuda
+  FLAGS=(-DGGML_NATIVE=OFF -DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHITECTURES:-90}")
+fi
 done_=1
-for t in "${TARGETS[@]}"; do [ -x "$ROOT/build/bin/$t" ] || done_=0; done
+for t in "${TARGETS[@]}"; do [ -x "$ROOT/$BUILD/bin/$t" ] || done_=0; done
 if [ "$done_" = 1 ] && [ -f "$ROOT/src/convert_hf_to_gguf.py" ]; then echo "$ROOT"; exit 0; fi
 mkdir -p "$ROOT"
 PY=${PYTHON:-.venv/bin/python}
@@ -25,8 +37,8 @@ if [ ! -f "$ROOT/src/convert_hf_to_gguf.py" ]; then
   mv "$ROOT"/sdist/llama_cpp_python-*/vendor/llama.cpp "$ROOT/src"
   rm -rf "$ROOT/sdist"
 fi
-echo "build_llama_cpp: building ${TARGETS[*]} in $ROOT/build (~15 min on 2 cores)" >&2
-cmake -S "$ROOT/src" -B "$ROOT/build" -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-  -DCMAKE_BUILD_TYPE=Release > "$ROOT/cmake.log"
-cmake --build "$ROOT/build" --target "${TARGETS[@]}" -j"$(nproc)" > "$ROOT/build.log"
+echo "build_llama_cpp: building ${TARGETS[*]} in $ROOT/$BUILD (~15 min on 2 cores)" >&2
+cmake -S "$ROOT/src" -B "$ROOT/$BUILD" "${FLAGS[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+  -DCMAKE_BUILD_TYPE=Release > "$ROOT/cmake-$BUILD.log"
+cmake --build "$ROOT/$BUILD" --target "${TARGETS[@]}" -j"$(nproc)" > "$ROOT/$BUILD.log"
 echo "$ROOT"

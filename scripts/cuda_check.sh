@@ -14,8 +14,10 @@
 #    the documented fp16 tolerance, CUDA graphs and the static chain against the branching chain,
 #    sampled draws under identical uniforms) and the GPU benchmark (benchmarks/gpu.py: decode tok/s
 #    at batch 1, 8, 32, 64 for the branching chain, the static chain with CUDA graphs, and the plain
-#    model with host sampling) and the sampler alone (benchmarks/gpu_sampler.py), writing
-#    OUT/cuda-tests.xml, OUT/cuda-tests.log, OUT/gpu.json and OUT/gpu_sampler.json.
+#    model with host sampling; beside llama.cpp's CUDA build of the same GGUF when nvcc is there:
+#    scripts/build_llama_cpp.sh cuda, llama-batched-bench) and the sampler alone
+#    (benchmarks/gpu_sampler.py, vocabularies of 49,152 and 262,144), writing OUT/cuda-tests.xml,
+#    OUT/cuda-tests.log, OUT/gpu.json, OUT/gpu_sampler.json and OUT/gpu_sampler_262k.json.
 set -euo pipefail
 OUT=$(mkdir -p "${1:?usage: scripts/cuda_check.sh OUT}" && cd "$1" && pwd)
 cd "$(dirname "$0")/.."
@@ -59,7 +61,21 @@ $PYTHON -c 'import onnxruntime as o; assert "CUDAExecutionProvider" in o.get_ava
 status=0
 $PYTHON -m pytest -m cuda -p no:cacheprovider tests/cuda \
   --junitxml "$OUT/cuda-tests.xml" 2>&1 | tee "$OUT/cuda-tests.log" || status=1
-$BENCH_PYTHON benchmarks/gpu.py --output "$OUT/gpu.json" || status=1
-$BENCH_PYTHON benchmarks/gpu_sampler.py build "$OUT/gpu_sampler" &&
-  $BENCH_PYTHON benchmarks/gpu_sampler.py run "$OUT/gpu_sampler" --output "$OUT/gpu_sampler.json" || status=1
+peer=()
+if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=$PATH:/usr/local/cuda/bin
+  if llama=$(PYTHON=$BENCH_PYTHON bash scripts/build_llama_cpp.sh cuda); then
+    peer=(--llama-batched-bench "$llama/build-cuda/bin/llama-batched-bench")
+  else
+    echo "llama.cpp's CUDA build failed: gpu.json has no llama.cpp rows"; status=1
+  fi
+else
+  echo "no nvcc: gpu.json has no llama.cpp rows"
+fi
+$BENCH_PYTHON benchmarks/gpu.py --output "$OUT/gpu.json" "${peer[@]}" || status=1
+for vocab in 49152 262144; do
+  name=gpu_sampler$([ $vocab = 49152 ] || echo _262k)
+  $BENCH_PYTHON benchmarks/gpu_sampler.py build "$OUT/$name" --vocab $vocab &&
+    $BENCH_PYTHON benchmarks/gpu_sampler.py run "$OUT/$name" --output "$OUT/$name.json" || status=1
+done
 exit $status

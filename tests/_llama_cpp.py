@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VERSION = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
-TOOLS = ("llama-server", "llama-tokenize", "llama-quantize")
+TOOLS = ("llama-server", "llama-tokenize", "llama-quantize", "llama-batched-bench")
 
 
 def folder() -> Path:
@@ -28,7 +28,7 @@ def folder() -> Path:
 @dataclass(frozen=True)
 class LlamaCpp:
     """A built llama.cpp: ``src`` (its sources: convert_hf_to_gguf.py, gguf-py, models/) and
-    ``bin`` (llama-server, llama-tokenize, llama-quantize)."""
+    ``bin`` (llama-server, llama-tokenize, llama-quantize, llama-batched-bench)."""
 
     src: Path
     bin: Path

@@ -93,3 +93,25 @@ def test_the_sampler_alone_is_built_then_timed_with_its_profile(bench, tmp_path:
         assert 0 < row["min_ms"] <= row["ms_per_call"] and "cuda_graph_ms_per_call" not in row
         assert row["ms_per_call_by_op"] and all(v >= 0 for v in row["ms_per_call_by_op"].values())
         assert row["ms_per_call_by_node"]
+
+
+def test_llama_cpp_runs_beside_on_the_same_gguf(
+    bench, llama_cpp, embedded_gqa_exports, tmp_path: Path
+) -> None:
+    """With --llama-batched-bench, llama.cpp decodes the GGUF the export came from at each batch
+    size, and every engine of ours gets its ratio (here on the CPU build)."""
+    gpu = bench("gpu")
+    out = tmp_path / "gpu.json"
+    model = str(embedded_gqa_exports["gguf-a4"].output)
+    peer = str(llama_cpp.tool("llama-batched-bench"))
+    small = ["--batch", "1,2", "--new-tokens", "4", "--repeats", "1", "--threads", "2"]
+    gpu.main(["--provider", "cpu", "--model", model, *small, "--llama-batched-bench", peer,
+              "--output", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["settings"]["gguf"].endswith(".gguf") and "llama.cpp" not in report["skipped"]
+    for table in report["results"].values():
+        theirs = table["llama.cpp"]
+        assert set(theirs) == {"decode_tokens_per_s", "ms_per_step", "prompt_tokens_per_s"}
+        assert theirs["decode_tokens_per_s"]["n"] == 1 and theirs["ms_per_step"]["min"] > 0
+        for name in ("branching", "plain-host-sampling"):
+            assert table[name]["vs_llama_cpp"] > 0
