@@ -130,14 +130,18 @@ def build_gqa_model(
     if exact is not None:  # never one row in a linear layer (see the module)
         hidden = exact.padded(hidden, "embed_rows")
     eps = float(spec.rms_norm_eps)
+    # Gemma's residual stream leaves fp16's range (Gemma 3 270M passes 65504 by its 8th layer):
+    # in an fp16 export it is kept in float32, the post-norms writing float32 into it and the
+    # pre-norms reading it back to fp16 (SimplifiedLayerNormalization takes the two types).
+    wide = spec.post_norms and T == ir.DataType.FLOAT16
+    residual = g.op("Cast", [hidden], "embed_fp32", to=ir.DataType.FLOAT) if wide else hidden
     x = g.op(
         "SimplifiedLayerNormalization",
-        [hidden, g.const("layers.0.attn_norm.weight", _norm(weights, "layers.0.attn_norm", g))],
+        [residual, g.const("layers.0.attn_norm.weight", _norm(weights, "layers.0.attn_norm", g))],
         "layers.0/attn_norm",
         axis=-1,
         epsilon=eps,
     )
-    residual = hidden
     for i in range(spec.num_layers):
         p = f"layers.{i}"
         qkv = _attention_inputs(g, spec, weights, x, p)
@@ -181,15 +185,9 @@ def build_gqa_model(
             outputs.append(value)
         o = g.linear(attn, weights[f"{p}.o"], f"{p}.o_proj")
         if spec.post_norms:
-            o = _rms_norm(g, spec, o, weights, f"{p}.post_attn_norm")
-        x, _, _, residual = g.ops(
-            "SkipSimplifiedLayerNormalization",
-            [o, residual, g.const(f"{p}.ffn_norm.weight", _norm(weights, f"{p}.ffn_norm", g))],
-            f"{p}/ffn_norm",
-            4,
-            domain=MS,
-            epsilon=eps,
-        )
+            o = _rms_norm(g, spec, o, weights, f"{p}.post_attn_norm", wide)
+        x, residual = _add_and_norm(g, o, residual, _norm(weights, f"{p}.ffn_norm", g), eps, wide,
+                                    f"{p}.ffn_norm", f"{p}/ffn_norm")  # fmt: skip
         gate_up = g.linear(
             x, concat_weights([weights[f"{p}.gate"], weights[f"{p}.up"]]), f"{p}.gate_up_proj"
         )
@@ -203,17 +201,13 @@ def build_gqa_model(
         act = g.op("Mul", [_ACTIVATIONS[spec.activation](g, gate, p), up], f"{p}/act")
         down = g.linear(act, weights[f"{p}.down"], f"{p}.down_proj")
         if spec.post_norms:
-            down = _rms_norm(g, spec, down, weights, f"{p}.post_ffn_norm")
+            down = _rms_norm(g, spec, down, weights, f"{p}.post_ffn_norm", wide)
         last = i == spec.num_layers - 1
         norm_name = "norm" if last else f"layers.{i + 1}.attn_norm"
-        x, _, _, residual = g.ops(
-            "SkipSimplifiedLayerNormalization",
-            [down, residual, g.const(f"{norm_name}.weight", _norm(weights, norm_name, g))],
+        x, residual = _add_and_norm(
+            g, down, residual, _norm(weights, norm_name, g), eps, wide, norm_name,
             "final_norm" if last else f"layers.{i + 1}/attn_norm",
-            4,
-            domain=MS,
-            epsilon=eps,
-        )
+        )  # fmt: skip
     # Shape inference does not know the contrib ops: annotate what the composer looks for.
     rows = seq if exact is None else "padded_sequence_length"
     x.type, x.shape = ir.TensorType(T), ir.Shape([batch, rows, spec.hidden_size])
@@ -282,16 +276,46 @@ _ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh}
 
 
 def _rms_norm(
-    g: GraphBuilder, spec: DecoderSpec, x: ir.Value, weights: dict[str, Any], key: str
+    g: GraphBuilder,
+    spec: DecoderSpec,
+    x: ir.Value,
+    weights: dict[str, Any],
+    key: str,
+    wide: bool = False,
 ) -> ir.Value:
-    """A plain RMSNorm (Gemma's post-attention and post-MLP norms, before the residual add)."""
+    """A plain RMSNorm (Gemma's post-attention and post-MLP norms, before the residual add); with
+    `wide` its output (and weight) is float32, for a float32 residual stream."""
+    weight = _norm(weights, key, g)
     return g.op(
         "SimplifiedLayerNormalization",
-        [x, g.const(f"{key}.weight", _norm(weights, key, g))],
+        [x, g.const(f"{key}.weight", weight.astype(np.float32) if wide else weight)],
         "/".join(key.rsplit(".", 1)),
         axis=-1,
         epsilon=float(spec.rms_norm_eps),
     )
+
+
+def _add_and_norm(
+    g: GraphBuilder,
+    x: ir.Value,
+    residual: ir.Value,
+    weight: np.ndarray,
+    eps: float,
+    wide: bool,
+    key: str,
+    name: str,
+) -> tuple[ir.Value, ir.Value]:
+    """``residual += x``, then the next RMSNorm of it: (normalised, residual). One
+    SkipSimplifiedLayerNormalization; with `wide` (a float32 residual, x already float32) an Add
+    and a SimplifiedLayerNormalization whose output takes the weight's type."""
+    w = g.const(f"{key}.weight", weight)
+    if not wide:
+        normed, _, _, total = g.ops(
+            "SkipSimplifiedLayerNormalization", [x, residual, w], name, 4, domain=MS, epsilon=eps
+        )
+        return normed, total
+    total = g.op("Add", [x, residual], f"{name}/residual")
+    return g.op("SimplifiedLayerNormalization", [total, w], name, axis=-1, epsilon=eps), total
 
 
 def _head_norm(

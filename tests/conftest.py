@@ -149,6 +149,14 @@ def real_gguf_gpu_export(real_gguf: Path):
 
 
 @pytest.fixture(scope="session")
+def real_gguf_gpu_fp16_export(real_gguf: Path):
+    """The real Q4_K_M file's GPU export as `export FILE --device cuda` makes it: fp16 weights."""
+    return export_cached(
+        real_gguf, CACHE / "gemma3-270m-q4_k_m-cuda-fp16", device="cuda", verify_tokens=0
+    )
+
+
+@pytest.fixture(scope="session")
 def embedded_export():
     """The embedded SmolLM2 in optimum's layout, fp32 (de-quantised through transformers)."""
     _need_embedded()

@@ -130,3 +130,41 @@ def test_the_gpu_export_of_a_small_gguf_takes_fp16_weights(params, precision, de
     info = GGUFInfo("llama", Counter({"Q4_K": 10}), params, {}, {"blk.0.w": "Q4_K"})
     src = Source("gguf", Path("model.gguf"), "model")
     assert resolve_options(src, info, "llama", "auto", precision, device) == ("gqa", expected)
+
+
+@pytest.fixture(scope="module")
+def real_gguf_float_export(real_gguf):
+    """The real Q4_K_M file exported for the CPU computing in float (accuracy level 0)."""
+    from _exports import export_cached
+    from conftest import CACHE
+
+    out = CACHE / "gemma3-270m-q4_k_m-a0"
+    return export_cached(real_gguf, out, accuracy_level=0, verify_tokens=0)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("fixture", "precision"),
+    [("real_gguf_gpu_fp16_export", "fp16"), ("real_gguf_gpu_export", "gguf")],
+)
+def test_gemma_gpu_export_keeps_its_residual_stream_in_float32(
+    request, real_gguf_float_export, fixture, precision
+):
+    """Gemma 3 270M's residual stream passes fp16's 65504 by its 8th layer, so an fp16 export
+    whose residual were fp16 decoded NaN from the first token. Kept in float32, the GPU export (on
+    the CPU provider) gives the float CPU export's greedy tokens for the same Q4_K_M file."""
+    real_gguf_export = real_gguf_float_export
+    result = request.getfixturevalue(fixture)
+    assert result.manifest["precision"] == precision
+    ops, kv = _ops_and_kv(result.model_path)
+    assert kv == onnx.TensorProto.FLOAT16 and ops["SkipSimplifiedLayerNormalization"] == 0
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(result.output / "tokenizer.json"))
+    ids = [2, *tokenizer.encode("The capital of France is", add_special_tokens=False).ids]
+    reference = ort_greedy(real_gguf_export.model_path, ids, 24)
+    gpu = ort_greedy(result.model_path, ids, 24)
+    same = next((i for i, (a, b) in enumerate(zip(gpu, reference, strict=True)) if a != b), 24)
+    assert same >= 16, f"diverges at token {same}: {gpu} against {reference}"
+    score = mean_logprob(result.model_path, ids, reference)
+    assert abs(score - mean_logprob(real_gguf_export.model_path, ids, reference)) <= 0.01
