@@ -37,7 +37,12 @@ from onnxsample.engine._requests import Requests
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._scheduler import Scheduler, Stats
 from onnxsample.engine._sequence import Sequence
-from onnxsample.engine._session import check_cuda_graph, create_session, warn_if_cpu_shaped
+from onnxsample.engine._session import (
+    captured_by_default,
+    check_cuda_graph,
+    create_session,
+    warn_if_cpu_shaped,
+)
 from onnxsample.engine._slots import SlotState
 from onnxsample.engine.request import Request
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
@@ -85,7 +90,7 @@ class Engine:
     provider, a model composed with ``static=True``) replays each decode step as a captured CUDA
     graph: every slot decodes with one shape, inputs written in place into fixed device buffers;
     prefill runs uncaptured. Left at None it is on where it can be, measured faster at every batch
-    size on an H100: ``provider="cuda"``, a static chain and no speculation.
+    size on an H100: ``provider="cuda"``, a static chain, no speculation, attention on CUDA.
 
     Use it as a context manager, or call :meth:`close`.
     """
@@ -123,8 +128,7 @@ class Engine:
         self.threads, self.max_len, self.max_queue = threads, max_len, max_queue
         self.prefill_chunk, self.prefix_reuse = prefill_chunk, bool(prefix_reuse)
         if cuda_graph is None:
-            found = composed_metadata(self.path) if provider == "cuda" else None
-            cuda_graph = found is not None and found.static and speculative is None
+            cuda_graph = captured_by_default(self.path, provider, speculative)
         if cuda_graph:
             if provider == "cpu":
                 raise InvalidParameter("cuda_graph needs the CUDA provider (provider='cuda')")

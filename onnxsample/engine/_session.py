@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from onnxsample.errors import InvalidParameter, ModelError, RuntimeUnavailable
-from onnxsample.metadata import ComposedMetadata
+from onnxsample.metadata import ComposedMetadata, composed_metadata
 
 __all__ = [
     "GRAPH_DEVICES",
@@ -149,6 +149,22 @@ def check_cuda_graph(meta: ComposedMetadata | None, name: str) -> None:
             f"cuda_graph needs a GroupQueryAttention export (fixed KV buffers): {name} grows its "
             "cache by concatenation (onnxsample export --device cuda)"
         )
+
+
+def captured_by_default(path: Path, provider: str, speculative: str | None) -> bool:
+    """What ``Engine(cuda_graph=None)`` means: capture where it can be had, that is on
+    ``provider="cuda"`` without speculation, for a static chain over a GroupQueryAttention export
+    whose attention runs on CUDA (an fp32 one keeps it on the CPU, which capture refuses)."""
+    if provider != "cuda" or speculative is not None:
+        return False
+    meta = composed_metadata(path)
+    if meta is None or not meta.static or meta.kv_layout != "gqa":
+        return False
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    pasts = [i for i in graph.input if i.name.startswith("past_key_values.")]
+    return not any(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in pasts)
 
 
 def warn_if_cpu_shaped(meta: ComposedMetadata, pasts: dict, path: Path) -> None:

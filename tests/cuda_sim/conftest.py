@@ -70,7 +70,7 @@ def device() -> Device:
 @pytest.fixture(scope="session")
 def gpu_models(tiny_gpu_export, tiny_gqa_export) -> dict[str, Path]:
     """The tiny model's GPU export (fp16 GQA), composed static and branching (with draft
-    verification), each also greedy-only; and the CPU export (fp32 GQA) composed branching."""
+    verification), each also greedy-only; and the CPU export (fp32 GQA) composed both ways."""
     from onnxsample.composer import compose
 
     folder = tiny_gpu_export.output
@@ -86,6 +86,9 @@ def gpu_models(tiny_gpu_export, tiny_gqa_export) -> dict[str, Path]:
     cpu = tiny_gqa_export.output
     models["cpu-shaped"] = _composed(
         compose, cpu, cpu / "composed-cuda-probe.onnx", dict(CHAIN_OPTIONS)
+    )
+    models["cpu-shaped-static"] = _composed(
+        compose, cpu, cpu / "composed-cuda-probe-static.onnx", dict(static=True, **CHAIN_OPTIONS)
     )
     return models
 

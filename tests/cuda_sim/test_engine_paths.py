@@ -108,10 +108,13 @@ def test_kv_buffers_grow_and_shrink_under_a_running_request(
         assert report["counters"]["captures"] >= 4  # both parities, before and after the growth
 
 
-@pytest.mark.parametrize(("variant", "captures"), [("static", 2), ("branching", 0)])
+@pytest.mark.parametrize(
+    ("variant", "captures"), [("static", 2), ("branching", 0), ("cpu-shaped-static", 0)]
+)
 def test_the_engine_captures_by_default_where_it_can(device, gpu_models, variant, captures):
-    """Engine(provider="cuda") left to its default replays a static chain's decode steps and runs
-    a branching chain uncaptured, without an error."""
+    """Engine(provider="cuda") left to its default replays a static chain's decode steps, and runs
+    uncaptured, without an error, a branching chain and an export whose fp32 attention stays on
+    the CPU (which capture would refuse)."""
     report = device.probe(
         "engine", gpu_models[variant], "copies", "--default-graph", "--tokenizer",
         gpu_models["folder"],
