@@ -21,6 +21,7 @@ from onnxsample.metadata import ComposedMetadata, composed_metadata
 __all__ = [
     "GRAPH_DEVICES",
     "PROVIDERS",
+    "captured_by_default",
     "check_cuda_graph",
     "create_session",
     "require_provider",
