@@ -54,6 +54,11 @@ def require_export_stack() -> None:
         )
 
 
+class DifferentExport(ExportError):
+    """The output folder holds another export: another request, or the same one made by other
+    exporter versions (``force=True`` overwrites it)."""
+
+
 @dataclass
 class ExportResult:
     """What :func:`export` produced: the folder, its manifest, and what it cost."""
@@ -266,7 +271,7 @@ def _reuse(out: Path, key: dict[str, Any], force: bool) -> dict[str, Any] | None
             existing.get("precision", "?"),
         )
     )
-    raise ExportError(
+    raise DifferentExport(
         f"{out} holds a different export ({what}, other request or exporter versions); pass --force to overwrite it"
     )
 

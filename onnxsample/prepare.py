@@ -100,6 +100,7 @@ def prepare(
     )
     if model is None:
         from onnxsample.exporters import export
+        from onnxsample.exporters._export import DifferentExport
         from onnxsample.exporters._options import export_name
         from onnxsample.exporters.embedded import EMBEDDED_NAME
 
@@ -111,7 +112,11 @@ def prepare(
         if attention == "exact":
             options["attention"] = attention
         folder = cache_dir() / export_name(EMBEDDED_NAME, **options)
-        export(None, folder, progress=progress, **options)
+        try:
+            export(None, folder, progress=progress, **options)
+        except DifferentExport:  # our own cache, written by other exporter versions
+            log.info("%s was exported by other versions: exporting it again", folder)
+            export(None, folder, progress=progress, force=True, **options)
     else:
         path = Path(model)
         if path.is_file():

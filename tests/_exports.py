@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from onnxsample.errors import ExportError
-
 
 def export_cached(source, output: Path, **options):
     """export() into a cache folder; an older export there (other request or versions) is replaced."""
     from onnxsample.exporters import export
+    from onnxsample.exporters._export import DifferentExport
 
     try:
         return export(source, output, **options)
-    except ExportError as exc:
-        if "different export" not in str(exc):
-            raise
+    except DifferentExport:
         return export(source, output, force=True, **options)

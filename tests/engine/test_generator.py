@@ -316,6 +316,32 @@ def test_prepare_reuses_an_up_to_date_composed_model_and_rebuilds_a_stale_one(
     )
 
 
+@pytest.mark.integration
+def test_prepare_exports_the_embedded_model_again_over_another_versions_export(
+    tmp_path, monkeypatch
+):
+    """`onnxsample run` with no model keeps the embedded model's export in the user cache; one
+    written by other exporter versions (an upgrade) is made again, not refused."""
+    import json
+
+    from conftest import _need_embedded
+
+    from onnxsample.exporters._manifest import EXPORTER_REVISION, MANIFEST_NAME
+
+    _need_embedded()
+    from onnxsample.prepare import prepare
+
+    monkeypatch.setenv("ONNXSAMPLE_CACHE", str(tmp_path))
+    composed = prepare(None)
+    manifest = composed.parent / MANIFEST_NAME
+    old = json.loads(manifest.read_text())
+    old["exporter"]["revision"] = EXPORTER_REVISION - 1  # as an older onnxsample wrote it
+    manifest.write_text(json.dumps(old))
+    again = prepare(None)
+    assert again.parent == composed.parent and again.is_file()
+    assert json.loads(manifest.read_text())["exporter"]["revision"] == EXPORTER_REVISION
+
+
 @pytest.mark.parametrize(
     ("model", "attention", "message"),
     [
