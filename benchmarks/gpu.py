@@ -71,6 +71,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--gguf", type=Path, help="the GGUF for llama.cpp (default: the embedded one)")
     p.add_argument("--threads", type=int, help="llama.cpp's CPU threads (its default otherwise)")
     args = p.parse_args(argv)
+    if (args.gguf or args.threads) and not args.llama_batched_bench:
+        p.error("--gguf and --threads are llama.cpp's: they need --llama-batched-bench")
     args.batch = ints(args.batch, "batch")
     args.max_slots = args.max_slots or max(args.batch)
     if args.max_slots < max(args.batch):
@@ -224,12 +226,11 @@ def _load(args: argparse.Namespace, log) -> tuple[dict, dict]:
 
 
 def llama_cpp(args: argparse.Namespace, prompt_tokens: int, log) -> dict[int, list[dict]]:
-    """llama-batched-bench's decode and prompt rates on the same GGUF, by batch size: one list of
+    """llama-batched-bench's decode and prompt rates on `args.gguf`, by batch size: one list of
     rows per batch, one row per repetition (module doc)."""
-    gguf = args.gguf or _embedded_gguf()
     command = [
         str(args.llama_batched_bench),
-        "-m", str(gguf),
+        "-m", str(args.gguf),
         "-c", str((prompt_tokens + args.new_tokens) * max(args.batch) + 64),
         "-b", "2048", "-ub", "512",
         "-npp", str(prompt_tokens), "-ntg", str(args.new_tokens),
@@ -266,12 +267,6 @@ def llama_cpp(args: argparse.Namespace, prompt_tokens: int, log) -> dict[int, li
     return found
 
 
-def _embedded_gguf() -> Path:
-    from onnxsample.exporters.embedded import embedded_gguf
-
-    return embedded_gguf()
-
-
 def _table(runs: list[dict], base: list[dict] | None) -> dict:
     """Median and spread of each figure; with `base` (branching's runs), the ratio of the medians."""
     out: dict = {k: summary([r[k] for r in runs], 2) for k in KEYS}
@@ -292,6 +287,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"export the model first: onnxsample export --device cuda -o {args.model}")
     import onnxruntime as ort
 
+    if args.llama_batched_bench and args.gguf is None:
+        from onnxsample.exporters.embedded import embedded_gguf
+
+        args.gguf = embedded_gguf()
     loads = [load_average()]
     loaded, skipped = _load(args, log)
     ids = loaded["branching"].engine.tokenizer.apply_chat_template(
@@ -358,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
                 "sampling": SAMPLED,
                 "compose": COMPOSE,
                 "llama_batched_bench": str(args.llama_batched_bench or ""),
-                "gguf": str(args.gguf or (_embedded_gguf() if args.llama_batched_bench else "")),
+                "gguf": str(args.gguf or ""),
             },
             "skipped": skipped,
             "results": results,

@@ -186,8 +186,7 @@ def build_gqa_model(
         o = g.linear(attn, weights[f"{p}.o"], f"{p}.o_proj")
         if spec.post_norms:
             o = _rms_norm(g, spec, o, weights, f"{p}.post_attn_norm", wide)
-        x, residual = _add_and_norm(g, o, residual, _norm(weights, f"{p}.ffn_norm", g), eps, wide,
-                                    f"{p}.ffn_norm", f"{p}/ffn_norm")  # fmt: skip
+        x, residual = _add_and_norm(g, o, residual, weights, f"{p}.ffn_norm", eps, wide)
         gate_up = g.linear(
             x, concat_weights([weights[f"{p}.gate"], weights[f"{p}.up"]]), f"{p}.gate_up_proj"
         )
@@ -205,9 +204,8 @@ def build_gqa_model(
         last = i == spec.num_layers - 1
         norm_name = "norm" if last else f"layers.{i + 1}.attn_norm"
         x, residual = _add_and_norm(
-            g, down, residual, _norm(weights, norm_name, g), eps, wide, norm_name,
-            "final_norm" if last else f"layers.{i + 1}/attn_norm",
-        )  # fmt: skip
+            g, down, residual, weights, norm_name, eps, wide, "final_norm" if last else None
+        )
     # Shape inference does not know the contrib ops: annotate what the composer looks for.
     rows = seq if exact is None else "padded_sequence_length"
     x.type, x.shape = ir.TensorType(T), ir.Shape([batch, rows, spec.hidden_size])
@@ -299,16 +297,18 @@ def _add_and_norm(
     g: GraphBuilder,
     x: ir.Value,
     residual: ir.Value,
-    weight: np.ndarray,
+    weights: dict[str, Any],
+    key: str,
     eps: float,
     wide: bool,
-    key: str,
-    name: str,
+    name: str | None = None,
 ) -> tuple[ir.Value, ir.Value]:
-    """``residual += x``, then the next RMSNorm of it: (normalised, residual). One
-    SkipSimplifiedLayerNormalization; with `wide` (a float32 residual, x already float32) an Add
-    and a SimplifiedLayerNormalization whose output takes the weight's type."""
-    w = g.const(f"{key}.weight", weight)
+    """``residual += x``, then the RMSNorm `key` of it: (normalised, residual), the node named
+    `name` (default `key` with its last dot a slash). One SkipSimplifiedLayerNormalization; with
+    `wide` (a float32 residual, x already float32) an Add and a SimplifiedLayerNormalization whose
+    output takes the weight's type."""
+    name = name or "/".join(key.rsplit(".", 1))
+    w = g.const(f"{key}.weight", _norm(weights, key, g))
     if not wide:
         normed, _, _, total = g.ops(
             "SkipSimplifiedLayerNormalization", [x, residual, w], name, 4, domain=MS, epsilon=eps
