@@ -6,7 +6,13 @@ assembles the ones a chain needs into one ``SamplerChain`` function, and
 """
 
 from onnxsample.graphs._common import DOMAIN, DOMAIN_VERSION
-from onnxsample.graphs.candidates import CANDIDATES, WIDER_CANDIDATES, Candidates, Truncate
+from onnxsample.graphs.candidates import (
+    CANDIDATES,
+    STATIC_CANDIDATES,
+    WIDER_CANDIDATES,
+    Candidates,
+    Truncate,
+)
 from onnxsample.graphs.chain import (
     CANONICAL_ORDER,
     CHAIN_FUNCTION,
@@ -34,6 +40,7 @@ __all__ = [
     "CHAIN_FUNCTION",
     "DOMAIN",
     "DOMAIN_VERSION",
+    "STATIC_CANDIDATES",
     "WIDER_CANDIDATES",
     "Candidates",
     "ChainConfig",

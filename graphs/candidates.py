@@ -5,6 +5,12 @@ Top-k, top-p and min-p each keep the tokens whose logit is at least a per-slot t
 the vocabulary after every filter. When a slot's kept set lies inside its candidates (its floor is
 above the last candidate), top-p and the draw work on the candidates alone; otherwise they fall back
 to a wider candidate set and then to the whole row. Which path a slot takes depends only on that slot, never on the rest of the batch.
+
+The static chain (CUDA graphs) sorts no whole row: it takes the ``STATIC_CANDIDATES`` largest from
+one ``TopK`` (ONNX Runtime's CUDA ``TopK`` selects up to 4096 in one launch for every row, and sorts
+row by row past that), the branching chain's ``CANDIDATES`` being their leading columns. A slot
+whose top-k, top-p or typical-p set reaches past them is *flagged*, and the engine draws its token
+on the host with the branching chain (``sampler.fallback``).
 """
 
 from onnxscript import BOOL, FLOAT, INT64, script
@@ -14,6 +20,7 @@ from onnxsample.graphs._common import NEG_INF, onnxsample
 
 CANDIDATES = 64
 WIDER_CANDIDATES = 1024
+STATIC_CANDIDATES = 256  # one block of graphs._rows.RunningSum: the same prefix sums as CumSum's
 
 
 @script(onnxsample)
@@ -30,12 +37,24 @@ def Candidates(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FL
 
 
 @script(onnxsample)
-def SortedRow(z: FLOAT["S", "V"]) -> FLOAT["S", "V"]:
-    """The whole row sorted descending: the static chain's one sort, from which top-k's k-th value
-    and top-p's wider and exact prefixes are read (the same numbers the branching chain's fallback
-    ``TopK`` calls return). z: FLOAT["S", "V"] → FLOAT["S", "V"]."""
-    values, _ = op.TopK(z, op.Shape(z, start=1, end=2), axis=1, largest=1, sorted=1)
-    return values
+def CandidatesStatic(
+    z: FLOAT["S", "V"],
+) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1], FLOAT["S", "W"]]:
+    """``Candidates`` and the W = min(``STATIC_CANDIDATES``, V) largest logits from one ``TopK``:
+    the C leading columns are ``Candidates``' numbers (``TopK`` orders ties by id either way), the
+    maximum is the first.
+
+    z: FLOAT["S", "V"] → (FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1], FLOAT["S", "W"]).
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    vocab = op.Shape(z, start=1, end=2)
+    width = op.Min(op.Constant(value_ints=[STATIC_CANDIDATES]), vocab)
+    count = op.Min(op.Constant(value_ints=[CANDIDATES]), vocab)
+    wide, wide_ids = op.TopK(z, width, axis=1, largest=1, sorted=1)
+    values = op.Slice(wide, zero, count, one)
+    ids = op.Slice(wide_ids, zero, count, one)
+    return values, ids, op.Slice(wide, zero, one, one), wide
 
 
 @script(onnxsample)

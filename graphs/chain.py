@@ -28,6 +28,8 @@ CHAIN_FUNCTION = "SamplerChain"
 PREFIX = "sampler."
 CANONICAL_ORDER = SAMPLER_NAMES
 ALLOWED = "allowed"  # the allowed-tokens mask (structured output), when the chain has one
+# A static chain's slots whose token the host draws again (and the rows it draws from).
+FALLBACK, FALLBACK_LOGITS = "fallback", "fallback_logits"
 # Per-slot inputs of each sampler: (name without prefix, element type, trailing dims).
 _SLOT = ("S",)
 _ROW = ("S", "V")
@@ -54,7 +56,9 @@ class ChainConfig:
     effective with ``max_bias`` > 0 (its table has ``max_bias`` entries per slot). ``static``
     builds the chain without control flow or data-dependent shapes (CUDA graphs): every path the
     branching chain may skip is computed and each slot takes the result the branching chain gives
-    it; one sort of the whole row stands in for the fallbacks' own ``TopK`` calls.
+    it, except that no whole row is sorted: a slot whose top-k, top-p or typical-p set reaches
+    past the ``STATIC_CANDIDATES`` largest is flagged (``fallback``) for the host, which takes
+    its token from the branching chain over its row (``fallback_logits``).
     ``allowed_tokens`` adds the per-slot mask of allowed tokens (structured output), applied
     right after the logit bias."""
 
@@ -71,6 +75,16 @@ class ChainConfig:
         if name == "logit_bias":
             return name in self.samplers and self.max_bias > 0
         return name in self.samplers
+
+    @property
+    def flags_fallback(self) -> bool:
+        """Whether some slot may need the host's fallback: a static chain that draws, with a
+        filter whose kept set can reach past the static candidates."""
+        return (
+            self.static
+            and self.has("dist")
+            and any(self.has(n) for n in ("top_k", "top_p", "typical_p"))
+        )
 
 
 def chain_inputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]:
@@ -105,6 +119,8 @@ def chain_outputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]
             (PREFIX + "candidate_ids", T_INT64, ("S", "K")),
             (PREFIX + "candidate_logits", T_FLOAT, ("S", "K")),
         ]
+    if config.flags_fallback:
+        found += [(PREFIX + FALLBACK, T_BOOL, _SLOT), (PREFIX + FALLBACK_LOGITS, T_FLOAT, _ROW)]
     return found
 
 
@@ -119,6 +135,25 @@ def _greedy_rows_skip_draw(body: FunctionBody, floor: str, whole_rows: str) -> t
     body.op("Not", ["draw_greedy_rows"], ["draw_sampled_rows"])
     body.op("And", [whole_rows, "draw_sampled_rows"], ["draw_whole_rows"])
     return "draw_floor", "draw_whole_rows"
+
+
+def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str]) -> None:
+    """``fallback`` BOOL[S]: the slots that draw (not greedy) with some flag of `beyond` set;
+    ``fallback_logits``: the rows the chain read, for the host to draw them again."""
+    flagged = beyond[0]
+    for i, name in enumerate(beyond[1:]):
+        body.op("Or", [flagged, name], [f"beyond_{i}"])
+        flagged = f"beyond_{i}"
+    body.op("Constant", [], ["fallback_columns"], value=helper.make_tensor("c", T_INT64, [1], [1]))
+    body.op("Squeeze", [flagged, "fallback_columns"], ["beyond_rows"])
+    if config.has("temperature"):
+        below = _scalar("fallback_greedy_below", GREEDY_BELOW)
+        body.op("Constant", [], ["fallback_greedy_below"], value=below)
+        body.op("GreaterOrEqual", ["temperature", "fallback_greedy_below"], ["fallback_drawn"])
+        body.op("And", ["beyond_rows", "fallback_drawn"], [FALLBACK])
+    else:
+        body.op("Identity", ["beyond_rows"], [FALLBACK])
+    body.op("Identity", ["rows"], [FALLBACK_LOGITS])
 
 
 def _scalar(name: str, value: float) -> onnx.TensorProto:
@@ -166,20 +201,23 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     floors = [n for n in ("top_k", "top_p", "min_p") if config.has(n)]
     floor = "no_floor"
     body.op("Constant", [], [floor], value=helper.make_tensor(floor, T_FLOAT, [1, 1], [-np.inf]))
-    if floors:
+    beyond: list[str] = []  # a static chain's per-slot flags: the kept set is past its candidates
+    if floors and static:
+        body.call("CandidatesStatic", [z], ["candidates", "candidate_ids_all", "top", "wide"])
+    elif floors:
         body.call("Candidates", [z], ["candidates", "candidate_ids_all", "top"])
-    if static and (config.has("top_k") or config.has("top_p")):
-        body.call("SortedRow", [z], ["sorted_row"])
     if config.has("top_k"):
         if static:
-            body.call("TopKStatic", [z, "sorted_row", "top_k"], ["floor_top_k"])
+            body.call("TopKStatic", [z, "wide", "top_k"], ["floor_top_k", "beyond_top_k"])
+            beyond.append("beyond_top_k")
         else:
             body.call("TopK", [z, "candidates", "top_k"], ["floor_top_k"])
         floor = "floor_top_k"
     if config.has("top_p"):
         if static:
-            top_p_inputs = [z, "candidates", "sorted_row", "top", floor, "top_p"]
-            body.call("TopPStatic", top_p_inputs, ["floor_top_p"])
+            top_p_inputs = [z, "candidates", "wide", "top", floor, "top_p"]
+            body.call("TopPStatic", top_p_inputs, ["floor_top_p", "beyond_top_p"])
+            beyond.append("beyond_top_p")
         else:
             body.call("TopP", [z, "candidates", "top", floor, "top_p"], ["floor_top_p"])
         floor = "floor_top_p"
@@ -188,8 +226,12 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         floor = "floor_min_p"
     draw_z = z
     if config.has("typical_p"):
-        typical_fn = "TypicalPStatic" if static else "TypicalP"
-        body.call(typical_fn, [z, floor, "typical_p"], ["typical", "typical_rows"])
+        if static:
+            typical_out = ["typical", "typical_rows", "beyond_typical"]
+            body.call("TypicalPStatic", [z, floor, "typical_p"], typical_out)
+            beyond.append("beyond_typical")
+        else:
+            body.call("TypicalP", [z, floor, "typical_p"], ["typical", "typical_rows"])
         draw_z, whole_rows = "typical", "typical_rows"
     else:
         whole_rows = "no_whole_rows"
@@ -250,6 +292,9 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
             sorted=1,
         )
         outputs += ["candidate_ids", "candidate_logits"]
+    if config.flags_fallback:
+        _fallback(body, config, beyond)
+        outputs += [FALLBACK, FALLBACK_LOGITS]
     inputs = ["logits"] + [name[len(PREFIX) :] for name, _, _ in chain_inputs(config)]
     return helper.make_function(
         DOMAIN,

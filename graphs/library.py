@@ -19,7 +19,7 @@ from onnxsample.graphs._common import (
 )
 from onnxsample.graphs._rows import RowMax, RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
-from onnxsample.graphs.candidates import Candidates, Contained, SortedRow, Truncate
+from onnxsample.graphs.candidates import Candidates, CandidatesStatic, Contained, Truncate
 from onnxsample.graphs.dist import (
     CandidateDraw,
     Dist,
@@ -92,7 +92,7 @@ _SCRIPTS = (
     GreedyRows,
     SelectGreedy,
     Candidates,
-    SortedRow,
+    CandidatesStatic,
     Contained,
     Truncate,
     TopKOff,

@@ -7,7 +7,8 @@ on how a sort orders ties.
 
 The common case never sorts the vocabulary: the first ``CANDIDATES`` keys come from one ``TopK``; only
 when some slot's candidates do not reach its mass does the function sort every token. Both paths
-compute the same prefix sums over the same order, so the kept set is the same whichever ran.
+compute the same prefix sums over the same order, so the kept set is the same whichever ran. The
+static twin stops at ``STATIC_CANDIDATES`` keys and flags the slots they do not reach.
 """
 
 from onnxscript import BOOL, FLOAT, INT64, script
@@ -16,7 +17,7 @@ from onnxscript import opset18 as op
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RunningSum
-from onnxsample.graphs.candidates import CANDIDATES
+from onnxsample.graphs.candidates import CANDIDATES, STATIC_CANDIDATES
 
 
 @script(onnxsample)
@@ -65,12 +66,15 @@ def MassThreshold(
 @script(onnxsample)
 def MassThresholdStatic(
     key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], off: BOOL["S", 1]
-) -> FLOAT["S", 1]:
-    """``MassThreshold`` without control flow: both prefixes, each slot taking the candidates'
-    threshold where they reach its mass (the same number as the whole sort's there). Same inputs
-    and output."""
-    candidates = op.Constant(value_ints=[CANDIDATES])
-    vocab = op.Shape(key, start=1, end=2)
-    threshold, reached = PrefixThreshold(key, p, mass, candidates)
-    exact, _ = PrefixThreshold(key, p, mass, vocab)
-    return op.Where(op.Or(reached, off), threshold, exact)
+) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
+    """``MassThreshold`` without control flow or a sort of the row: the prefix over the
+    ``STATIC_CANDIDATES`` largest keys (one ``RunningSum`` block: the leading prefix sums of both
+    paths of ``MassThreshold``, so the same threshold where it lies among them), and a flag for the
+    slots whose prefix reaches past them (the host's fallback).
+
+    key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; off: BOOL["S", 1] → (FLOAT["S", 1],
+    BOOL["S", 1]).
+    """
+    width = op.Constant(value_ints=[STATIC_CANDIDATES])
+    threshold, reached = PrefixThreshold(key, p, mass, width)
+    return threshold, op.Not(op.Or(reached, off))

@@ -1,8 +1,8 @@
 """Top-k: keep the k largest logits of each slot (ties at the k-th value kept), as transformers'
 ``TopKLogitsWarper``. The k-th value comes from the candidate set, or from one more ``TopK`` with the
 largest k of the batch when some k exceeds it; never a full sort. The static twin reads it from the
-row sorted once for the whole static chain (the same values: ``TopK`` returns the row's own
-numbers, largest first)."""
+static chain's wider candidates (the same values: ``TopK`` returns the row's own numbers, largest
+first) and flags a slot whose k reaches past them."""
 
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
@@ -47,12 +47,19 @@ def TopK(z: FLOAT["S", "V"], candidates: FLOAT["S", "C"], top_k: INT64["S"]) -> 
 
 
 @script(onnxsample)
-def TopKStatic(z: FLOAT["S", "V"], sorted_z: FLOAT["S", "V"], top_k: INT64["S"]) -> FLOAT["S", 1]:
-    """``TopK`` without control flow, from the whole row sorted descending.
+def TopKStatic(
+    z: FLOAT["S", "V"], wide: FLOAT["S", "W"], top_k: INT64["S"]
+) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
+    """``TopK`` without control flow, from the W largest logits: the floor, and whether k > W (the
+    floor is then not known here: the slot is flagged for the host's fallback).
 
-    z, sorted_z: FLOAT["S", "V"]; top_k: INT64["S"] → FLOAT["S", 1].
+    z: FLOAT["S", "V"]; wide: FLOAT["S", "W"] (descending); top_k: INT64["S"] → (FLOAT["S", 1],
+    BOOL["S", 1]).
     """
     ninf = op.Constant(value_float=NEG_INF)
+    one_i = op.Constant(value_int=1)
     off, k_on = TopKOff(z, top_k)
-    kth = op.GatherElements(sorted_z, op.Sub(k_on, op.Constant(value_int=1)), axis=1)
-    return op.Where(off, ninf, kth)
+    width = op.Shape(wide, start=1, end=2)
+    kth = op.GatherElements(wide, op.Sub(op.Min(k_on, width), one_i), axis=1)
+    beyond = op.And(op.Not(off), op.Greater(k_on, width))
+    return op.Where(off, ninf, kth), beyond

@@ -1,6 +1,6 @@
 """Top-p (nucleus), exact over every token the earlier filters left."""
 
-from onnxscript import DOUBLE, FLOAT, script
+from onnxscript import BOOL, DOUBLE, FLOAT, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
@@ -148,17 +148,19 @@ def TopP(
 def TopPStatic(
     z: FLOAT["S", "V"],
     candidates: FLOAT["S", "C"],
-    sorted_z: FLOAT["S", "V"],
+    wide: FLOAT["S", "W"],
     top: FLOAT["S", 1],
     floor: FLOAT["S", 1],
     top_p: FLOAT["S"],
-) -> FLOAT["S", 1]:
-    """``TopP`` without control flow: every path computed, each slot taking the one ``TopP`` takes
-    for it, so the floors are the same numbers. The ``WIDER_CANDIDATES`` largest are the leading
-    columns of `sorted_z` (the whole row sorted descending, shared by the static chain).
+) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
+    """``TopP`` without control flow or a sort of the row: the normaliser as ``TopP`` sums it (over
+    the candidates, or one pass over the whole row), the prefix over the W = ``STATIC_CANDIDATES``
+    largest (one ``RunningSum`` block: the leading prefix sums of every path of ``TopP``, so the
+    same floor wherever the crossing lies among them), and a flag for the slots whose nucleus
+    reaches past them (their floor is then not known here: the host's fallback).
 
-    z, sorted_z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; top, floor: FLOAT["S", 1];
-    top_p: FLOAT["S"] → FLOAT["S", 1].
+    z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; wide: FLOAT["S", "W"] (descending); top,
+    floor: FLOAT["S", 1]; top_p: FLOAT["S"] → (FLOAT["S", 1], BOOL["S", 1]).
     """
     axis = op.Constant(value_ints=[1])
     one_f = op.Constant(value_float=1.0)
@@ -166,12 +168,6 @@ def TopPStatic(
     off = op.GreaterOrEqual(mass, one_f)
     inside = Contained(z, candidates, floor)
     total = op.Where(inside, MassTotal(candidates, top, floor), MassTotal(z, top, floor))
-    nucleus, reached_mass = NucleusFloor(candidates, top, floor, total, mass)
-    missed = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
-    wider = op.Min(op.Constant(value_ints=[WIDER_CANDIDATES]), op.Shape(z, start=1, end=2))
-    wide_z = op.Slice(sorted_z, op.Constant(value_ints=[0]), wider, axis)
-    wide, wide_mass = NucleusFloorLong(wide_z, top, floor, total, mass)
-    still = op.Not(op.Or(op.GreaterOrEqual(wide_mass, mass), off))
-    exact, _ = NucleusFloorLong(sorted_z, top, floor, total, mass)
-    threshold = op.Where(missed, op.Where(still, exact, wide), nucleus)
-    return op.Where(off, floor, op.Max(floor, threshold))
+    nucleus, reached_mass = NucleusFloor(wide, top, floor, total, mass)
+    beyond = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
+    return op.Where(off, floor, op.Max(floor, nucleus)), beyond

@@ -56,14 +56,16 @@ def TypicalP(
 @script(onnxsample)
 def TypicalPStatic(
     z: FLOAT["S", "V"], floor: FLOAT["S", 1], typical_p: FLOAT["S"]
-) -> tuple[FLOAT["S", "V"], BOOL["S", 1]]:
-    """``TypicalP`` without control flow (off slots come back truncated to their floor, which the
-    draw applies anyway). Same inputs and outputs."""
+) -> tuple[FLOAT["S", "V"], BOOL["S", 1], BOOL["S", 1]]:
+    """``TypicalP`` without control flow or a sort of the row (off slots come back truncated to
+    their floor, which the draw applies anyway): its outputs, and the slots whose typical set
+    reaches past the ``STATIC_CANDIDATES`` most typical tokens (the host's fallback)."""
     axis = op.Constant(value_ints=[1])
     one_f = op.Constant(value_float=1.0)
     ninf = op.Constant(value_float=NEG_INF)
     mass = op.Unsqueeze(typical_p, axis)
     off = op.GreaterOrEqual(mass, one_f)
     key, p, kept = TypicalKey(z, floor)
-    threshold = op.Where(off, ninf, MassThresholdStatic(key, p, mass, off))
-    return op.Where(op.GreaterOrEqual(key, threshold), kept, ninf), op.Not(off)
+    threshold, beyond = MassThresholdStatic(key, p, mass, off)
+    threshold = op.Where(off, ninf, threshold)
+    return op.Where(op.GreaterOrEqual(key, threshold), kept, ninf), op.Not(off), beyond

@@ -32,8 +32,9 @@ CONTRACT_VERSION = "1"
 # (speculative decoding) in the run options. 6: batch-wide conditions valid on empty rows (CUDA);
 # the static chain. 7: the allowed-tokens mask. 8: the penalty counts gain only the emitted cells
 # (no [S, V] scatter, no widened copy); greedy rows skip the draw. 9: row maxima and long running
-# sums in blocks (RowMax, RunningSum: fast on CUDA).
-COMPOSER_REVISION = "9"
+# sums in blocks (RowMax, RunningSum: fast on CUDA). 10: the static chain sorts no whole row and
+# flags the slots past its candidates (sampler.fallback, sampler.fallback_logits).
+COMPOSER_REVISION = "10"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 

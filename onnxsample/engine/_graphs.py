@@ -12,7 +12,7 @@ here binds device buffers only, allocated once per graph:
   live on the device anyway (the counts swap buffers every step, so each layout has one graph per
   parity; the mask is rewritten in place when a constrained sequence's row changes);
 - the outputs, copied to the host after the replay (only ``sampler.next_token`` and the logprobs
-  come back).
+  come back; a static chain's ``sampler.fallback_logits`` stays in the caller's buffer).
 
 One graph serves one *bucket*: the same KV buffers (a grown cache is a new bucket) and the same
 counts parity. A bucket's first runs are ordinary (ONNX Runtime needs a warm-up before capture),
@@ -68,11 +68,18 @@ class CapturedDecode:
     """
 
     def __init__(
-        self, session, device: str, slots: SlotState, host_outputs: dict, allowed=None
+        self,
+        session,
+        device: str,
+        slots: SlotState,
+        host_outputs: dict,
+        allowed=None,
+        device_outputs: dict | None = None,
     ) -> None:
         self.session, self.device, self.slots = session, device, slots
         self.allowed = allowed  # AllowedTokens, where the graph takes sampler.allowed
         self.host_outputs = host_outputs
+        self.device_outputs = device_outputs or {}  # outputs into the caller's device buffers
         self.outputs = [o.name for o in session.get_outputs()]
         self._types = {i.name: i.type for i in session.get_inputs()}
         self._graphs: dict[tuple, _Graph] = {}
@@ -148,6 +155,9 @@ class CapturedDecode:
                 )
                 binding.bind_ortvalue_output(name, value)
                 outputs[name] = value
+            elif name in self.device_outputs:
+                binding.bind_ortvalue_output(name, self.device_outputs[name])
+                outputs[name] = None  # read by the caller where it needs it
             else:  # the prompt outputs: empty in a decode step
                 binding.bind_output(name, self.device)
         graph_id = self._next_id

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
+from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
 from onnxsample.engine._slots import COUNTS_OUT, SlotState, host_copy
@@ -41,6 +42,7 @@ HOST_OUTPUTS = (
     "sampler.draft_top_logprobs",
     "sampler.candidate_ids",
     "sampler.candidate_logits",
+    FALLBACK_FLAGS,
 )
 DRAFT_TOKENS, DRAFT_UNIFORM = "sampler.draft_tokens", "sampler.draft_uniform"
 PROMPT_OUTPUTS = (
@@ -48,7 +50,7 @@ PROMPT_OUTPUTS = (
     "sampler.prompt_top_logprob_ids",
     "sampler.prompt_top_logprobs",
 )
-_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32}
+_TYPES = {"tensor(int64)": np.int64, "tensor(float)": np.float32, "tensor(bool)": np.bool_}
 
 
 class Runner:
@@ -81,8 +83,21 @@ class Runner:
                     raise ValueError(f"{out.name} must have a fixed shape, got {out.shape}")
                 self.host[out.name] = np.zeros(out.shape, _TYPES[out.type])
         self._bindings: dict[tuple | None, Any] = {}
+        # A static chain's flagged slots: redrawn on the host from the rows the graph read.
+        self.fallback: HostFallback | None = None
+        self.device_outputs: dict[str, Any] = {}
+        self.redrawn = 0  # slots redrawn so far
+        if FALLBACK_ROWS in self.outputs:
+            import onnxruntime as ort
+
+            self.fallback = HostFallback(meta)
+            shape = [meta.max_slots, meta.vocab_size]
+            rows = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, 0)
+            self.device_outputs[FALLBACK_ROWS] = rows
         self.graphs = (
-            CapturedDecode(session, device, slots, self.host, self.allowed) if cuda_graph else None
+            CapturedDecode(session, device, slots, self.host, self.allowed, self.device_outputs)
+            if cuda_graph
+            else None
         )
         self._options = run_options(UNCAPTURED) if cuda_graph else None
 
@@ -96,7 +111,9 @@ class Runner:
         if self.allowed is not None:
             allowed, draft_allowed = self.allowed.for_call(call.sampling, call.drafts)
         if self.graphs is not None and call.kind == "decode" and not call.drafts:
-            return self.graphs.run(call, uniform if self.has_uniform else None), {}
+            host = self.graphs.run(call, uniform if self.has_uniform else None)
+            self._redraw(call, uniform, allowed, host)
+            return host, {}
         self.slots.static()  # rewritten in place if a slot changed
         key = call.reuse
         reused = key in self._bindings
@@ -137,6 +154,7 @@ class Runner:
         self.session.run_with_iobinding(binding, self._options)
         self.slots.advance()
         host: dict[str, Any] = dict(self.host)
+        self._redraw(call, uniform, allowed, host)
         presents: dict[str, Any] = {}
         if order is not None and (call.presents or call.prompt_rows.size):
             values = dict(zip(order, binding.get_outputs(), strict=True))
@@ -144,6 +162,30 @@ class Runner:
             if call.prompt_rows.size:
                 host.update({n: host_copy(values[n]) for n in PROMPT_OUTPUTS if n in values})
         return host, presents
+
+    def _redraw(self, call: Call, uniform: np.ndarray, allowed, host: dict) -> None:
+        """The token (and what goes with it) of each sampling slot the static chain flagged, from
+        the branching chain on the host, written into `host`; the slot's count moves to it."""
+        if self.fallback is None:
+            return
+        flags = host[FALLBACK_FLAGS]
+        flagged = [seq.slot for seq in call.sampling if flags[seq.slot]]
+        if not flagged:
+            return
+        feeds = self.slots.host_inputs()
+        feeds["sampler.row_index"] = call.row_index
+        feeds["sampler.uniform"] = uniform
+        if allowed is not None:
+            feeds[ALLOWED] = host_copy(allowed)
+        redrawn = self.fallback.redraw(host_copy(self.device_outputs[FALLBACK_ROWS]), feeds)
+        for s in flagged:
+            taken = int(host["sampler.next_token"][s])
+            for name, value in redrawn.items():
+                if name in host:
+                    host[name][s] = value[s]
+            self.slots.retake(s, taken, int(host["sampler.next_token"][s]))
+        self.redrawn += len(flagged)
+        log.debug("%d slot(s) past the static candidates drawn on the host", len(flagged))
 
     def invalidate(self) -> None:
         """Forget the kept bindings (after their buffers changed outside a key's knowledge)."""
@@ -168,6 +210,8 @@ class Runner:
                 binding.bind_ortvalue_output(
                     name, ort.OrtValue.ortvalue_from_numpy(self.host[name])
                 )
+            elif name in self.device_outputs:
+                binding.bind_ortvalue_output(name, self.device_outputs[name])
             elif name in PROMPT_OUTPUTS:
                 binding.bind_output(name, "cpu")
             else:

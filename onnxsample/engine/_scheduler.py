@@ -62,6 +62,7 @@ class Stats:
     generated_tokens: int = 0
     drafted_tokens: int = 0  # speculative decoding: draft tokens verified
     accepted_tokens: int = 0  # ... and kept
+    fallback_tokens: int = 0  # a static chain's tokens past its candidates, drawn on the host
     finished: int = 0
     failed: int = 0
 
@@ -279,6 +280,7 @@ class Scheduler:
                 self._fail(seq, error)
             return
         elapsed = time.perf_counter() - start
+        self.stats.fallback_tokens = self.runner.redrawn
         if call.kind == "decode":
             self.stats.decode_s += elapsed
             self.stats.decode_steps += 1

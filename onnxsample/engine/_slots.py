@@ -132,6 +132,15 @@ class SlotState:
             self._stale = False
         return self._static
 
+    def host_inputs(self) -> dict[str, np.ndarray]:
+        """Host copies of what the last call read: the parameter inputs, the prompt mask and,
+        after :meth:`advance`, the counts (the host's fallback runs the chain on them again)."""
+        arrays = pack_slots(self.meta, self.params)
+        if self.penalties:
+            arrays[PROMPT_MASK] = self._mask
+            arrays[COUNTS] = host_copy(self._spare)
+        return arrays
+
     def bind_counts(self, binding) -> None:
         """Bind the counts the graph reads and the buffer it writes (swapped by :meth:`advance`)."""
         if not self.penalties:

@@ -6,6 +6,7 @@ replays. The CPU provider ignores `gpu_graph_id`, so here they run uncaptured; t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import onnxsample.engine._session as session_module
@@ -13,7 +14,14 @@ from onnxsample import Generator, InvalidParameter, SamplingParams
 from onnxsample.composer import compose
 
 OPTIONS = {"max_slots": 4, "top_logprobs": 3, "max_bias": 4, "prompt_logprobs": True}
-PROMPTS = ["Hello there", "The quick brown fox jumps over", "One two three four", "a"]
+PROMPTS = [
+    "Hello there",
+    "The quick brown fox jumps over",
+    "One two three four",
+    "a",
+    "Far away",
+    "Once upon a time",
+]
 PARAMS = [
     SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3),
     SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=3, logprobs=True),
@@ -26,6 +34,9 @@ PARAMS = [
         seed=4,
     ),
     SamplingParams(temperature=0.7, min_p=0.1, typical_p=0.9, seed=5, logprobs=True),
+    # past the static chain's candidates: the host's fallback draws these
+    SamplingParams(temperature=1.5, top_k=400, seed=6, logprobs=True),
+    SamplingParams(temperature=2.0, top_p=0.999, presence_penalty=0.5, seed=7, logprobs=True),
 ]
 
 
@@ -40,18 +51,31 @@ def graphs(tiny_gqa_export, tmp_path_factory) -> dict:
     }
 
 
-def _run(model, source, **options) -> list:
+def _run(model, source, **options) -> tuple[list, int]:
+    """Each request's tokens and logprobs, and how many tokens the host's fallback drew."""
     with Generator(model, tokenizer=source, threads=1, **options) as generator:
-        # Continuous batching: the last two join while the first two decode.
+        # Continuous batching: the last ones join while the first four decode.
         done = generator.generate(PROMPTS, PARAMS, max_new_tokens=20, chat=False)
-        return [(c.token_ids, c.logprobs) for c in done]
+        redrawn = generator.engine.stats().fallback_tokens
+        return [(c.token_ids, c.logprobs) for c in done], redrawn
+
+
+def _assert_same(got: list, reference: list) -> None:
+    """The same tokens; the same logprobs to the last bit but one. The branching graph runs the
+    chain and the LM head over the active rows only, the static one over every slot, and a
+    logprob of a step with two rows running has been seen to differ in its last bit."""
+    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in reference]
+    for (_, a), (_, b) in zip(got, reference, strict=True):
+        np.testing.assert_allclose(np.array(a, float), np.array(b, float), rtol=2e-7, atol=0)
 
 
 def test_static_chain_and_fixed_decode_steps_give_the_branching_chains_output(graphs, monkeypatch):
-    reference = _run(graphs["branching"], graphs["source"])
-    assert _run(graphs["static"], graphs["source"]) == reference
+    reference, none = _run(graphs["branching"], graphs["source"])
+    static, redrawn = _run(graphs["static"], graphs["source"])
+    _assert_same(static, reference)
+    assert none == 0 and redrawn >= 20  # the last two requests' tokens, at least
     monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
-    assert _run(graphs["static"], graphs["source"], cuda_graph=True) == reference
+    assert _run(graphs["static"], graphs["source"], cuda_graph=True) == (static, redrawn)
 
 
 @pytest.mark.parametrize(

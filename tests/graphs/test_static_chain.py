@@ -13,26 +13,48 @@ import pytest
 
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
+from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
+from onnxsample.graphs import STATIC_CANDIDATES
+from onnxsample.metadata import composed_metadata
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 OPTIONS = dict(top_logprobs=3, max_bias=4, output_probs=True, prompt_logprobs=True)
 _session = functools.cache(sampler_session)
 
 
-def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[list, list, list[str]]:
+def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[dict, dict, list[int]]:
+    """Both chains' outputs by name, the static one's flagged slots redrawn on the host (its
+    fallback outputs dropped), and those slots."""
     vocab = feeds["logits"].shape[1]
     branching = _session(chain, vocab, slots, **options)
     static = _session(chain, vocab, slots, static=True, **options)
     names = [o.name for o in branching.get_outputs()]
-    assert names == [o.name for o in static.get_outputs()]
-    return branching.run(None, feeds), static.run(None, feeds), names
+    static_names = [o.name for o in static.get_outputs()]
+    extra = [n for n in static_names if n not in names]
+    assert [n for n in static_names if n in names] == names
+    a = dict(zip(names, branching.run(None, feeds), strict=True))
+    b = dict(zip(static_names, static.run(None, feeds), strict=True))
+    flagged = []
+    if extra:
+        assert extra == [FALLBACK_FLAGS, FALLBACK_ROWS]
+        np.testing.assert_array_equal(b[FALLBACK_ROWS], feeds["logits"][feeds["sampler.row_index"]])
+        flagged = _fallback(chain, vocab, slots, **options).apply(b, feeds)
+        del b[FALLBACK_FLAGS], b[FALLBACK_ROWS]
+    return a, b, flagged
+
+
+@functools.cache
+def _fallback(chain: str, vocab: int, slots: int, **options) -> HostFallback:
+    model = build_sampler_model(chain, vocab, slots, static=True, **options)
+    return HostFallback(composed_metadata(model))
 
 
 def _assert_same(chain: str, feeds: dict, slots: int, **options) -> dict[str, np.ndarray]:
-    a, b, names = _both(chain, feeds, slots, **options)
-    for name, x, y in zip(names, a, b, strict=True):
-        np.testing.assert_array_equal(x, y, err_msg=name)
-    return dict(zip(names, b, strict=True))
+    a, b, flagged = _both(chain, feeds, slots, **options)
+    for name, x in a.items():
+        np.testing.assert_array_equal(x, b[name], err_msg=name)
+    b["flagged"] = flagged
+    return b
 
 
 LLAMA = np.log(np.array([[0.1, 0.2, 0.3, 0.4]], dtype=np.float32))
@@ -82,6 +104,7 @@ def test_random_rows_every_parameter_mix(vocab, seed):
     """Flat rows (the nucleus beyond the candidates, then beyond the wider set) and peaked ones."""
     rng = np.random.default_rng(seed)
     slots = 6
+    flagged = 0
     for _ in range(8):
         scale = rng.choice([0.3, 1.0, 4.0])
         logits = rng.normal(0, scale, (slots + 1, vocab)).astype(np.float32)
@@ -101,7 +124,35 @@ def test_random_rows_every_parameter_mix(vocab, seed):
             prompt_rows=rng.integers(0, slots + 1, 3),
             prompt_targets=rng.integers(0, vocab, 3),
         )
-        _assert_same(FULL, feeds, slots, **OPTIONS)
+        flagged += len(_assert_same(FULL, feeds, slots, **OPTIONS)["flagged"])
+    assert flagged or vocab < 4 * STATIC_CANDIDATES  # the host's fallback took some slot
+
+
+FLAT = np.zeros((1, 2000), np.float32)
+PEAKED = -np.arange(2000, dtype=np.float32)[None] / 4
+
+
+@pytest.mark.parametrize(
+    ("rows", "params", "flagged"),
+    [
+        (FLAT, SamplingParams(top_k=STATIC_CANDIDATES), False),
+        (FLAT, SamplingParams(top_k=STATIC_CANDIDATES + 1), True),
+        (FLAT, SamplingParams(top_k=STATIC_CANDIDATES + 1, temperature=0.0), False),  # greedy
+        (FLAT, SamplingParams(top_p=0.1), False),  # 200 of 2000 equal tokens
+        (FLAT, SamplingParams(top_p=0.2), True),
+        (PEAKED, SamplingParams(top_p=0.999), False),
+        (FLAT, SamplingParams(min_p=0.5), False),  # a floor: the whole row draws it
+        (FLAT, SamplingParams(typical_p=0.5), True),
+        (PEAKED, SamplingParams(typical_p=0.5), False),
+        (FLAT, SamplingParams(), False),
+    ],
+)
+def test_the_static_chain_flags_the_slots_past_its_candidates(rows, params, flagged):
+    chain = "temperature,top_k,top_p,min_p,typical_p,dist"
+    padded = np.vstack([np.zeros_like(rows), rows])
+    feeds = sampler_feeds(chain, padded, [params, None], uniform=[0.37, 0.5])
+    out = _assert_same(chain, feeds, 2, output_probs=True)
+    assert out["flagged"] == ([0] if flagged else [])
 
 
 def _edge_rows(vocab: int) -> np.ndarray:
