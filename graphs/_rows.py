@@ -1,5 +1,5 @@
 """Reductions along a row that ONNX Runtime runs fast on the CPU and on CUDA: the running sum and the
-maximum.
+maximum; and the logarithm of one value per row that does not depend on how many rows there are.
 
 ONNX Runtime's CUDA ``CumSum`` gives each output element a thread that adds its whole prefix again,
 O(N²) additions per row, and its CUDA ``ReduceMax`` over whole rows of more than one row takes
@@ -13,6 +13,11 @@ before each block. Blocks start at position 0, so the first n values are the sam
 of any length ≥ n: a prefix over the candidates and the same prefix over the whole sorted row agree,
 as they must for the branching and the static chains to keep the same tokens. A row of at most
 ``SCAN_BLOCK`` values is one block, and its running sum is ``CumSum``'s, bit for bit.
+
+:func:`RowLog`: ONNX Runtime's CPU ``Log`` computes whole SIMD registers with a vector routine and
+what is left over with the C library's, and the two can differ in the last bit. Over a [S, 1]
+tensor, a slot's value took one or the other by the number of rows (scalar below 4 rows, vector
+from 4 on): a logprob, or a min-p floor, changed in its last bit with the batch around it.
 """
 
 from onnxscript import DOUBLE, FLOAT, script
@@ -21,6 +26,7 @@ from onnxscript import opset18 as op
 from onnxsample.graphs._common import onnxsample
 
 SCAN_BLOCK = 256
+LANES = 16  # float32 values in the widest SIMD register (AVX-512)
 
 
 @script(onnxsample)
@@ -68,3 +74,14 @@ def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
     grid = op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0))
     blocks = op.ReduceMax(grid, op.Constant(value_ints=[2]), keepdims=0)
     return op.ReduceMax(blocks, one, keepdims=1)
+
+
+@script(onnxsample)
+def RowLog(x: FLOAT["S", 1]) -> FLOAT["S", 1]:
+    """log x, each row's value computed in a row of ``LANES`` copies, so every row takes the vector
+    routine whatever the number of rows. x: FLOAT[S, 1] → FLOAT[S, 1].
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    lanes = op.Constant(value_ints=[1, LANES])
+    return op.Slice(op.Log(op.Expand(x, lanes)), zero, one, one)

@@ -17,7 +17,7 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
-from onnxsample.graphs._rows import RowMax, RunningSum
+from onnxsample.graphs._rows import RowLog, RowMax, RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import Candidates, CandidatesStatic, Contained, Truncate
 from onnxsample.graphs.dist import (
@@ -76,6 +76,7 @@ _SCRIPTS = (
     Sanitize,
     SanitizeStatic,
     RowMax,
+    RowLog,
     OnlyToken0,
     FiniteRows,
     FiniteRowsStatic,

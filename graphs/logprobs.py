@@ -4,6 +4,7 @@ from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._common import FLT_MAX, onnxsample
+from onnxsample.graphs._rows import RowLog
 
 
 @script(onnxsample)
@@ -21,7 +22,7 @@ def Logprob(
     one = op.Constant(value_float=1.0)
     row_max = op.Max(x_max, lowest)
     total = op.ReduceSum(op.Exp(op.Sub(x, row_max)), axis, keepdims=1)
-    log_total = op.Log(op.Max(total, one))
+    log_total = RowLog(op.Max(total, one))
     chosen = op.GatherElements(x, op.Unsqueeze(token, axis), axis=1)
     logprob = op.Sub(op.Sub(chosen, row_max), log_total)
     return op.Squeeze(logprob, axis), row_max, log_total

@@ -68,8 +68,8 @@ def MassThresholdStatic(
     key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], off: BOOL["S", 1]
 ) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
     """``MassThreshold`` without control flow or a sort of the row: the prefix over the
-    ``STATIC_CANDIDATES`` largest keys (one ``RunningSum`` block: the leading prefix sums of both
-    paths of ``MassThreshold``, so the same threshold where it lies among them), and a flag for the
+    ``STATIC_CANDIDATES`` largest keys (``RunningSum``: the leading prefix sums of both paths of
+    ``MassThreshold``, so the same threshold where it lies among them), and a flag for the
     slots whose prefix reaches past them (the host's fallback).
 
     key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; off: BOOL["S", 1] → (FLOAT["S", 1],

@@ -4,6 +4,7 @@ from onnxscript import FLOAT, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._common import onnxsample
+from onnxsample.graphs._rows import RowLog
 
 
 @script(onnxsample)
@@ -15,4 +16,4 @@ def MinP(top: FLOAT["S", 1], floor: FLOAT["S", 1], min_p: FLOAT["S"]) -> FLOAT["
     top: FLOAT["S", 1] (row maximum); floor: FLOAT["S", 1]; min_p: FLOAT["S"] in [0, 1] → new floor.
     """
     axis = op.Constant(value_ints=[1])
-    return op.Max(floor, op.Add(top, op.Log(op.Unsqueeze(min_p, axis))))
+    return op.Max(floor, op.Add(top, RowLog(op.Unsqueeze(min_p, axis))))

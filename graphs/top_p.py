@@ -155,9 +155,9 @@ def TopPStatic(
 ) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
     """``TopP`` without control flow or a sort of the row: the normaliser as ``TopP`` sums it (over
     the candidates, or one pass over the whole row), the prefix over the W = ``STATIC_CANDIDATES``
-    largest (one ``RunningSum`` block: the leading prefix sums of every path of ``TopP``, so the
-    same floor wherever the crossing lies among them), and a flag for the slots whose nucleus
-    reaches past them (their floor is then not known here: the host's fallback).
+    largest (``RunningSum``: the leading prefix sums of every path of ``TopP``, so the same floor
+    wherever the crossing lies among them), and a flag for the slots whose nucleus reaches past
+    them (their floor is then not known here: the host's fallback).
 
     z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; wide: FLOAT["S", "W"] (descending); top,
     floor: FLOAT["S", 1]; top_p: FLOAT["S"] → (FLOAT["S", 1], BOOL["S", 1]).
@@ -168,6 +168,6 @@ def TopPStatic(
     off = op.GreaterOrEqual(mass, one_f)
     inside = Contained(z, candidates, floor)
     total = op.Where(inside, MassTotal(candidates, top, floor), MassTotal(z, top, floor))
-    nucleus, reached_mass = NucleusFloor(wide, top, floor, total, mass)
+    nucleus, reached_mass = NucleusFloorLong(wide, top, floor, total, mass)
     beyond = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
     return op.Where(off, floor, op.Max(floor, nucleus)), beyond

@@ -33,8 +33,8 @@ CONTRACT_VERSION = "1"
 # the static chain. 7: the allowed-tokens mask. 8: the penalty counts gain only the emitted cells
 # (no [S, V] scatter, no widened copy); greedy rows skip the draw. 9: row maxima and long running
 # sums in blocks (RowMax, RunningSum: fast on CUDA). 10: the static chain sorts no whole row and
-# flags the slots past its candidates (sampler.fallback, sampler.fallback_logits).
-COMPOSER_REVISION = "10"
+# flags the slots past its candidates (sampler.fallback, sampler.fallback_logits). 11: 1024 of them.
+COMPOSER_REVISION = "11"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 

@@ -177,13 +177,15 @@ class Runner:
         feeds["sampler.uniform"] = uniform
         if allowed is not None:
             feeds[ALLOWED] = host_copy(allowed)
-        redrawn = self.fallback.redraw(host_copy(self.device_outputs[FALLBACK_ROWS]), feeds)
+        rows = host_copy(self.device_outputs[FALLBACK_ROWS])
+        moves = []
         for s in flagged:
             taken = int(host["sampler.next_token"][s])
-            for name, value in redrawn.items():
+            for name, value in self.fallback.redraw(rows, feeds, s).items():
                 if name in host:
-                    host[name][s] = value[s]
-            self.slots.retake(s, taken, int(host["sampler.next_token"][s]))
+                    host[name][s] = value[0]
+            moves.append((s, taken, int(host["sampler.next_token"][s])))
+        self.slots.retake(moves)
         self.redrawn += len(flagged)
         log.debug("%d slot(s) past the static candidates drawn on the host", len(flagged))
 

@@ -327,7 +327,7 @@ class Scheduler:
             self._fail(seq, GenerationError(f"the host sampler failed: {exc}"))
             return False
         taken = int(host["sampler.next_token"][s])
-        self.state.retake(s, taken, int(token))
+        self.state.retake([(s, taken, int(token))])
         host["sampler.next_token"][s] = int(token)
         return True
 

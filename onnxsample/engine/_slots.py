@@ -148,20 +148,19 @@ class SlotState:
         binding.bind_ortvalue_input(COUNTS, self.counts)
         binding.bind_ortvalue_output(COUNTS_OUT, self._spare)
 
-    def retake(self, slot: int, taken: int, instead: int) -> None:
-        """The slot's last token is `instead`, not the `taken` the graph counted (a host sampler
-        chose): move its count."""
-        if not self.penalties or taken == instead:
+    def retake(self, moves: list[tuple[int, int, int]]) -> None:
+        """Each (slot, taken, instead): the slot's last token is `instead`, not the `taken` the
+        graph counted (a host sampler or the host's fallback chose): move its count."""
+        moves = [m for m in moves if m[1] != m[2]]
+        if not self.penalties or not moves:
             return
-        if self.device == "cpu":  # numpy() of a CPU tensor is a view of it: two numbers change
-            view = self.counts.numpy()
-            view[slot, taken] -= 1
-            view[slot, instead] += 1
-            return
-        counts = host_copy(self.counts)
-        counts[slot, taken] -= 1
-        counts[slot, instead] += 1
-        self.counts.update_inplace(counts)
+        # numpy() of a CPU tensor is a view of it: two numbers a move change in place
+        counts = self.counts.numpy() if self.device == "cpu" else host_copy(self.counts)
+        for slot, taken, instead in moves:
+            counts[slot, taken] -= 1
+            counts[slot, instead] += 1
+        if self.device != "cpu":
+            self.counts.update_inplace(counts)
 
     def advance(self) -> None:
         """After a successful call: the written counts become the state."""

@@ -6,7 +6,6 @@ replays. The CPU provider ignores `gpu_graph_id`, so here they run uncaptured; t
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import onnxsample.engine._session as session_module
@@ -35,7 +34,7 @@ PARAMS = [
     ),
     SamplingParams(temperature=0.7, min_p=0.1, typical_p=0.9, seed=5, logprobs=True),
     # past the static chain's candidates: the host's fallback draws these
-    SamplingParams(temperature=1.5, top_k=400, seed=6, logprobs=True),
+    SamplingParams(temperature=1.5, top_k=5000, seed=6, logprobs=True),
     SamplingParams(temperature=2.0, top_p=0.999, presence_penalty=0.5, seed=7, logprobs=True),
 ]
 
@@ -60,19 +59,10 @@ def _run(model, source, **options) -> tuple[list, int]:
         return [(c.token_ids, c.logprobs) for c in done], redrawn
 
 
-def _assert_same(got: list, reference: list) -> None:
-    """The same tokens; the same logprobs to the last bit but one. The branching graph runs the
-    chain and the LM head over the active rows only, the static one over every slot, and a
-    logprob of a step with two rows running has been seen to differ in its last bit."""
-    assert [tokens for tokens, _ in got] == [tokens for tokens, _ in reference]
-    for (_, a), (_, b) in zip(got, reference, strict=True):
-        np.testing.assert_allclose(np.array(a, float), np.array(b, float), rtol=2e-7, atol=0)
-
-
 def test_static_chain_and_fixed_decode_steps_give_the_branching_chains_output(graphs, monkeypatch):
     reference, none = _run(graphs["branching"], graphs["source"])
     static, redrawn = _run(graphs["static"], graphs["source"])
-    _assert_same(static, reference)
+    assert static == reference
     assert none == 0 and redrawn >= 20  # the last two requests' tokens, at least
     monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
     assert _run(graphs["static"], graphs["source"], cuda_graph=True) == (static, redrawn)

@@ -109,5 +109,5 @@ def test_the_penalty_counts_follow_the_hosts_choice():
     meta = ComposedMetadata(chain=SamplerChain("penalties,dist"), max_slots=2, vocab_size=5)
     state = SlotState(meta, {COUNTS}, "cpu")
     state.counts.update_inplace(np.array([[0, 1, 0, 0, 0], [0, 0, 2, 0, 0]], np.int32))
-    state.retake(1, taken=2, instead=4)
+    state.retake([(1, 2, 4), (0, 3, 3)])  # (slot, taken, instead): the second moves nothing
     np.testing.assert_array_equal(host_copy(state.counts), [[0, 1, 0, 0, 0], [0, 0, 1, 0, 1]])
