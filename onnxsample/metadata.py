@@ -7,6 +7,8 @@ goes through this one typed object, so each key is parsed in one place.
 
 from __future__ import annotations
 
+import base64
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -18,9 +20,12 @@ from onnxsample.errors import ModelError, OnnxSampleError
 __all__ = [
     "COMPOSER_REVISION",
     "CONTRACT_VERSION",
+    "FALLBACK_MODEL",
     "KV_LAYOUTS",
     "ComposedMetadata",
     "composed_metadata",
+    "decode_model",
+    "encode_model",
 ]
 
 PREFIX = "onnxsample."
@@ -35,6 +40,10 @@ CONTRACT_VERSION = "1"
 # sums in blocks (RowMax, RunningSum: fast on CUDA). 10: the static chain sorts no whole row and
 # flags the slots past its candidates (sampler.fallback, sampler.fallback_logits). 11: 1024 of them.
 COMPOSER_REVISION = "11"
+# A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
+# standalone sampler model carried in the composed file's metadata (encode_model), so that running
+# a composed model needs neither a second file nor the graph builders.
+FALLBACK_MODEL = PREFIX + "fallback_model"
 KV_LAYOUTS = ("gqa", "concat")
 _VERSION = "version."
 
@@ -146,6 +155,19 @@ def _parse(key: str, raw: str) -> Any:
     if key == "kv_layout" and raw not in KV_LAYOUTS:
         raise ModelError(f"unknown kv_layout {raw!r} (expected one of {', '.join(KV_LAYOUTS)})")
     return raw
+
+
+def encode_model(data: bytes) -> str:
+    """A serialized ONNX model as a metadata string: zlib, then base64."""
+    return base64.b64encode(zlib.compress(data, 9)).decode("ascii")
+
+
+def decode_model(text: str) -> bytes:
+    """The serialized ONNX model :func:`encode_model` wrote."""
+    try:
+        return zlib.decompress(base64.b64decode(text, validate=True))
+    except (ValueError, zlib.error) as exc:
+        raise ModelError(f"an unreadable model in the onnxsample metadata: {exc}") from exc
 
 
 def composed_metadata(model: Any) -> ComposedMetadata | None:

@@ -34,6 +34,7 @@ from onnxsample.composer._model_facts import (
 )
 from onnxsample.composer._splice import reconcile_versions, splice
 from onnxsample.composer.loading import check_model, load_model
+from onnxsample.composer.sampler_model import fallback_props
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.graphs.chain import DOMAIN
 from onnxsample.metadata import (
@@ -245,7 +246,7 @@ def _finish(
             for package in ("onnxsample", "onnx", "onnxscript", "onnx-ir")
         },
     )
-    model.metadata_props.update(meta.to_props())
+    model.metadata_props.update({**meta.to_props(), **fallback_props(meta)})
     graph.doc_string = (
         graph.doc_string or ""
     ) + f"\nonnxsample: sampler chain {chain}, {max_slots} slots"

@@ -10,7 +10,7 @@ import onnx
 
 from onnxsample.composer.loading import check_external_data, read_proto
 from onnxsample.graphs.chain import CHAIN_FUNCTION, DOMAIN
-from onnxsample.metadata import ComposedMetadata, composed_metadata
+from onnxsample.metadata import FALLBACK_MODEL, ComposedMetadata, composed_metadata
 
 __all__ = ["ModelSummary", "ValueSummary", "inspect_model"]
 
@@ -95,6 +95,13 @@ def inspect_model(path: str | Path) -> ModelSummary:
         ),
         functions=[f"{f.domain}.{f.name}" for f in model.functions],
         chain_ops=_chain_ops(model),
-        metadata={p.key: p.value for p in model.metadata_props},
+        metadata={p.key: _shown(p.key, p.value) for p in model.metadata_props},
         sampler=composed_metadata(model),
     )
+
+
+def _shown(key: str, value: str) -> str:
+    """A metadata value as a summary shows it: the fallback chain's encoded model by its size."""
+    if key == FALLBACK_MODEL:
+        return f"<the branching chain for one slot, {len(value):,} characters>"
+    return value

@@ -38,12 +38,19 @@ from onnxsample.graphs.prompt_logprobs import (
     build_prompt_function,
     prompt_outputs,
 )
-from onnxsample.metadata import ComposedMetadata
+from onnxsample.metadata import FALLBACK_MODEL, ComposedMetadata, encode_model
 from onnxsample.params import MAX_TOP_LOGPROBS, SamplingParams, pack_sampling_params
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IR_VERSION", "OPSET", "build_sampler_model", "sampler_config", "sampler_feeds"]
+__all__ = [
+    "IR_VERSION",
+    "OPSET",
+    "build_sampler_model",
+    "fallback_props",
+    "sampler_config",
+    "sampler_feeds",
+]
 
 OPSET = 18
 IR_VERSION = 10  # opset 18 needs IR >= 8; onnxruntime 1.31 loads IR <= 11
@@ -217,9 +224,40 @@ def build_sampler_model(
         static=config.static,
         allowed_tokens=config.allowed_tokens,
     )
-    helper.set_model_props(model, meta.to_props())
+    helper.set_model_props(model, {**meta.to_props(), **fallback_props(meta)})
     logger.debug("built sampler model %s (S=%d, V=%d)", meta.chain, max_slots, vocab_size)
     return model
+
+
+def fallback_props(meta: ComposedMetadata) -> dict[str, str]:
+    """The metadata entry a static chain that flags slots carries (``FALLBACK_MODEL``): the
+    branching chain of the same sampler for one slot's row, which the engine runs on the host for
+    a flagged slot; nothing for any other chain."""
+    config = sampler_config(
+        meta.chain,
+        meta.vocab_size,
+        meta.max_slots,
+        top_logprobs=meta.top_logprobs,
+        max_bias=meta.max_bias,
+        output_probs=meta.output_probs,
+        output_candidates=meta.output_candidates,
+        static=meta.static,
+        allowed_tokens=meta.allowed_tokens,
+    )
+    if not config.flags_fallback:
+        return {}
+    branching = build_sampler_model(
+        meta.chain,
+        meta.vocab_size,
+        1,
+        top_logprobs=meta.top_logprobs,
+        max_bias=meta.max_bias,
+        output_probs=meta.output_probs,
+        output_candidates=meta.output_candidates,
+        gather_rows=False,
+        allowed_tokens=meta.allowed_tokens,
+    )
+    return {FALLBACK_MODEL: encode_model(branching.SerializeToString())}
 
 
 def sampler_feeds(

@@ -3,7 +3,8 @@
 A static chain (CUDA graphs) sorts no whole row: it finds top-k's k-th logit, top-p's nucleus and
 typical-p's set among the ``STATIC_CANDIDATES`` largest, and flags (``sampler.fallback``) each
 drawing slot whose set reaches past them. For such a slot the host runs the branching chain — the
-same functions, with its wider and whole-row paths — over the row the graph read
+same functions, with its wider and whole-row paths, a small model the composed file carries in
+its metadata — over the row the graph read
 (``sampler.fallback_logits``) with the slot's parameters, penalty state, allowed tokens and
 uniform, on the CPU, and its outputs replace the slot's: the token, its logprob and whatever else
 depends on the kept set. So a flagged slot gets the token the branching chain gives it, and the
@@ -17,35 +18,37 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from onnxsample.graphs.chain import FALLBACK, FALLBACK_LOGITS, PREFIX
-from onnxsample.metadata import ComposedMetadata
+from onnxsample.errors import ModelError
+from onnxsample.metadata import FALLBACK_MODEL, decode_model
 
 log = logging.getLogger(__name__)
 
 __all__ = ["FALLBACK_FLAGS", "FALLBACK_ROWS", "HostFallback"]
 
-FALLBACK_FLAGS, FALLBACK_ROWS = PREFIX + FALLBACK, PREFIX + FALLBACK_LOGITS
+FALLBACK_FLAGS, FALLBACK_ROWS = "sampler.fallback", "sampler.fallback_logits"
 
 
 class HostFallback:
-    """The branching chain of `meta`'s sampler for one slot, in a one-thread CPU session: a
-    flagged slot costs its own row's work, whatever the batch (the chain gives a row the same
-    numbers alone as in any batch)."""
+    """The branching chain for one slot, carried in the static model's metadata
+    (``onnxsample.fallback_model``), in a one-thread CPU session: a flagged slot costs its own
+    row's work, whatever the batch (the chain gives a row the same numbers alone as in any
+    batch)."""
 
-    def __init__(self, meta: ComposedMetadata) -> None:
-        from onnxsample.composer.sampler_model import sampler_session
+    def __init__(self, props: Mapping[str, str]) -> None:
+        import onnxruntime as ort
 
-        self.session = sampler_session(
-            meta.chain,
-            meta.vocab_size,
-            1,
-            check=False,
-            top_logprobs=meta.top_logprobs,
-            max_bias=meta.max_bias,
-            output_probs=meta.output_probs,
-            output_candidates=meta.output_candidates,
-            gather_rows=False,
-            allowed_tokens=meta.allowed_tokens,
+        encoded = props.get(FALLBACK_MODEL)
+        if encoded is None:
+            raise ModelError(
+                "the model flags slots for the host's fallback (sampler.fallback) but carries no "
+                f"fallback chain ({FALLBACK_MODEL}): compose it again"
+            )
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(
+            decode_model(encoded), options, providers=["CPUExecutionProvider"]
         )
         self.inputs = [i.name for i in self.session.get_inputs() if i.name != "logits"]
         self.outputs = [o.name for o in self.session.get_outputs()]

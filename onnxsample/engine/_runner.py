@@ -90,7 +90,7 @@ class Runner:
         if FALLBACK_ROWS in self.outputs:
             import onnxruntime as ort
 
-            self.fallback = HostFallback(meta)
+            self.fallback = HostFallback(session.get_modelmeta().custom_metadata_map)
             shape = [meta.max_slots, meta.vocab_size]
             rows = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, 0)
             self.device_outputs[FALLBACK_ROWS] = rows

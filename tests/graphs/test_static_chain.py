@@ -15,7 +15,6 @@ from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.graphs import STATIC_CANDIDATES
-from onnxsample.metadata import composed_metadata
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 OPTIONS = dict(top_logprobs=3, max_bias=4, output_probs=True, prompt_logprobs=True)
@@ -46,7 +45,7 @@ def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[dict, dict, l
 @functools.cache
 def _fallback(chain: str, vocab: int, slots: int, **options) -> HostFallback:
     model = build_sampler_model(chain, vocab, slots, static=True, **options)
-    return HostFallback(composed_metadata(model))
+    return HostFallback({p.key: p.value for p in model.metadata_props})
 
 
 def _assert_same(chain: str, feeds: dict, slots: int, **options) -> dict[str, np.ndarray]:
