@@ -233,30 +233,19 @@ def fallback_props(meta: ComposedMetadata) -> dict[str, str]:
     """The metadata entry a static chain that flags slots carries (``FALLBACK_MODEL``): the
     branching chain of the same sampler for one slot's row, which the engine runs on the host for
     a flagged slot; nothing for any other chain."""
-    config = sampler_config(
-        meta.chain,
-        meta.vocab_size,
-        meta.max_slots,
+    options = dict(
         top_logprobs=meta.top_logprobs,
         max_bias=meta.max_bias,
         output_probs=meta.output_probs,
         output_candidates=meta.output_candidates,
-        static=meta.static,
         allowed_tokens=meta.allowed_tokens,
+    )
+    config = sampler_config(
+        meta.chain, meta.vocab_size, meta.max_slots, static=meta.static, **options
     )
     if not config.flags_fallback:
         return {}
-    branching = build_sampler_model(
-        meta.chain,
-        meta.vocab_size,
-        1,
-        top_logprobs=meta.top_logprobs,
-        max_bias=meta.max_bias,
-        output_probs=meta.output_probs,
-        output_candidates=meta.output_candidates,
-        gather_rows=False,
-        allowed_tokens=meta.allowed_tokens,
-    )
+    branching = build_sampler_model(meta.chain, meta.vocab_size, 1, gather_rows=False, **options)
     return {FALLBACK_MODEL: encode_model(branching.SerializeToString())}
 
 
