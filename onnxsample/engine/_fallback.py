@@ -13,15 +13,12 @@ others never wait for it.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 import numpy as np
 
 from onnxsample.errors import ModelError
 from onnxsample.metadata import FALLBACK_MODEL, decode_model
-
-log = logging.getLogger(__name__)
 
 __all__ = ["FALLBACK_FLAGS", "FALLBACK_ROWS", "HostFallback"]
 
