@@ -3,7 +3,7 @@ against the plain model with sampling on the host, at batch sizes up to 64.
 
     python benchmarks/gpu.py [--model artifacts/smollm2-135m-instruct-gqa-fp16-cuda]
         [--batch 1,8,32,64] [--new-tokens 128] [--repeats 3] [--output FILE] [--provider cuda]
-        [--max-slots N] [--llama-batched-bench PATH [--gguf FILE] [--threads N]]
+        [--max-slots N] [--llama-batched-bench PATH] [--transformers] [--gguf FILE] [--threads N]
 
 The model is a GroupQueryAttention export (``onnxsample export --device cuda -o DIR``). Each batch
 size B decodes B copies of one ~50-token chat prompt (the serving benchmarks' trip message), EOS
@@ -19,6 +19,12 @@ after a warm-up per batch:
   buffer per layer bound as past and present, each prompt prefilled in its own call (as the engine
   does), then B rows per decode step, whose logits [B, V] are copied to the host and sampled with
   numpy (the same settings: top-k by argpartition, then top-p, then min-p on the 40 candidates).
+
+- ``transformers`` (with ``--transformers``): ``generate`` of transformers on the torch beside it,
+  the GGUF (``--gguf``) de-quantised by transformers' own loader to fp16 weights on the GPU (fp32 on
+  the CPU), its default attention and dynamic KV cache, the same sampling settings, B copies of the
+  prompt in one batch, EOS suppressed (``min_new_tokens``). Its decode time is one ``generate`` of
+  ``--new-tokens`` tokens less one of a single token (the prefill and first draw), each synchronised.
 
 - ``llama.cpp`` (with ``--llama-batched-bench PATH``): llama.cpp's ``llama-batched-bench`` on the GGUF
   the export was made from (``--gguf``, default the embedded model's): B sequences of the same
@@ -54,7 +60,7 @@ from _harness.workload import SAMPLED, compose_cached, trip_message
 MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-fp16-cuda"
 # The full chain with the room the serving path composes: bias entries, no logprobs, no drafts.
 COMPOSE = {"top_logprobs": 0, "max_bias": 16, "prompt_logprobs": False, "draft_tokens": 0}
-ENGINES = ("branching", "static-cuda-graph", "plain-host-sampling")
+ENGINES = ("branching", "static-cuda-graph", "plain-host-sampling", "transformers")
 KEYS = ("decode_tokens_per_s", "ms_per_step", "ttft_ms")
 
 
@@ -68,11 +74,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-slots", type=int, help="slots composed (default: the largest batch)")
     p.add_argument("--output", type=Path, default=RESULTS / "gpu.json")
     p.add_argument("--llama-batched-bench", type=Path, help="llama.cpp's llama-batched-bench")
-    p.add_argument("--gguf", type=Path, help="the GGUF for llama.cpp (default: the embedded one)")
+    p.add_argument("--transformers", action="store_true", help="also transformers' generate")
+    p.add_argument("--gguf", type=Path, help="the GGUF for the peers (default: the embedded one)")
     p.add_argument("--threads", type=int, help="llama.cpp's CPU threads (its default otherwise)")
     args = p.parse_args(argv)
-    if (args.gguf or args.threads) and not args.llama_batched_bench:
-        p.error("--gguf and --threads are llama.cpp's: they need --llama-batched-bench")
+    if args.threads and not args.llama_batched_bench:
+        p.error("--threads is llama.cpp's: it needs --llama-batched-bench")
+    if args.gguf and not (args.llama_batched_bench or args.transformers):
+        p.error("--gguf is the peers': it needs --llama-batched-bench or --transformers")
     args.batch = ints(args.batch, "batch")
     args.max_slots = args.max_slots or max(args.batch)
     if args.max_slots < max(args.batch):
@@ -195,6 +204,52 @@ class PlainHost:
         self.kv.buffers.clear()
 
 
+class Transformers:
+    """transformers' ``generate`` on the GGUF, de-quantised by its own loader (module doc)."""
+
+    def __init__(self, gguf: Path, provider: str) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch, self.on = torch, "cuda" if provider == "cuda" else "cpu"
+        dtype = torch.float16 if self.on == "cuda" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=dtype
+        ).to(self.on)
+        self.model.eval()
+        self.device = f"torch {torch.__version__} {self.on} {dtype}"
+
+    def _generate(self, ids: list[int], batch: int, new_tokens: int, seed: int) -> float:
+        torch = self.torch
+        torch.manual_seed(seed)
+        prompt = torch.tensor([ids] * batch, device=self.on)
+        if self.on == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                do_sample=True,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                pad_token_id=0,
+                **SAMPLED,
+            )
+        if self.on == "cuda":
+            torch.cuda.synchronize()
+        assert out.shape == (batch, len(ids) + new_tokens), out.shape
+        return time.perf_counter() - start
+
+    def run(self, ids: list[int], batch: int, new_tokens: int, seed: int) -> dict:
+        first = self._generate(ids, batch, 1, seed)
+        total = self._generate(ids, batch, new_tokens, seed)
+        return _row(batch * (new_tokens - 1), total - first, new_tokens - 1, [first] * batch)
+
+    def close(self) -> None:
+        del self.model
+
+
 def _row(decoded: int, decode_s: float, steps: int, ttft: list[float]) -> dict:
     return {
         "decode_tokens_per_s": decoded / decode_s if decode_s > 0 else 0.0,
@@ -221,6 +276,10 @@ def _load(args: argparse.Namespace, log) -> tuple[dict, dict]:
     else:
         skipped["static-cuda-graph"] = f"cuda_graph needs --provider cuda (got {args.provider})"
     loaded["plain-host-sampling"] = PlainHost(folder, args.provider)
+    if args.transformers:
+        loaded["transformers"] = Transformers(args.gguf, args.provider)
+    else:
+        skipped["transformers"] = "no --transformers"
     log(f"loaded {', '.join(loaded)} on {loaded['branching'].device}; skipped {skipped or 'none'}")
     return loaded, skipped
 
@@ -244,8 +303,8 @@ def llama_cpp(args: argparse.Namespace, prompt_tokens: int, log) -> dict[int, li
     for rep in range(args.repeats):
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
-            raise SystemExit(
-                f"llama-batched-bench failed ({done.returncode}):\n{done.stderr[-2000:]}"
+            raise RuntimeError(
+                f"llama-batched-bench failed ({done.returncode}): {done.stderr[-800:]}"
             )
         for line in done.stdout.splitlines():
             if line.startswith("{"):
@@ -263,7 +322,7 @@ def llama_cpp(args: argparse.Namespace, prompt_tokens: int, log) -> dict[int, li
         )
     missing = set(args.batch) - set(found)
     if missing:
-        raise SystemExit(f"llama-batched-bench gave no row for batch {sorted(missing)}")
+        raise RuntimeError(f"llama-batched-bench gave no row for batch {sorted(missing)}")
     return found
 
 
@@ -287,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"export the model first: onnxsample export --device cuda -o {args.model}")
     import onnxruntime as ort
 
-    if args.llama_batched_bench and args.gguf is None:
+    if (args.llama_batched_bench or args.transformers) and args.gguf is None:
         from onnxsample.exporters.embedded import embedded_gguf
 
         args.gguf = embedded_gguf()
@@ -316,9 +375,15 @@ def main(argv: list[str] | None = None) -> None:
     device = loaded["branching"].device
     for engine in loaded.values():
         engine.close()
-    peer = llama_cpp(args, len(ids), log) if args.llama_batched_bench else {}
-    if not peer:
+    peer: dict[int, list[dict]] = {}
+    if not args.llama_batched_bench:
         skipped["llama.cpp"] = "no --llama-batched-bench"
+    else:  # the engines' results are written whatever the peer does
+        try:
+            peer = llama_cpp(args, len(ids), log)
+        except (OSError, RuntimeError, subprocess.TimeoutExpired) as exc:
+            log(f"llama.cpp: {exc}")
+            skipped["llama.cpp"] = str(exc)
     results = {}
     for batch in args.batch:
         base = runs[("branching", batch)]
@@ -344,7 +409,9 @@ def main(argv: list[str] | None = None) -> None:
             "gpus": gpus(),
             "device": device,
             "load_average": loads,
-            "versions": versions("onnxsample", "onnxruntime", "onnxruntime-gpu", "numpy"),
+            "versions": versions(
+                "onnxsample", "onnxruntime", "onnxruntime-gpu", "numpy", "torch", "transformers"
+            ),
             "providers": ort.get_available_providers(),
             "settings": {
                 "model": str(args.model),

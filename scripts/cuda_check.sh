@@ -14,7 +14,8 @@
 #    the documented fp16 tolerance, CUDA graphs and the static chain against the branching chain,
 #    sampled draws under identical uniforms) and the GPU benchmark (benchmarks/gpu.py: decode tok/s
 #    at batch 1, 8, 32, 64 for the branching chain, the static chain with CUDA graphs, and the plain
-#    model with host sampling; beside llama.cpp's CUDA build of the same GGUF when nvcc is there:
+#    model with host sampling, transformers' generate where torch is there; beside llama.cpp's
+#    CUDA build of the same GGUF when nvcc is there:
 #    scripts/build_llama_cpp.sh cuda, llama-batched-bench) and the sampler alone
 #    (benchmarks/gpu_sampler.py, vocabularies of 49,152 and 262,144), writing OUT/cuda-tests.xml,
 #    OUT/cuda-tests.log, OUT/gpu.json, OUT/gpu_sampler.json and OUT/gpu_sampler_262k.json.
@@ -72,6 +73,8 @@ if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then
 else
   echo "no nvcc: gpu.json has no llama.cpp rows"
 fi
+# transformers' generate beside them, where the Python that benchmarks holds torch and transformers
+$BENCH_PYTHON -c 'import torch, transformers' 2>/dev/null && peer+=(--transformers)
 $BENCH_PYTHON benchmarks/gpu.py --output "$OUT/gpu.json" "${peer[@]}" || status=1
 for vocab in 49152 262144; do
   name=gpu_sampler$([ $vocab = 49152 ] || echo _262k)

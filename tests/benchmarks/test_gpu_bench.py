@@ -24,8 +24,11 @@ def test_the_report_has_every_engine_and_ratio(bench, tiny_gqa_export, tmp_path:
     assert set(report["results"]) == {"batch=1", "batch=2"}
     for batch, table in report["results"].items():
         b = int(batch.split("=")[1])
-        assert list(table) == ["branching", "static-cuda-graph", "plain-host-sampling"]
+        assert list(table) == [
+            "branching", "static-cuda-graph", "plain-host-sampling", "transformers"
+        ]  # fmt: skip
         assert set(table["static-cuda-graph"]) == {"skipped"}
+        assert table["transformers"] == {"skipped": "no --transformers"}
         assert "vs_branching" not in table["branching"]
         for name in ("branching", "plain-host-sampling"):
             row = table[name]
@@ -35,6 +38,19 @@ def test_the_report_has_every_engine_and_ratio(bench, tiny_gqa_export, tmp_path:
         ratios = table["plain-host-sampling"]["vs_branching"]
         assert set(ratios) == {"decode_tokens_per_s", "ms_per_step", "ttft_ms"}
         assert all(v > 0 for v in ratios.values())
+
+
+def test_transformers_decodes_the_gguf_it_is_given(bench) -> None:
+    """The transformers peer: the embedded GGUF de-quantised by transformers, B rows decoding
+    exactly the tokens asked for (EOS suppressed), timed as generate(N) less generate(1)."""
+    from onnxsample.exporters.embedded import embedded_gguf
+
+    gpu = bench("gpu")
+    peer = gpu.Transformers(embedded_gguf(), "cpu")
+    row = peer.run([1, 504, 3458, 282], batch=2, new_tokens=3, seed=0)
+    assert row["decoded_tokens"] == 4 and row["decode_steps"] == 2
+    assert row["decode_tokens_per_s"] > 0 and row["ttft_ms"] > 0
+    assert "cpu" in peer.device and "float32" in peer.device
 
 
 def test_host_sampling_keeps_to_its_filters(bench) -> None:
