@@ -38,7 +38,7 @@ CONTRACT_VERSION = "1"
 # the static chain. 7: the allowed-tokens mask. 8: the penalty counts gain only the emitted cells
 # (no [S, V] scatter, no widened copy); greedy rows skip the draw. 9: row maxima and long running
 # sums in blocks (RowMax, RunningSum: fast on CUDA). 10: the static chain sorts no whole row and
-# flags the slots past its candidates (sampler.fallback, sampler.fallback_logits). 11: 1024 of them.
+# flags the slots past its candidates (sampler.fallback, sampler.fallback_logits). 11: 4096 of them.
 COMPOSER_REVISION = "11"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running

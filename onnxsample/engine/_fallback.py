@@ -58,12 +58,3 @@ class HostFallback:
         inputs = {"logits": np.ascontiguousarray(rows[slot : slot + 1], np.float32)}
         inputs.update({name: feeds[name][slot : slot + 1] for name in self.inputs})
         return dict(zip(self.outputs, self.session.run(None, inputs), strict=True))
-
-    def apply(self, outputs: dict[str, np.ndarray], feeds: Mapping[str, np.ndarray]) -> list[int]:
-        """Redraw the flagged slots of a standalone static sampler's `outputs` (run on `feeds`)
-        in place, counts included; the slots redrawn."""
-        flagged = [int(s) for s in np.flatnonzero(outputs[FALLBACK_FLAGS])]
-        for s in flagged:
-            for name, value in self.redraw(outputs[FALLBACK_ROWS], feeds, s).items():
-                outputs[name][s] = value[0]
-        return flagged

@@ -37,7 +37,7 @@ def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[dict, dict, l
     if extra:
         assert extra == [FALLBACK_FLAGS, FALLBACK_ROWS]
         np.testing.assert_array_equal(b[FALLBACK_ROWS], feeds["logits"][feeds["sampler.row_index"]])
-        flagged = _fallback(chain, vocab, slots, **options).apply(b, feeds)
+        flagged = _redraw(_fallback(chain, vocab, slots, **options), b, feeds)
         del b[FALLBACK_FLAGS], b[FALLBACK_ROWS]
     return a, b, flagged
 
@@ -46,6 +46,16 @@ def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[dict, dict, l
 def _fallback(chain: str, vocab: int, slots: int, **options) -> HostFallback:
     model = build_sampler_model(chain, vocab, slots, static=True, **options)
     return HostFallback({p.key: p.value for p in model.metadata_props})
+
+
+def _redraw(fallback: HostFallback, outputs: dict, feeds: dict) -> list[int]:
+    """Redraw the flagged slots of a standalone static sampler's `outputs` (run on `feeds`) in
+    place, counts included, as the engine does; the slots redrawn."""
+    flagged = [int(s) for s in np.flatnonzero(outputs[FALLBACK_FLAGS])]
+    for s in flagged:
+        for name, value in fallback.redraw(outputs[FALLBACK_ROWS], feeds, s).items():
+            outputs[name][s] = value[0]
+    return flagged
 
 
 def _assert_same(chain: str, feeds: dict, slots: int, **options) -> dict[str, np.ndarray]:
