@@ -15,6 +15,9 @@ after a warm-up per batch:
   (``composed-bench-branching-sN.onnx`` beside it, N = ``--max-slots``, default the largest batch);
 - ``static-cuda-graph``: the chain composed ``static=True``, ``Engine(cuda_graph=True)``: each decode
   step replays a captured CUDA graph over all N slots (``--provider cuda`` only; skipped otherwise);
+- ``static-cuda-graph-greedy``: the same with the greedy chain (an ``ArgMax``) and temperature 0:
+  the model's captured step with next to no sampler, the row to set beside llama.cpp's, which does
+  not sample (``--provider cuda`` only);
 - ``plain-host-sampling``: ``model.onnx`` alone, driven by the loop below: one preallocated KV
   buffer per layer bound as past and present, each prompt prefilled in its own call (as the engine
   does), then B rows per decode step, whose logits [B, V] are copied to the host and sampled with
@@ -60,7 +63,14 @@ from _harness.workload import SAMPLED, compose_cached, trip_message
 MODEL = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-fp16-cuda"
 # The full chain with the room the serving path composes: bias entries, no logprobs, no drafts.
 COMPOSE = {"top_logprobs": 0, "max_bias": 16, "prompt_logprobs": False, "draft_tokens": 0}
-ENGINES = ("branching", "static-cuda-graph", "plain-host-sampling", "transformers")
+ENGINES = (
+    "branching",
+    "static-cuda-graph",
+    "static-cuda-graph-greedy",
+    "plain-host-sampling",
+    "transformers",
+)
+GREEDY = {"temperature": 0.0}
 KEYS = ("decode_tokens_per_s", "ms_per_step", "ttft_ms")
 
 
@@ -113,11 +123,13 @@ def host_sample(logits: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 class InGraph:
     """A composed model on :class:`onnxsample.Engine` (sampling inside the graph)."""
 
-    def __init__(self, path: Path, provider: str, cuda_graph: bool = False) -> None:
+    def __init__(
+        self, path: Path, provider: str, cuda_graph: bool = False, sampling: dict = SAMPLED
+    ) -> None:
         from onnxsample import Engine
 
         self.engine = Engine(path, provider=provider, cuda_graph=cuda_graph, prefix_reuse=False)
-        self.device = self.engine.device
+        self.device, self.sampling = self.engine.device, sampling
 
     def run(self, ids: list[int], batch: int, new_tokens: int, seed: int) -> dict:
         from onnxsample import SamplingParams
@@ -126,7 +138,7 @@ class InGraph:
         requests = [
             self.engine.submit(
                 ids,
-                SamplingParams(**SAMPLED, ignore_eos=True, seed=seed + b),
+                SamplingParams(**self.sampling, ignore_eos=True, seed=seed + b),
                 max_new_tokens=new_tokens,
             )
             for b in range(batch)
@@ -273,8 +285,15 @@ def _load(args: argparse.Namespace, log) -> tuple[dict, dict]:
         static = folder / f"composed-bench-static-s{slots}.onnx"
         compose_cached(folder, static, None, max_slots=slots, static=True, **COMPOSE)
         loaded["static-cuda-graph"] = InGraph(static, args.provider, cuda_graph=True)
+        greedy = folder / f"composed-bench-greedy-static-s{slots}.onnx"
+        plain = {k: v for k, v in COMPOSE.items() if k != "max_bias"}  # the chain has no bias
+        compose_cached(folder, greedy, "", max_slots=slots, static=True, **plain)
+        loaded["static-cuda-graph-greedy"] = InGraph(
+            greedy, args.provider, cuda_graph=True, sampling=GREEDY
+        )
     else:
-        skipped["static-cuda-graph"] = f"cuda_graph needs --provider cuda (got {args.provider})"
+        for name in ("static-cuda-graph", "static-cuda-graph-greedy"):
+            skipped[name] = f"cuda_graph needs --provider cuda (got {args.provider})"
     loaded["plain-host-sampling"] = PlainHost(folder, args.provider)
     if args.transformers:
         loaded["transformers"] = Transformers(args.gguf, args.provider)

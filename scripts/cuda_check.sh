@@ -13,9 +13,9 @@
 # 3. runs the tests marked `cuda` (tests/cuda: greedy tokens against the CPU's fp32 export within
 #    the documented fp16 tolerance, CUDA graphs and the static chain against the branching chain,
 #    sampled draws under identical uniforms) and the GPU benchmark (benchmarks/gpu.py: decode tok/s
-#    at batch 1, 8, 32, 64 for the branching chain, the static chain with CUDA graphs, and the plain
-#    model with host sampling, transformers' generate where torch is there; beside llama.cpp's
-#    CUDA build of the same GGUF when nvcc is there:
+#    at batch 1, 8, 32, 64 for the branching chain, the static chain with CUDA graphs (sampled and
+#    greedy), and the plain model with host sampling, transformers' generate where torch is there;
+#    beside llama.cpp's CUDA build of the same GGUF when nvcc is there:
 #    scripts/build_llama_cpp.sh cuda, llama-batched-bench) and the sampler alone
 #    (benchmarks/gpu_sampler.py, vocabularies of 49,152 and 262,144), writing OUT/cuda-tests.xml,
 #    OUT/cuda-tests.log, OUT/gpu.json, OUT/gpu_sampler.json and OUT/gpu_sampler_262k.json.

@@ -20,14 +20,18 @@ def test_the_report_has_every_engine_and_ratio(bench, tiny_gqa_export, tmp_path:
     assert {"onnxsample", "onnxruntime", "numpy"} <= set(report["versions"])
     assert len(report["load_average"]) == 2 and report["settings"]["max_slots"] == 2
     assert report["settings"]["prompt_tokens"] > 20
-    assert "cuda" in report["skipped"]["static-cuda-graph"]
+    for name in ("static-cuda-graph", "static-cuda-graph-greedy"):
+        assert "cuda" in report["skipped"][name]
     assert set(report["results"]) == {"batch=1", "batch=2"}
     for batch, table in report["results"].items():
         b = int(batch.split("=")[1])
         assert list(table) == [
-            "branching", "static-cuda-graph", "plain-host-sampling", "transformers"
+            "branching", "static-cuda-graph", "static-cuda-graph-greedy", "plain-host-sampling",
+            "transformers",
         ]  # fmt: skip
-        assert set(table["static-cuda-graph"]) == {"skipped"}
+        assert (
+            set(table["static-cuda-graph"]) == set(table["static-cuda-graph-greedy"]) == {"skipped"}
+        )
         assert table["transformers"] == {"skipped": "no --transformers"}
         assert "vs_branching" not in table["branching"]
         for name in ("branching", "plain-host-sampling"):
