@@ -41,8 +41,8 @@ def export(
     """Export a model to ONNX (model.onnx with past_key_values inputs and present outputs).
 
     By default a Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 or Gemma 3 model gets our
-    GroupQueryAttention graph and a GGUF keeps its own quantised blocks (Q4_0, Q4_1, Q8_0), so the
-    export computes what llama.cpp computes.
+    GroupQueryAttention graph and a GGUF keeps its own quantised blocks (Q4_0-Q8_0, the K-quants,
+    IQ4_NL and IQ4_XS), so the export computes what llama.cpp computes.
     The folder also gets the tokenizer, chat template, generation config and a manifest
     (onnxsample.json). An existing export of the same source is reused unless --force.
     `--device cuda` writes the GPU export (fp16).
