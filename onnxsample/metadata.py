@@ -39,7 +39,8 @@ CONTRACT_VERSION = "1"
 # (no [S, V] scatter, no widened copy); greedy rows skip the draw. 9: row maxima and long running
 # sums in blocks (RowMax, RunningSum: fast on CUDA). 10: the static chain sorts no whole row and
 # flags the slots past its candidates (sampler.fallback, sampler.fallback_logits). 11: 4096 of them.
-COMPOSER_REVISION = "11"
+# 12: the static chain's slot dimension is symbolic (an engine binds only the rows it runs).
+COMPOSER_REVISION = "12"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.
@@ -62,8 +63,9 @@ class ComposedMetadata:
     size. ``exact_positions``: a position's logits do not depend on how many positions a call
     computes (an ``--attention exact`` export), so speculative verification and echo give exactly
     what one-token steps give. ``gather`` is where the rows are picked (``lm_head``: before the LM head; ``logits``).
-    ``static``: the chain has no control flow and no data-dependent shape (every slot's row is
-    computed each call), so a decode step can be captured as a CUDA graph.
+    ``static``: the chain has no control flow and no data-dependent shape (every bound slot's row
+    is computed each call), so a decode step can be captured as a CUDA graph; its slot dimension
+    is ``slots``, at most S, so an engine binds only the rows it runs.
     """
 
     chain: SamplerChain

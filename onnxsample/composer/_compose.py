@@ -6,7 +6,8 @@ gather before the LM head where that is checked to give the same logits (:mod:`o
 records the result's :class:`~onnxsample.metadata.ComposedMetadata`, and saves one file.
 
 The samplers stay ONNX local functions in domain ``onnxsample`` (one ``SamplerChain`` node that Netron
-opens into TopK/TopP/...), unless ``inline`` asks for plain ops. The result is one ``.onnx`` file; a
+opens into TopK/TopP/...), unless ``inline`` asks for plain ops or the chain is static (inlined and
+its sizes folded: :mod:`onnxsample.composer._static`). The result is one ``.onnx`` file; a
 model over 2 GB keeps its weights in one ``<name>.data`` file beside it.
 """
 
@@ -33,6 +34,7 @@ from onnxsample.composer._model_facts import (
     vocab_size,
 )
 from onnxsample.composer._splice import reconcile_versions, splice
+from onnxsample.composer._static import fold_static
 from onnxsample.composer.loading import check_model, load_model
 from onnxsample.composer.sampler_model import fallback_props
 from onnxsample.errors import InvalidParameter, ModelError
@@ -215,9 +217,11 @@ def _finish(
     graph.outputs[:] = [v for v in graph.outputs if v.name != "logits"]
     ir.passes.common.RemoveUnusedNodesPass()(model)
     reconcile_versions(model)
-    if inline:
+    if inline or options["static"]:  # a static chain: see onnxsample.composer._static
         ir.passes.common.InlinePass()(model)
         model.opset_imports.pop(DOMAIN, None)
+    if options["static"]:
+        fold_static(model)
     # "gqa": GroupQueryAttention reads per-row lengths from the mask, so one preallocated buffer per
     # layer serves as past and present (right padding); "concat": the cache grows by concatenation.
     gqa = shared_kv(model)
@@ -234,7 +238,7 @@ def _finish(
         static=options["static"],
         allowed_tokens=options["allowed_tokens"],
         gather=mode,
-        inline=inline,
+        inline=inline or options["static"],
         kv_layout="gqa" if gqa else "concat",
         exact_positions=exact_positions(model),
         kv_head_size=kv_head_size(model, source),

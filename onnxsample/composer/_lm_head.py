@@ -111,6 +111,8 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
     feeds: dict[str, np.ndarray] = {}
     for value in model.graph.inputs:
         name, shape, dtype = value.name, value.shape, value.dtype.numpy()
+        if name.startswith(_PREFIX) and shape and not isinstance(shape[0], int):
+            shape = [max_slots, *shape[1:]]  # a static chain's symbolic slot dimension
         if name in params:
             feeds[name] = params[name]
         elif name == "sampler.row_index":

@@ -30,6 +30,7 @@ from onnxsample.graphs.prompt_logprobs import (
 
 _PREFIX = "sampler."
 COUNTS_OUT = "sampler.output_counts_out"
+SLOTS_DIM = "slots"  # a static chain's slot dimension
 ADD_TOKENS = "AddTokens"  # graphs.speculative: the one rule by which the penalty counts grow
 
 DOCS = {
@@ -194,7 +195,8 @@ def splice(
 
     With `static` the chain runs on every slot (an inactive one samples the dummy row and keeps its
     state), so no shape depends on the data: no ``NonZero``, no scatter back, nothing the host
-    must read before the step ends (CUDA graphs).
+    must read before the step ends (CUDA graphs). Its slot dimension is declared ``slots`` (at most
+    S, the metadata's ``max_slots``): an engine binds the first rows only, as many as it runs.
     """
     sampler = ir.from_proto(
         build_sampler_model(
@@ -205,7 +207,8 @@ def splice(
     logits = next(v for v in graph.outputs if v.name == "logits")
     new_inputs = {}
     for template in sampler.graph.inputs[1:]:
-        value = ir.Value(name=template.name, shape=template.shape, type=template.type)
+        shape = _slot_dim(template.shape, max_slots) if static else template.shape
+        value = ir.Value(name=template.name, shape=shape, type=template.type)
         value.doc_string = DOCS.get(template.name, "")
         graph.inputs.append(value)
         new_inputs[value.name] = value
@@ -275,6 +278,10 @@ def splice(
         rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
         if prompt is not None:
             prompt_logits = _op(graph, "Gather", [rows, prompt[0]], "prompt_logits", axis=0)
+    if static:  # the vocabulary for onnxsample.composer._static's folding of the chain's sizes
+        for known in (rows, prompt_logits):
+            if known is not None:
+                known.type, known.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([None, vocab])
     chain_inputs = [rows] + [chain_in[v.name] for v in sampler.graph.inputs[1:]]
     node = ir.node(
         CHAIN_FUNCTION,
@@ -305,7 +312,8 @@ def splice(
             out = _counted(base, new_inputs["sampler.output_counts"], active, slots, *emitted)
         else:
             out = _scatter_slots(graph, active, results[name], slots, tag)
-        out.name, out.type, out.shape = name, kind, shape
+        out.name, out.type = name, kind
+        out.shape = _slot_dim(shape, max_slots) if static else shape
         out.doc_string = draft.DOCS.get(name, "")
         graph.outputs.append(out)
     for key, function in sampler.functions.items():
@@ -314,6 +322,15 @@ def splice(
         _prompt_logprobs(base, prompt_logits, prompt[1], options["top_logprobs"], static)
     base.opset_imports[DOMAIN] = 1
     return base
+
+
+def _slot_dim(shape: ir.Shape, max_slots: int) -> ir.Shape:
+    """`shape` [S, ...] with its slot dimension named ``slots`` (a static chain's rows are
+    independent: it runs on however many the engine binds, up to S)."""
+    dims = list(shape)
+    if dims and dims[0] == max_slots:
+        dims[0] = ir.SymbolicDim(SLOTS_DIM)
+    return ir.Shape(dims)
 
 
 def _prompt_inputs(graph: ir.Graph) -> tuple[ir.Value, ir.Value]:

@@ -43,7 +43,7 @@ from onnxsample.engine._session import (
     create_session,
     warn_if_cpu_shaped,
 )
-from onnxsample.engine._slots import SlotState
+from onnxsample.engine._slots import SlotState, slots_symbolic
 from onnxsample.engine.request import Request
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
 from onnxsample.metadata import ComposedMetadata, composed_metadata
@@ -322,12 +322,17 @@ class Engine:
     def _build(self) -> Scheduler:
         """Fresh runtime state: slot state, cache layout, runner and scheduler."""
         meta = self.meta
-        state = SlotState(meta, self._inputs, self.device)
+        state = SlotState(meta, self._inputs, self.device, bucketed=slots_symbolic(self.session))
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         specs = kv_specs(self._pasts, meta.kv_head_size, self.path.name)
         if meta.kv_layout == "gqa":
             layout: Any = SharedLayout(
-                SharedKV(specs, self.device), meta.max_slots, pad, self.limit, fixed=self.cuda_graph
+                SharedKV(specs, self.device),
+                meta.max_slots,
+                pad,
+                self.limit,
+                fixed=self.cuda_graph,
+                rows=state.rows,
             )
         else:
             if self.max_len is not None:

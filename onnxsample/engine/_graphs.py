@@ -14,9 +14,11 @@ here binds device buffers only, allocated once per graph:
 - the outputs, copied to the host after the replay (only ``sampler.next_token`` and the logprobs
   come back; a static chain's ``sampler.fallback_logits`` stays in the caller's buffer).
 
-One graph serves one *bucket*: the same KV buffers (a grown cache is a new bucket) and the same
-counts parity. A bucket's first runs are ordinary (ONNX Runtime needs a warm-up before capture),
-then it is captured and replayed. Prefill calls, whose shape follows the prompt, run uncaptured
+One graph serves one *bucket*: the same KV buffers (a grown cache is a new bucket), the same
+rows (the first :meth:`~onnxsample.engine._slots.SlotState.rows` slots: 1, 2, 4, 8… as requests
+come and go, so a step's cost follows the running requests) and the same counts parity. A
+bucket's first runs are ordinary (ONNX Runtime needs a warm-up before capture), then it is
+captured and replayed. Prefill calls, whose shape follows the prompt, run uncaptured
 (``gpu_graph_id`` -1).
 """
 
@@ -30,7 +32,7 @@ import numpy as np
 
 from onnxsample.engine._allowed import ALLOWED
 from onnxsample.engine._layout import Call
-from onnxsample.engine._slots import COUNTS_OUT, SlotState
+from onnxsample.engine._slots import COUNTS_OUT, SlotState, bind_rows
 
 log = logging.getLogger(__name__)
 
@@ -90,20 +92,21 @@ class CapturedDecode:
         """Buckets that have had a graph id (captured, or warming up to be)."""
         return len(self._graphs)
 
-    def run(self, call: Call, uniform: np.ndarray | None) -> dict[str, np.ndarray]:
-        """Run decode `call` (from a fixed layout: ``call.reuse`` names its KV buffers) as its
-        bucket's graph; the host outputs by name."""
+    def run(self, call: Call, uniform: np.ndarray | None, rows: int) -> dict[str, np.ndarray]:
+        """Run decode `call` (from a fixed layout: ``call.reuse`` names its KV buffers and rows)
+        as its bucket's graph, the sampler over the first `rows` slots; the host outputs by name
+        (`rows` rows each)."""
         assert call.reuse is not None and not call.drafts, "a fixed decode call"
         self.slots.static()  # parameters rewritten in place when a slot changed
-        key = (*call.reuse, self.slots.parity)
+        key = (rows, *call.reuse, self.slots.parity)
         graph = self._graphs.get(key)
         if graph is None:
-            graph = self._bind(call, key)
+            graph = self._bind(call, key, rows)
         feeds = {
             "input_ids": call.input_ids,
             "attention_mask": call.mask,
-            "sampler.row_index": call.row_index,
-            "sampler.uniform": uniform,
+            "sampler.row_index": call.row_index[:rows],
+            "sampler.uniform": None if uniform is None else uniform[:rows],
         }
         for name, value in feeds.items():
             if name in graph.inputs and value is not None:
@@ -112,10 +115,10 @@ class CapturedDecode:
         self.slots.advance()
         return {name: graph.outputs[name].numpy() for name in self.host_outputs}
 
-    def _bind(self, call: Call, key: tuple) -> _Graph:
+    def _bind(self, call: Call, key: tuple, rows: int) -> _Graph:
         import onnxruntime as ort
 
-        if self._graphs and not any(k[:-1] == key[:-1] for k in self._graphs):
+        if self._graphs and not any(k[1:-1] == key[1:-1] for k in self._graphs):
             log.info("the KV buffers changed: capturing new decode graphs (%s)", key)
         binding = self.session.io_binding()
         outputs: dict[str, Any] = {}
@@ -125,24 +128,23 @@ class CapturedDecode:
         step = {
             "input_ids": call.input_ids,
             "attention_mask": call.mask,
-            "sampler.row_index": call.row_index,
+            "sampler.row_index": call.row_index[:rows],
         }
         for name in (*_STEP_INPUTS, *_EMPTY_INPUTS):
             if name not in self._types:
                 continue
             array = step.get(name)
             if array is None:
-                shape = (self.slots.meta.max_slots,) if name == "sampler.uniform" else (0,)
+                shape = (rows,) if name == "sampler.uniform" else (0,)
                 array = np.zeros(shape, _DTYPES[self._types[name]])
             inputs[name] = ort.OrtValue.ortvalue_from_numpy(
                 np.ascontiguousarray(array), self.device, 0
             )
             binding.bind_ortvalue_input(name, inputs[name])
-        for name, value in self.slots.static().items():
-            binding.bind_ortvalue_input(name, value)
+        self.slots.bind_static(binding, rows)
         if self.allowed is not None:
-            binding.bind_ortvalue_input(ALLOWED, self.allowed.rows_value)
-        self.slots.bind_counts(binding)
+            bind_rows(binding, ALLOWED, self.allowed.rows_value, rows)
+        self.slots.bind_counts(binding, rows)
         if self.slots.penalties:
             outputs[COUNTS_OUT] = None
         for name in self.outputs:
@@ -151,12 +153,12 @@ class CapturedDecode:
             if name in self.host_outputs:
                 host = self.host_outputs[name]
                 value = ort.OrtValue.ortvalue_from_shape_and_type(
-                    host.shape, host.dtype, self.device, 0
+                    (rows, *host.shape[1:]), host.dtype, self.device, 0
                 )
                 binding.bind_ortvalue_output(name, value)
                 outputs[name] = value
             elif name in self.device_outputs:
-                binding.bind_ortvalue_output(name, self.device_outputs[name])
+                bind_rows(binding, name, self.device_outputs[name], rows, output=True)
                 outputs[name] = None  # read by the caller where it needs it
             else:  # the prompt outputs: empty in a decode step
                 binding.bind_output(name, self.device)

@@ -25,9 +25,11 @@ the request that asked. When the requests that needed a long buffer have ended, 
 every slot's memory for good; a finished request's cached tokens past the new length are dropped
 (prefix reuse keeps what fits).
 
-With ``fixed`` (CUDA graphs), every decode call has one shape while the buffers stay: all rows,
-one token each, a mask as wide as the buffer. GQA reads each row's length from the mask, so the
-extra columns cost no attention; the call is the same whichever slots decode.
+With ``fixed`` (CUDA graphs), every decode call has one shape while the buffers and the occupied
+rows' bucket stay: the first ``rows()`` rows (the occupied slots rounded up to 1, 2, 4, 8…, see
+:meth:`~onnxsample.engine._slots.SlotState.rows`), one token each, a mask as wide as the buffer.
+GQA reads each row's length from the mask, so the extra columns cost no attention; the call is
+the same whichever slots of the bucket decode.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -165,10 +168,18 @@ class SharedLayout:
     (the context or ``max_len``)."""
 
     def __init__(
-        self, kv: SharedKV, slots: int, pad: int, limit: int | None, *, fixed: bool = False
+        self,
+        kv: SharedKV,
+        slots: int,
+        pad: int,
+        limit: int | None,
+        *,
+        fixed: bool = False,
+        rows: Callable[[], int] | None = None,
     ) -> None:
         self.kv, self.slots, self.pad, self.limit = kv, slots, pad, limit
         self.fixed = fixed
+        self.rows = rows or (lambda: slots)  # how many rows a fixed decode call binds
         self.reserved: dict[int, int] = {}  # positions each running request asked for
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.decoding: set[int] = set()
@@ -217,8 +228,8 @@ class SharedLayout:
 
     def decode(self, seqs: list[Sequence], drafts: dict[int, list[int]] | None = None) -> Call:
         if self.fixed:
-            lo, hi = 0, self.slots
-            for r in set(range(self.slots)) - {seq.slot for seq in seqs}:
+            lo, hi = 0, self.rows()
+            for r in set(range(hi)) - {seq.slot for seq in seqs}:
                 del self.tokens[r][self.kv.length - 1 :]  # room for the pad it is fed
         else:
             lo = min(seq.slot for seq in seqs)

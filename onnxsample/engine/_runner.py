@@ -25,7 +25,7 @@ from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
-from onnxsample.engine._slots import COUNTS_OUT, SlotState, host_copy
+from onnxsample.engine._slots import COUNTS_OUT, SlotState, bind_rows, host_copy
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +79,12 @@ class Runner:
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
             if out.name in HOST_OUTPUTS:
-                if not all(isinstance(d, int) for d in out.shape) or out.type not in _TYPES:
+                shape = list(out.shape)
+                if slots.bucketed:  # the symbolic slot dimension: S rows on the host
+                    shape[0] = meta.max_slots
+                if not all(isinstance(d, int) for d in shape) or out.type not in _TYPES:
                     raise ValueError(f"{out.name} must have a fixed shape, got {out.shape}")
-                self.host[out.name] = np.zeros(out.shape, _TYPES[out.type])
+                self.host[out.name] = np.zeros(shape, _TYPES[out.type])
         self._bindings: dict[tuple | None, Any] = {}
         # A static chain's flagged slots: redrawn on the host from the rows the graph read.
         self.fallback: HostFallback | None = None
@@ -110,17 +113,18 @@ class Runner:
         allowed = draft_allowed = None
         if self.allowed is not None:
             allowed, draft_allowed = self.allowed.for_call(call.sampling, call.drafts)
+        rows = self.slots.sampler_rows()
         if self.graphs is not None and call.kind == "decode" and not call.drafts:
-            host = self.graphs.run(call, uniform if self.has_uniform else None)
+            host = self.graphs.run(call, uniform if self.has_uniform else None, rows)
             self._redraw(call, uniform, allowed, host)
             return host, {}
         self.slots.static()  # rewritten in place if a slot changed
-        key = call.reuse
+        key = None if call.reuse is None else (rows, *call.reuse)
         reused = key in self._bindings
         if reused:
             binding, order = self._bindings[key], None
         else:
-            binding, order = self._bind(call)
+            binding, order = self._bind(call, rows)
             if key is not None:
                 # Keep the bindings of the same KV buffers (a step may make several calls: each
                 # drafting sequence's verification, then the others' decode).
@@ -130,11 +134,11 @@ class Runner:
         binding.bind_cpu_input("attention_mask", call.mask)
         if self.has_positions:
             binding.bind_cpu_input("position_ids", call.positions)
-        binding.bind_cpu_input("sampler.row_index", call.row_index)
+        binding.bind_cpu_input("sampler.row_index", call.row_index[:rows])
         if allowed is not None:
-            binding.bind_ortvalue_input(ALLOWED, allowed)
+            bind_rows(binding, ALLOWED, allowed, rows)
         if self.has_uniform:
-            binding.bind_cpu_input("sampler.uniform", uniform)
+            binding.bind_cpu_input("sampler.uniform", uniform[:rows])
         if self.draft_width:
             drafts = self._no_drafts
             if call.drafts:
@@ -150,7 +154,7 @@ class Runner:
         if self.has_prompt and not reused:
             binding.bind_cpu_input("sampler.prompt_rows", call.prompt_rows)
             binding.bind_cpu_input("sampler.prompt_targets", call.prompt_targets)
-        self.slots.bind_counts(binding)
+        self.slots.bind_counts(binding, rows)
         self.session.run_with_iobinding(binding, self._options)
         self.slots.advance()
         host: dict[str, Any] = dict(self.host)
@@ -193,27 +197,26 @@ class Runner:
         """Forget the kept bindings (after their buffers changed outside a key's knowledge)."""
         self._bindings = {}
 
-    def _bind(self, call: Call) -> tuple[Any, list[str]]:
-        """A fresh binding with the cache, the parameters and every output bound; the outputs'
-        names in the order ONNX Runtime returns them (the order they were first bound)."""
+    def _bind(self, call: Call, rows: int) -> tuple[Any, list[str]]:
+        """A fresh binding with the cache, the parameters (their first `rows` rows) and every
+        output bound; the outputs' names in the order ONNX Runtime returns them (the order they
+        were first bound)."""
         import onnxruntime as ort
 
         binding = self.session.io_binding()
         order = call.bind_kv(binding)
-        for name, value in self.slots.static().items():
-            binding.bind_ortvalue_input(name, value)
+        self.slots.bind_static(binding, rows)
         if self.slots.penalties:
-            self.slots.bind_counts(binding)
+            self.slots.bind_counts(binding, rows)
             order.append(COUNTS_OUT)
         for name in self.outputs:
             if name in order:
                 continue
             if name in self.host:
-                binding.bind_ortvalue_output(
-                    name, ort.OrtValue.ortvalue_from_numpy(self.host[name])
-                )
+                host = ort.OrtValue.ortvalue_from_numpy(self.host[name])
+                bind_rows(binding, name, host, rows, output=True)
             elif name in self.device_outputs:
-                binding.bind_ortvalue_output(name, self.device_outputs[name])
+                bind_rows(binding, name, self.device_outputs[name], rows, output=True)
             elif name in PROMPT_OUTPUTS:
                 binding.bind_output(name, "cpu")
             else:

@@ -148,15 +148,19 @@ class Scheduler:
 
     def _pick_slot(self, seq: Sequence) -> tuple[int, int]:
         """The free slot to use and how many of its cached tokens the prompt reuses: the longest
-        common prefix wins; else the slot holding the least (its cache is worth least)."""
+        common prefix wins; else, where decode steps run a fixed number of rows (CUDA graphs),
+        the slot that keeps that number lowest (:meth:`SlotState.rows`); then the one holding the
+        least (its cache is worth least)."""
+        fixed = getattr(self.layout, "fixed", False)
+        rows = self.state.rows if fixed else (lambda slot: 0)
         if not self.prefix_reuse or seq.wants_prompt_logprobs:
-            return min(self.free, key=lambda s: (len(self.layout.held(s)), s)), 0
+            return min(self.free, key=lambda s: (rows(s), len(self.layout.held(s)), s)), 0
         room = max(len(seq.prompt) - _RECOMPUTE, 0)
         best = None
         for slot in self.free:
             held = self.layout.held(slot)
             reused = min(common_prefix(held, seq.prompt), room)
-            key = (-reused, len(held) if reused == 0 else 0, slot)
+            key = (-reused, rows(slot), len(held) if reused == 0 else 0, slot)
             if best is None or key < best[0]:
                 best = (key, slot, reused)
         assert best is not None

@@ -8,6 +8,11 @@ buffers that swap roles every call: the graph reads one and writes the other.
 Every device buffer is allocated once and written in place afterwards, so its address never
 changes: a bound IOBinding stays valid, and a captured CUDA graph reads the values of the step
 it replays.
+
+A static chain declares its slot dimension symbolic (``slots``): its rows are independent, so a
+call binds only the first :meth:`SlotState.rows` rows of every per-slot input, state and output
+(the occupied slots rounded up to a bucket: 1, 2, 4, 8… up to S), at the buffers' own addresses,
+and its cost follows the running requests rather than the slots composed.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ from onnxsample.params import SamplingParams, pack_sampling_params
 
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 PROMPT_MASK = "sampler.prompt_mask"
+ROW_INDEX = "sampler.row_index"
+# ONNX element types of the buffers bound by rows -> numpy
+_NUMPY = {1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16}
 
 
 def host_copy(value) -> np.ndarray:
@@ -35,6 +43,30 @@ def ortvalue(array: np.ndarray, device: str):
     import onnxruntime as ort
 
     return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
+
+
+def bucket(rows: int, limit: int) -> int:
+    """`rows` rounded up to a power of two, at most `limit` (one captured graph per bucket)."""
+    return min(limit, 1 << max(0, rows - 1).bit_length())
+
+
+def slots_symbolic(session) -> bool:
+    """Whether `session`'s slot dimension is symbolic (a static chain: bind only the rows run)."""
+    rows = [i for i in session.get_inputs() if i.name == ROW_INDEX]
+    return bool(rows) and not isinstance(rows[0].shape[0], int)
+
+
+def bind_rows(binding, name: str, value, rows: int, *, output: bool = False) -> None:
+    """Bind the first `rows` rows of OrtValue `value` as input (or `output`) `name`, at the
+    value's own address."""
+    shape = value.shape()
+    if rows == shape[0]:
+        bind = binding.bind_ortvalue_output if output else binding.bind_ortvalue_input
+        bind(name, value)
+        return
+    args = (name, value.device_name(), 0, _NUMPY[value.element_type()], [rows, *shape[1:]])
+    bind = binding.bind_output if output else binding.bind_input
+    bind(*args, value.data_ptr())
 
 
 def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
@@ -81,10 +113,13 @@ class SlotState:
     ``parity`` says which of the two count buffers the next call reads (0 or 1).
     """
 
-    def __init__(self, meta: ComposedMetadata, inputs: set[str], device: str) -> None:
+    def __init__(
+        self, meta: ComposedMetadata, inputs: set[str], device: str, *, bucketed: bool = False
+    ) -> None:
         self.meta = meta
         self.device = device
         self.inputs = inputs
+        self.bucketed = bucketed  # the sampler binds sampler_rows() rows only (module docs)
         self.params: list[SamplingParams | None] = [None] * meta.max_slots
         self._static: dict[str, Any] | None = None
         self._stale = True
@@ -116,6 +151,22 @@ class SlotState:
         (an inactive slot's row is never computed)."""
         self.params[slot] = None
 
+    def rows(self, also: int = -1) -> int:
+        """The rows a fixed-shape decode call runs the model over: every slot up to the highest
+        occupied one (and `also`), rounded up to a bucket (1, 2, 4, 8… up to S)."""
+        top = max([also, *(s for s, p in enumerate(self.params) if p is not None)])
+        return bucket(top + 1, self.meta.max_slots)
+
+    def sampler_rows(self) -> int:
+        """The slots a call binds for the sampler: :meth:`rows`, or all S where the graph's
+        slot dimension is fixed. Rows past them hold no occupied slot's state."""
+        return self.rows() if self.bucketed else self.meta.max_slots
+
+    def bind_static(self, binding, rows: int) -> None:
+        """Bind the first `rows` rows of the parameter inputs and the prompt mask."""
+        for name, value in self.static().items():
+            bind_rows(binding, name, value, rows)
+
     def static(self) -> dict[str, Any]:
         """The parameter inputs (and the prompt mask) as device OrtValues: allocated once, then
         rewritten in place after a slot changed (the same objects, at the same addresses)."""
@@ -141,12 +192,14 @@ class SlotState:
             arrays[COUNTS] = host_copy(self._spare)
         return arrays
 
-    def bind_counts(self, binding) -> None:
-        """Bind the counts the graph reads and the buffer it writes (swapped by :meth:`advance`)."""
+    def bind_counts(self, binding, rows: int | None = None) -> None:
+        """Bind the counts the graph reads and the buffer it writes (swapped by :meth:`advance`),
+        their first `rows` rows (all by default)."""
         if not self.penalties:
             return
-        binding.bind_ortvalue_input(COUNTS, self.counts)
-        binding.bind_ortvalue_output(COUNTS_OUT, self._spare)
+        rows = self.meta.max_slots if rows is None else rows
+        bind_rows(binding, COUNTS, self.counts, rows)
+        bind_rows(binding, COUNTS_OUT, self._spare, rows, output=True)
 
     def retake(self, moves: list[tuple[int, int, int]]) -> None:
         """Each (slot, taken, instead): the slot's last token is `instead`, not the `taken` the

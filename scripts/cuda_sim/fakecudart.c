@@ -43,10 +43,12 @@ static void *dev_alloc(size_t n) {
 static void dev_free(void *p) { if (p) free(((void **)p)[-1]); }
 /* counters for the tests (ctypes): kernel launches, captures, capture errors, graph launches,
  * device->host copies, copies of kind cudaMemcpyDefault (direction unknown: copied as is),
- * host->device copies, and the bytes of each direction */
-static long n_d2h, n_default, n_h2d, b_d2h, b_h2d, n_library;
-void fakecuda_stats(long *out) { out[0] = nlaunch; out[1] = n_captures; out[2] = n_capture_errors; out[3] = n_graph_launches; out[4] = n_d2h; out[5] = n_default; out[6] = n_h2d; out[7] = b_d2h; out[8] = b_h2d; out[9] = n_library; }
-void fakecuda_reset(void) { nlaunch = n_captures = n_capture_errors = n_graph_launches = n_d2h = n_default = n_h2d = b_d2h = b_h2d = n_library = 0; }
+ * host->device copies, the bytes of each direction, library calls, and the thread blocks the
+ * launched kernels asked for (their grids: how much work, where a launch count says how many) */
+static long n_d2h, n_default, n_h2d, b_d2h, b_h2d, n_library, n_blocks;
+void fakecuda_stats(long *out) { out[0] = nlaunch; out[1] = n_captures; out[2] = n_capture_errors; out[3] = n_graph_launches; out[4] = n_d2h; out[5] = n_default; out[6] = n_h2d; out[7] = b_d2h; out[8] = b_h2d; out[9] = n_library; out[10] = n_blocks; }
+void fakecuda_reset(void) { nlaunch = n_captures = n_capture_errors = n_graph_launches = n_d2h = n_default = n_h2d = b_d2h = b_h2d = n_library = n_blocks = 0; }
+static void launched(dim3 g) { nlaunch++; n_blocks += (long)g.x * g.y * g.z; }
 /* called by the stub cuBLAS, cuBLASLt and cuDNN from every entry point that launches work on a real
  * device (a GEMM, a reduction, a softmax...): each is at least one kernel there */
 void fakecuda_library_call(void) { n_library++; }
@@ -141,15 +143,19 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *a, const void
 }
 
 /* kernel launches: no-ops (nothing is computed) */
-cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **a, size_t sm, cudaStream_t s) { nlaunch++; return cudaSuccess; }
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *c, const void *f, void **a) { nlaunch++; return cudaSuccess; }
-cudaError_t cudaLaunchCooperativeKernel(const void *f, dim3 g, dim3 b, void **a, size_t sm, cudaStream_t s) { nlaunch++; return cudaSuccess; }
+cudaError_t cudaLaunchKernel(const void *f, dim3 g, dim3 b, void **a, size_t sm, cudaStream_t s) { launched(g); return cudaSuccess; }
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t *c, const void *f, void **a) { launched(c->gridDim); return cudaSuccess; }
+cudaError_t cudaLaunchCooperativeKernel(const void *f, dim3 g, dim3 b, void **a, size_t sm, cudaStream_t s) { launched(g); return cudaSuccess; }
 cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *u) { fn(u); return cudaSuccess; }
 cudaError_t __cudaGetKernel(cudaKernel_t *k, const void *f) { *k = (cudaKernel_t)f; return cudaSuccess; }
-cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **a, size_t sm, cudaStream_t s) { nlaunch++; return cudaSuccess; }
-unsigned __cudaPushCallConfiguration(dim3 g, dim3 b, size_t sm, void *s) { return 0; }
+cudaError_t __cudaLaunchKernel(cudaKernel_t k, dim3 g, dim3 b, void **a, size_t sm, cudaStream_t s) { launched(g); return cudaSuccess; }
+/* a <<<grid, block, shared, stream>>> launch pushes its configuration, and the kernel's stub pops
+ * it to pass to cudaLaunchKernel: kept here so that the launch sees the real grid */
+static dim3 pushed_g = {1, 1, 1}, pushed_b = {1, 1, 1};
+static size_t pushed_sm; static void *pushed_s;
+unsigned __cudaPushCallConfiguration(dim3 g, dim3 b, size_t sm, void *s) { pushed_g = g; pushed_b = b; pushed_sm = sm; pushed_s = s; return 0; }
 cudaError_t __cudaPopCallConfiguration(dim3 *g, dim3 *b, size_t *sm, void *s) {
-  g->x = g->y = g->z = 1; b->x = b->y = b->z = 1; *sm = 0; *(void **)s = 0; return cudaSuccess;
+  *g = pushed_g; *b = pushed_b; *sm = pushed_sm; *(void **)s = pushed_s; return cudaSuccess;
 }
 cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes *a, const void *f) { memset(a, 0, sizeof *a); a->maxThreadsPerBlock = 1024; a->binaryVersion = 90; a->ptxVersion = 90; return cudaSuccess; }
 cudaError_t cudaFuncSetAttribute(const void *f, enum cudaFuncAttribute a, int v) { return cudaSuccess; }

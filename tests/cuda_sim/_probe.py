@@ -27,17 +27,18 @@ import onnx
 import onnxruntime as ort
 
 _STATS = ("launches", "captures", "capture_errors", "graph_launches", "d2h", "default", "h2d")
-_COUNTERS = (*_STATS, "d2h_bytes", "h2d_bytes", "library")
+_COUNTERS = (*_STATS, "d2h_bytes", "h2d_bytes", "library", "blocks")
 
 
 def counters() -> dict[str, int]:
-    """The stand-in libcudart's counters: kernel launches, captures, copies by direction, and the
-    calls into cuBLAS, cuBLASLt and cuDNN that launch work on a real device (`library`)."""
+    """The stand-in libcudart's counters: kernel launches, captures, copies by direction, the
+    calls into cuBLAS, cuBLASLt and cuDNN that launch work on a real device (`library`), and the
+    thread blocks the launched kernels' grids asked for (`blocks`: how much work)."""
     lib = ctypes.CDLL("libcudart.so.13")
     out = (ctypes.c_long * len(_COUNTERS))()
     lib.fakecuda_stats(out)
     found = dict(zip(_COUNTERS, out, strict=True))
-    return {k: found[k] for k in (*_STATS, "library")}
+    return {k: found[k] for k in (*_STATS, "library", "blocks")}
 
 
 def placement(model: str, cuda_graph: bool) -> dict:
@@ -161,6 +162,23 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             done = running.result(timeout=120)
             lengths.append(_kv_length(eng))
             result.update(lengths=lengths, tokens=len(done.token_ids), finish=done.finish_reason)
+        elif scenario == "buckets":
+            # One request decodes alone (one row bound), two more join (slots 1 and 2: four rows)
+            # and end first (one row again): a graph per bucket and counts parity, each captured
+            # once and replayed when its bucket comes back.
+            first = eng.submit(prompt, params, max_new_tokens=60, chat=False)
+            stream = iter(first)
+            for _ in range(4):
+                next(stream)
+            others = []
+            for n in (6, 3):
+                others.append(eng.submit(prompt[:8], params, max_new_tokens=n, chat=False))
+                next(iter(others[-1]))
+            done = [r.result(timeout=120) for r in (*others, first)]
+            graphs = eng._scheduler.runner.graphs._graphs
+            result["buckets"] = sorted({key[0] for key in graphs})  # (rows, *reuse, parity)
+            result["graphs"] = len(graphs)
+            result["tokens"] = [len(c.token_ids) for c in done]
         elif scenario == "copies":
             # Per decode step, in a steady state: the difference between two requests that differ
             # only in length, after a first one has warmed up (and captured) the decode step.
@@ -171,7 +189,8 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             steps = len(long.token_ids) - len(short.token_ids)
             result["per_step"] = {k: (second[k] - first[k]) / steps for k in ("h2d", "d2h")}
             result["kernels_per_step"] = {
-                k: (second[k] - first[k]) / steps for k in ("launches", "library", "graph_launches")
+                k: (second[k] - first[k]) / steps
+                for k in ("launches", "library", "graph_launches", "blocks")
             }
             result["buffers_kept"] = _device_buffers(eng) == buffers
             result["host_outputs"] = sorted(eng._scheduler.runner.host)

@@ -83,6 +83,25 @@ def test_decode_steps_are_captured_and_replayed(device, gpu_models):
     assert report["per_step"] == {"h2d": 4, "d2h": len(report["host_outputs"])}
 
 
+def test_a_graph_per_bucket_of_occupied_rows(device, gpu_models):
+    """Requests join a running one and leave: the decode steps bind 1, 2 or 4 rows, one graph
+    per bucket and counts parity, each captured once; every other step replays one."""
+    report = device.probe(
+        "engine",
+        gpu_models["static"],
+        "buckets",
+        "--cuda-graph",
+        "--tokenizer",
+        gpu_models["folder"],
+    )
+    assert report["failure"] is None
+    assert report["tokens"] == [6, 3, 60]
+    assert report["buckets"] == [1, 2, 4] and report["graphs"] == 6, report
+    counts = report["counters"]
+    assert counts["capture_errors"] == 0 and counts["captures"] == 6
+    assert counts["graph_launches"] >= report["decode_steps"] - 2 * 6
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["uncaptured", "cuda-graph"])
 def test_kv_buffers_grow_and_shrink_under_a_running_request(

@@ -6,11 +6,14 @@ replays. The CPU provider ignores `gpu_graph_id`, so here they run uncaptured; t
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import onnxsample.engine._session as session_module
 from onnxsample import Generator, InvalidParameter, SamplingParams
 from onnxsample.composer import compose
+from onnxsample.engine._graphs import CapturedDecode
 
 OPTIONS = {"max_slots": 4, "top_logprobs": 3, "max_bias": 4, "prompt_logprobs": True}
 PROMPTS = [
@@ -66,6 +69,38 @@ def test_static_chain_and_fixed_decode_steps_give_the_branching_chains_output(gr
     assert none == 0 and redrawn >= 20  # the last two requests' tokens, at least
     monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
     assert _run(graphs["static"], graphs["source"], cuda_graph=True) == (static, redrawn)
+
+
+def test_decode_steps_bind_the_rows_of_the_occupied_slots(graphs, monkeypatch, batched_as_alone):
+    """Three requests of 16, 10 and 4 tokens take slots 0, 1 and 2: the decode steps bind the
+    first 4 rows (model and sampler), then 2 once slot 2 is free, then 1 (a graph each), and
+    every request keeps the tokens it has alone and under the branching chain."""
+    seen = []
+    run = CapturedDecode.run
+
+    def spy(self, call, uniform, rows):
+        assert rows == call.input_ids.shape[0]  # the sampler's rows are the model's
+        seen.append(rows)
+        return run(self, call, uniform, rows)
+
+    monkeypatch.setattr(CapturedDecode, "run", spy)
+    monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
+    prompts, lengths = PROMPTS[:3], [16, 10, 4]
+    params = [dataclasses.replace(p, ignore_eos=True) for p in PARAMS[1:4]]
+
+    def alone(model, **options) -> list:
+        with Generator(model, tokenizer=graphs["source"], threads=1, **options) as generator:
+            if options:
+                batched_as_alone(generator, prompts, params, lengths)
+            return [
+                generator.generate(prompt, p, max_new_tokens=n, chat=False)[0].token_ids
+                for prompt, p, n in zip(prompts, params, lengths, strict=True)
+            ]
+
+    reference = alone(graphs["branching"])
+    assert alone(graphs["static"], cuda_graph=True) == reference
+    assert {4, 2, 1} <= set(seen), seen
+    assert seen.index(1) > seen.index(2) > seen.index(4)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,66 @@
+"""A static chain's graph, made ready for CUDA graphs with a symbolic slot dimension.
+
+A static chain declares its slot dimension ``slots`` so that an engine binds only the rows it runs
+(:mod:`onnxsample.engine._slots`). ONNX Runtime folds a ``Shape`` into a constant only when the
+whole shape is known, so with a symbolic row count every size the chain reads from a
+``[slots, V]`` tensor (the vocabulary, the candidates, a prefix's length) would be computed on
+the host each call and copied to the device, and ONNX Runtime refuses to capture a graph with
+copies in it. So the chain is inlined and those sizes folded here, with ONNX shape inference,
+where the vocabulary and the candidate count are known: what is left on the host is shape
+arithmetic that feeds shapes only.
+
+Only values that are exact whatever computes them are folded: integer and boolean results, and
+float data that is only moved or selected (``Pad``, ``Where``, ``Concat``…), never a float
+computed by a transcendental function, whose last bit could differ from ONNX Runtime's.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+_EXACT_TYPES = {
+    ir.DataType.BOOL,
+    ir.DataType.INT8,
+    ir.DataType.INT16,
+    ir.DataType.INT32,
+    ir.DataType.INT64,
+    ir.DataType.UINT8,
+}
+_MOVES = {
+    "Cast",
+    "Concat",
+    "ConstantOfShape",
+    "Expand",
+    "Gather",
+    "Identity",
+    "Pad",
+    "Reshape",
+    "Slice",
+    "Squeeze",
+    "Unsqueeze",
+    "Where",
+}
+
+
+def _exact(node: ir.Node) -> bool | None:
+    """None (fold as the folder decides) where the result is exact; False elsewhere."""
+    if node.op_type in _MOVES and node.domain in ("", "ai.onnx"):
+        return None
+    if all(v.dtype in _EXACT_TYPES for v in node.outputs if v.dtype is not None):
+        return None
+    return False
+
+
+def fold_static(model: ir.Model) -> None:
+    """Fold the (inlined) static chain's sizes into constants, in place."""
+    from onnxscript.optimizer import fold_constants
+
+    fold_constants(model, onnx_shape_inference=True, should_fold=_exact)
+    ir.passes.common.RemoveUnusedNodesPass()(model)
+    # The inference named the chain functions' dimensions after their signatures ("S", "V"),
+    # which ONNX Runtime would take for one size wherever the name recurs: it infers its own.
+    ends = {*model.graph.inputs, *model.graph.outputs}
+    for node in model.graph.all_nodes():
+        for value in node.outputs:
+            if value not in ends:
+                value.shape = None
