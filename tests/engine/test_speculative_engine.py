@@ -141,8 +141,10 @@ def test_default_export_alone_every_call_has_several_positions_so_echo_agrees_to
 
 
 def _together(engine, prompts, params, n):
-    requests = [engine.submit(p, params, max_new_tokens=n) for p in prompts]
-    return [r.result(timeout=300) for r in requests]
+    """The prompts queued at once (tokenised first, so that the engine thread admits them in one
+    step rather than starting on the first while the next is tokenised)."""
+    prepared = [engine.prepare(p, params, n, None, None, None, i) for i, p in enumerate(prompts)]
+    return [r.result(timeout=300) for r in engine.enqueue(prepared)]
 
 
 def test_embedded_greedy_is_unchanged_token_for_token(embedded_pair):
