@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from onnxsample.engine._layout import Call, prompt_positions, slot_rows
+from onnxsample.engine._row_copy import RowCopy
 from onnxsample.engine._sequence import Sequence
 from onnxsample.errors import ModelError, OutOfMemory
 
@@ -99,6 +100,7 @@ class SharedKV:
         self.length = 0
         self.generation = 0  # bumped whenever the buffers are replaced
         self.buffers: dict[str, Any] = {}
+        self._copy = RowCopy(device)
 
     def nbytes(self, rows: int, length: int) -> int:
         return sum(_row_bytes(spec, length) for spec in self.specs.values()) * rows
@@ -148,6 +150,11 @@ class SharedKV:
             self.nbytes(rows, length) / 2**20,
             self.device,
         )
+
+    def copy_row(self, src: int, dst: int) -> None:
+        """Row `src` of every buffer into row `dst` (every position)."""
+        for value in self.buffers.values():
+            self._copy(value, src, dst)
 
     def bind(self, binding, r0: int, n: int) -> list[str]:
         """Bind rows [r0, r0 + n) as each past input and its present output; the outputs' names."""
@@ -269,6 +276,13 @@ class SharedLayout:
         for seq in call.sampling:  # before the new tokens are accepted: the fed ones are last
             kept = call.drafts.get(seq.slot, [])[: call.accepted.get(seq.slot, 0)]
             self.tokens[seq.slot] += [seq.ids[-1], *kept]
+
+    def move(self, seq: Sequence, slot: int) -> None:
+        """`seq` moves to the free `slot`: its keys and values are copied there, and its old row
+        keeps them as a finished request's (for prefix reuse)."""
+        self.kv.copy_row(seq.slot, slot)
+        self.tokens[slot] = list(self.tokens[seq.slot])
+        self.reserved[slot] = self.reserved.pop(seq.slot)
 
     def finish(self, seq: Sequence) -> None:
         # The row keeps its tokens until the slot is taken again (prefix reuse).

@@ -28,7 +28,7 @@ from onnxsample.engine._drafter import NgramDrafter
 from onnxsample.engine._layout import Call, KVLayout, common_prefix
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._sequence import Sequence
-from onnxsample.engine._slots import SlotState
+from onnxsample.engine._slots import SlotState, bucket
 from onnxsample.errors import GenerationError, OnnxSampleError
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class Stats:
     drafted_tokens: int = 0  # speculative decoding: draft tokens verified
     accepted_tokens: int = 0  # ... and kept
     fallback_tokens: int = 0  # a static chain's tokens past its candidates, drawn on the host
+    moved: int = 0  # sequences moved to a lower slot (fewer rows a step, CUDA graphs)
     finished: int = 0
     failed: int = 0
 
@@ -106,6 +107,7 @@ class Scheduler:
     def step(self) -> None:
         self._cancel()
         self._admit()
+        self._compact()
         self._prefill()
         self._decode()
 
@@ -165,6 +167,28 @@ class Scheduler:
                 best = (key, slot, reused)
         assert best is not None
         return best[1], best[2]
+
+    def _compact(self) -> None:
+        """Where decode steps run a fixed number of rows (CUDA graphs, see
+        :meth:`SlotState.rows`): move the sequence in the highest occupied slot down into the
+        lowest free one while that lowers the rows a step binds (its keys and values and its
+        sampler state copied; its tokens are unchanged)."""
+        if not getattr(self.layout, "fixed", False):
+            return
+        running = [*self.prefilling, *self.decoding]
+        while running and self.free:
+            top = max(running, key=lambda s: s.slot)
+            low = min(self.free)
+            rest = max([low, *(s.slot for s in running if s is not top)])
+            if low > top.slot or bucket(rest + 1, self.state.meta.max_slots) >= self.state.rows():
+                return
+            self.layout.move(top, low)
+            self.state.move(top.slot, low)
+            self.free.remove(low)
+            self.free.append(top.slot)
+            self.free.sort()
+            top.slot = low
+            self.stats.moved += 1
 
     # ---- prefill and decode -------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.engine._row_copy import NUMPY_TYPES, RowCopy
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams, pack_sampling_params
@@ -28,8 +29,6 @@ from onnxsample.params import SamplingParams, pack_sampling_params
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 PROMPT_MASK = "sampler.prompt_mask"
 ROW_INDEX = "sampler.row_index"
-# ONNX element types of the buffers bound by rows -> numpy
-_NUMPY = {1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16}
 
 
 def host_copy(value) -> np.ndarray:
@@ -64,7 +63,7 @@ def bind_rows(binding, name: str, value, rows: int, *, output: bool = False) -> 
         bind = binding.bind_ortvalue_output if output else binding.bind_ortvalue_input
         bind(name, value)
         return
-    args = (name, value.device_name(), 0, _NUMPY[value.element_type()], [rows, *shape[1:]])
+    args = (name, value.device_name(), 0, NUMPY_TYPES[value.element_type()], [rows, *shape[1:]])
     bind = binding.bind_output if output else binding.bind_input
     bind(*args, value.data_ptr())
 
@@ -129,6 +128,7 @@ class SlotState:
         self.counts = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
         self._spare = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
         self.parity = 0
+        self._copy = RowCopy(device)
 
     def assign(self, slot: int, params: SamplingParams, prompt: list[int]) -> None:
         """A new sequence takes `slot`: its parameters, its prompt's tokens, zero output counts."""
@@ -145,6 +145,15 @@ class SlotState:
         """New parameters for the sequence in `slot`; its prompt mask and counts stay."""
         self.params[slot] = params
         self._stale = True
+
+    def move(self, src: int, dst: int) -> None:
+        """The sequence in slot `src` moves to the free slot `dst`: its parameters, prompt mask
+        and counts go with it."""
+        self.params[dst], self.params[src] = self.params[src], None
+        self._stale = True
+        if self.penalties:
+            self._mask[dst] = self._mask[src]
+            self._copy(self.counts, src, dst)
 
     def release(self, slot: int) -> None:
         """The slot's sequence left; its inputs stay as they are until the slot is assigned again

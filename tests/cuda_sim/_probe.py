@@ -179,6 +179,19 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             result["buckets"] = sorted({key[0] for key in graphs})  # (rows, *reuse, parity)
             result["graphs"] = len(graphs)
             result["tokens"] = [len(c.token_ids) for c in done]
+        elif scenario == "compact":
+            # Two short requests in slots 0 and 1 and a long one in slot 2, queued at once: once
+            # the short ones end, the long one moves to slot 0 (its KV rows and counts copied on
+            # the device) and the steps bind one row instead of four.
+            prepared = [
+                eng.prepare(prompt[: 8 + i], params, n, None, False, None, i)
+                for i, n in enumerate((3, 4, 40))
+            ]
+            done = [r.result(timeout=120) for r in eng.enqueue(prepared)]
+            graphs = eng._scheduler.runner.graphs._graphs
+            result["buckets"] = sorted({key[0] for key in graphs})
+            result["moved"] = eng.stats().moved
+            result["tokens"] = [len(c.token_ids) for c in done]
         elif scenario == "copies":
             # Per decode step, in a steady state: the difference between two requests that differ
             # only in length, after a first one has warmed up (and captured) the decode step.

@@ -102,6 +102,24 @@ def test_a_graph_per_bucket_of_occupied_rows(device, gpu_models):
     assert counts["graph_launches"] >= report["decode_steps"] - 2 * 6
 
 
+def test_a_sequence_moves_down_on_the_device(device, gpu_models):
+    """Requests of 3, 4 and 40 tokens in slots 0, 1 and 2: when the first ends, the third moves
+    to slot 0 (its KV rows and penalty counts copied on the device by ONNX Runtime's own
+    Identity kernel), so the steps bind 2 rows, then 1: a graph each."""
+    report = device.probe(
+        "engine",
+        gpu_models["static"],
+        "compact",
+        "--cuda-graph",
+        "--tokenizer",
+        gpu_models["folder"],
+    )
+    assert report["failure"] is None
+    assert report["tokens"] == [3, 4, 40] and report["moved"] == 1
+    assert report["buckets"] == [1, 2, 4], report
+    assert report["counters"]["capture_errors"] == 0
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("cuda_graph", [False, True], ids=["uncaptured", "cuda-graph"])
 def test_kv_buffers_grow_and_shrink_under_a_running_request(

@@ -103,6 +103,37 @@ def test_decode_steps_bind_the_rows_of_the_occupied_slots(graphs, monkeypatch, b
     assert seen.index(1) > seen.index(2) > seen.index(4)
 
 
+def test_a_sequence_moves_down_when_the_slots_below_it_free(graphs, monkeypatch):
+    """Requests of 3, 4 and 24 tokens take slots 0, 1 and 2; once the first ends, the third
+    (with penalties: its counts and prompt mask go with it) moves to slot 0, and the steps bind
+    2 rows, then 1, instead of 4. Its tokens are the ones it has alone."""
+    seen = []
+    run = CapturedDecode.run
+
+    def spy(self, call, uniform, rows):
+        seen.append(rows)
+        return run(self, call, uniform, rows)
+
+    monkeypatch.setattr(CapturedDecode, "run", spy)
+    monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
+    prompts, lengths = PROMPTS[:3], [3, 4, 24]
+    params = [dataclasses.replace(p, ignore_eos=True) for p in (PARAMS[0], PARAMS[1], PARAMS[2])]
+    with Generator(
+        graphs["static"], tokenizer=graphs["source"], threads=1, cuda_graph=True
+    ) as generator:
+        engine = generator.engine
+        prepared = [
+            engine.prepare(p, sp, n, None, False, None, i)
+            for i, (p, sp, n) in enumerate(zip(prompts, params, lengths, strict=True))
+        ]
+        together = [r.result(timeout=300) for r in engine.enqueue(prepared)]
+        moved = engine.stats().moved
+        [alone] = generator.generate(prompts[2], params[2], max_new_tokens=24, chat=False)
+    assert moved == 1
+    assert seen[0] == 4 and 2 in seen and seen.count(1) >= 24 - 4, seen
+    assert together[2].token_ids == alone.token_ids
+
+
 @pytest.mark.parametrize(
     ("model", "provider", "message"),
     [
