@@ -4,7 +4,9 @@ Only the engine's thread calls a :class:`Scheduler`. One :meth:`~Scheduler.step`
 
 1. finishes the sequences whose requests were cancelled (their slots are free at once);
 2. admits waiting sequences (FIFO) into free slots — the free slot whose cache shares the longest
-   prefix with the prompt, whose tokens are then not computed again;
+   prefix with the prompt, whose tokens are then not computed again (see
+   :mod:`~onnxsample.engine._placement`, which also moves running sequences down where steps
+   bind a fixed number of rows);
 3. prefills: up to ``chunk`` prompt tokens per step over the admitted sequences, one call per
    sequence and chunk, so a long prompt is admitted over several steps while running streams keep
    decoding between them (``chunk=None`` prefills each prompt in one call);
@@ -25,18 +27,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxsample.engine._drafter import NgramDrafter
-from onnxsample.engine._layout import Call, KVLayout, common_prefix
+from onnxsample.engine._layout import Call, KVLayout
+from onnxsample.engine._placement import Placement
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._sequence import Sequence
-from onnxsample.engine._slots import SlotState, bucket
+from onnxsample.engine._slots import SlotState
 from onnxsample.errors import GenerationError, OnnxSampleError
 
 log = logging.getLogger(__name__)
 
-# A reused prefix leaves at least this many prompt tokens to compute: a one-token call takes other
-# kernels than a longer one, and the keys and values it writes would differ in the last bits from
-# those of the request's prefill without reuse.
-_RECOMPUTE = 2
 # Host outputs of a slot's first token, and of the tokens at its draft positions.
 _FIRST = (
     "sampler.next_token",
@@ -90,8 +89,8 @@ class Scheduler:
     ) -> None:
         self.runner, self.layout, self.state = runner, layout, state
         self.drafter = drafter
-        self.chunk, self.prefix_reuse, self.on_change = chunk, prefix_reuse, on_change
-        self.free = list(range(slots))
+        self.chunk, self.on_change = chunk, on_change
+        self.slots = Placement(slots, layout, state, prefix_reuse=prefix_reuse)
         self.waiting: deque[Sequence] = deque()
         self.prefilling: list[Sequence] = []
         self.decoding: list[Sequence] = []
@@ -107,7 +106,7 @@ class Scheduler:
     def step(self) -> None:
         self._cancel()
         self._admit()
-        self._compact()
+        self.stats.moved += self.slots.compact([*self.prefilling, *self.decoding])
         self._prefill()
         self._decode()
 
@@ -125,9 +124,9 @@ class Scheduler:
     # ---- admission ----------------------------------------------------------------------------
 
     def _admit(self) -> None:
-        while self.waiting and self.free:
+        while self.waiting and self.slots.free:
             seq = self.waiting.popleft()
-            slot, reused = self._pick_slot(seq)
+            slot, reused = self.slots.pick(seq)
             need = len(seq.prompt) + (_AHEAD if seq.open_ended else seq.max_new_tokens)
             try:
                 self.layout.reserve(slot, min(need, seq.limit) if seq.limit else need)
@@ -137,8 +136,7 @@ class Scheduler:
                 seq.request._fail(exc)
                 self.on_change(-1, 0)
                 continue
-            seq.slot = slot
-            self.free.remove(slot)
+            self.slots.take(seq, slot)
             self.on_change(-1, -1)
             self.layout.start(seq, reused)
             self.state.assign(slot, seq.early_params or seq.params, seq.prompt)
@@ -147,48 +145,6 @@ class Scheduler:
             seq.timings.cached_tokens = seq.computed
             self.stats.cached_tokens += seq.computed
             self.prefilling.append(seq)
-
-    def _pick_slot(self, seq: Sequence) -> tuple[int, int]:
-        """The free slot to use and how many of its cached tokens the prompt reuses: the longest
-        common prefix wins; else, where decode steps run a fixed number of rows (CUDA graphs),
-        the slot that keeps that number lowest (:meth:`SlotState.rows`); then the one holding the
-        least (its cache is worth least)."""
-        fixed = getattr(self.layout, "fixed", False)
-        rows = self.state.rows if fixed else (lambda slot: 0)
-        if not self.prefix_reuse or seq.wants_prompt_logprobs:
-            return min(self.free, key=lambda s: (rows(s), len(self.layout.held(s)), s)), 0
-        room = max(len(seq.prompt) - _RECOMPUTE, 0)
-        best = None
-        for slot in self.free:
-            held = self.layout.held(slot)
-            reused = min(common_prefix(held, seq.prompt), room)
-            key = (-reused, rows(slot), len(held) if reused == 0 else 0, slot)
-            if best is None or key < best[0]:
-                best = (key, slot, reused)
-        assert best is not None
-        return best[1], best[2]
-
-    def _compact(self) -> None:
-        """Where decode steps run a fixed number of rows (CUDA graphs, see
-        :meth:`SlotState.rows`): move the sequence in the highest occupied slot down into the
-        lowest free one while that lowers the rows a step binds (its keys and values and its
-        sampler state copied; its tokens are unchanged)."""
-        if not getattr(self.layout, "fixed", False):
-            return
-        running = [*self.prefilling, *self.decoding]
-        while running and self.free:
-            top = max(running, key=lambda s: s.slot)
-            low = min(self.free)
-            rest = max([low, *(s.slot for s in running if s is not top)])
-            if low > top.slot or bucket(rest + 1, self.state.meta.max_slots) >= self.state.rows():
-                return
-            self.layout.move(top, low)
-            self.state.move(top.slot, low)
-            self.free.remove(low)
-            self.free.append(top.slot)
-            self.free.sort()
-            top.slot = low
-            self.stats.moved += 1
 
     # ---- prefill and decode -------------------------------------------------------------------
 
@@ -418,7 +374,7 @@ class Scheduler:
         self.stats.failed += 1
         seq.finish = "error"
         seq.request._fail(error)
-        if seq.slot < 0 or seq.slot in self.free:
+        if seq.slot < 0 or seq.slot in self.slots.free:
             return
         for group in (self.prefilling, self.decoding):
             if seq in group:
@@ -427,7 +383,5 @@ class Scheduler:
         self._free(seq.slot)
 
     def _free(self, slot: int) -> None:
-        self.state.release(slot)
-        self.free.append(slot)
-        self.free.sort()
+        self.slots.give(slot)
         self.on_change(0, 1)
