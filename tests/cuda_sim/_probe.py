@@ -171,7 +171,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             for _ in range(4):
                 next(stream)
             others = []
-            for n in (6, 3):
+            for n in (16, 8):
                 others.append(eng.submit(prompt[:8], params, max_new_tokens=n, chat=False))
                 next(iter(others[-1]))
             done = [r.result(timeout=120) for r in (*others, first)]
@@ -185,7 +185,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             # the device) and the steps bind one row instead of four.
             prepared = [
                 eng.prepare(prompt[: 8 + i], params, n, None, False, None, i)
-                for i, n in enumerate((3, 4, 40))
+                for i, n in enumerate((3, 10, 40))
             ]
             done = [r.result(timeout=120) for r in eng.enqueue(prepared)]
             graphs = eng._scheduler.runner.graphs._graphs
