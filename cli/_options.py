@@ -162,7 +162,8 @@ Static = Annotated[
         "--static",
         help="A chain with no control flow and no data-dependent shapes, so a decode step can be "
         "captured as a CUDA graph (run/serve --cuda-graph). Same tokens; it computes every path, "
-        "so it is slower on the CPU. No draft verification.",
+        "so it is slower on the CPU. No draft verification. Its slot dimension is symbolic (the "
+        "engine binds only the occupied slots' rows) and it is inlined, its sizes folded.",
     ),
 ]
 Inline = Annotated[
