@@ -277,10 +277,15 @@ class SharedLayout:
             kept = call.drafts.get(seq.slot, [])[: call.accepted.get(seq.slot, 0)]
             self.tokens[seq.slot] += [seq.ids[-1], *kept]
 
+    def copy(self, src: int, dst: int) -> None:
+        """Copy the keys and values of row `src` into the free row `dst`, whose cache is
+        forgotten first (a copy that fails half-way leaves nothing claimed there)."""
+        self.tokens[dst] = []
+        self.kv.copy_row(src, dst)
+
     def move(self, seq: Sequence, slot: int) -> None:
-        """`seq` moves to the free `slot`: its keys and values are copied there, and its old row
+        """`seq` continues in `slot`, where :meth:`copy` put its keys and values; its old row
         keeps them as a finished request's (for prefix reuse)."""
-        self.kv.copy_row(seq.slot, slot)
         self.tokens[slot] = list(self.tokens[seq.slot])
         self.reserved[slot] = self.reserved.pop(seq.slot)
 

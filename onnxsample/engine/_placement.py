@@ -5,19 +5,22 @@ tokens are not computed again); without one, where decode steps run a fixed numb
 graphs: :meth:`~onnxsample.engine._slots.SlotState.rows`, the occupied slots rounded up to 1, 2,
 4, 8…), the slot that keeps that number lowest; then the one whose cache is worth least.
 
-Where steps run a fixed number of rows, a running sequence also moves down into a free slot below
-it whenever that lowers the number (its keys and values and its sampler state copied where they
-live, its tokens unchanged), so that a long request does not keep every step as wide as the
-slot it started in.
+Where steps run a fixed number of rows, running sequences also move down into free slots below
+them whenever they would fit in a smaller bucket (their keys and values and sampler state copied
+where they live, their tokens unchanged), so that long requests do not keep every step as wide
+as the slots they started in.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
 from onnxsample.engine._layout import KVLayout, common_prefix
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import SlotState, bucket
+
+log = logging.getLogger(__name__)
 
 # A reused prefix leaves at least this many prompt tokens to compute: a one-token call takes other
 # kernels than a longer one, and the keys and values it writes would differ in the last bits from
@@ -64,20 +67,28 @@ class Placement:
         self.free.sort()
 
     def compact(self, running: Iterable[Sequence]) -> int:
-        """Move the sequence in the highest occupied slot into the lowest free one while that
-        lowers the rows a step binds (fixed rows only); how many moved."""
+        """Where steps bind a fixed number of rows: when the running sequences would fit in a
+        smaller bucket, move those above it into the free slots below it; how many moved. A
+        device copy that fails leaves its sequence where it was (and says so)."""
         running = list(running)
+        if not self.fixed or not running:
+            return 0
+        target = bucket(len(running), self.state.meta.max_slots)
+        if target >= self.state.rows():
+            return 0
+        movers = sorted((s for s in running if s.slot >= target), key=lambda s: -s.slot)
         moved = 0
-        while self.fixed and running and self.free:
-            top = max(running, key=lambda s: s.slot)
-            low = self.free[0]
-            rest = max([low, *(s.slot for s in running if s is not top)])
-            if low > top.slot or bucket(rest + 1, self.state.meta.max_slots) >= self.state.rows():
+        for seq, low in zip(movers, [f for f in self.free if f < target], strict=False):
+            try:  # the device copies first: if one fails, nothing else has changed
+                self.layout.copy(seq.slot, low)
+                self.state.copy(seq.slot, low)
+            except RuntimeError as exc:
+                log.warning("request %s stays in slot %d: %s", seq.request.id, seq.slot, exc)
                 break
-            self.layout.move(top, low)
-            self.state.move(top.slot, low)
-            self.free[0] = top.slot
+            self.layout.move(seq, low)
+            self.state.move(seq.slot, low)
+            self.free[self.free.index(low)] = seq.slot
             self.free.sort()
-            top.slot = low
+            seq.slot = low
             moved += 1
         return moved

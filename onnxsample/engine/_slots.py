@@ -146,14 +146,18 @@ class SlotState:
         self.params[slot] = params
         self._stale = True
 
+    def copy(self, src: int, dst: int) -> None:
+        """Copy slot `src`'s penalty counts into the free slot `dst` (on the device)."""
+        if self.penalties:
+            self._copy(self.counts, src, dst)
+
     def move(self, src: int, dst: int) -> None:
-        """The sequence in slot `src` moves to the free slot `dst`: its parameters, prompt mask
-        and counts go with it."""
+        """The sequence in slot `src` continues in `dst`, where :meth:`copy` put its counts: its
+        parameters and prompt mask go with it."""
         self.params[dst], self.params[src] = self.params[src], None
         self._stale = True
         if self.penalties:
             self._mask[dst] = self._mask[src]
-            self._copy(self.counts, src, dst)
 
     def release(self, slot: int) -> None:
         """The slot's sequence left; its inputs stay as they are until the slot is assigned again

@@ -163,28 +163,27 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             lengths.append(_kv_length(eng))
             result.update(lengths=lengths, tokens=len(done.token_ids), finish=done.finish_reason)
         elif scenario == "buckets":
-            # One request decodes alone (one row bound), two more join (slots 1 and 2: four rows)
-            # and end first (one row again): a graph per bucket and counts parity, each captured
-            # once and replayed when its bucket comes back.
-            first = eng.submit(prompt, params, max_new_tokens=60, chat=False)
-            stream = iter(first)
-            for _ in range(4):
-                next(stream)
-            others = []
-            for n in (16, 8):
-                others.append(eng.submit(prompt[:8], params, max_new_tokens=n, chat=False))
-                next(iter(others[-1]))
-            done = [r.result(timeout=120) for r in (*others, first)]
+            # Requests of 60, 16 and 8 tokens queued at once take slots 0, 1 and 2: the steps
+            # bind four rows, two once the last ends, then one: a graph per bucket and counts
+            # parity, each captured once.
+            prepared = [
+                eng.prepare(prompt[: 8 + i], params, n, None, False, None, i)
+                for i, n in enumerate((60, 16, 8))
+            ]
+            done = [r.result(timeout=120) for r in eng.enqueue(prepared)]
             graphs = eng._scheduler.runner.graphs._graphs
-            result["buckets"] = sorted({key[0] for key in graphs})  # (rows, *reuse, parity)
+            result["buckets"] = sorted({key[0] for key in graphs})
             result["graphs"] = len(graphs)
             result["tokens"] = [len(c.token_ids) for c in done]
         elif scenario == "compact":
             # Two short requests in slots 0 and 1 and a long one in slot 2, queued at once: once
-            # the short ones end, the long one moves to slot 0 (its KV rows and counts copied on
-            # the device) and the steps bind one row instead of four.
+            # the first ends, the long one moves to slot 0 (its KV rows and penalty counts copied
+            # on the device) and the steps bind two rows, then one, instead of four.
+            penalised = SamplingParams(
+                temperature=0.8, repetition_penalty=1.2, presence_penalty=0.5, ignore_eos=True
+            )  # the counts move too
             prepared = [
-                eng.prepare(prompt[: 8 + i], params, n, None, False, None, i)
+                eng.prepare(prompt[: 8 + i], penalised, n, None, False, None, i)
                 for i, n in enumerate((3, 10, 40))
             ]
             done = [r.result(timeout=120) for r in eng.enqueue(prepared)]

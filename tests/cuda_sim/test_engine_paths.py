@@ -84,8 +84,9 @@ def test_decode_steps_are_captured_and_replayed(device, gpu_models):
 
 
 def test_a_graph_per_bucket_of_occupied_rows(device, gpu_models):
-    """Requests join a running one and leave: the decode steps bind 1, 2 or 4 rows, one graph
-    per bucket and counts parity, each captured once; every other step replays one."""
+    """Requests of 60, 16 and 8 tokens in slots 0, 1 and 2: the decode steps bind 4 rows, then
+    2, then 1, one graph per bucket and counts parity, each captured once; every other step
+    replays one."""
     report = device.probe(
         "engine",
         gpu_models["static"],
@@ -95,7 +96,7 @@ def test_a_graph_per_bucket_of_occupied_rows(device, gpu_models):
         gpu_models["folder"],
     )
     assert report["failure"] is None
-    assert report["tokens"] == [16, 8, 60]
+    assert report["tokens"] == [60, 16, 8]
     assert report["buckets"] == [1, 2, 4] and report["graphs"] == 6, report
     counts = report["counters"]
     assert counts["capture_errors"] == 0 and counts["captures"] == 6, report

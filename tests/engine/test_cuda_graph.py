@@ -71,11 +71,10 @@ def test_static_chain_and_fixed_decode_steps_give_the_branching_chains_output(gr
     assert _run(graphs["static"], graphs["source"], cuda_graph=True) == (static, redrawn)
 
 
-def test_decode_steps_bind_the_rows_of_the_occupied_slots(graphs, monkeypatch, batched_as_alone):
-    """Three requests of 16, 10 and 4 tokens take slots 0, 1 and 2: the decode steps bind the
-    first 4 rows (model and sampler), then 2 once slot 2 is free, then 1 (a graph each), and
-    every request keeps the tokens it has alone and under the branching chain."""
-    seen = []
+@pytest.fixture
+def captured_rows(monkeypatch) -> list[int]:
+    """CUDA-graph engines on the CPU; the rows each of their decode steps binds, in order."""
+    seen: list[int] = []
     run = CapturedDecode.run
 
     def spy(self, call, uniform, rows):
@@ -85,53 +84,75 @@ def test_decode_steps_bind_the_rows_of_the_occupied_slots(graphs, monkeypatch, b
 
     monkeypatch.setattr(CapturedDecode, "run", spy)
     monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
+    return seen
+
+
+def _queued_at_once(engine, prompts, params, lengths) -> list:
+    """Each prompt's tokens, all queued in one go (so they take slots 0, 1, 2… in one step)."""
+    prepared = [
+        engine.prepare(p, sp, n, None, False, None, i)
+        for i, (p, sp, n) in enumerate(zip(prompts, params, lengths, strict=True))
+    ]
+    return [r.result(timeout=300).token_ids for r in engine.enqueue(prepared)]
+
+
+def _alone(generator, prompts, params, lengths) -> list:
+    return [
+        generator.generate(p, sp, max_new_tokens=n, chat=False)[0].token_ids
+        for p, sp, n in zip(prompts, params, lengths, strict=True)
+    ]
+
+
+def _changes(rows: list[int]) -> list[int]:
+    """The rows of each run of equal steps: [4, 4, 2, 1, 1] -> [4, 2, 1]."""
+    return [r for k, r in enumerate(rows) if k == 0 or r != rows[k - 1]]
+
+
+def test_decode_steps_bind_the_rows_of_the_occupied_slots(graphs, captured_rows):
+    """Three requests of 16, 10 and 4 tokens take slots 0, 1 and 2: the decode steps bind the
+    first 4 rows (model and sampler), then 2 once slot 2 is free, then 1 (a graph each), and
+    every request keeps the tokens it has alone and under the branching chain."""
     prompts, lengths = PROMPTS[:3], [16, 10, 4]
     params = [dataclasses.replace(p, ignore_eos=True) for p in PARAMS[1:4]]
-
-    def alone(model, **options) -> list:
-        with Generator(model, tokenizer=graphs["source"], threads=1, **options) as generator:
-            if options:
-                batched_as_alone(generator, prompts, params, lengths)
-            return [
-                generator.generate(prompt, p, max_new_tokens=n, chat=False)[0].token_ids
-                for prompt, p, n in zip(prompts, params, lengths, strict=True)
-            ]
-
-    reference = alone(graphs["branching"])
-    assert alone(graphs["static"], cuda_graph=True) == reference
-    assert {4, 2, 1} <= set(seen), seen
-    assert seen.index(1) > seen.index(2) > seen.index(4)
-
-
-def test_a_sequence_moves_down_when_the_slots_below_it_free(graphs, monkeypatch):
-    """Requests of 3, 4 and 24 tokens take slots 0, 1 and 2; once the first ends, the third
-    (with penalties: its counts and prompt mask go with it) moves to slot 0, and the steps bind
-    2 rows, then 1, instead of 4. Its tokens are the ones it has alone."""
-    seen = []
-    run = CapturedDecode.run
-
-    def spy(self, call, uniform, rows):
-        seen.append(rows)
-        return run(self, call, uniform, rows)
-
-    monkeypatch.setattr(CapturedDecode, "run", spy)
-    monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
-    prompts, lengths = PROMPTS[:3], [3, 4, 24]
-    params = [dataclasses.replace(p, ignore_eos=True) for p in (PARAMS[0], PARAMS[1], PARAMS[2])]
+    with Generator(graphs["branching"], tokenizer=graphs["source"], threads=1) as generator:
+        reference = _alone(generator, prompts, params, lengths)
     with Generator(
         graphs["static"], tokenizer=graphs["source"], threads=1, cuda_graph=True
     ) as generator:
-        engine = generator.engine
-        prepared = [
-            engine.prepare(p, sp, n, None, False, None, i)
-            for i, (p, sp, n) in enumerate(zip(prompts, params, lengths, strict=True))
-        ]
-        together = [r.result(timeout=300) for r in engine.enqueue(prepared)]
-        moved = engine.stats().moved
-        [alone] = generator.generate(prompts[2], params[2], max_new_tokens=24, chat=False)
-    assert moved == 1
-    assert seen[0] == 4 and 2 in seen and seen.count(1) >= 24 - 4, seen
-    assert together[2].token_ids == alone.token_ids
+        together = _queued_at_once(generator.engine, prompts, params, lengths)
+        steps = list(captured_rows)
+        assert _alone(generator, prompts, params, lengths) == reference
+    assert together == reference
+    assert _changes(steps) == [4, 2, 1], steps
+
+
+@pytest.mark.parametrize(
+    ("lengths", "moved", "rows"),
+    [
+        # slot 0 ends: the request in slot 2 moves to 0 (4 rows, then 2, then 1)
+        ([3, 4, 24], 1, [4, 2, 1]),
+        # slots 0 and 1 end: the requests in 2 and 3 move to 0 and 1 (4 rows, then 2)
+        ([3, 3, 20, 20], 2, [4, 2]),
+    ],
+)
+def test_sequences_move_down_when_the_slots_below_them_free(
+    graphs, captured_rows, lengths, moved, rows
+):
+    """Requests take slots 0, 1, 2 (and 3); once the short ones end, the long ones (with
+    penalties: their counts and prompt masks go with them) move down into the freed slots and
+    the steps bind fewer rows. Each keeps the tokens it has alone."""
+    prompts = PROMPTS[: len(lengths)]
+    params = [dataclasses.replace(p, ignore_eos=True) for p in PARAMS[: len(lengths)]]
+    params[-1] = dataclasses.replace(PARAMS[2], ignore_eos=True)  # penalties
+    with Generator(
+        graphs["static"], tokenizer=graphs["source"], threads=1, cuda_graph=True
+    ) as generator:
+        together = _queued_at_once(generator.engine, prompts, params, lengths)
+        assert generator.engine.stats().moved == moved
+        steps = list(captured_rows)
+        alone = _alone(generator, prompts, params, lengths)
+    assert together[2:] == alone[2:]
+    assert _changes(steps) == rows, steps
 
 
 @pytest.mark.parametrize(
