@@ -14,7 +14,6 @@ import math
 from typing import Any
 
 import numpy as np
-import onnx_ir as ir
 
 # ONNX element types of the buffers copied -> numpy
 NUMPY_TYPES = {1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16, 16: np.uint16}
@@ -25,7 +24,7 @@ class RowCopy:
 
     def __init__(self, device: str) -> None:
         self.device = device
-        self._sessions: dict[int, Any] = {}
+        self._sessions: dict[tuple[int, int], Any] = {}  # by element type and rank
 
     def __call__(self, value, src: int, dst: int) -> None:
         """Row `src` of `value` into its row `dst`."""
@@ -39,27 +38,34 @@ class RowCopy:
         dtype = NUMPY_TYPES[kind]
         shape = [1, *value.shape()[1:]]
         row = math.prod(shape) * np.dtype(dtype).itemsize
-        session = self._session(kind)
+        session = self._session(kind, len(shape))
         binding = session.io_binding()
         binding.bind_input("row", self.device, 0, dtype, shape, value.data_ptr() + src * row)
         binding.bind_output("copy", self.device, 0, dtype, shape, value.data_ptr() + dst * row)
         session.run_with_iobinding(binding)
 
-    def _session(self, kind: int):
-        if kind not in self._sessions:
+    def _session(self, kind: int, rank: int):
+        if (kind, rank) not in self._sessions:
+            import onnx
             import onnxruntime as ort
+            from onnx import helper
 
-            elem = ir.DataType(kind)
-            row = ir.Value(name="row", type=ir.TensorType(elem))
-            node = ir.node("Identity", [row], name="copy")
-            node.outputs[0].name = "copy"
-            node.outputs[0].type = ir.TensorType(elem)
-            graph = ir.Graph([row], [node.outputs[0]], nodes=[node], opset_imports={"": 18})
-            proto = ir.serde.serialize_model(ir.Model(graph, ir_version=9))
+            # one node, built where it is needed: running a model loads no graph builder
+            dims = [f"d{i}" for i in range(rank)]
+            graph = helper.make_graph(
+                [helper.make_node("Identity", ["row"], ["copy"], name="copy")],
+                "row_copy",
+                [helper.make_tensor_value_info("row", kind, dims)],
+                [helper.make_tensor_value_info("copy", kind, dims)],
+            )
+            model = helper.make_model(
+                graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9
+            )
+            onnx.checker.check_model(model, full_check=True)
             options = ort.SessionOptions()
             options.log_severity_level = 3
             provider = {"cuda": "CUDAExecutionProvider"}[self.device]
-            self._sessions[kind] = ort.InferenceSession(
-                proto.SerializeToString(), options, providers=[provider]
+            self._sessions[kind, rank] = ort.InferenceSession(
+                model.SerializeToString(), options, providers=[provider]
             )
-        return self._sessions[kind]
+        return self._sessions[kind, rank]
