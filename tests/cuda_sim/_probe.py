@@ -166,15 +166,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             # Requests of 60, 16 and 8 tokens queued at once take slots 0, 1 and 2: the steps
             # bind four rows, two once the last ends, then one: a graph per bucket and counts
             # parity, each captured once.
-            prepared = [
-                eng.prepare(prompt[: 8 + i], params, n, None, False, None, i)
-                for i, n in enumerate((60, 16, 8))
-            ]
-            done = [r.result(timeout=120) for r in eng.enqueue(prepared)]
-            graphs = eng._scheduler.runner.graphs._graphs
-            result["buckets"] = sorted({key[0] for key in graphs})
-            result["graphs"] = len(graphs)
-            result["tokens"] = [len(c.token_ids) for c in done]
+            result.update(_queued_at_once(eng, prompt, params, (60, 16, 8)))
         elif scenario == "compact":
             # Two short requests in slots 0 and 1 and a long one in slot 2, queued at once: once
             # the first ends, the long one moves to slot 0 (its KV rows and penalty counts copied
@@ -182,15 +174,8 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             penalised = SamplingParams(
                 temperature=0.8, repetition_penalty=1.2, presence_penalty=0.5, ignore_eos=True
             )  # the counts move too
-            prepared = [
-                eng.prepare(prompt[: 8 + i], penalised, n, None, False, None, i)
-                for i, n in enumerate((3, 10, 40))
-            ]
-            done = [r.result(timeout=120) for r in eng.enqueue(prepared)]
-            graphs = eng._scheduler.runner.graphs._graphs
-            result["buckets"] = sorted({key[0] for key in graphs})
+            result.update(_queued_at_once(eng, prompt, penalised, (3, 10, 40)))
             result["moved"] = eng.stats().moved
-            result["tokens"] = [len(c.token_ids) for c in done]
         elif scenario == "copies":
             # Per decode step, in a steady state: the difference between two requests that differ
             # only in length, after a first one has warmed up (and captured) the decode step.
@@ -234,6 +219,21 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
         result["counters"] = {k: v - base[k] for k, v in counters().items()}
         result["failure"] = repr(eng.failure) if eng.failure else None
     return result
+
+
+def _queued_at_once(eng, prompt, params, lengths) -> dict:
+    """Requests of `lengths` tokens queued in one go (slots 0, 1, 2…): their token counts, and
+    the row buckets and graphs the decode steps were captured in."""
+    prepared = [
+        eng.prepare(prompt[: 8 + i], params, n, None, False, None, i) for i, n in enumerate(lengths)
+    ]
+    done = [r.result(timeout=120) for r in eng.enqueue(prepared)]
+    graphs = eng._scheduler.runner.graphs._graphs
+    return {
+        "buckets": sorted({key[0] for key in graphs}),
+        "graphs": len(graphs),
+        "tokens": [len(c.token_ids) for c in done],
+    }
 
 
 def _kv_length(eng) -> int:
