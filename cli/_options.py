@@ -247,16 +247,29 @@ Ngram = Annotated[
 ]
 
 
+RowBuckets = Annotated[
+    bool,
+    typer.Option(
+        "--row-buckets/--no-row-buckets",
+        help="With CUDA graphs: a decode step binds the occupied slots' rows only, rounded up to "
+        "1, 2, 4, 8... (default). --no-row-buckets binds every slot every step: on a GPU a "
+        "sequence's greedy tokens then never depend on how many others run (cuBLAS picks its "
+        "kernels by the number of rows), at the cost of computing every slot.",
+    ),
+]
+
+
 def engine_options(
     speculative: str | None,
     draft_tokens: int | None,
     ngram: int,
     provider: str = "auto",
     cuda_graph: bool | None = None,
+    row_buckets: bool = True,
 ) -> dict:
     """The engine's decoding keywords from the options, checked together before any model is
     prepared: speculative decoding, the CUDA-graph mode (None: on for --provider cuda without
-    --speculative), and a CUDA provider that is there."""
+    --speculative) and its row buckets, and a CUDA provider that is there."""
     from onnxsample.engine._session import require_provider
     from onnxsample.errors import InvalidParameter
 
@@ -269,8 +282,14 @@ def engine_options(
         raise InvalidParameter(
             "--cuda-graph replays a static chain, which verifies no drafts: drop --speculative"
         )
+    captured = cuda_graph if cuda_graph is not None else provider == "cuda" and speculative is None
+    if not row_buckets and not captured:
+        raise InvalidParameter(
+            "--no-row-buckets is for CUDA graphs (--provider cuda, without --no-cuda-graph or "
+            "--speculative): uncaptured steps run the model over the running sequences only"
+        )
     spec = {"speculative": speculative, "draft_tokens": draft_tokens, "ngram": ngram}
-    return {**spec, "cuda_graph": cuda_graph}
+    return {**spec, "cuda_graph": cuda_graph, "row_buckets": row_buckets}
 
 
 def preparation(provider: str, spec: dict, attention: str = "gqa") -> dict:

@@ -97,6 +97,7 @@ def serve(
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
     provider: opt.Provider = "auto",
     cuda_graph: opt.CudaGraph = None,
+    row_buckets: opt.RowBuckets = True,
     speculative: opt.Speculative = None,
     attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
@@ -166,7 +167,7 @@ def serve(
     then per replica (default: --replica-cpus, at least 1) and --max-queue is how many requests
     wait at the proxy before 503.
     """
-    spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph)
+    spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets)
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,

@@ -88,9 +88,14 @@ class Engine:
     export --attention exact``) the output is plain decoding's token for token (with
     GroupQueryAttention a verified token's logits differ in their last bits: a warning says so). `cuda_graph` (CUDA
     provider, a model composed with ``static=True``) replays each decode step as a captured CUDA
-    graph: every slot decodes with one shape, inputs written in place into fixed device buffers;
-    prefill runs uncaptured. Left at None it is on where it can be, measured faster at every batch
-    size on an H100: ``provider="cuda"``, a static chain, no speculation, attention on CUDA.
+    graph: the running slots decode with one shape, inputs written in place into fixed device
+    buffers; prefill runs uncaptured. Left at None it is on where it can be, measured faster at
+    every batch size on an H100: ``provider="cuda"``, a static chain, no speculation, attention on
+    CUDA. Its steps bind the first 1, 2, 4, 8… rows, enough for the occupied slots (a graph per
+    row bucket; sequences move down when slots below them free). `row_buckets` False binds all
+    the composed slots instead, every step: on a GPU, where cuBLAS picks its kernels by the
+    number of rows, a sequence's numbers then never depend on how many others run (greedy tokens
+    alone and batched the same), at the cost of computing every slot (it needs `cuda_graph`).
 
     Use it as a context manager, or call :meth:`close`.
     """
@@ -111,6 +116,7 @@ class Engine:
         draft_tokens: int | None = None,
         ngram: int = DEFAULT_NGRAM,
         cuda_graph: bool | None = None,
+        row_buckets: bool = True,
     ) -> None:
         for name, value, low in (
             ("max_len", max_len, 2),
@@ -133,6 +139,12 @@ class Engine:
             if provider == "cpu":
                 raise InvalidParameter("cuda_graph needs the CUDA provider (provider='cuda')")
             check_cuda_graph(composed_metadata(self.path), self.path.name)
+        elif not row_buckets:
+            raise InvalidParameter(
+                "row_buckets=False needs cuda_graph: an uncaptured step runs the model over the "
+                "running sequences only"
+            )
+        self.row_buckets = bool(row_buckets)
         self.session, self.device = create_session(
             self.path, provider, threads=threads, optimization=optimization, cuda_graph=cuda_graph
         )
@@ -322,7 +334,13 @@ class Engine:
     def _build(self) -> Scheduler:
         """Fresh runtime state: slot state, cache layout, runner and scheduler."""
         meta = self.meta
-        state = SlotState(meta, self._inputs, self.device, bucketed=slots_symbolic(self.session))
+        state = SlotState(
+            meta,
+            self._inputs,
+            self.device,
+            bucketed=slots_symbolic(self.session),
+            buckets=self.row_buckets,
+        )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         specs = kv_specs(self._pasts, meta.kv_head_size, self.path.name)
         if meta.kv_layout == "gqa":

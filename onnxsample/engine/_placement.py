@@ -67,11 +67,11 @@ class Placement:
         self.free.sort()
 
     def compact(self, running: Iterable[Sequence]) -> int:
-        """Where steps bind a fixed number of rows: when the running sequences would fit in a
-        smaller bucket, move those above it into the free slots below it; how many moved. A
+        """Where steps bind a fixed number of rows in buckets: when the running sequences would fit
+        in a smaller bucket, move those above it into the free slots below it; how many moved. A
         device copy that fails leaves its sequence where it was (and says so)."""
         running = list(running)
-        if not self.fixed or not running:
+        if not self.fixed or not self.state.buckets or not running:
             return 0
         target = bucket(len(running), self.state.meta.max_slots)
         if target >= self.state.rows():

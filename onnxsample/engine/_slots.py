@@ -113,9 +113,16 @@ class SlotState:
     """
 
     def __init__(
-        self, meta: ComposedMetadata, inputs: set[str], device: str, *, bucketed: bool = False
+        self,
+        meta: ComposedMetadata,
+        inputs: set[str],
+        device: str,
+        *,
+        bucketed: bool = False,
+        buckets: bool = True,
     ) -> None:
         self.meta = meta
+        self.buckets = buckets  # False: a fixed-shape call runs all S rows (rows())
         self.device = device
         self.inputs = inputs
         self.bucketed = bucketed  # the sampler binds sampler_rows() rows only (module docs)
@@ -166,7 +173,10 @@ class SlotState:
 
     def rows(self, also: int = -1) -> int:
         """The rows a fixed-shape decode call runs the model over: every slot up to the highest
-        occupied one (and `also`), rounded up to a bucket (1, 2, 4, 8… up to S)."""
+        occupied one (and `also`), rounded up to a bucket (1, 2, 4, 8… up to S); all S without
+        buckets."""
+        if not self.buckets:
+            return self.meta.max_slots
         top = max([also, *(s for s, p in enumerate(self.params) if p is not None)])
         return bucket(top + 1, self.meta.max_slots)
 

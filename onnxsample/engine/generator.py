@@ -52,6 +52,7 @@ class Generator:
         draft_tokens: int | None = None,
         ngram: int = DEFAULT_NGRAM,
         cuda_graph: bool | None = None,
+        row_buckets: bool = True,
     ) -> None:
         self.engine = Engine(
             model,
@@ -67,6 +68,7 @@ class Generator:
             draft_tokens=draft_tokens,
             ngram=ngram,
             cuda_graph=cuda_graph,
+            row_buckets=row_buckets,
         )
         e = self.engine
         self.path, self.device, self.threads, self.meta = e.path, e.device, e.threads, e.meta

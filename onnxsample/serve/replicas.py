@@ -34,7 +34,7 @@ from ray import serve
 
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK, Engine
 from onnxsample.engine._drafter import speculation
-from onnxsample.engine._session import check_cuda_graph
+from onnxsample.engine._session import captured_by_default, check_cuda_graph
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
 from onnxsample.serve.app import ServeSettings, create_app
@@ -63,6 +63,7 @@ class ReplicaOptions:
     draft_tokens: int | None = None
     ngram: int = DEFAULT_NGRAM
     cuda_graph: bool | None = None
+    row_buckets: bool = True
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,7 @@ class OnnxsampleReplica:
             draft_tokens=options.draft_tokens,
             ngram=options.ngram,
             cuda_graph=options.cuda_graph,
+            row_buckets=options.row_buckets,
         )
         log.info("replica %s loaded %s", self.name, options.model)
 
@@ -154,6 +156,14 @@ def build_application(options: ReplicaOptions, scaling: Scaling | None = None) -
     speculation(meta, options.speculative, options.draft_tokens, options.ngram)
     if options.cuda_graph:
         check_cuda_graph(meta, Path(options.model).name)
+    captured = options.cuda_graph
+    if captured is None:
+        captured = captured_by_default(Path(options.model), options.provider, options.speculative)
+    if not options.row_buckets and not captured:
+        raise InvalidParameter(
+            "row_buckets=False needs cuda_graph: an uncaptured step runs the model over the "
+            "running sequences only"
+        )
     deployment = serve.deployment(
         OnnxsampleReplica,
         name=APP_NAME,

@@ -388,6 +388,7 @@ def test_run_streams_one_prompt(run_folder, capsys):
         (["--json-schema", '{"type": "strin"}'], "invalid constraint: Invalid type: strin"),
         (["--grammar", "root ::= nowhere"], "nowhere"),
         (["--regex", "a("], "invalid constraint"),
+        (["--no-row-buckets"], "--no-row-buckets is for CUDA graphs"),
     ],
 )
 def test_run_errors(argv, message, run_folder, capsys):

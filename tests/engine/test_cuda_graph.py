@@ -155,6 +155,26 @@ def test_sequences_move_down_when_the_slots_below_them_free(
     assert _changes(steps) == rows, steps
 
 
+def test_without_row_buckets_every_step_binds_every_slot(graphs, captured_rows):
+    """row_buckets=False: every decode step binds all 4 slots (one graph), nothing moves, and
+    each request keeps its tokens."""
+    prompts, lengths = PROMPTS[:3], [16, 10, 4]
+    params = [dataclasses.replace(p, ignore_eos=True) for p in PARAMS[1:4]]
+    with Generator(graphs["branching"], tokenizer=graphs["source"], threads=1) as generator:
+        reference = _alone(generator, prompts, params, lengths)
+    with Generator(
+        graphs["static"],
+        tokenizer=graphs["source"],
+        threads=1,
+        cuda_graph=True,
+        row_buckets=False,
+    ) as generator:
+        together = _queued_at_once(generator.engine, prompts, params, lengths)
+        assert generator.engine.stats().moved == 0
+    assert together == reference
+    assert captured_rows and set(captured_rows) == {4}, captured_rows
+
+
 @pytest.mark.parametrize(
     ("model", "provider", "message"),
     [
@@ -166,3 +186,11 @@ def test_sequences_move_down_when_the_slots_below_them_free(
 def test_cuda_graph_refuses_what_it_cannot_capture(graphs, model, provider, message):
     with pytest.raises(InvalidParameter, match=message):
         Generator(graphs[model], tokenizer=graphs["source"], provider=provider, cuda_graph=True)
+
+
+@pytest.mark.parametrize("cuda_graph", [None, False])
+def test_fixed_rows_without_buckets_need_cuda_graphs(graphs, cuda_graph):
+    with pytest.raises(InvalidParameter, match="row_buckets=False needs cuda_graph"):
+        Generator(
+            graphs["static"], tokenizer=graphs["source"], cuda_graph=cuda_graph, row_buckets=False
+        )

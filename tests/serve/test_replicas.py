@@ -255,6 +255,7 @@ def test_app_builder_autoscales_between_min_and_max(model):
         ({"model": "M", "speculative": "eagle"}, "speculative must be 'ngram'"),
         ({"model": "M", "cuda_graph": "maybe"}, "'maybe' is not true or false"),
         ({"model": "M", "cuda_graph": "true"}, "cuda_graph needs a static sampler chain"),
+        ({"model": "M", "row_buckets": "false"}, "row_buckets=False needs cuda_graph"),
     ],
     ids=[
         "no-model",
@@ -266,6 +267,7 @@ def test_app_builder_autoscales_between_min_and_max(model):
         "method",
         "not-a-bool",
         "cuda-graph-branching",
+        "fixed-rows-uncaptured",
     ],
 )
 def test_app_builder_refuses_bad_arguments(model, args, message):
