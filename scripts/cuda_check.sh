@@ -17,8 +17,10 @@
 #    greedy), and the plain model with host sampling, transformers' generate where torch is there;
 #    beside llama.cpp's CUDA build of the same GGUF when nvcc is there:
 #    scripts/build_llama_cpp.sh cuda, llama-batched-bench) and the sampler alone
-#    (benchmarks/gpu_sampler.py, vocabularies of 49,152 and 262,144), writing OUT/cuda-tests.xml,
-#    OUT/cuda-tests.log, OUT/gpu.json, OUT/gpu_sampler.json and OUT/gpu_sampler_262k.json.
+#    (benchmarks/gpu_sampler.py, vocabularies of 49,152 and 262,144) and, where torch is there,
+#    the kernels of a decode step and the row buckets' tokens (benchmarks/gpu_kernels.py), writing
+#    OUT/cuda-tests.xml, OUT/cuda-tests.log, OUT/gpu.json, OUT/gpu_kernels.json,
+#    OUT/gpu_sampler.json and OUT/gpu_sampler_262k.json.
 set -euo pipefail
 OUT=$(mkdir -p "${1:?usage: scripts/cuda_check.sh OUT}" && cd "$1" && pwd)
 cd "$(dirname "$0")/.."
@@ -76,6 +78,12 @@ fi
 # transformers' generate beside them, where the Python that benchmarks holds torch and transformers
 $BENCH_PYTHON -c 'import torch, transformers' 2>/dev/null && peer+=(--transformers)
 $BENCH_PYTHON benchmarks/gpu.py --output "$OUT/gpu.json" "${peer[@]}" || status=1
+# where a step's time goes (torch's profiler over CUPTI) and whether tokens follow the row bucket
+if $BENCH_PYTHON -c 'import torch' 2>/dev/null; then
+  $BENCH_PYTHON benchmarks/gpu_kernels.py --output "$OUT/gpu_kernels.json" || status=1
+else
+  echo "no torch beside onnxruntime-gpu: no gpu_kernels.json"
+fi
 for vocab in 49152 262144; do
   name=gpu_sampler$([ $vocab = 49152 ] || echo _262k)
   $BENCH_PYTHON benchmarks/gpu_sampler.py build "$OUT/$name" --vocab $vocab &&

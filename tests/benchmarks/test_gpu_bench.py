@@ -135,3 +135,24 @@ def test_llama_cpp_runs_beside_on_the_same_gguf(
         assert theirs["decode_tokens_per_s"]["n"] == 1 and theirs["ms_per_step"]["min"] > 0
         for name in ("branching", "plain-host-sampling"):
             assert table[name]["vs_llama_cpp"] > 0
+
+
+def test_the_kernel_report_runs_its_steps_and_buckets(bench, tiny_gqa_export, tmp_path) -> None:
+    """benchmarks/gpu_kernels.py on the CPU: the uncaptured engines' per-step rows (no kernels to
+    record here) and the row buckets' greedy tokens, the same as alone on the CPU."""
+    kernels = bench("gpu_kernels")
+    out = tmp_path / "gpu_kernels.json"
+    model = str(tiny_gqa_export.output)
+    kernels.main(["--provider", "cpu", "--model", model, "--max-slots", "2", "--batch", "1,2",
+                  "--output", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "gpu-kernels" and report["device"] == "cpu"
+    assert set(report["steps"]) == {"batch=1", "batch=2"}
+    for table in report["steps"].values():
+        assert set(table) == {"branching", "plain-host-sampling"}
+        for row in table.values():
+            assert row["steps"] == 64 and row["wall_ms_per_step"] > 0
+            assert row["kernels_per_step"] == 0 and row["top_kernels"] == []
+    assert set(report["buckets"]) == {"uncaptured"}
+    for bucket in report["buckets"]["uncaptured"].values():
+        assert bucket == {"same_as_alone": 8, "sequences": 8, "first_difference_at": []}

@@ -122,3 +122,18 @@ def test_sampled_draws_under_identical_uniforms(static):
         total += slots
         np.testing.assert_allclose(a[1][a[0] == b[0]], b[1][a[0] == b[0]], atol=1e-4)
     assert same / total >= 0.995, f"{same}/{total} draws agree"
+
+
+def test_without_row_buckets_a_sequence_keeps_its_greedy_tokens_batched(models):
+    """With row buckets a step binds the occupied rows rounded up to 1, 2 or 4, and cuBLAS picks
+    its GEMM kernels by the number of rows, so a sequence's last bits (and, now and then, a
+    greedy token: `benchmarks/gpu_kernels.py`) follow its bucket. row_buckets=False binds all
+    the slots every step: each prompt alone gives the tokens it gives with the others beside it
+    (no prefix reuse: a prefill that starts from a cached prefix computes in other shapes)."""
+    with Generator(
+        models["static"], provider="cuda", cuda_graph=True, row_buckets=False, prefix_reuse=False
+    ) as generator:
+        alone = [generator.generate([p], [GREEDY], max_new_tokens=64)[0] for p in PROMPTS]
+        together = generator.generate(PROMPTS, [GREEDY] * len(PROMPTS), max_new_tokens=64)
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert [c.logprobs for c in together] == [c.logprobs for c in alone]
