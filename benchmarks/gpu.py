@@ -14,7 +14,8 @@ after a warm-up per batch:
 - ``branching``: :class:`onnxsample.Engine` on the export composed with the full chain
   (``composed-bench-branching-sN.onnx`` beside it, N = ``--max-slots``, default the largest batch);
 - ``static-cuda-graph``: the chain composed ``static=True``, ``Engine(cuda_graph=True)``: each decode
-  step replays a captured CUDA graph over all N slots (``--provider cuda`` only; skipped otherwise);
+  step replays a captured CUDA graph over the occupied slots' row bucket (1, 2, 4… up to N rows;
+  ``--provider cuda`` only; skipped otherwise);
 - ``static-cuda-graph-greedy``: the same with the greedy chain (an ``ArgMax``) and temperature 0:
   the model's captured step with next to no sampler, the row to set beside llama.cpp's, which does
   not sample (``--provider cuda`` only);

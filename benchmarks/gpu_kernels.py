@@ -26,11 +26,9 @@ JSON to stdout and ``--output`` (default ``benchmarks/results/gpu_kernels.json``
 from __future__ import annotations
 
 import argparse
-import collections
-import json
-import tempfile
 from pathlib import Path
 
+from _harness.cupti import device_activity
 from _harness.machine import emit, gpus, load_average, machine, versions
 from _harness.script import RESULTS, ints, logger, parser
 from _harness.workload import compose_cached, trip_message
@@ -63,27 +61,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _trace(run) -> tuple[dict, dict]:
-    """`run()`'s result and what the GPU did meanwhile: kernels and copies by name."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        found = run()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = json.loads(Path(f.name).read_text())["traceEvents"]
-    seen: dict = collections.defaultdict(lambda: [0, 0.0])
-    for e in events:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("ph") == "X":
-            seen[(e["cat"], e["name"])][0] += 1
-            seen[(e["cat"], e["name"])][1] += float(e.get("dur", 0.0))
-    return found, seen
-
-
 def _per_step(engine, ids: list[int], batch: int) -> dict:
     engine.run(ids, batch, 8, seed=0)  # kernels, allocations, capture
-    short, a = _trace(lambda: engine.run(ids, batch, SHORT, seed=1))
-    long, b = _trace(lambda: engine.run(ids, batch, LONG, seed=1))
+    short, a = device_activity(lambda: engine.run(ids, batch, SHORT, seed=1))
+    long, b = device_activity(lambda: engine.run(ids, batch, LONG, seed=1))
     steps = long["decode_steps"] - short["decode_steps"]
     diff = {k: [b[k][0] - a.get(k, [0, 0.0])[0], b[k][1] - a.get(k, [0, 0.0])[1]] for k in b}
     wall_ms = (long["ms_per_step"] * long["decode_steps"]) - (

@@ -156,3 +156,29 @@ def test_the_kernel_report_runs_its_steps_and_buckets(bench, tiny_gqa_export, tm
     assert set(report["buckets"]) == {"uncaptured"}
     for bucket in report["buckets"]["uncaptured"].values():
         assert bucket == {"same_as_alone": 8, "sequences": 8, "first_difference_at": []}
+
+
+def test_the_topk_forms_select_the_same_values(bench, tmp_path) -> None:
+    """benchmarks/gpu_topk.py: every staged form selects the row's k largest values, as one TopK
+    does (here on the CPU, including a row that is no multiple of the slices), and the report
+    has a time for each form that fits the row."""
+    import onnxruntime as ort
+
+    topk = bench("gpu_topk")
+    x = np.random.default_rng(0).standard_normal((2, 9000)).astype(np.float32)
+    x[:, ::7] = 1.0  # ties
+    for name, stages in topk.FORMS.items():
+        if stages[-1][1] > x.shape[1]:
+            continue
+        blob, last = topk.model(2, x.shape[1], stages)
+        session = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+        got = session.run([last], {"x": x})[0]
+        np.testing.assert_array_equal(got, -np.sort(-x, axis=1)[:, : stages[-1][1]], name)
+    out = tmp_path / "gpu_topk.json"
+    topk.main(["--provider", "cpu", "--vocab", "9000", "--slots", "1", "--calls", "2",
+               "--output", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "gpu-topk" and report["provider"] == "cpu"
+    fits = [n for n, s in topk.FORMS.items() if s[-1][1] <= 9000]
+    assert set(report["results"]) == {f"V9000 S1 {n}" for n in fits}
+    assert all(row["us_wall"] > 0 for row in report["results"].values())
