@@ -15,7 +15,7 @@ from pathlib import Path
 
 import onnxsample as osx
 from onnxsample import Engine, SamplingParams
-from onnxsample.graphs import STATIC_CANDIDATES
+from onnxsample.graphs import STATIC_CANDIDATES, TYPICAL_STATIC_CANDIDATES
 
 PROMPTS = [
     "Write a short story about a dragon.",
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "model": "SmolLM2-135M-Instruct (embedded), static chain, CPU",
         "candidates": STATIC_CANDIDATES,
+        "typical_candidates": TYPICAL_STATIC_CANDIDATES,
         "prompts": len(PROMPTS),
         "rows": rows,
     }

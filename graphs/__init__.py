@@ -9,6 +9,7 @@ from onnxsample.graphs._common import DOMAIN, DOMAIN_VERSION
 from onnxsample.graphs.candidates import (
     CANDIDATES,
     STATIC_CANDIDATES,
+    TYPICAL_STATIC_CANDIDATES,
     WIDER_CANDIDATES,
     Candidates,
     Truncate,
@@ -41,6 +42,7 @@ __all__ = [
     "DOMAIN",
     "DOMAIN_VERSION",
     "STATIC_CANDIDATES",
+    "TYPICAL_STATIC_CANDIDATES",
     "WIDER_CANDIDATES",
     "Candidates",
     "ChainConfig",

@@ -6,9 +6,10 @@ the vocabulary after every filter. When a slot's kept set lies inside its candid
 above the last candidate), top-p and the draw work on the candidates alone; otherwise they fall back
 to a wider candidate set and then to the whole row. Which path a slot takes depends only on that slot, never on the rest of the batch.
 
-The static chain (CUDA graphs) sorts no whole row: it takes the ``STATIC_CANDIDATES`` largest from
-one ``TopK`` (ONNX Runtime's CUDA ``TopK`` selects up to 4096 in one launch for every row, and sorts
-row by row past that), the branching chain's ``CANDIDATES`` being their leading columns. A slot
+The static chain (CUDA graphs) sorts no whole row: it takes the ``STATIC_CANDIDATES`` largest with
+:func:`TopKSliced` (ONNX Runtime's CUDA ``TopK`` selects up to 4096 in one launch for every row,
+and sorts row by row past that; over slices of the row, many blocks share it), the branching
+chain's ``CANDIDATES`` being their leading columns. A slot
 whose top-k, top-p or typical-p set reaches past them is *flagged*, and the engine draws its token
 on the host with the branching chain (``sampler.fallback``).
 """
@@ -18,12 +19,59 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._common import NEG_INF, onnxsample
 
+
+@script(onnxsample)
+def TopKSliced(
+    x: FLOAT["S", "V"], k: INT64[1], width: INT64[1]
+) -> tuple[FLOAT["S", "K"], INT64["S", "K"]]:
+    """The K = min(k, V) largest values of each row and their ids, descending, ties lowest id
+    first: ``TopK``'s, in two ``TopK``s. First the K largest of every slice of `width` ids (the
+    row padded with −inf to a multiple of `width`, k ≤ width), then the K largest of those: each
+    of the row's K largest is among its slice's, and the slices' candidates stand in id order,
+    so ties keep their order. The padding never comes back (V real ids tie with it or beat it,
+    and stand before it).
+
+    x: FLOAT["S", "V"]; k, width: INT64[1] → (FLOAT["S", "K"], INT64["S", "K"]).
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    any_rows = op.Constant(value_ints=[-1])  # every other size is known: constants when folded
+    ninf = op.Constant(value_float=NEG_INF)
+    vocab = op.Shape(x, start=1, end=2)
+    count = op.Min(k, vocab)
+    slices = op.Div(op.Sub(op.Add(vocab, width), one), width)
+    pad = op.Sub(op.Mul(slices, width), vocab)
+    padded = op.Pad(x, op.Concat(zero, zero, zero, pad, axis=0), ninf)
+    part, part_ids = op.TopK(
+        op.Reshape(padded, op.Concat(any_rows, width, axis=0)), count, axis=1, largest=1, sorted=1
+    )
+    starts = op.Mul(op.Range(op.Squeeze(zero), op.Squeeze(slices), op.Squeeze(one)), width)
+    ids = op.Add(
+        op.Reshape(part_ids, op.Concat(any_rows, slices, count, axis=0)),
+        op.Unsqueeze(starts, op.Constant(value_ints=[0, 2])),
+    )
+    flat = op.Concat(any_rows, op.Mul(slices, count), axis=0)
+    values, order = op.TopK(op.Reshape(part, flat), count, axis=1, largest=1, sorted=1)
+    return values, op.GatherElements(op.Reshape(ids, flat), order, axis=1)
+
+
 CANDIDATES = 64
 WIDER_CANDIDATES = 1024
 # ONNX Runtime's CUDA TopK selects up to 4096 values of every row in one launch. The embedded 135M
 # model's nucleus at temperature 1 passes 1024 tokens for 5.6% of its tokens at top_p 0.95 and 35%
 # at 0.99, 4096 for 0.3% and 7.6% (benchmarks/results/static_fallback.json).
 STATIC_CANDIDATES = 4096
+# Typical-p orders tokens by another key than the logit, so the static chain takes a TopK of its
+# own, which every static step pays, typical-p or not: of 1024 keys. A typical set at typical_p
+# 0.95 and temperature 1 passes 1024 tokens at 5.4% of the embedded model's tokens (256 at 22%,
+# 4096 at 0.6%: benchmarks/static_fallback.py), and such a slot goes to the host.
+TYPICAL_STATIC_CANDIDATES = 1024
+# Past k = 256 ONNX Runtime's CUDA TopK works through each row in one thread block: 313 µs for
+# 4096 of [1, 49152] and 1.43 ms of [1, 262144] on an H200. TopKSliced takes the k largest of
+# every slice of the row first, so that many blocks share a row (212 µs and 0.82 ms; 1024 from
+# slices of 4096: 93 µs and 0.41 ms; benchmarks/results/gpu_topk.json).
+STATIC_SLICE = 8192
+TYPICAL_STATIC_SLICE = 4096
 
 
 @script(onnxsample)
@@ -43,7 +91,7 @@ def Candidates(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FL
 def CandidatesStatic(
     z: FLOAT["S", "V"],
 ) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1], FLOAT["S", "W"]]:
-    """``Candidates`` and the W = min(``STATIC_CANDIDATES``, V) largest logits from one ``TopK``:
+    """``Candidates`` and the W = min(``STATIC_CANDIDATES``, V) largest logits (``TopKSliced``):
     the C leading columns are ``Candidates``' numbers (``TopK`` orders ties by id either way), the
     maximum is the first.
 
@@ -52,9 +100,12 @@ def CandidatesStatic(
     zero = op.Constant(value_ints=[0])
     one = op.Constant(value_ints=[1])
     vocab = op.Shape(z, start=1, end=2)
-    width = op.Min(op.Constant(value_ints=[STATIC_CANDIDATES]), vocab)
     count = op.Min(op.Constant(value_ints=[CANDIDATES]), vocab)
-    wide, wide_ids = op.TopK(z, width, axis=1, largest=1, sorted=1)
+    wide, wide_ids = TopKSliced(
+        z,
+        op.Constant(value_ints=[STATIC_CANDIDATES]),
+        op.Constant(value_ints=[STATIC_SLICE]),
+    )
     values = op.Slice(wide, zero, count, one)
     ids = op.Slice(wide_ids, zero, count, one)
     return values, ids, op.Slice(wide, zero, one, one), wide

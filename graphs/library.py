@@ -19,7 +19,13 @@ from onnxsample.graphs._common import (
 )
 from onnxsample.graphs._rows import RowLog, RowMax, RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
-from onnxsample.graphs.candidates import Candidates, CandidatesStatic, Contained, Truncate
+from onnxsample.graphs.candidates import (
+    Candidates,
+    CandidatesStatic,
+    Contained,
+    TopKSliced,
+    Truncate,
+)
 from onnxsample.graphs.dist import (
     CandidateDraw,
     Dist,
@@ -30,7 +36,12 @@ from onnxsample.graphs.dist import (
 )
 from onnxsample.graphs.logit_bias import LogitBias
 from onnxsample.graphs.logprobs import Logprob, TopLogprobs
-from onnxsample.graphs.mass import MassThreshold, MassThresholdStatic, PrefixThreshold
+from onnxsample.graphs.mass import (
+    MassThreshold,
+    MassThresholdStatic,
+    PrefixFromSorted,
+    PrefixThreshold,
+)
 from onnxsample.graphs.min_p import MinP
 from onnxsample.graphs.penalties import (
     AdditiveRule,
@@ -92,6 +103,7 @@ _SCRIPTS = (
     Greedy,
     GreedyRows,
     SelectGreedy,
+    TopKSliced,
     Candidates,
     CandidatesStatic,
     Contained,
@@ -105,6 +117,7 @@ _SCRIPTS = (
     NucleusCut,
     NucleusFloor,
     NucleusFloorLong,
+    PrefixFromSorted,
     PrefixThreshold,
     MassThreshold,
     MassThresholdStatic,

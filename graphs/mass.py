@@ -8,7 +8,7 @@ on how a sort orders ties.
 The common case never sorts the vocabulary: the first ``CANDIDATES`` keys come from one ``TopK``; only
 when some slot's candidates do not reach its mass does the function sort every token. Both paths
 compute the same prefix sums over the same order, so the kept set is the same whichever ran. The
-static twin stops at ``STATIC_CANDIDATES`` keys and flags the slots they do not reach.
+static twin stops at ``TYPICAL_STATIC_CANDIDATES`` keys and flags the slots they do not reach.
 """
 
 from onnxscript import BOOL, FLOAT, INT64, script
@@ -17,29 +17,48 @@ from onnxscript import opset18 as op
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RunningSum
-from onnxsample.graphs.candidates import CANDIDATES, STATIC_CANDIDATES
+from onnxsample.graphs.candidates import (
+    CANDIDATES,
+    TYPICAL_STATIC_CANDIDATES,
+    TYPICAL_STATIC_SLICE,
+    TopKSliced,
+)
 
 
 @script(onnxsample)
-def PrefixThreshold(
-    key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], k: INT64[1]
+def PrefixFromSorted(
+    sorted_key: FLOAT["S", "N"], order: INT64["S", "N"], p: FLOAT["S", "V"], mass: FLOAT["S", 1]
 ) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
-    """Among the min(k, V) largest keys: c = running sum (:func:`RunningSum`) of p in key order (float64,
-    compared in float32), m = #{c < mass} clamped to the
-    last candidate, threshold = key at m; reached = (mass of all candidates ≥ mass).
+    """Over the N largest keys (`sorted_key`, descending, and their ids `order`): c = running sum
+    (:func:`RunningSum`) of p in that order (float64, compared in float32), m = #{c < mass}
+    clamped to the last, threshold = key at m; reached = (mass of all N ≥ mass).
 
-    key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; k: INT64[1] → (FLOAT["S", 1], BOOL["S", 1]).
+    sorted_key: FLOAT["S", "N"]; order: INT64["S", "N"]; p: FLOAT["S", "V"]; mass: FLOAT["S", 1]
+    → (FLOAT["S", 1], BOOL["S", 1]).
     """
     axis = op.Constant(value_ints=[1])
     one = op.Constant(value_ints=[1])
-    n = op.Min(k, op.Shape(key, start=1, end=2))
-    sorted_key, order = op.TopK(key, n, axis=1, largest=1, sorted=1)
+    n = op.Shape(sorted_key, start=1, end=2)
     gathered = op.Cast(op.GatherElements(p, order, axis=1), to=T_DOUBLE)
     cum = op.Cast(RunningSum(gathered), to=T_FLOAT)
     below = op.ReduceSum(op.Cast(op.Less(cum, mass), to=T_INT64), axis, keepdims=1)
     last = op.Sub(n, one)
     threshold = op.GatherElements(sorted_key, op.Min(below, last), axis=1)
     reached = op.GreaterOrEqual(op.Gather(cum, last, axis=1), mass)
+    return threshold, reached
+
+
+@script(onnxsample)
+def PrefixThreshold(
+    key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], k: INT64[1]
+) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
+    """:func:`PrefixFromSorted` over the min(k, V) largest keys, from one ``TopK``.
+
+    key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; k: INT64[1] → (FLOAT["S", 1], BOOL["S", 1]).
+    """
+    n = op.Min(k, op.Shape(key, start=1, end=2))
+    sorted_key, order = op.TopK(key, n, axis=1, largest=1, sorted=1)
+    threshold, reached = PrefixFromSorted(sorted_key, order, p, mass)
     return threshold, reached
 
 
@@ -68,13 +87,18 @@ def MassThresholdStatic(
     key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], off: BOOL["S", 1]
 ) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
     """``MassThreshold`` without control flow or a sort of the row: the prefix over the
-    ``STATIC_CANDIDATES`` largest keys (``RunningSum``: the leading prefix sums of both paths of
-    ``MassThreshold``, so the same threshold where it lies among them), and a flag for the
-    slots whose prefix reaches past them (the host's fallback).
+    ``TYPICAL_STATIC_CANDIDATES`` largest keys (``TopKSliced``: one ``TopK``'s keys and ids;
+    ``RunningSum``: the leading prefix sums of both paths of ``MassThreshold``, so the same
+    threshold where it lies among them), and a flag for the slots whose prefix reaches past
+    them (the host's fallback).
 
     key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; off: BOOL["S", 1] → (FLOAT["S", 1],
     BOOL["S", 1]).
     """
-    width = op.Constant(value_ints=[STATIC_CANDIDATES])
-    threshold, reached = PrefixThreshold(key, p, mass, width)
+    sorted_key, order = TopKSliced(
+        key,
+        op.Constant(value_ints=[TYPICAL_STATIC_CANDIDATES]),
+        op.Constant(value_ints=[TYPICAL_STATIC_SLICE]),
+    )
+    threshold, reached = PrefixFromSorted(sorted_key, order, p, mass)
     return threshold, op.Not(op.Or(reached, off))

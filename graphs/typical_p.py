@@ -59,7 +59,7 @@ def TypicalPStatic(
 ) -> tuple[FLOAT["S", "V"], BOOL["S", 1], BOOL["S", 1]]:
     """``TypicalP`` without control flow or a sort of the row (off slots come back truncated to
     their floor, which the draw applies anyway): its outputs, and the slots whose typical set
-    reaches past the ``STATIC_CANDIDATES`` most typical tokens (the host's fallback)."""
+    reaches past the ``TYPICAL_STATIC_CANDIDATES`` most typical tokens (the host's fallback)."""
     axis = op.Constant(value_ints=[1])
     one_f = op.Constant(value_float=1.0)
     ninf = op.Constant(value_float=NEG_INF)

@@ -19,13 +19,15 @@ pytestmark = [pytest.mark.cuda_sim, pytest.mark.integration]
 # weights take one GEMM a projection; its Q4_1 blocks (--precision gguf) take MatMulNBits, a block
 # sum, a GEMM and an Add. The static sampled chain sorts no whole row (it was 672 and 1568 kernels
 # when two TopK over the vocabulary, sorted one row at a time, stood in its top-k, top-p and
-# typical-p): it costs the same whatever the slots composed.
+# typical-p): it costs the same whatever the slots composed. Its two wide selections take two
+# TopK each, over slices of the row and then over the slices' candidates (TopKSliced: 6 kernels
+# more for the two, and on an H200 about 100 and 220 µs less).
 BUDGETS = [
     ("embedded_gpu_export", "", 8, 330),  # measured 329
     ("embedded_gpu_export", "", 64, 330),
     ("embedded_gpu_blocks_export", "", 8, 700),  # 694
-    ("embedded_gpu_export", None, 8, 515),  # 512
-    ("embedded_gpu_export", None, 64, 515),  # 512
+    ("embedded_gpu_export", None, 8, 520),  # 518
+    ("embedded_gpu_export", None, 64, 520),  # 518
 ]
 
 

@@ -3,32 +3,23 @@ for any vocabulary size, and ``RunningSum`` is a running sum whose first n value
 the row's length; each run by ONNX Runtime and by ``onnx.reference``."""
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
+from _function_model import function_model
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxsample.graphs._common import DOMAIN, DOMAIN_VERSION
 from onnxsample.graphs._rows import SCAN_BLOCK, RowMax, RunningSum
 
 
 def _both(fn, value: np.ndarray, out_shape: list) -> list[np.ndarray]:
     """One call of the library function `fn`, from ONNX Runtime and from onnx.reference."""
     elem = helper.np_dtype_to_tensor_dtype(value.dtype)
-    graph = helper.make_graph(
-        [helper.make_node(fn.name, ["x"], ["y"], domain=DOMAIN)],
-        "call",
+    model = function_model(
+        fn,
         [helper.make_tensor_value_info("x", elem, ["S", "N"])],
         [helper.make_tensor_value_info("y", elem, out_shape)],
     )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
-        functions=[fn.to_function_proto()],
-        ir_version=10,
-    )
-    onnx.checker.check_model(model, full_check=True)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     return [
         session.run(None, {"x": value})[0],

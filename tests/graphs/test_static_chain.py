@@ -14,7 +14,7 @@ import pytest
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
-from onnxsample.graphs import STATIC_CANDIDATES
+from onnxsample.graphs import STATIC_CANDIDATES, TYPICAL_STATIC_CANDIDATES
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 OPTIONS = dict(top_logprobs=3, max_bias=4, output_probs=True, prompt_logprobs=True)
@@ -151,8 +151,9 @@ PEAKED = -np.arange(10000, dtype=np.float32)[None] / 64
         (FLAT, SamplingParams(top_p=0.6), True),  # 6000
         (PEAKED, SamplingParams(top_p=0.999), False),
         (FLAT, SamplingParams(min_p=0.5), False),  # a floor: the whole row draws it
-        (FLAT, SamplingParams(typical_p=0.4), False),  # every token ties with the 4000th: all kept
-        (FLAT, SamplingParams(typical_p=0.5), True),
+        # every token ties with the 200th: all kept
+        (FLAT, SamplingParams(typical_p=0.02), False),
+        (FLAT, SamplingParams(typical_p=TYPICAL_STATIC_CANDIDATES / 10000 + 0.001), True),
         (PEAKED, SamplingParams(typical_p=0.5), False),
         (FLAT, SamplingParams(), False),
     ],
