@@ -259,6 +259,12 @@ RowBuckets = Annotated[
 ]
 
 
+def _captured(provider: str, speculative: str | None, cuda_graph: bool | None) -> bool:
+    """Whether decode steps are captured as CUDA graphs: `cuda_graph`, or where it is None the
+    engine's default, on for --provider cuda without --speculative."""
+    return cuda_graph if cuda_graph is not None else provider == "cuda" and speculative is None
+
+
 def engine_options(
     speculative: str | None,
     draft_tokens: int | None,
@@ -282,8 +288,7 @@ def engine_options(
         raise InvalidParameter(
             "--cuda-graph replays a static chain, which verifies no drafts: drop --speculative"
         )
-    captured = cuda_graph if cuda_graph is not None else provider == "cuda" and speculative is None
-    if not row_buckets and not captured:
+    if not row_buckets and not _captured(provider, speculative, cuda_graph):
         raise InvalidParameter(
             "--no-row-buckets is for CUDA graphs (--provider cuda, without --no-cuda-graph or "
             "--speculative): uncaptured steps run the model over the running sequences only"
@@ -295,9 +300,7 @@ def engine_options(
 def preparation(provider: str, spec: dict, attention: str = "gqa") -> dict:
     """What `prepare` builds for these options: the GPU export for --provider cuda, a static
     chain for --cuda-graph, the exact-attention export for --attention exact."""
-    graph = spec.get("cuda_graph")
-    if graph is None:  # the engine's default: captured where it can be
-        graph = provider == "cuda" and spec.get("speculative") is None
+    graph = _captured(provider, spec.get("speculative"), spec.get("cuda_graph"))
     return {
         "device": "cuda" if provider == "cuda" else "cpu",
         "static": graph,
