@@ -186,7 +186,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         z = "scaled"
     z_max = "x_max"
     if z != "x":
-        body.call("RowMax", [z], ["z_max"])
+        body.call("RowMaxStatic" if static else "RowMax", [z], ["z_max"])
         z_max = "z_max"
     finite_fn = "FiniteRowsStatic" if static else "FiniteRows"
     body.call(finite_fn, [z, z_max], ["processed", "finite"])
@@ -253,7 +253,8 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
             dist_fn = "DistStatic" if static else "Dist"
             body.call(dist_fn, [*draw_inputs, "uniform"], ["drawn_token"])
         else:
-            body.call("DistRows", [draw_z, "uniform"], ["drawn_token"])
+            rows_fn = "DistRowsStatic" if static else "DistRows"
+            body.call(rows_fn, [draw_z, "uniform"], ["drawn_token"])
         if config.has("temperature"):
             body.call("SelectGreedy", ["temperature", "greedy_token", "drawn_token"], ["token"])
         else:

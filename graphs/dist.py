@@ -11,7 +11,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import NEG_INF, T_FLOAT, T_INT64, onnxsample
-from onnxsample.graphs._rows import RowMax
+from onnxsample.graphs._rows import RowMax, RowMaxStatic
 from onnxsample.graphs.candidates import Contained, Truncate
 
 BLOCK = 256
@@ -35,10 +35,11 @@ def InverseCdf(weights: FLOAT["S", "N"], target: FLOAT["S", 1]) -> FLOAT["S", 1]
 
 
 @script(onnxsample)
-def RowDraw(z: FLOAT["S", "V"], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
-    """Draw from whole rows: w = exp(z − max z); block sums, then the ids inside the chosen block.
+def RowDraw(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
+    """Draw from whole rows: w = exp(z − top); block sums, then the ids inside the chosen block.
 
-    z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); uniform: FLOAT["S", 1] → INT64["S", 1].
+    z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); top: FLOAT["S", 1] (max z); uniform:
+    FLOAT["S", 1] → INT64["S", 1].
     """
     axis2 = op.Constant(value_ints=[2])
     cum_axis = op.Constant(value_int=1)
@@ -50,7 +51,6 @@ def RowDraw(z: FLOAT["S", "V"], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
     vocab = op.Shape(z, start=1, end=2)
     blocks = op.Div(op.Sub(op.Add(vocab, block), one), block)
     pad = op.Sub(op.Mul(blocks, block), vocab)
-    top = RowMax(z)
     weights = op.Pad(op.Exp(op.Sub(z, top)), op.Concat(zero, zero, zero, pad, axis=0))
     grid = op.Reshape(weights, op.Concat(rows, blocks, block, axis=0))
     block_sums = op.ReduceSum(grid, axis2, keepdims=0)
@@ -120,7 +120,7 @@ def Dist(
             row = Truncate(z, floor)
         else:
             row = op.Identity(z)
-        drawn = op.Where(inside, token, RowDraw(row, u))
+        drawn = op.Where(inside, token, RowDraw(row, RowMax(row), u))
     else:
         drawn = op.Identity(token)
     return op.Squeeze(drawn, axis)
@@ -137,11 +137,13 @@ def DistStatic(
     uniform: FLOAT["S"],
 ) -> INT64["S"]:
     """``Dist`` without control flow: both draws, each slot taking the one ``Dist`` takes for it
-    (truncating at a floor of −inf changes nothing). Same inputs and output."""
+    (truncating at a floor of −inf changes nothing; the row maximum is :func:`RowMaxStatic`'s).
+    Same inputs and output."""
     axis = op.Constant(value_ints=[1])
     u = op.Unsqueeze(uniform, axis)
     token, inside = CandidateDraw(z, candidates, candidate_ids, top, floor, whole_rows, u)
-    drawn = op.Where(inside, token, RowDraw(Truncate(z, floor), u))
+    row = Truncate(z, floor)
+    drawn = op.Where(inside, token, RowDraw(row, RowMaxStatic(row), u))
     return op.Squeeze(drawn, axis)
 
 
@@ -153,4 +155,14 @@ def DistRows(z: FLOAT["S", "V"], uniform: FLOAT["S"]) -> INT64["S"]:
     z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); uniform: FLOAT["S"] in [0, 1) → INT64["S"].
     """
     axis = op.Constant(value_ints=[1])
-    return op.Squeeze(RowDraw(z, op.Unsqueeze(uniform, axis)), axis)
+    return op.Squeeze(RowDraw(z, RowMax(z), op.Unsqueeze(uniform, axis)), axis)
+
+
+@script(onnxsample)
+def DistRowsStatic(z: FLOAT["S", "V"], uniform: FLOAT["S"]) -> INT64["S"]:
+    """``DistRows`` with the static chain's row maximum (:func:`RowMaxStatic`, the same number).
+
+    z: FLOAT["S", "V"]; uniform: FLOAT["S"] in [0, 1) → INT64["S"].
+    """
+    axis = op.Constant(value_ints=[1])
+    return op.Squeeze(RowDraw(z, RowMaxStatic(z), op.Unsqueeze(uniform, axis)), axis)

@@ -17,7 +17,7 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
-from onnxsample.graphs._rows import RowLog, RowMax, RunningSum
+from onnxsample.graphs._rows import RowLog, RowMax, RowMaxStatic, RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import (
     Candidates,
@@ -30,6 +30,7 @@ from onnxsample.graphs.dist import (
     CandidateDraw,
     Dist,
     DistRows,
+    DistRowsStatic,
     DistStatic,
     InverseCdf,
     RowDraw,
@@ -87,6 +88,7 @@ _SCRIPTS = (
     Sanitize,
     SanitizeStatic,
     RowMax,
+    RowMaxStatic,
     RowLog,
     OnlyToken0,
     FiniteRows,
@@ -133,6 +135,7 @@ _SCRIPTS = (
     Dist,
     DistStatic,
     DistRows,
+    DistRowsStatic,
     Logprob,
     TopLogprobs,
     FinalProbs,

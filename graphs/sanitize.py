@@ -11,7 +11,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import FLT_MAX, NEG_INF, POS_INF, onnxsample
-from onnxsample.graphs._rows import RowMax
+from onnxsample.graphs._rows import RowMax, RowMaxStatic
 
 
 @script(onnxsample)
@@ -48,9 +48,10 @@ def Sanitize(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
 
 @script(onnxsample)
 def SanitizeStatic(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
-    """``Sanitize`` without control flow. FLOAT[S, V] → (FLOAT[S, V], FLOAT[S, 1])."""
+    """``Sanitize`` without control flow (the maximum: :func:`RowMaxStatic`). FLOAT[S, V] →
+    (FLOAT[S, V], FLOAT[S, 1])."""
     out = FixNonFinite(logits)
-    return out, RowMax(out)
+    return out, RowMaxStatic(out)
 
 
 @script(onnxsample)

@@ -41,8 +41,9 @@ CONTRACT_VERSION = "1"
 # flags the slots past its candidates (sampler.fallback, sampler.fallback_logits). 11: 4096 of them.
 # 12: the static chain's slot dimension is symbolic (an engine binds only the rows it runs).
 # 13: the static chain's wide selections take a TopK over slices of the row, then one over their
-# candidates (TopKSliced); typical-p reads its set from 1024 keys, not 4096.
-COMPOSER_REVISION = "13"
+# candidates (TopKSliced); typical-p reads its set from 1024 keys, not 4096. 14: the static chain's
+# row maxima read the value at ArgMax (RowMaxStatic), not cuDNN's ReduceMax.
+COMPOSER_REVISION = "14"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

@@ -67,6 +67,15 @@ def test_a_step_costs_the_same_whatever_the_slots_composed(counted, chain):
     assert counted("embedded_gpu_export", chain, 8) == counted("embedded_gpu_export", chain, 64)
 
 
+def test_the_sampler_calls_no_library_routine(counted):
+    """The sampled chain adds kernels of ONNX Runtime's own to the greedy step, and no cuBLAS or
+    cuDNN call: its row maxima are the values at ``ArgMax`` (``RowMaxStatic``), where cuDNN's
+    ``ReduceMax`` took 15 µs a launch on an H200 (``benchmarks/results/gpu_kernels.json``)."""
+    greedy = counted("embedded_gpu_export", "", 8)
+    sampled = counted("embedded_gpu_export", None, 8)
+    assert sampled["library"] == greedy["library"], (greedy, sampled)
+
+
 def test_fp16_weights_halve_the_kernels_of_the_blocks(counted):
     fp16 = counted("embedded_gpu_export", "", 8)
     blocks = counted("embedded_gpu_blocks_export", "", 8)
