@@ -61,12 +61,12 @@ def OnlyToken0(z: FLOAT["S", "V"], finite: BOOL["S", 1]) -> FLOAT["S", "V"]:
     z: FLOAT[S, V]; finite: BOOL[S, 1] → FLOAT[S, V].
     """
     ninf = op.Constant(value_float=NEG_INF)
-    zero_f = op.Constant(value_float=0.0)
-    zero_i = op.Constant(value_int=0)
-    one_i = op.Constant(value_int=1)
-    vocab = op.Squeeze(op.Shape(z, start=1, end=2))
-    ids = op.Range(zero_i, vocab, one_i)
-    only_token0 = op.Where(op.Equal(ids, zero_i), zero_f, ninf)
+    zero = op.Constant(value_floats=[0.0])
+    none_before = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    after = op.Sub(op.Shape(z, start=1, end=2), one)
+    # [0] padded with V − 1 × −inf: a constant where the vocabulary is known (the static chain)
+    only_token0 = op.Pad(zero, op.Concat(none_before, after, axis=0), ninf)
     return op.Where(finite, z, only_token0)
 
 

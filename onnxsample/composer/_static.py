@@ -51,15 +51,49 @@ def _exact(node: ir.Node) -> bool | None:
     return False
 
 
+def _constant(value: ir.Value | None) -> list[int] | None:
+    tensor = None if value is None else ir.convenience.get_const_tensor(value)
+    return None if tensor is None else [int(v) for v in tensor.numpy().reshape(-1)]
+
+
+def _does_nothing(node: ir.Node) -> bool:
+    """A ``Pad`` by zero everywhere, or a ``Slice`` of a whole known axis from 0 with step 1: each
+    copies its input on every call (a kernel on CUDA) and changes nothing. The chain pads and
+    slices rows to a multiple of a block, which the known vocabulary often already is."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return False
+    if node.op_type == "Pad":
+        pads = _constant(node.inputs[1] if len(node.inputs) > 1 else None)
+        return pads is not None and not any(pads) and len(node.inputs) < 4
+    if node.op_type != "Slice" or len(node.inputs) < 4 or node.inputs[0].shape is None:
+        return False
+    starts, ends, axes = (_constant(v) for v in node.inputs[1:4])
+    steps = _constant(node.inputs[4]) if len(node.inputs) > 4 else None
+    shape = node.inputs[0].shape
+    if starts is None or ends is None or axes is None or any(starts) or len(axes) != len(ends):
+        return False
+    if steps is not None and any(step != 1 for step in steps):
+        return False
+    for axis, end in zip(axes, ends, strict=True):
+        dim = shape[axis] if -len(shape) <= axis < len(shape) else None
+        if not isinstance(dim, int) or end < dim:
+            return False
+    return True
+
+
 def fold_static(model: ir.Model) -> None:
-    """Fold the (inlined) static chain's sizes into constants, in place."""
+    """Fold the (inlined) static chain's sizes into constants, in place, and drop the pads and
+    slices that the known sizes make no-ops."""
     from onnxscript.optimizer import fold_constants
 
     fold_constants(model, onnx_shape_inference=True, should_fold=_exact)
+    ends = {*model.graph.inputs, *model.graph.outputs}
+    for node in list(model.graph):
+        if _does_nothing(node) and node.outputs[0] not in ends:
+            ir.convenience.replace_all_uses_with(node.outputs[0], node.inputs[0])
     ir.passes.common.RemoveUnusedNodesPass()(model)
     # The inference named the chain functions' dimensions after their signatures ("S", "V"),
     # which ONNX Runtime would take for one size wherever the name recurs: it infers its own.
-    ends = {*model.graph.inputs, *model.graph.outputs}
     for node in model.graph.all_nodes():
         for value in node.outputs:
             if value not in ends:

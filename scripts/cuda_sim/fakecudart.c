@@ -45,9 +45,9 @@ static void dev_free(void *p) { if (p) free(((void **)p)[-1]); }
  * device->host copies, copies of kind cudaMemcpyDefault (direction unknown: copied as is),
  * host->device copies, the bytes of each direction, library calls, and the thread blocks the
  * launched kernels asked for (their grids: how much work, where a launch count says how many) */
-static long n_d2h, n_default, n_h2d, b_d2h, b_h2d, n_library, n_blocks;
-void fakecuda_stats(long *out) { out[0] = nlaunch; out[1] = n_captures; out[2] = n_capture_errors; out[3] = n_graph_launches; out[4] = n_d2h; out[5] = n_default; out[6] = n_h2d; out[7] = b_d2h; out[8] = b_h2d; out[9] = n_library; out[10] = n_blocks; }
-void fakecuda_reset(void) { nlaunch = n_captures = n_capture_errors = n_graph_launches = n_d2h = n_default = n_h2d = b_d2h = b_h2d = n_library = n_blocks = 0; }
+static long n_d2h, n_default, n_h2d, b_d2h, b_h2d, n_library, n_blocks, n_d2d;
+void fakecuda_stats(long *out) { out[0] = nlaunch; out[1] = n_captures; out[2] = n_capture_errors; out[3] = n_graph_launches; out[4] = n_d2h; out[5] = n_default; out[6] = n_h2d; out[7] = b_d2h; out[8] = b_h2d; out[9] = n_library; out[10] = n_blocks; out[11] = n_d2d; }
+void fakecuda_reset(void) { nlaunch = n_captures = n_capture_errors = n_graph_launches = n_d2h = n_default = n_h2d = b_d2h = b_h2d = n_library = n_blocks = n_d2d = 0; }
 static void launched(dim3 g) { nlaunch++; n_blocks += (long)g.x * g.y * g.z; }
 /* called by the stub cuBLAS, cuBLASLt and cuDNN from every entry point that launches work on a real
  * device (a GEMM, a reduction, a softmax...): each is at least one kernel there */
@@ -130,6 +130,7 @@ static void copy(void *d, const void *s, size_t n, enum cudaMemcpyKind k) {
   if (!n) return;
   if (k == cudaMemcpyDeviceToHost) { n_d2h++; b_d2h += n; memset(d, 0, n); return; }
   if (k == cudaMemcpyHostToDevice) { n_h2d++; b_h2d += n; }
+  if (k == cudaMemcpyDeviceToDevice) n_d2d++;
   if (k == cudaMemcpyDefault) n_default++;
   memcpy(d, s, n);
 }

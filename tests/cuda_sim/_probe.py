@@ -27,18 +27,19 @@ import onnx
 import onnxruntime as ort
 
 _STATS = ("launches", "captures", "capture_errors", "graph_launches", "d2h", "default", "h2d")
-_COUNTERS = (*_STATS, "d2h_bytes", "h2d_bytes", "library", "blocks")
+_COUNTERS = (*_STATS, "d2h_bytes", "h2d_bytes", "library", "blocks", "d2d")
 
 
 def counters() -> dict[str, int]:
-    """The stand-in libcudart's counters: kernel launches, captures, copies by direction, the
-    calls into cuBLAS, cuBLASLt and cuDNN that launch work on a real device (`library`), and the
-    thread blocks the launched kernels' grids asked for (`blocks`: how much work)."""
+    """The stand-in libcudart's counters: kernel launches, captures, copies by direction (`d2d`:
+    from device to device), the calls into cuBLAS, cuBLASLt and cuDNN that launch work on a real
+    device (`library`), and the thread blocks the launched kernels' grids asked for (`blocks`:
+    how much work)."""
     lib = ctypes.CDLL("libcudart.so.13")
     out = (ctypes.c_long * len(_COUNTERS))()
     lib.fakecuda_stats(out)
     found = dict(zip(_COUNTERS, out, strict=True))
-    return {k: found[k] for k in (*_STATS, "library", "blocks")}
+    return {k: found[k] for k in (*_STATS, "library", "blocks", "d2d")}
 
 
 def placement(model: str, cuda_graph: bool) -> dict:
@@ -187,7 +188,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             result["per_step"] = {k: (second[k] - first[k]) / steps for k in ("h2d", "d2h")}
             result["kernels_per_step"] = {
                 k: (second[k] - first[k]) / steps
-                for k in ("launches", "library", "graph_launches", "blocks")
+                for k in ("launches", "library", "graph_launches", "blocks", "d2d")
             }
             result["buffers_kept"] = _device_buffers(eng) == buffers
             result["host_outputs"] = sorted(eng._scheduler.runner.host)
