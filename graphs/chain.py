@@ -249,7 +249,20 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
                 # draw (a floor of +inf is inside the candidates), so that a batch of greedy rows
                 # never draws from the whole vocabulary.
                 draw_floor, draw_whole = _greedy_rows_skip_draw(body, floor, whole_rows)
-            draw_inputs = [draw_z, "candidates", "candidate_ids_all", "top", draw_floor, draw_whole]
+            draw_row = draw_z  # the static draw's row truncated at the floor: typical-p's is
+            if static and not config.has("typical_p"):
+                draw_row = kept  # the optional outputs' kept set, when they asked for one
+                if kept == draw_z:
+                    body.call("Truncate", [draw_z, floor], ["draw_row"])
+                    draw_row = "draw_row"
+            draw_inputs = [
+                draw_row,
+                "candidates",
+                "candidate_ids_all",
+                "top",
+                draw_floor,
+                draw_whole,
+            ]
             dist_fn = "DistStatic" if static else "Dist"
             body.call(dist_fn, [*draw_inputs, "uniform"], ["drawn_token"])
         else:

@@ -128,7 +128,7 @@ def Dist(
 
 @script(onnxsample)
 def DistStatic(
-    z: FLOAT["S", "V"],
+    row: FLOAT["S", "V"],
     candidates: FLOAT["S", "C"],
     candidate_ids: INT64["S", "C"],
     top: FLOAT["S", 1],
@@ -138,11 +138,11 @@ def DistStatic(
 ) -> INT64["S"]:
     """``Dist`` without control flow: both draws, each slot taking the one ``Dist`` takes for it
     (truncating at a floor of −inf changes nothing; the row maximum is :func:`RowMaxStatic`'s).
-    Same inputs and output."""
+    ``Dist``'s inputs, but `row` is z already truncated at the floor (``Truncate``: typical-p's
+    row is)."""
     axis = op.Constant(value_ints=[1])
     u = op.Unsqueeze(uniform, axis)
-    token, inside = CandidateDraw(z, candidates, candidate_ids, top, floor, whole_rows, u)
-    row = Truncate(z, floor)
+    token, inside = CandidateDraw(row, candidates, candidate_ids, top, floor, whole_rows, u)
     drawn = op.Where(inside, token, RowDraw(row, RowMaxStatic(row), u))
     return op.Squeeze(drawn, axis)
 

@@ -71,6 +71,7 @@ from onnxsample.graphs.temperature import Greedy, GreedyRows, SelectGreedy, Temp
 from onnxsample.graphs.top_k import TopK, TopKOff, TopKStatic
 from onnxsample.graphs.top_p import (
     MassTotal,
+    MassWeights,
     NucleusCut,
     NucleusFloor,
     NucleusFloorLong,
@@ -114,6 +115,7 @@ _SCRIPTS = (
     TopK,
     TopKStatic,
     RunningSum,
+    MassWeights,
     MassTotal,
     NucleusMass,
     NucleusCut,

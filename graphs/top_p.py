@@ -10,16 +10,26 @@ from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained
 
 
 @script(onnxsample)
+def MassWeights(z: FLOAT["S", "N"], top: FLOAT["S", 1], floor: FLOAT["S", 1]) -> DOUBLE["S", "N"]:
+    """w = [z ≥ floor] · exp(z − top), computed in float32 and held in float64.
+
+    z: FLOAT["S", "N"]; top, floor: FLOAT["S", 1] → DOUBLE["S", "N"].
+    """
+    zero_f = op.Constant(value_float=0.0)
+    weights = op.Where(op.GreaterOrEqual(z, floor), op.Exp(op.Sub(z, top)), zero_f)
+    return op.Cast(weights, to=T_DOUBLE)
+
+
+@script(onnxsample)
 def NucleusMass(
     sorted_z: FLOAT["S", "N"], top: FLOAT["S", 1], floor: FLOAT["S", 1], total: DOUBLE["S", 1]
 ) -> DOUBLE["S", "N"]:
-    """p = [z ≥ floor] · exp(z − top) / total in float64, over the N logits ``sorted_z``.
+    """p = [z ≥ floor] · exp(z − top) / total in float64 (``MassWeights``), over the N logits
+    ``sorted_z``.
 
     sorted_z: FLOAT["S", "N"]; top, floor: FLOAT["S", 1]; total: DOUBLE["S", 1] → DOUBLE["S", "N"].
     """
-    zero_f = op.Constant(value_float=0.0)
-    weights = op.Where(op.GreaterOrEqual(sorted_z, floor), op.Exp(op.Sub(sorted_z, top)), zero_f)
-    return op.Div(op.Cast(weights, to=T_DOUBLE), total)
+    return op.Div(MassWeights(sorted_z, top, floor), total)
 
 
 @script(onnxsample)
@@ -83,9 +93,7 @@ def MassTotal(z: FLOAT["S", "N"], top: FLOAT["S", 1], floor: FLOAT["S", 1]) -> D
 
     z: FLOAT["S", "N"]; top, floor: FLOAT["S", 1] → DOUBLE["S", 1].
     """
-    zero_f = op.Constant(value_float=0.0)
-    weights = op.Where(op.GreaterOrEqual(z, floor), op.Exp(op.Sub(z, top)), zero_f)
-    return op.ReduceSum(op.Cast(weights, to=T_DOUBLE), op.Constant(value_ints=[1]), keepdims=1)
+    return op.ReduceSum(MassWeights(z, top, floor), op.Constant(value_ints=[1]), keepdims=1)
 
 
 @script(onnxsample)
@@ -163,11 +171,16 @@ def TopPStatic(
     floor: FLOAT["S", 1]; top_p: FLOAT["S"] → (FLOAT["S", 1], BOOL["S", 1]).
     """
     axis = op.Constant(value_ints=[1])
+    zero = op.Constant(value_ints=[0])
     one_f = op.Constant(value_float=1.0)
     mass = op.Unsqueeze(top_p, axis)
     off = op.GreaterOrEqual(mass, one_f)
     inside = Contained(z, candidates, floor)
-    total = op.Where(inside, MassTotal(candidates, top, floor), MassTotal(z, top, floor))
-    nucleus, reached_mass = NucleusFloorLong(wide, top, floor, total, mass)
+    # the candidates are the leading columns of `wide`: their weights are the leading weights
+    weights = MassWeights(wide, top, floor)
+    count = op.Shape(candidates, start=1, end=2)
+    candidate_total = op.ReduceSum(op.Slice(weights, zero, count, axis), axis, keepdims=1)
+    total = op.Where(inside, candidate_total, MassTotal(z, top, floor))
+    nucleus, reached_mass = NucleusCut(wide, RunningSum(op.Div(weights, total)), mass)
     beyond = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
     return op.Where(off, floor, op.Max(floor, nucleus)), beyond

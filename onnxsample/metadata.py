@@ -42,7 +42,8 @@ CONTRACT_VERSION = "1"
 # 12: the static chain's slot dimension is symbolic (an engine binds only the rows it runs).
 # 13: the static chain's wide selections take a TopK over slices of the row, then one over their
 # candidates (TopKSliced); typical-p reads its set from 1024 keys, not 4096. 14: the static chain's
-# row maxima read the value at ArgMax (RowMaxStatic), not cuDNN's ReduceMax.
+# row maxima read the value at ArgMax (RowMaxStatic), not cuDNN's ReduceMax; no-op pads and
+# slices dropped; fewer kernels in top-p's normaliser, the draw's row and typical-p's key.
 COMPOSER_REVISION = "14"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
