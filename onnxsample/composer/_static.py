@@ -58,8 +58,8 @@ def _constant(value: ir.Value | None) -> list[int] | None:
 
 def _does_nothing(node: ir.Node) -> bool:
     """A ``Pad`` by zero everywhere, or a ``Slice`` of a whole known axis from 0 with step 1: each
-    copies its input on every call (a kernel on CUDA) and changes nothing. The chain pads and
-    slices rows to a multiple of a block, which the known vocabulary often already is."""
+    copies its input on every call (a device-to-device copy on CUDA) and changes nothing. The
+    chain pads and slices rows to a multiple of a block, which the known vocabulary often is."""
     if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
         return False
     if node.op_type == "Pad":
