@@ -15,7 +15,15 @@ KINDS = ("load", "chunked", "prefix", "echo")
 def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
     """Every results file these sections read, by name (None where missing)."""
     names = [f"engine_{kind}" for kind in KINDS]
-    names += ["serve", "serve_replicas", "serve_proxy", "speculative", "structured", "gguf_files"]
+    names += [
+        "serve",
+        "serve_replicas",
+        "serve_proxy",
+        "speculative",
+        "structured",
+        "gguf_files",
+        "gguf_minimums",
+    ]
     found = {name: read_json(folder / f"{name}.json") for name in names}
     return {name.removeprefix("engine_"): data for name, data in found.items()}
 

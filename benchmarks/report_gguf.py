@@ -85,3 +85,74 @@ def gguf_section(data: dict | None) -> list[str]:
         [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
     )
     return lines + ([line, ""] if line else [])
+
+
+_FORMS = {
+    "none": "MatMulNBits alone (the floor: not the file's weights)",
+    "reduce_sum": "Reshape + ReduceSum, MatMul, Add (what the export emits)",
+    "indicator_matmul": "x @ 0/1 block indicator, MatMul, Add",
+    "gemm_2d": "2-D: Reshape + ReduceSum, Gemm onto the MatMulNBits output",
+    "nbits_block_sums": "block sums as extra MatMulNBits columns (int8 sums), Split, MatMul, Add",
+    "float_zero_points": "one MatMulNBits with float zero points (ORT dequantises every call)",
+}
+
+
+def minimums_section(data: dict | None) -> list[str]:
+    """benchmarks/gguf_minimums.py's forms of the minimums' correction, per layer (nothing
+    without results)."""
+    if not data:
+        return []
+    shapes = ", ".join(f"{k}→{n}" for _, k, n in data.get("projections", []))
+    lines = [
+        "### The minimums' correction, form by form",
+        "",
+        "`python benchmarks/gguf_minimums.py`: a weight with minimums (Q4_1, Q5_1, Q4_K, Q5_K, "
+        "Q2_K) is `s * q + m` per block; MatMulNBits multiplies by `s * (code - zero)` with an "
+        "integer zero, so the exact minimums ride beside it as `blocksum(x) @ m` (an fp32 "
+        "`[blocks, N]` matrix). Each form computes one token through "
+        f"{data.get('layers')} layers of the embedded model's four projections ({shapes}), "
+        "weights of their own (read from memory, as in a decode step), int8 activations; µs "
+        "per layer (median), the correction's cost over MatMulNBits alone, and the form's time "
+        "over the export's.",
+        "",
+    ]
+    head = ["threads", "form", "µs per layer", "correction µs", "vs the export's"]
+    rows = []
+    for r in data.get("results", []):
+        for form, label in _FORMS.items():
+            t = r["us_per_layer"].get(form)
+            if t is None:
+                continue
+            rows.append(
+                [
+                    r["threads"],
+                    f"`{form}`: {label}",
+                    f"{num(t['median'], 1)} ({num(t['min'], 1)}–{num(t['max'], 1)})",
+                    num(r.get("correction_us_per_layer", {}).get(form), 1),
+                    times(r.get("vs_reduce_sum", {}).get(form)),
+                ]
+            )
+    lines += [*table(head, "rlrrr", rows), ""]
+    for r in data.get("results", []):
+        exact = {f: v for f, v in r.get("vs_reduce_sum", {}).items() if f != "float_zero_points"}
+        if exact:
+            best = min(exact, key=exact.get)
+            cost = r["correction_us_per_layer"]["reduce_sum"]
+            share = cost / r["us_per_layer"]["reduce_sum"]["median"]
+            threads = f"{r['threads']} thread" + ("s" if r["threads"] != 1 else "")
+            lines.append(
+                f"- {threads}: the correction is {num(100 * share)}% of a layer's projections; "
+                f"the fastest exact form is `{best}` ({times(exact[best])} the export's)."
+            )
+    lines += [
+        "",
+        "`gemm_2d` assumes 2-D activations; the export's decoder is 3-D (batch, tokens, hidden), "
+        "so a Gemm inside one projection takes a Shape and two Reshapes around it. The float "
+        "zero points are `8 - m / s`: not bit-exact either (`s * (code - zero)` rounds "
+        "differently from `s * q + m`).",
+    ]
+    run = data.get("run") or {}
+    line = load_line(
+        [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
+    )
+    return lines + [""] + ([line, ""] if line else [])

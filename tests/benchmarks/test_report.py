@@ -315,3 +315,35 @@ def test_report_renders_the_speculative_table(bench) -> None:
     table["exact-k4"] = row(90.0, tokens_per_call=2.5, acceptance=0.75, same_tokens=True)
     text = report.render(None, None, None, {"speculative": data})
     assert "| 40.0 | 44.0 (1.10×) | 45.0 (0.90×) | 90.0 (2.00×) | no / yes |" in text
+
+
+def test_report_renders_the_minimums_forms(bench) -> None:
+    gguf = bench("report_gguf")
+    per_layer = {"none": 100.0, "reduce_sum": 125.0, "gemm_2d": 120.0, "float_zero_points": 900.0}
+    data = {
+        "layers": 30,
+        "projections": [["qkv", 576, 960]],
+        "results": [
+            {
+                "threads": 2,
+                "us_per_layer": {
+                    f: {"median": v, "min": v - 1, "max": v + 1} for f, v in per_layer.items()
+                },
+                "correction_us_per_layer": {
+                    f: v - 100 for f, v in per_layer.items() if f != "none"
+                },
+                "vs_reduce_sum": {f: v / 125 for f, v in per_layer.items() if f != "none"},
+            }
+        ],
+        "run": {"load_average_before": [0.5], "load_average_after": [0.7]},
+    }
+    text = "\n".join(gguf.minimums_section(data))
+    assert "30 layers of the embedded model's four projections (576→960)" in text
+    assert "| 2 | `reduce_sum`: Reshape + ReduceSum, MatMul, Add (what the export emits) " in text
+    assert "| 120.0 (119.0–121.0) | 20.0 | 0.96× |" in text
+    assert "| 900.0 (899.0–901.0) | 800.0 | 7.20× |" in text
+    # the fastest exact form: never the float zero points, whatever their time
+    assert "2 threads: the correction is 20% of a layer's projections" in text
+    assert "the fastest exact form is `gemm_2d` (0.96× the export's)" in text
+    assert "during the runs: 0.5–0.7" in text
+    assert gguf.minimums_section(None) == []

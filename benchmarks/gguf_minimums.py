@@ -1,0 +1,216 @@
+"""The GGUF minimums' correction (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K): its exact forms, timed on the CPU.
+
+    python benchmarks/gguf_minimums.py [--layers 30] [--threads 1,2] [--repeats 7]
+
+A weight with minimums is ``w = s * q + m`` per block of 32. `MatMulNBits` multiplies by ``s * (code -
+zero)`` with a uint8 zero point, so the minimums ride beside it as ``blocksum(x) @ m``: an fp32
+``[n_blocks, N]`` matrix (exact; a minimum is not ``-s * zero`` for an integer zero). Each form below
+computes that term for the embedded SmolLM2's four projections a layer (Q/K/V 576→960, O 576→576,
+gate/up 576→3072, down 1536→576), ``--layers`` layers with weights of their own (so the weights are
+read from memory, as in a decode step), one token:
+
+- ``none``: the MatMulNBits alone, the floor (not the file's weights);
+- ``reduce_sum`` (what ``onnxsample export`` emits): Reshape + ReduceSum, MatMul, Add;
+- ``indicator_matmul``: the block sums as ``x @ E`` (E the 0/1 block indicator), MatMul, Add;
+- ``gemm_2d``: 2-D activations, Reshape + ReduceSum, one Gemm with the MatMulNBits output as C;
+- ``nbits_block_sums``: the block sums as extra MatMulNBits columns (sums of the int8 activations,
+  as llama.cpp's q8_1 blocks carry them), Split, MatMul, Add;
+- ``float_zero_points``: one MatMulNBits with float zero points ``-m / s`` (not bit-exact either:
+  ONNX Runtime takes its dequantise-then-sgemm path), timed over its own ``--slow-layers``.
+
+The forms alternate within each repetition (a pause between sessions, so one's spinning threads do
+not slow the next); reported per layer (µs, median and spread) with the
+correction's cost over ``none`` and each form's time over ``reduce_sum``'s, plus the load average.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import onnx
+from _harness.machine import emit, load_average, run_record
+from _harness.measure import summary
+from _harness.script import RESULTS, ints, logger, parser
+from _harness.workload import ort_session
+from onnx import TensorProto, helper, numpy_helper
+
+BLOCK = 32
+PROJECTIONS = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
+FORMS = (
+    "none",
+    "reduce_sum",
+    "indicator_matmul",
+    "gemm_2d",
+    "nbits_block_sums",
+    "float_zero_points",
+)
+
+
+class _Graph:
+    """Nodes and initializers of one benchmark model."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._n = 0
+
+    def const(self, array: np.ndarray) -> str:
+        self._n += 1
+        name = f"c{self._n}"
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs) -> list[str]:
+        self._n += 1
+        outs = [f"v{self._n}_{i}" for i in range(outputs)]
+        domain = "com.microsoft" if op_type == "MatMulNBits" else ""
+        self.nodes.append(helper.make_node(op_type, inputs, outs, domain=domain, **attrs))
+        return outs
+
+
+def _projection(
+    g: _Graph, x: str, k: int, n: int, form: str, rank: int, rng, accuracy: int = 4
+) -> tuple[str, np.ndarray]:
+    """y = x @ w.T, ``w = s * (code - 8) + m`` for random codes, scales and minimums, in `form`;
+    returns y's name and w (float32 [N, K])."""
+    nb = k // BLOCK
+    codes = rng.integers(0, 256, (n, nb, BLOCK // 2), dtype=np.uint8)
+    scales = (rng.random((n, nb), dtype=np.float32) * 0.01).astype(np.float32)
+    mins = (rng.random((nb, n), dtype=np.float32) - 0.5).astype(np.float32) * 0.1
+    attrs = {"K": k, "N": n, "bits": 4, "block_size": BLOCK, "accuracy_level": accuracy}
+    unpacked = np.stack([codes & 15, codes >> 4], axis=-1).reshape(n, nb, BLOCK).astype(np.float32)
+    weight = (scales[..., None] * (unpacked - 8) + mins.T[..., None]).reshape(n, k)
+
+    def nbits(inputs: list[str], **extra) -> str:
+        return g.op("MatMulNBits", [x, *inputs], **(attrs | extra))[0]
+
+    def block_sums() -> str:
+        shape = [0] * (rank - 1) + [nb, BLOCK]
+        blocks = g.op("Reshape", [x, g.const(np.array(shape, np.int64))])[0]
+        return g.op("ReduceSum", [blocks, g.const(np.array([-1], np.int64))], keepdims=0)[0]
+
+    if form == "float_zero_points":
+        zeros = (8 - mins.T / scales).astype(np.float32)
+        return nbits([g.const(codes), g.const(scales.ravel()), g.const(zeros.ravel())]), weight
+    if form == "nbits_block_sums":  # nb extra output columns: 1 over block b, 0 elsewhere
+        ones = np.zeros((nb, nb, BLOCK // 2), np.uint8)
+        ones[np.arange(nb), np.arange(nb)] = 0x99  # code 9 - zero 8 = 1, both nibbles
+        unit = np.eye(nb, dtype=np.float32)
+        both = nbits(
+            [
+                g.const(np.concatenate([codes, ones])),
+                g.const(np.concatenate([scales, unit]).ravel()),
+            ],
+            N=n + nb,
+        )
+        y, sums = g.op("Split", [both, g.const(np.array([n, nb], np.int64))], 2, axis=-1)
+        return g.op("Add", [y, g.op("MatMul", [sums, g.const(mins)])[0]])[0], weight
+    y = nbits([g.const(codes), g.const(scales.ravel())])
+    if form == "none":
+        return y, weight
+    if form == "gemm_2d":
+        return g.op("Gemm", [block_sums(), g.const(mins), y])[0], weight
+    if form == "indicator_matmul":
+        indicator = np.zeros((k, nb), np.float32)
+        indicator[np.arange(k), np.arange(k) // BLOCK] = 1
+        sums = g.op("MatMul", [x, g.const(indicator)])[0]
+    else:
+        sums = block_sums()
+    return g.op("Add", [y, g.op("MatMul", [sums, g.const(mins)])[0]])[0], weight
+
+
+def _model_bytes(g: _Graph, form: str, rank: int, out: str) -> bytes:
+    shape = [1, 1, PROJECTIONS[0][1]][-rank:]
+    graph = helper.make_graph(
+        g.nodes,
+        form,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
+        g.inits,
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, ir_version=10, opset_imports=opsets).SerializeToString()
+
+
+def projection_model(form: str, accuracy: int = 4, seed: int = 0) -> tuple[bytes, np.ndarray]:
+    """One Q/K/V projection (576 -> 960) in `form` and the weight it multiplies by, [N, K]."""
+    g = _Graph()
+    rank = 2 if form == "gemm_2d" else 3
+    _, k, n = PROJECTIONS[0]
+    y, weight = _projection(g, "x", k, n, form, rank, np.random.default_rng(seed), accuracy)
+    return _model_bytes(g, form, rank, y), weight
+
+
+def _model(form: str, layers: int, seed: int = 0) -> bytes:
+    """`layers` layers of the four projections; each output's leading columns feed the next."""
+    rng = np.random.default_rng(seed)
+    g = _Graph()
+    rank = 2 if form == "gemm_2d" else 3
+    x = "x"
+    axis = g.const(np.array([-1], np.int64))
+    start = g.const(np.array([0], np.int64))
+    for _ in range(layers):
+        for i, (_name, k, n) in enumerate(PROJECTIONS):
+            y, _weight = _projection(g, x, k, n, form, rank, rng)
+            nxt = PROJECTIONS[(i + 1) % len(PROJECTIONS)][1]  # the next projection's K
+            x = g.op("Slice", [y, start, g.const(np.array([nxt], np.int64)), axis])[0]
+    return _model_bytes(g, form, rank, x)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--slow-layers", type=int, default=2, help="layers for float_zero_points")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--calls", type=int, default=20, help="calls per repetition")
+    p.add_argument("--output", default=str(RESULTS / "gguf_minimums.json"))
+    args = p.parse_args(argv)
+    log = logger("gguf_minimums")
+    load_before = load_average()
+    rows = []
+    for threads in ints(args.threads, "threads"):
+        sessions, feeds, layers = {}, {}, {}
+        for form in FORMS:
+            layers[form] = args.slow_layers if form == "float_zero_points" else args.layers
+            sessions[form] = ort_session(_model(form, layers[form]), threads)
+            rank = 2 if form == "gemm_2d" else 3
+            shape = [1, 1, PROJECTIONS[0][1]][-rank:]
+            feeds[form] = {"x": np.random.default_rng(1).random(shape, dtype=np.float32)}
+            for _ in range(3):
+                sessions[form].run(None, feeds[form])
+        times: dict[str, list[float]] = {form: [] for form in FORMS}
+        for _ in range(args.repeats):
+            for form in FORMS:
+                calls = 2 if form == "float_zero_points" else args.calls
+                time.sleep(0.05)  # the previous session's threads stop spinning
+                start = time.perf_counter()
+                for _ in range(calls):
+                    sessions[form].run(None, feeds[form])
+                elapsed = time.perf_counter() - start
+                times[form].append(elapsed / calls / layers[form] * 1e6)
+        row = {"threads": threads, "us_per_layer": {f: summary(t, 1) for f, t in times.items()}}
+        floor = row["us_per_layer"]["none"]["median"]
+        ours = row["us_per_layer"]["reduce_sum"]["median"]
+        row["correction_us_per_layer"] = {
+            f: round(row["us_per_layer"][f]["median"] - floor, 1) for f in FORMS if f != "none"
+        }
+        row["vs_reduce_sum"] = {
+            f: round(row["us_per_layer"][f]["median"] / ours, 2) for f in FORMS if f != "none"
+        }
+        log(json.dumps(row))
+        rows.append(row)
+    report = {
+        "benchmark": "gguf_minimums",
+        "projections": [list(p) for p in PROJECTIONS],
+        "layers": args.layers,
+        "results": rows,
+        "run": run_record(load_before, "onnxruntime"),
+    }
+    emit(report, args.output, "gguf_minimums")
+
+
+if __name__ == "__main__":
+    main()
