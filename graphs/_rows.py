@@ -20,7 +20,7 @@ tensor, a slot's value took one or the other by the number of rows (scalar below
 from 4 on): a logprob, or a min-p floor, changed in its last bit with the batch around it.
 """
 
-from onnxscript import DOUBLE, FLOAT, script
+from onnxscript import DOUBLE, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._common import onnxsample
@@ -74,6 +74,37 @@ def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
     grid = op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0))
     blocks = op.ReduceMax(grid, op.Constant(value_ints=[2]), keepdims=0)
     return op.ReduceMax(blocks, one, keepdims=1)
+
+
+@script(onnxsample)
+def RowArgMax(z: FLOAT["S", "V"]) -> INT64["S"]:
+    """Each row's ``ArgMax`` (ties to the lowest id), as :func:`RowMax` takes the maximum: over
+    blocks of w consecutive logits, the first block whose maximum is the row's, then the first
+    position of that maximum inside it. The first block holding the row's maximum holds its first
+    occurrence, so this is ``ArgMax``'s index for every row without NaN. ONNX Runtime's CPU
+    ``ArgMax`` compares one value at a time (0.37 ms for a 262,144-token row on one core) where
+    ``ReduceMax`` is vectorised (0.06 ms); for the branching chain (the static chain, on CUDA, keeps
+    the one ``ArgMax`` kernel).
+
+    z: FLOAT[S, V] (no NaN) → INT64[S].
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    widths = op.Constant(value_ints=[256, 128, 64, 32, 16, 8, 4, 2, 1])
+    rows = op.Shape(z, start=0, end=1)
+    vocab = op.Shape(z, start=1, end=2)
+    width = op.ReduceMax(op.Where(op.Equal(op.Mod(vocab, widths), zero), widths, one), keepdims=1)
+    grid = op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0))
+    block = op.ArgMax(op.ReduceMax(grid, op.Constant(value_ints=[2]), keepdims=0), axis=1)
+    inside = op.GatherElements(
+        grid,
+        op.Expand(
+            op.Unsqueeze(block, op.Constant(value_ints=[2])), op.Concat(rows, one, width, axis=0)
+        ),
+        axis=1,
+    )
+    position = op.ArgMax(inside, axis=2, keepdims=0)  # [S, 1]
+    return op.Reshape(op.Add(op.Mul(block, width), position), rows)
 
 
 @script(onnxsample)

@@ -17,7 +17,8 @@ on the host with the branching chain (``sampler.fallback``).
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import NEG_INF, onnxsample
+from onnxsample.graphs._batch import AnyRow
+from onnxsample.graphs._common import GREEDY_BELOW, NEG_INF, onnxsample
 
 
 @script(onnxsample)
@@ -85,6 +86,27 @@ def Candidates(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FL
     count = op.Min(op.Constant(value_ints=[CANDIDATES]), op.Shape(z, start=1, end=2))
     values, ids = op.TopK(z, count, axis=1, largest=1, sorted=1)
     return values, ids, op.ReduceMax(values, one, keepdims=1)
+
+
+@script(onnxsample)
+def CandidatesDrawn(
+    z: FLOAT["S", "V"], temperature: FLOAT["S"]
+) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1]]:
+    """``Candidates`` when some row draws (temperature ≥ 1e-5). When every row is greedy, their
+    draws are thrown away and the chain has turned their filters off, so the candidates of the
+    first C ids stand in: the same shapes, without a ``TopK`` over the vocabulary (0.3 ms for a
+    262,144-token row on one core).
+
+    z: FLOAT["S", "V"]; temperature: FLOAT["S"] → (FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1]).
+    """
+    if AnyRow(op.GreaterOrEqual(temperature, op.Constant(value_float=GREEDY_BELOW))):
+        values, ids, top = Candidates(z)
+    else:
+        zero = op.Constant(value_ints=[0])
+        one = op.Constant(value_ints=[1])
+        count = op.Min(op.Constant(value_ints=[CANDIDATES]), op.Shape(z, start=1, end=2))
+        values, ids, top = Candidates(op.Slice(z, zero, count, one))
+    return values, ids, top
 
 
 @script(onnxsample)

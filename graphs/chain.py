@@ -137,6 +137,39 @@ def _greedy_rows_skip_draw(body: FunctionBody, floor: str, whole_rows: str) -> t
     return "draw_floor", "draw_whole_rows"
 
 
+# A filter's parameter that turns it off: top-k 0, top-p 1, min-p 0, typical-p 1.
+_FILTERS_OFF = {"top_k": (T_INT64, 0), "top_p": (T_FLOAT, 1.0), "min_p": (T_FLOAT, 0.0),
+                "typical_p": (T_FLOAT, 1.0)}  # fmt: skip
+
+
+def _drawn_filters(body: FunctionBody, config: ChainConfig) -> dict[str, str]:
+    """The branching chain's filter parameters with the greedy rows' (temperature < 1e-5) turned
+    off, by name: a greedy row takes the argmax and throws its filters' work away, so a batch of
+    greedy rows never sorts, widens or scans a row for a filter (nor, ``CandidatesDrawn``, takes
+    the candidates). Empty where that cannot hold: the static chain, a chain without a draw or a
+    temperature, and one whose optional outputs (probs, candidates) read the filters' results."""
+    if (
+        config.static
+        or not config.has("dist")
+        or not config.has("temperature")
+        or config.output_probs
+        or config.output_candidates
+    ):
+        return {}
+    below = _scalar("filters_greedy_below", GREEDY_BELOW)
+    body.op("Constant", [], ["filters_greedy_below"], value=below)
+    body.op("Less", ["temperature", "filters_greedy_below"], ["filters_greedy"])
+    names = {}
+    for name, (kind, off) in _FILTERS_OFF.items():
+        if config.has(name):
+            body.op(
+                "Constant", [], [f"{name}_off"], value=helper.make_tensor("off", kind, [], [off])
+            )
+            body.op("Where", ["filters_greedy", f"{name}_off", name], [f"{name}_drawn"])
+            names[name] = f"{name}_drawn"
+    return names
+
+
 def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str]) -> None:
     """``fallback`` BOOL[S]: the slots that draw (not greedy) with some flag of `beyond` set;
     ``fallback_logits``: the rows the chain read, for the host to draw them again."""
@@ -193,7 +226,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     z = "processed"
     sampling = config.has("dist")
     if not sampling:
-        body.call("Greedy", [z], ["greedy_token"])
+        body.call("Greedy" if static else "RowArgMax", [z], ["greedy_token"])
     elif config.has("temperature"):
         # the static chain takes every row's argmax; SelectGreedy keeps the greedy rows' only
         greedy_inputs = [z] if static else [z, "temperature"]
@@ -202,16 +235,21 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     floor = "no_floor"
     body.op("Constant", [], [floor], value=helper.make_tensor(floor, T_FLOAT, [1, 1], [-np.inf]))
     beyond: list[str] = []  # a static chain's per-slot flags: the kept set is past its candidates
+    param = _drawn_filters(body, config)  # the filters' parameters, off on the greedy rows
     if floors and static:
         body.call("CandidatesStatic", [z], ["candidates", "candidate_ids_all", "top", "wide"])
     elif floors:
-        body.call("Candidates", [z], ["candidates", "candidate_ids_all", "top"])
+        candidates_fn, inputs = (
+            ("CandidatesDrawn", [z, "temperature"]) if param else ("Candidates", [z])
+        )
+        body.call(candidates_fn, inputs, ["candidates", "candidate_ids_all", "top"])
+    param = param or {n: n for n in ("top_k", "top_p", "min_p", "typical_p")}
     if config.has("top_k"):
         if static:
             body.call("TopKStatic", [z, "wide", "top_k"], ["floor_top_k", "beyond_top_k"])
             beyond.append("beyond_top_k")
         else:
-            body.call("TopK", [z, "candidates", "top_k"], ["floor_top_k"])
+            body.call("TopK", [z, "candidates", param["top_k"]], ["floor_top_k"])
         floor = "floor_top_k"
     if config.has("top_p"):
         if static:
@@ -219,10 +257,10 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
             body.call("TopPStatic", top_p_inputs, ["floor_top_p", "beyond_top_p"])
             beyond.append("beyond_top_p")
         else:
-            body.call("TopP", [z, "candidates", "top", floor, "top_p"], ["floor_top_p"])
+            body.call("TopP", [z, "candidates", "top", floor, param["top_p"]], ["floor_top_p"])
         floor = "floor_top_p"
     if config.has("min_p"):
-        body.call("MinP", ["top", floor, "min_p"], ["floor_min_p"])
+        body.call("MinP", ["top", floor, param["min_p"]], ["floor_min_p"])
         floor = "floor_min_p"
     draw_z = z
     if config.has("typical_p"):
@@ -231,7 +269,8 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
             body.call("TypicalPStatic", [z, floor, "typical_p"], typical_out)
             beyond.append("beyond_typical")
         else:
-            body.call("TypicalP", [z, floor, "typical_p"], ["typical", "typical_rows"])
+            typical_in = [z, floor, param["typical_p"]]
+            body.call("TypicalP", typical_in, ["typical", "typical_rows"])
         draw_z, whole_rows = "typical", "typical_rows"
     else:
         whole_rows = "no_whole_rows"

@@ -17,10 +17,11 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
-from onnxsample.graphs._rows import RowLog, RowMax, RowMaxStatic, RunningSum
+from onnxsample.graphs._rows import RowArgMax, RowLog, RowMax, RowMaxStatic, RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import (
     Candidates,
+    CandidatesDrawn,
     CandidatesStatic,
     Contained,
     TopKSliced,
@@ -89,6 +90,7 @@ _SCRIPTS = (
     Sanitize,
     SanitizeStatic,
     RowMax,
+    RowArgMax,
     RowMaxStatic,
     RowLog,
     OnlyToken0,
@@ -108,6 +110,7 @@ _SCRIPTS = (
     SelectGreedy,
     TopKSliced,
     Candidates,
+    CandidatesDrawn,
     CandidatesStatic,
     Contained,
     Truncate,

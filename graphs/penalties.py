@@ -71,17 +71,22 @@ def Penalties(
     """
     zero_f = op.Constant(value_float=0.0)
     one_f = op.Constant(value_float=1.0)
-    if AnyRow(op.Not(op.Equal(repetition_penalty, one_f))):
-        x1 = RepetitionRule(x, prompt_mask, output_counts, repetition_penalty)
-    else:
-        x1 = op.Identity(x)
+    repetition = op.Not(op.Equal(repetition_penalty, one_f))
     additive = op.Or(
         op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
     )
-    if AnyRow(additive):
-        x2 = AdditiveRule(x1, output_counts, presence_penalty, frequency_penalty)
+    # One pass-through when no slot penalises (an If's skipped branch copies the row), not two.
+    if AnyRow(op.Or(repetition, additive)):
+        if AnyRow(repetition):
+            x1 = RepetitionRule(x, prompt_mask, output_counts, repetition_penalty)
+        else:
+            x1 = op.Identity(x)
+        if AnyRow(additive):
+            x2 = AdditiveRule(x1, output_counts, presence_penalty, frequency_penalty)
+        else:
+            x2 = op.Identity(x1)
     else:
-        x2 = op.Identity(x1)
+        x2 = op.Identity(x)
     return x2
 
 

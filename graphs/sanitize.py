@@ -82,15 +82,20 @@ def FiniteRows(z: FLOAT["S", "V"], row_max: FLOAT["S", 1]) -> tuple[FLOAT["S", "
     pinf = op.Constant(value_float=POS_INF)
     big = op.Constant(value_float=FLT_MAX)
     axis = op.Constant(value_ints=[1])
-    if AnyRow(op.Equal(row_max, pinf)):
-        clamped = op.Min(z, big)
-    else:
-        clamped = op.Identity(z)
+    overflow = op.Equal(row_max, pinf)
     finite = op.Greater(row_max, ninf)
-    if AnyRow(op.Not(finite)):
-        out = OnlyToken0(clamped, finite)
+    # One pass-through when every row is finite (an If's skipped branch copies the row), not two.
+    if AnyRow(op.Or(overflow, op.Not(finite))):
+        if AnyRow(overflow):
+            clamped = op.Min(z, big)
+        else:
+            clamped = op.Identity(z)
+        if AnyRow(op.Not(finite)):
+            out = OnlyToken0(clamped, finite)
+        else:
+            out = op.Identity(clamped)
     else:
-        out = op.Identity(clamped)
+        out = op.Identity(z)
     return out, op.Squeeze(finite, axis)
 
 

@@ -9,6 +9,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import GREEDY_BELOW, T_INT64, onnxsample
+from onnxsample.graphs._rows import RowArgMax
 
 
 @script(onnxsample)
@@ -43,7 +44,7 @@ def GreedyRows(z: FLOAT["S", "V"], temperature: FLOAT["S"]) -> INT64["S"]:
     zero_f = op.Constant(value_float=0.0)
     eps = op.Constant(value_float=GREEDY_BELOW)
     if AnyRow(op.Less(temperature, eps)):
-        token = Greedy(z)
+        token = RowArgMax(z)
     else:
         token = op.Cast(op.Mul(temperature, zero_f), to=T_INT64)
     return token

@@ -43,8 +43,10 @@ CONTRACT_VERSION = "1"
 # 13: the static chain's wide selections take a TopK over slices of the row, then one over their
 # candidates (TopKSliced); typical-p reads its set from 1024 keys, not 4096. 14: the static chain's
 # row maxima read the value at ArgMax (RowMaxStatic), not cuDNN's ReduceMax; no-op pads and
-# slices dropped; fewer kernels in top-p's normaliser, the draw's row and typical-p's key.
-COMPOSER_REVISION = "14"
+# slices dropped; fewer kernels in top-p's normaliser, the draw's row and typical-p's key. 15: the
+# branching chain's argmax in two steps (RowArgMax), its filters off on greedy rows and no
+# candidates when every row is greedy, one pass-through for penalties and for finite rows.
+COMPOSER_REVISION = "15"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

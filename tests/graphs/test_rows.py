@@ -1,5 +1,5 @@
 """The row reductions every provider runs fast (graphs/_rows.py): ``RowMax`` and ``RowMaxStatic`` are
-``ReduceMax``'s number for any vocabulary size, and ``RunningSum`` is a running sum whose first n
+``ReduceMax``'s number for any vocabulary size, ``RowArgMax`` is ``ArgMax``'s index, and ``RunningSum`` is a running sum whose first n
 values do not depend on the row's length; each run by ONNX Runtime and by ``onnx.reference``
 (``RowMaxStatic`` by ONNX Runtime only: the reference's ``GatherElements`` takes at most 64 values
 along its axis)."""
@@ -11,7 +11,7 @@ from _function_model import function_model
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxsample.graphs._rows import SCAN_BLOCK, RowMax, RowMaxStatic, RunningSum
+from onnxsample.graphs._rows import SCAN_BLOCK, RowArgMax, RowMax, RowMaxStatic, RunningSum
 
 
 def _both(fn, value: np.ndarray, out_shape: list, reference: bool = True) -> list[np.ndarray]:
@@ -44,6 +44,28 @@ def test_row_max_is_the_maximum(fn, vocab: int, rows: int) -> None:
     for got in _both(fn, z, ["S", 1], reference=fn is RowMax):
         assert got.shape == (rows, 1) and got.dtype == np.float32
         np.testing.assert_array_equal(got[:, 0], z.max(axis=1, initial=-np.inf))
+
+
+@pytest.mark.parametrize("vocab", [256, 49152, 151936, 32064, 50257, 262144, 7])
+@pytest.mark.parametrize("rows", [0, 1, 4])
+def test_row_argmax_is_the_first_index_of_the_maximum(vocab: int, rows: int) -> None:
+    z = np.random.default_rng(vocab + rows).normal(0, 3, (rows, vocab)).astype(np.float32)
+    if rows:
+        z[0, :] = -np.inf  # no finite logit: index 0, as ArgMax
+        z[-1, :] = np.round(z[-1, :])  # ties everywhere
+        z[-1, [vocab - 1, vocab // 2, 1]] = 50.0  # the maximum three times: the lowest id
+    if rows > 2:
+        z[1, :] = 2.0  # a flat row
+        z[2, vocab - 1] = 99.0  # the maximum in the last block's last place
+    model = function_model(
+        RowArgMax,
+        [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(z.dtype), ["S", "N"])],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(np.int64)), ["S"])],
+    )
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": z})[0]
+    assert got.shape == (rows,) and got.dtype == np.int64
+    np.testing.assert_array_equal(got, np.argmax(z, axis=1) if rows else np.zeros(0, np.int64))
 
 
 @pytest.mark.parametrize(

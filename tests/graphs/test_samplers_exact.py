@@ -362,3 +362,34 @@ def test_tiny_temperatures_are_greedy(chain, temperature, greedy):
             assert out["sampler.next_token"][0] == 0
             assert out["sampler.probs"][0].tolist() == [1, 0, 0, 0, 0]
         assert not np.isnan(out["sampler.probs"]).any()
+
+
+_FILTERED_GREEDY = SamplingParams(temperature=0.0, top_k=3, top_p=0.2, min_p=0.3, typical_p=0.2)
+_DRAWING = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, typical_p=0.95)
+
+
+@pytest.mark.parametrize(
+    "slots",
+    [
+        [_FILTERED_GREEDY],
+        [_FILTERED_GREEDY, SamplingParams(temperature=0.0)],
+        [_FILTERED_GREEDY, _DRAWING, SamplingParams(temperature=0.0, top_p=0.5)],
+        [_DRAWING, _DRAWING],
+    ],
+    ids=["greedy-filtered", "all-greedy", "greedy-beside-drawing", "all-drawing"],
+)
+@pytest.mark.parametrize("vocab", [300, 49152])
+def test_greedy_rows_take_the_argmax_whatever_their_filters(slots, vocab):
+    """A greedy row's filters are off in the branching chain (its work thrown away), and a batch
+    of greedy rows takes no candidates: every row's token and logprob stay the reference's,
+    alone or beside rows that draw."""
+    rng = np.random.default_rng(vocab + len(slots))
+    logits = rng.normal(0, 3, (len(slots) + 1, vocab)).astype(np.float32)
+    uniform = rng.random(len(slots))
+    out = _run(FULL, logits, slots, uniform=uniform)
+    reference = run_chain(FULL, sampler_feeds(FULL, logits, slots, uniform=uniform))
+    np.testing.assert_array_equal(out["sampler.next_token"], reference["sampler.next_token"])
+    np.testing.assert_allclose(out["sampler.logprob"], reference["sampler.logprob"], rtol=1e-5)
+    for s, params in enumerate(slots):
+        if params.temperature == 0.0:
+            assert out["sampler.next_token"][s] == np.argmax(logits[s + 1])
