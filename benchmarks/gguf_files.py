@@ -19,7 +19,8 @@ longest request's ``predicted_ms``); prompt tok/s: batch x prompt tokens over th
 (llama-server: each request's ``prompt_per_second``, summed). The median and the spread over
 ``--repeats`` runs after a warm-up pair, the engines alternating; ratios ours / llama-server in the
 same run. Our engine is alive only for its own runs (ONNX Runtime's threads spin between calls and
-would starve llama-server's); llama-server's idle threads sleep.
+would starve llama-server's), after a warm-up run of the same length (a new session's first pass
+through each cache length allocates); llama-server's idle threads sleep.
 
 ``--profile`` adds, per model and thread count, where one of our batch-1 decode steps goes (ONNX
 Runtime's profiler over 32 steps of the composed graph: the LM head, the sampler chain, the GGUF
@@ -216,9 +217,12 @@ def main() -> None:
                     for r in range(args.repeats + 1):  # the first pair warms up
                         for who in ("ours", "llama")[:: 1 if r % 2 == 0 else -1]:
                             if who == "ours":  # alive only for its own runs: ONNX Runtime's
-                                # threads spin between calls and would starve llama-server's
+                                # threads spin between calls and would starve llama-server's. A
+                                # warm-up as long as the run: a new session's first pass through
+                                # each cache length allocates (10-18% slower decode, the embedded model), as
+                                # llama-server, alive all along, did long before
                                 with onnxsample.Generator(composed, threads=threads) as gen:
-                                    _run_ours(gen, ids, batch, 8)
+                                    _run_ours(gen, ids, batch, args.new_tokens)
                                     run = _run_ours(gen, ids, batch, args.new_tokens)
                             else:
                                 run = _run_llama(srv, ids, batch, args.new_tokens)

@@ -18,7 +18,7 @@ def gguf_section(data: dict | None) -> list[str]:
         "",
         "`python benchmarks/gguf_files.py --profile`: each GGUF exported by `onnxsample export FILE` "
         "(its own blocks, int8 activations), composed with the full chain (8 slots) and run by "
-        "`onnxsample.Generator`, against llama-server (built from the llama-cpp-python sdist, 8 "
+        "`onnxsample.Generator` after a warm-up run of the same length, against llama-server (built from the llama-cpp-python sdist, 8 "
         "slots) on the same file and threads; the same prompt ids, greedy, EOS ignored, "
         f"{data.get('new_tokens')} new tokens, batch = concurrent sequences; medians, ratio = "
         "ours ÷ llama-server.",
