@@ -60,7 +60,11 @@ def test_row_argmax_is_the_first_index_of_the_maximum(vocab: int, rows: int) -> 
     model = function_model(
         RowArgMax,
         [helper.make_tensor_value_info("x", helper.np_dtype_to_tensor_dtype(z.dtype), ["S", "N"])],
-        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(np.int64)), ["S"])],
+        [
+            helper.make_tensor_value_info(
+                "y", helper.np_dtype_to_tensor_dtype(np.dtype(np.int64)), ["S"]
+            )
+        ],
     )
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": z})[0]
