@@ -217,10 +217,10 @@ def main() -> None:
                     for r in range(args.repeats + 1):  # the first pair warms up
                         for who in ("ours", "llama")[:: 1 if r % 2 == 0 else -1]:
                             if who == "ours":  # alive only for its own runs: ONNX Runtime's
-                                # threads spin between calls and would starve llama-server's. A
-                                # warm-up as long as the run: a new session's first pass through
-                                # each cache length allocates (10-18% slower decode, the embedded model), as
-                                # llama-server, alive all along, did long before
+                                # threads spin between calls and would starve llama-server's.
+                                # A warm-up as long as the run: a new session's first pass over
+                                # each cache length allocates (the embedded model decodes 10-18%
+                                # slower), as llama-server, alive all along, did long before
                                 with onnxsample.Generator(composed, threads=threads) as gen:
                                     _run_ours(gen, ids, batch, args.new_tokens)
                                     run = _run_ours(gen, ids, batch, args.new_tokens)

@@ -54,6 +54,22 @@ def RunningSum(x: DOUBLE["S", "N"]) -> DOUBLE["S", "N"]:
 
 
 @script(onnxsample)
+def RowBlocks(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", "B", "W"], INT64[1]]:
+    """The rows cut into blocks of w consecutive logits, w the largest power of two ≤ 256 that
+    divides V (1 for an odd vocabulary, as GPT-2's 50,257): [S, V / w, w], and w.
+
+    z: FLOAT[S, V] → (FLOAT[S, V / w, w], INT64[1]).
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    widths = op.Constant(value_ints=[256, 128, 64, 32, 16, 8, 4, 2, 1])
+    rows = op.Shape(z, start=0, end=1)  # explicit: a Reshape cannot infer a dimension of 0 rows
+    vocab = op.Shape(z, start=1, end=2)
+    width = op.ReduceMax(op.Where(op.Equal(op.Mod(vocab, widths), zero), widths, one), keepdims=1)
+    return op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0)), width
+
+
+@script(onnxsample)
 def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
     """The maximum of each row, in two reductions: over blocks of w consecutive logits (w the
     largest power of two ≤ 256 that divides V), then over the blocks. A maximum does not depend on
@@ -65,15 +81,9 @@ def RowMax(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
 
     z: FLOAT[S, V] → FLOAT[S, 1].
     """
-    zero = op.Constant(value_ints=[0])
-    one = op.Constant(value_ints=[1])
-    widths = op.Constant(value_ints=[256, 128, 64, 32, 16, 8, 4, 2, 1])
-    rows = op.Shape(z, start=0, end=1)  # explicit: a Reshape cannot infer a dimension of 0 rows
-    vocab = op.Shape(z, start=1, end=2)
-    width = op.ReduceMax(op.Where(op.Equal(op.Mod(vocab, widths), zero), widths, one), keepdims=1)
-    grid = op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0))
+    grid, _ = RowBlocks(z)
     blocks = op.ReduceMax(grid, op.Constant(value_ints=[2]), keepdims=0)
-    return op.ReduceMax(blocks, one, keepdims=1)
+    return op.ReduceMax(blocks, op.Constant(value_ints=[1]), keepdims=1)
 
 
 @script(onnxsample)
@@ -88,13 +98,9 @@ def RowArgMax(z: FLOAT["S", "V"]) -> INT64["S"]:
 
     z: FLOAT[S, V] (no NaN) → INT64[S].
     """
-    zero = op.Constant(value_ints=[0])
     one = op.Constant(value_ints=[1])
-    widths = op.Constant(value_ints=[256, 128, 64, 32, 16, 8, 4, 2, 1])
     rows = op.Shape(z, start=0, end=1)
-    vocab = op.Shape(z, start=1, end=2)
-    width = op.ReduceMax(op.Where(op.Equal(op.Mod(vocab, widths), zero), widths, one), keepdims=1)
-    grid = op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0))
+    grid, width = RowBlocks(z)
     block = op.ArgMax(op.ReduceMax(grid, op.Constant(value_ints=[2]), keepdims=0), axis=1)
     inside = op.GatherElements(
         grid,

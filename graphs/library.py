@@ -17,7 +17,7 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
-from onnxsample.graphs._rows import RowArgMax, RowLog, RowMax, RowMaxStatic, RunningSum
+from onnxsample.graphs._rows import RowArgMax, RowBlocks, RowLog, RowMax, RowMaxStatic, RunningSum
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import (
     Candidates,
@@ -89,6 +89,7 @@ _SCRIPTS = (
     FixNonFinite,
     Sanitize,
     SanitizeStatic,
+    RowBlocks,
     RowMax,
     RowArgMax,
     RowMaxStatic,

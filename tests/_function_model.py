@@ -1,9 +1,11 @@
-"""A model that calls one library function of the ``onnxsample`` domain, checked in full."""
+"""A model that calls one library function of the ``onnxsample`` domain (with the functions it
+calls), checked in full."""
 
 import onnx
 from onnx import helper
 
 from onnxsample.graphs._common import DOMAIN, DOMAIN_VERSION
+from onnxsample.graphs.library import used_functions
 
 
 def function_model(
@@ -21,7 +23,7 @@ def function_model(
     model = helper.make_model(
         helper.make_graph(nodes, "call", inputs, outputs),
         opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
-        functions=[fn.to_function_proto()],
+        functions=used_functions(fn.to_function_proto()),
         ir_version=10,
     )
     onnx.checker.check_model(model, full_check=True)
