@@ -46,7 +46,8 @@ CONTRACT_VERSION = "1"
 # slices dropped; fewer kernels in top-p's normaliser, the draw's row and typical-p's key. 15: the
 # branching chain's argmax in two steps (RowArgMax), its filters off on greedy rows and no
 # candidates when every row is greedy, one pass-through for penalties and for finite rows.
-COMPOSER_REVISION = "15"
+# 16: counts_in_place (the penalty counts may be read and written in one buffer).
+COMPOSER_REVISION = "16"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.
@@ -71,7 +72,10 @@ class ComposedMetadata:
     what one-token steps give. ``gather`` is where the rows are picked (``lm_head``: before the LM head; ``logits``).
     ``static``: the chain has no control flow and no data-dependent shape (every bound slot's row
     is computed each call), so a decode step can be captured as a CUDA graph; its slot dimension
-    is ``slots``, at most S, so an engine binds only the rows it runs.
+    is ``slots``, at most S, so an engine binds only the rows it runs. ``counts_in_place``: every
+    node that reads ``sampler.output_counts`` runs before ``sampler.output_counts_out`` is written,
+    so an engine may bind both to one buffer and the step adds its tokens in place
+    (:mod:`onnxsample.composer._in_place`).
     """
 
     chain: SamplerChain
@@ -89,6 +93,7 @@ class ComposedMetadata:
     allowed_tokens: bool = False
     kv_layout: str = "concat"
     exact_positions: bool = False
+    counts_in_place: bool = False
     kv_head_size: int | None = None
     contract: str = CONTRACT_VERSION
     composer_revision: str = ""
@@ -158,6 +163,7 @@ def _parse(key: str, raw: str) -> Any:
         "static",
         "exact_positions",
         "allowed_tokens",
+        "counts_in_place",
     ):
         return raw.lower() == "true"
     if key == "kv_layout" and raw not in KV_LAYOUTS:

@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxsample.chain import SamplerChain
+from onnxsample.composer._in_place import counts_in_place
 from onnxsample.composer._lm_head import find_lm_head, verify_lm_head
 from onnxsample.composer._model_facts import (
     check_names,
@@ -241,6 +242,7 @@ def _finish(
         inline=inline or options["static"],
         kv_layout="gqa" if gqa else "concat",
         exact_positions=exact_positions(model),
+        counts_in_place=counts_in_place(model),
         kv_head_size=kv_head_size(model, source),
         contract=CONTRACT_VERSION,
         composer_revision=COMPOSER_REVISION,

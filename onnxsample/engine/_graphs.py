@@ -9,14 +9,16 @@ here binds device buffers only, allocated once per graph:
 - the per-step inputs (``input_ids``, ``attention_mask``, ``sampler.row_index``,
   ``sampler.uniform``), overwritten in place from the host before each replay;
 - the KV buffers, the sampler parameters, the penalty counts and the allowed-tokens mask, which
-  live on the device anyway (the counts swap buffers every step, so each layout has one graph per
-  parity; the mask is rewritten in place when a constrained sequence's row changes);
+  live on the device anyway (the counts are added to in place where the composer found that safe;
+  where they swap two buffers every step, each layout has one graph per parity; the mask is
+  rewritten in place when a constrained sequence's row changes);
 - the outputs, copied to the host after the replay (only ``sampler.next_token`` and the logprobs
   come back; a static chain's ``sampler.fallback_logits`` stays in the caller's buffer).
 
 One graph serves one *bucket*: the same KV buffers (a grown cache is a new bucket), the same
 rows (the first :meth:`~onnxsample.engine._slots.SlotState.rows` slots: 1, 2, 4, 8… as requests
-come and go, so a step's cost follows the running requests) and the same counts parity. A
+come and go, so a step's cost follows the running requests) and, with two count buffers, the same
+parity. A
 bucket's first runs are ordinary (ONNX Runtime needs a warm-up before capture), then it is
 captured and replayed. Prefill calls, whose shape follows the prompt, run uncaptured
 (``gpu_graph_id`` -1).

@@ -176,7 +176,8 @@ class Runner:
         flagged = [seq.slot for seq in call.sampling if flags[seq.slot]]
         if not flagged:
             return
-        feeds = self.slots.host_inputs()
+        counted = {s: int(host["sampler.next_token"][s]) for s in flagged}
+        feeds = self.slots.host_inputs(counted)
         feeds["sampler.row_index"] = call.row_index
         feeds["sampler.uniform"] = uniform
         if allowed is not None:

@@ -2,8 +2,10 @@
 
 :class:`SlotState` owns, for every slot of a composed graph: its :class:`SamplingParams` (packed
 into the ``sampler.*`` parameter inputs and kept as device OrtValues until a slot changes), its
-prompt mask, and the penalty counts (``sampler.output_counts``), which live on the device in two
-buffers that swap roles every call: the graph reads one and writes the other.
+prompt mask, and the penalty counts (``sampler.output_counts``), which live on the device: in one
+buffer that the graph reads and then adds the step's tokens to, where the composer found that safe
+(``counts_in_place``), else in two that swap roles every call (the graph reads one and writes the
+other, a copy of all S rows a step).
 
 Every device buffer is allocated once and written in place afterwards, so its address never
 changes: a bound IOBinding stays valid, and a captured CUDA graph reads the values of the step
@@ -131,9 +133,12 @@ class SlotState:
         self._stale = True
         S, V = meta.max_slots, meta.vocab_size
         self.penalties = COUNTS in inputs
+        self.in_place = self.penalties and meta.counts_in_place
         self._mask = np.zeros((S, V), bool) if self.penalties else None
         self.counts = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
-        self._spare = ortvalue(np.zeros((S, V), np.int32), device) if self.penalties else None
+        self._spare = None
+        if self.penalties and not self.in_place:
+            self._spare = ortvalue(np.zeros((S, V), np.int32), device)
         self.parity = 0
         self._copy = RowCopy(device)
 
@@ -206,13 +211,21 @@ class SlotState:
             self._stale = False
         return self._static
 
-    def host_inputs(self) -> dict[str, np.ndarray]:
+    def host_inputs(self, counted: dict[int, int]) -> dict[str, np.ndarray]:
         """Host copies of what the last call read: the parameter inputs, the prompt mask and,
-        after :meth:`advance`, the counts (the host's fallback runs the chain on them again)."""
+        after :meth:`advance`, the counts (the host's fallback runs the chain on them again).
+        `counted`: slot -> the token the call counted for it; the counts of those slots are the
+        ones the call read (in place, the call's own token is taken off again)."""
         arrays = pack_slots(self.meta, self.params)
         if self.penalties:
             arrays[PROMPT_MASK] = self._mask
-            arrays[COUNTS] = host_copy(self._spare)
+            if self.in_place:
+                counts = host_copy(self.counts)
+                for slot, token in counted.items():
+                    counts[slot, token] -= 1
+            else:
+                counts = host_copy(self._spare)
+            arrays[COUNTS] = counts
         return arrays
 
     def bind_counts(self, binding, rows: int | None = None) -> None:
@@ -222,7 +235,8 @@ class SlotState:
             return
         rows = self.meta.max_slots if rows is None else rows
         bind_rows(binding, COUNTS, self.counts, rows)
-        bind_rows(binding, COUNTS_OUT, self._spare, rows, output=True)
+        written = self.counts if self.in_place else self._spare
+        bind_rows(binding, COUNTS_OUT, written, rows, output=True)
 
     def retake(self, moves: list[tuple[int, int, int]]) -> None:
         """Each (slot, taken, instead): the slot's last token is `instead`, not the `taken` the
@@ -240,6 +254,6 @@ class SlotState:
 
     def advance(self) -> None:
         """After a successful call: the written counts become the state."""
-        if self.penalties:
+        if self.penalties and not self.in_place:
             self.counts, self._spare = self._spare, self.counts
             self.parity ^= 1

@@ -165,8 +165,8 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             result.update(lengths=lengths, tokens=len(done.token_ids), finish=done.finish_reason)
         elif scenario == "buckets":
             # Requests of 60, 16 and 8 tokens queued at once take slots 0, 1 and 2: the steps
-            # bind four rows, two once the last ends, then one: a graph per bucket and counts
-            # parity, each captured once.
+            # bind four rows, two once the last ends, then one: a graph per bucket, each
+            # captured once.
             result.update(_queued_at_once(eng, prompt, params, (60, 16, 8)))
         elif scenario == "compact":
             # Two short requests in slots 0 and 1 and a long one in slot 2, queued at once: once
