@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnxsample.composer._splice import COUNTS, COUNTS_OUT
+
 __all__ = ["counts_in_place"]
 
-COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 # ONNX Runtime's CPU and CUDA kernels of these ops may return their input's buffer as the output.
 _VIEWS = frozenset({"Identity", "Reshape", "Squeeze", "Unsqueeze", "Flatten"})
 

@@ -29,7 +29,7 @@ from onnxsample.graphs.prompt_logprobs import (
 )
 
 _PREFIX = "sampler."
-COUNTS_OUT = "sampler.output_counts_out"
+COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 SLOTS_DIM = "slots"  # a static chain's slot dimension
 ADD_TOKENS = "AddTokens"  # graphs.speculative: the one rule by which the penalty counts grow
 
@@ -309,7 +309,7 @@ def splice(
         if active is None:
             out = _op(graph, "Identity", [results[name]], tag)
         elif name == COUNTS_OUT:
-            out = _counted(base, new_inputs["sampler.output_counts"], active, slots, *emitted)
+            out = _counted(base, new_inputs[COUNTS], active, slots, *emitted)
         else:
             out = _scatter_slots(graph, active, results[name], slots, tag)
         out.name, out.type = name, kind
