@@ -13,7 +13,6 @@ import onnx_ir as ir
 
 from onnxsample.composer import _splice_draft as draft
 from onnxsample.composer._ir_build import const as _const
-from onnxsample.composer._ir_build import filled_like, scatter_rows
 from onnxsample.composer._ir_build import op as _op
 from onnxsample.composer._model_facts import exact_positions
 from onnxsample.composer.sampler_model import IR_VERSION, OPSET, build_sampler_model
@@ -105,15 +104,37 @@ def _active_slots(graph: ir.Graph, row_index: ir.Value) -> ir.Value:
     return _op(graph, "Slice", [padded, zero, count], "active")
 
 
+def _slot_positions(graph: ir.Graph, active: ir.Value, slots: ir.Value) -> ir.Value:
+    """INT64[S]: each slot's row among the active rows (``active[i] = s`` gives i), or A (one past
+    them) for a slot without one; computed once, so that every output is one ``Gather``."""
+    count = _op(graph, "Shape", [active], "slot_rows_count")
+    empty = _op(graph, "Expand", [count, slots], "slot_rows_empty")
+    scalar = _const(graph, "sampler/slot_rows_scalar", np.array([], np.int64))
+    order = _op(
+        graph,
+        "Range",
+        [
+            _const(graph, "sampler/slot_rows_start", np.array(0, np.int64)),
+            _op(graph, "Reshape", [count, scalar], "slot_rows_limit"),
+            _const(graph, "sampler/slot_rows_step", np.array(1, np.int64)),
+        ],
+        "slot_rows_order",
+    )
+    return _op(graph, "ScatterElements", [empty, active, order], "slot_rows", axis=0)
+
+
 def _scatter_slots(
-    graph: ir.Graph,
-    active: ir.Value,
-    rows: ir.Value,
-    slots: ir.Value,
-    name: str,
+    graph: ir.Graph, positions: ir.Value, rows: ir.Value, rank: int, name: str
 ) -> ir.Value:
-    """rows [A, ...] written into [S, ...] at `active` (`slots` = [S]); zeros elsewhere."""
-    return scatter_rows(graph, filled_like(graph, slots, rows, 0, name), active, rows, name)
+    """rows [A, ...] (of `rank` axes) laid out per slot [S, ...] by `positions`
+    (:func:`_slot_positions`): a zero row appended, then one ``Gather``, where a ``ScatterElements``
+    into zeros took a shape computation and a fill of its own for every output."""
+    pads = np.zeros(2 * rank, np.int64)
+    pads[rank] = 1  # one row after the last
+    padded = _op(
+        graph, "Pad", [rows, _const(graph, f"sampler/{name}_pads", pads)], f"{name}_padded"
+    )
+    return _op(graph, "Gather", [padded, positions], f"{name}_slots", axis=0)
 
 
 def _emitted(
@@ -135,8 +156,7 @@ def _emitted(
 def _counted(
     model: ir.Model,
     counts: ir.Value,
-    active: ir.Value,
-    slots: ir.Value,
+    positions: ir.Value,
     ids: ir.Value,
     take: ir.Value,
 ) -> ir.Value:
@@ -151,11 +171,11 @@ def _counted(
     ids.dtype = ir.DataType.INT64
     taken = _op(graph, "Cast", [take], "counts_take_active", to=ir.DataType.INT32)
     taken.dtype = ir.DataType.INT32
-    at = _scatter_slots(graph, active, ids, slots, "counts_ids")
+    at = _scatter_slots(graph, positions, ids, 2, "counts_ids")
     slot_take = _op(
         graph,
         "Cast",
-        [_scatter_slots(graph, active, taken, slots, "counts_take")],
+        [_scatter_slots(graph, positions, taken, 2, "counts_take")],
         "counts_take",
         to=ir.DataType.BOOL,
     )
@@ -225,6 +245,7 @@ def splice(
         new_inputs[name] = value
     active = None if static else _active_slots(graph, new_inputs["sampler.row_index"])
     slots = _op(graph, "Shape", [new_inputs["sampler.row_index"]], "slots")
+    positions = None if active is None else _slot_positions(graph, active, slots)
     picked = (
         dict(new_inputs)
         if active is None
@@ -309,9 +330,9 @@ def splice(
         if active is None:
             out = _op(graph, "Identity", [results[name]], tag)
         elif name == COUNTS_OUT:
-            out = _counted(base, new_inputs[COUNTS], active, slots, *emitted)
+            out = _counted(base, new_inputs[COUNTS], positions, *emitted)
         else:
-            out = _scatter_slots(graph, active, results[name], slots, tag)
+            out = _scatter_slots(graph, positions, results[name], len(shape), tag)
         out.name, out.type = name, kind
         out.shape = _slot_dim(shape, max_slots) if static else shape
         out.doc_string = draft.DOCS.get(name, "")
