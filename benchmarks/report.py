@@ -18,7 +18,7 @@ from _harness.script import RESULTS, ROOT, parser, read_json
 from report_chart import chart
 from report_e2e import e2e_section, normalise
 from report_engine import engine_section, load_results
-from report_gguf import gguf_section, minimums_section
+from report_gguf import gguf_section, minimums_section, mixes_section
 from report_overhead import overhead_section
 from report_speculative import speculative_section
 from report_structured import structured_section
@@ -115,6 +115,7 @@ def render(
     lines += speculative_section((engine or {}).get("speculative"))
     lines += structured_section((engine or {}).get("structured"))
     lines += gguf_section((engine or {}).get("gguf_files"))
+    lines += mixes_section((engine or {}).get("gguf_mixes"))
     lines += minimums_section((engine or {}).get("gguf_minimums"))
     return "\n".join(lines).rstrip() + "\n"
 

@@ -22,6 +22,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "speculative",
         "structured",
         "gguf_files",
+        "gguf_mixes",
         "gguf_minimums",
     ]
     found = {name: read_json(folder / f"{name}.json") for name in names}

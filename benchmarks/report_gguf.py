@@ -1,5 +1,5 @@
-"""The GGUF-files section of docs/benchmarks.md, from benchmarks/results/gguf_files.json (written by
-benchmarks/gguf_files.py). Standard library only."""
+"""The GGUF-files section of docs/benchmarks.md, from benchmarks/results/gguf_files.json and
+gguf_mixes.json (written by benchmarks/gguf_files.py). Standard library only."""
 
 from __future__ import annotations
 
@@ -24,9 +24,34 @@ def gguf_section(data: dict | None) -> list[str]:
         "ours ÷ llama-server.",
         "",
     ]
+    return lines + _models(data, "###")
+
+
+def mixes_section(data: dict | None) -> list[str]:
+    """The same table for one model in each of llama-quantize's mixes (nothing without
+    results)."""
+    if not data:
+        return []
+    lines = [
+        "### One model in every mix llama-quantize writes",
+        "",
+        "`python benchmarks/gguf_files.py --models smollm2:Q4_0,smollm2:Q4_K_M,... --output "
+        "benchmarks/results/gguf_mixes.json`: the embedded SmolLM2-135M file re-quantised by "
+        "llama.cpp's own `llama-quantize --allow-requantize` into each mix (the same blocks "
+        "re-quantised, so no better a model; the tensor types and layout are what llama.cpp "
+        "writes for that mix), then as above, "
+        f"{data.get('new_tokens')} new tokens.",
+        "",
+    ]
+    return lines + _models(data, "####")
+
+
+def _models(data: dict, heading: str) -> list[str]:
+    """Each model's table (and profile), under a `heading`-level title."""
+    lines: list[str] = []
     for name, entry in data.get("models", {}).items():
         lines += [
-            f"### {name}: `{entry['gguf']}`",
+            f"{heading} {name}: `{entry['gguf']}`",
             "",
             f"File {num(entry['gguf_mb'], 1)} MB, export {num(entry['export_mb'], 1)} MB "
             f"({times(entry['export_mb'] / entry['gguf_mb'])}); prompt {entry['prompt_tokens']} "
