@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from onnxsample.composer import _splice_draft as draft
 from onnxsample.composer._ir_build import const as _const
+from onnxsample.composer._ir_build import filled_like
 from onnxsample.composer._ir_build import op as _op
 from onnxsample.composer._model_facts import exact_positions
 from onnxsample.composer.sampler_model import IR_VERSION, OPSET, build_sampler_model
@@ -124,16 +125,21 @@ def _slot_positions(graph: ir.Graph, active: ir.Value, slots: ir.Value) -> ir.Va
 
 
 def _scatter_slots(
-    graph: ir.Graph, positions: ir.Value, rows: ir.Value, rank: int, name: str
+    graph: ir.Graph, positions: ir.Value, rows: ir.Value, shape, name: str
 ) -> ir.Value:
-    """rows [A, ...] (of `rank` axes) laid out per slot [S, ...] by `positions`
-    (:func:`_slot_positions`): a zero row appended, then one ``Gather``, where a ``ScatterElements``
-    into zeros took a shape computation and a fill of its own for every output."""
-    pads = np.zeros(2 * rank, np.int64)
-    pads[rank] = 1  # one row after the last
-    padded = _op(
-        graph, "Pad", [rows, _const(graph, f"sampler/{name}_pads", pads)], f"{name}_padded"
-    )
+    """rows [A, ...] laid out per slot [S, ...] by `positions` (:func:`_slot_positions`): a zero
+    row appended (``Concat``: the CUDA provider's ``Pad`` takes floats and bools only), then one
+    ``Gather``, where a ``ScatterElements`` into zeros took a shape computation and a fill of its
+    own for every output. `shape` is the output's ([S, ...]); where its trailing sizes are not
+    all known, the zero row's shape is read from `rows`."""
+    trailing = None if shape is None else list(shape)[1:]
+    if trailing is not None and all(isinstance(d, int) for d in trailing):
+        zeros = np.zeros([1, *trailing], dtype=rows.dtype.numpy())
+        zero = _const(graph, f"sampler/{name}_zero_row", zeros)
+    else:
+        one = _const(graph, f"sampler/{name}_one_row", np.array([1], np.int64))
+        zero = filled_like(graph, one, rows, 0, f"{name}_zero")
+    padded = _op(graph, "Concat", [rows, zero], f"{name}_padded", axis=0)
     return _op(graph, "Gather", [padded, positions], f"{name}_slots", axis=0)
 
 
@@ -171,11 +177,11 @@ def _counted(
     ids.dtype = ir.DataType.INT64
     taken = _op(graph, "Cast", [take], "counts_take_active", to=ir.DataType.INT32)
     taken.dtype = ir.DataType.INT32
-    at = _scatter_slots(graph, positions, ids, 2, "counts_ids")
+    at = _scatter_slots(graph, positions, ids, None, "counts_ids")
     slot_take = _op(
         graph,
         "Cast",
-        [_scatter_slots(graph, positions, taken, 2, "counts_take")],
+        [_scatter_slots(graph, positions, taken, None, "counts_take")],
         "counts_take",
         to=ir.DataType.BOOL,
     )
@@ -332,7 +338,7 @@ def splice(
         elif name == COUNTS_OUT:
             out = _counted(base, new_inputs[COUNTS], positions, *emitted)
         else:
-            out = _scatter_slots(graph, positions, results[name], len(shape), tag)
+            out = _scatter_slots(graph, positions, results[name], shape, tag)
         out.name, out.type = name, kind
         out.shape = _slot_dim(shape, max_slots) if static else shape
         out.doc_string = draft.DOCS.get(name, "")
