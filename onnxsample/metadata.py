@@ -47,6 +47,7 @@ CONTRACT_VERSION = "1"
 # branching chain's argmax in two steps (RowArgMax), its filters off on greedy rows and no
 # candidates when every row is greedy, one pass-through for penalties and for finite rows.
 # 16: counts_in_place (the penalty counts may be read and written in one buffer).
+# 17: the active slots' outputs laid out per slot by one Gather each (no ScatterElements).
 COMPOSER_REVISION = "17"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running

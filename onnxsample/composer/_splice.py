@@ -124,9 +124,7 @@ def _slot_positions(graph: ir.Graph, active: ir.Value, slots: ir.Value) -> ir.Va
     return _op(graph, "ScatterElements", [empty, active, order], "slot_rows", axis=0)
 
 
-def _scatter_slots(
-    graph: ir.Graph, positions: ir.Value, rows: ir.Value, shape, name: str
-) -> ir.Value:
+def _per_slot(graph: ir.Graph, positions: ir.Value, rows: ir.Value, shape, name: str) -> ir.Value:
     """rows [A, ...] laid out per slot [S, ...] by `positions` (:func:`_slot_positions`): a zero
     row appended (``Concat``: the CUDA provider's ``Pad`` takes floats and bools only), then one
     ``Gather``, where a ``ScatterElements`` into zeros took a shape computation and a fill of its
@@ -177,11 +175,11 @@ def _counted(
     ids.dtype = ir.DataType.INT64
     taken = _op(graph, "Cast", [take], "counts_take_active", to=ir.DataType.INT32)
     taken.dtype = ir.DataType.INT32
-    at = _scatter_slots(graph, positions, ids, None, "counts_ids")
+    at = _per_slot(graph, positions, ids, None, "counts_ids")
     slot_take = _op(
         graph,
         "Cast",
-        [_scatter_slots(graph, positions, taken, None, "counts_take")],
+        [_per_slot(graph, positions, taken, None, "counts_take")],
         "counts_take",
         to=ir.DataType.BOOL,
     )
@@ -338,7 +336,7 @@ def splice(
         elif name == COUNTS_OUT:
             out = _counted(base, new_inputs[COUNTS], positions, *emitted)
         else:
-            out = _scatter_slots(graph, positions, results[name], shape, tag)
+            out = _per_slot(graph, positions, results[name], shape, tag)
         out.name, out.type = name, kind
         out.shape = _slot_dim(shape, max_slots) if static else shape
         out.doc_string = draft.DOCS.get(name, "")
