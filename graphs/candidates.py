@@ -112,12 +112,13 @@ def CandidatesDrawn(
 @script(onnxsample)
 def CandidatesStatic(
     z: FLOAT["S", "V"],
-) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1], FLOAT["S", "W"]]:
-    """``Candidates`` and the W = min(``STATIC_CANDIDATES``, V) largest logits (``TopKSliced``):
-    the C leading columns are ``Candidates``' numbers (``TopK`` orders ties by id either way), the
-    maximum is the first.
+) -> tuple[FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1], FLOAT["S", "W"], INT64["S", "W"]]:
+    """``Candidates`` and the W = min(``STATIC_CANDIDATES``, V) largest logits and their ids
+    (``TopKSliced``): the C leading columns are ``Candidates``' numbers (``TopK`` orders ties by
+    id either way), the maximum is the first.
 
-    z: FLOAT["S", "V"] → (FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1], FLOAT["S", "W"]).
+    z: FLOAT["S", "V"] → (FLOAT["S", "C"], INT64["S", "C"], FLOAT["S", 1], FLOAT["S", "W"],
+    INT64["S", "W"]).
     """
     zero = op.Constant(value_ints=[0])
     one = op.Constant(value_ints=[1])
@@ -130,7 +131,7 @@ def CandidatesStatic(
     )
     values = op.Slice(wide, zero, count, one)
     ids = op.Slice(wide_ids, zero, count, one)
-    return values, ids, op.Slice(wide, zero, one, one), wide
+    return values, ids, op.Slice(wide, zero, one, one), wide, wide_ids
 
 
 @script(onnxsample)

@@ -237,7 +237,8 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     beyond: list[str] = []  # a static chain's per-slot flags: the kept set is past its candidates
     param = _drawn_filters(body, config)  # the filters' parameters, off on the greedy rows
     if floors and static:
-        body.call("CandidatesStatic", [z], ["candidates", "candidate_ids_all", "top", "wide"])
+        candidates_out = ["candidates", "candidate_ids_all", "top", "wide", "wide_ids"]
+        body.call("CandidatesStatic", [z], candidates_out)
     elif floors:
         candidates_fn, inputs = (
             ("CandidatesDrawn", [z, "temperature"]) if param else ("Candidates", [z])
@@ -253,7 +254,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         floor = "floor_top_k"
     if config.has("top_p"):
         if static:
-            top_p_inputs = [z, "candidates", "wide", "top", floor, "top_p"]
+            top_p_inputs = [z, "candidates", "wide", "wide_ids", "top", floor, "top_p"]
             body.call("TopPStatic", top_p_inputs, ["floor_top_p", "beyond_top_p"])
             beyond.append("beyond_top_p")
         else:

@@ -1,6 +1,6 @@
 """Top-p (nucleus), exact over every token the earlier filters left."""
 
-from onnxscript import BOOL, DOUBLE, FLOAT, script
+from onnxscript import BOOL, DOUBLE, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
@@ -157,6 +157,7 @@ def TopPStatic(
     z: FLOAT["S", "V"],
     candidates: FLOAT["S", "C"],
     wide: FLOAT["S", "W"],
+    wide_ids: INT64["S", "W"],
     top: FLOAT["S", 1],
     floor: FLOAT["S", 1],
     top_p: FLOAT["S"],
@@ -167,8 +168,12 @@ def TopPStatic(
     wherever the crossing lies among them), and a flag for the slots whose nucleus reaches past
     them (their floor is then not known here: the host's fallback).
 
-    z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; wide: FLOAT["S", "W"] (descending); top,
-    floor: FLOAT["S", 1]; top_p: FLOAT["S"] → (FLOAT["S", 1], BOOL["S", 1]).
+    The weights are computed once, over the row: those of the W largest are gathered from them
+    (an exp is the same number wherever its argument stands).
+
+    z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; wide: FLOAT["S", "W"] (descending) and
+    wide_ids: INT64["S", "W"]; top, floor: FLOAT["S", 1]; top_p: FLOAT["S"] → (FLOAT["S", 1],
+    BOOL["S", 1]).
     """
     axis = op.Constant(value_ints=[1])
     zero = op.Constant(value_ints=[0])
@@ -176,11 +181,13 @@ def TopPStatic(
     mass = op.Unsqueeze(top_p, axis)
     off = op.GreaterOrEqual(mass, one_f)
     inside = Contained(z, candidates, floor)
+    row_weights = MassWeights(z, top, floor)
     # the candidates are the leading columns of `wide`: their weights are the leading weights
-    weights = MassWeights(wide, top, floor)
+    weights = op.GatherElements(row_weights, wide_ids, axis=1)
     count = op.Shape(candidates, start=1, end=2)
     candidate_total = op.ReduceSum(op.Slice(weights, zero, count, axis), axis, keepdims=1)
-    total = op.Where(inside, candidate_total, MassTotal(z, top, floor))
+    row_total = op.ReduceSum(row_weights, axis, keepdims=1)  # MassTotal(z, top, floor)
+    total = op.Where(inside, candidate_total, row_total)
     nucleus, reached_mass = NucleusCut(wide, RunningSum(op.Div(weights, total)), mass)
     beyond = op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))
     return op.Where(off, floor, op.Max(floor, nucleus)), beyond

@@ -48,7 +48,9 @@ CONTRACT_VERSION = "1"
 # candidates when every row is greedy, one pass-through for penalties and for finite rows.
 # 16: counts_in_place (the penalty counts may be read and written in one buffer).
 # 17: the active slots' outputs laid out per slot by one Gather each (no ScatterElements).
-COMPOSER_REVISION = "17"
+# 18: fewer ops in the draw's search, top-p's wide weights and top-k's flag; the static chain's
+# folding drops Or(x, false), And(x, true) and Not(Not(x)).
+COMPOSER_REVISION = "18"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

@@ -56,12 +56,43 @@ def _constant(value: ir.Value | None) -> list[int] | None:
     return None if tensor is None else [int(v) for v in tensor.numpy().reshape(-1)]
 
 
+def _passed_through(node: ir.Node) -> ir.Value | None:
+    """The input that `node` returns unchanged, where the known sizes make it a no-op (which
+    costs a copy or a kernel launch on every call), else None."""
+    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
+        return None
+    if node.op_type in _NEUTRAL:
+        return _logical_operand(node, _NEUTRAL[node.op_type])
+    if node.op_type == "Not":  # Not(Not(x)) is x
+        inner = node.inputs[0].producer()
+        if inner is not None and inner.op_type == "Not" and inner.domain in ("", "ai.onnx"):
+            return inner.inputs[0]
+    return node.inputs[0] if _does_nothing(node) else None
+
+
+# Or with false and And with true return their other operand.
+_NEUTRAL = {"Or": False, "And": True}
+
+
+def _logical_operand(node: ir.Node, neutral: bool) -> ir.Value | None:
+    """The operand of a logical `node` whose other operand is one `neutral` value of no more
+    dimensions, so that the result has the operand's shape: a ``Contained`` test folds to
+    ``Or(below, false)`` when the candidates are fewer than the known vocabulary."""
+    for value, other in (node.inputs, node.inputs[::-1]):
+        constant = None if other is None else ir.convenience.get_const_tensor(other)
+        if constant is None or constant.size != 1 or value is None or value.shape is None:
+            continue
+        if bool(constant.numpy().reshape(-1)[0]) is neutral and len(constant.shape) <= len(
+            value.shape
+        ):
+            return value
+    return None
+
+
 def _does_nothing(node: ir.Node) -> bool:
     """A ``Pad`` by zero everywhere, or a ``Slice`` of a whole known axis from 0 with step 1: each
     copies its input on every call (a device-to-device copy on CUDA) and changes nothing. The
     chain pads and slices rows to a multiple of a block, which the known vocabulary often is."""
-    if node.domain not in ("", "ai.onnx") or not node.inputs or node.inputs[0] is None:
-        return False
     if node.op_type == "Pad":
         pads = _constant(node.inputs[1] if len(node.inputs) > 1 else None)
         return pads is not None and not any(pads) and len(node.inputs) < 4
@@ -89,8 +120,9 @@ def fold_static(model: ir.Model) -> None:
     fold_constants(model, onnx_shape_inference=True, should_fold=_exact)
     ends = {*model.graph.inputs, *model.graph.outputs}
     for node in list(model.graph):
-        if _does_nothing(node) and node.outputs[0] not in ends:
-            ir.convenience.replace_all_uses_with(node.outputs[0], node.inputs[0])
+        kept = _passed_through(node)
+        if kept is not None and node.outputs[0] not in ends:
+            ir.convenience.replace_all_uses_with(node.outputs[0], kept)
     ir.passes.common.RemoveUnusedNodesPass()(model)
     # The inference named the chain functions' dimensions after their signatures ("S", "V"),
     # which ONNX Runtime would take for one size wherever the name recurs: it infers its own.

@@ -62,3 +62,54 @@ def test_a_no_op_pad_or_slice_is_dropped_and_nothing_else(op, constants, dropped
         for m in (proto, folded)
     )
     np.testing.assert_array_equal(got, expected)
+
+
+def _logical_model(op: str, value: bool | None, dims: list[int], first: bool) -> onnx.ModelProto:
+    """b [slots, 4] → `op`(b, constant `value` of `dims`) (the constant first if `first`), or
+    Not(Not(b)) for op "Not" → Xor with b → y, so the result's values and shape both show."""
+    nodes = []
+    if op == "Not":
+        nodes += [helper.make_node("Not", ["b"], ["n"]), helper.make_node("Not", ["n"], ["t"])]
+    else:
+        tensor = helper.make_tensor("c", TensorProto.BOOL, dims, [value] * int(np.prod(dims)))
+        nodes.append(helper.make_node("Constant", [], ["c"], value=tensor))
+        nodes.append(helper.make_node(op, ["c", "b"] if first else ["b", "c"], ["t"]))
+    nodes.append(helper.make_node("Xor", ["t", "b"], ["y"]))
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("b", TensorProto.BOOL, ["slots", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.BOOL, None)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10)
+
+
+@pytest.mark.parametrize(
+    ("op", "value", "dims", "first", "dropped"),
+    [
+        ("Or", False, [1], False, True),  # a folded Contained: Or(below, false)
+        ("Or", False, [1, 1], True, True),
+        ("Or", True, [1], False, False),
+        ("And", True, [1], False, True),
+        ("And", False, [1], True, False),
+        ("Or", False, [1, 1, 1], False, False),  # would add a dimension
+        ("Or", False, [4], False, False),  # not one value
+        ("Not", None, [], False, True),  # Not(Not(b)) is b
+    ],
+)
+def test_a_logical_op_that_passes_its_operand_through_is_dropped(op, value, dims, first, dropped):
+    proto = _logical_model(op, value, dims, first)
+    model = ir.from_proto(proto)
+    fold_static(model)
+    folded = ir.to_proto(model)
+    onnx.checker.check_model(folded, full_check=True)
+    assert (op not in [n.op_type for n in folded.graph.node]) == dropped
+    b = np.array([[True, False, True, False]] * 3)
+    expected, got = (
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"b": b}
+        )[0]
+        for m in (proto, folded)
+    )
+    assert got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
