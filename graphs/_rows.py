@@ -20,10 +20,12 @@ tensor, a slot's value took one or the other by the number of rows (scalar below
 from 4 on): a logprob, or a min-p floor, changed in its last bit with the batch around it.
 """
 
+import onnx
+from onnx import helper
 from onnxscript import DOUBLE, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import onnxsample
+from onnxsample.graphs._common import DOMAIN, T_INT64, onnxsample
 
 SCAN_BLOCK = 256
 LANES = 16  # float32 values in the widest SIMD register (AVX-512)
@@ -67,6 +69,38 @@ def RowBlocks(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", "B", "W"], INT64[1]]:
     vocab = op.Shape(z, start=1, end=2)
     width = op.ReduceMax(op.Where(op.Equal(op.Mod(vocab, widths), zero), widths, one), keepdims=1)
     return op.Reshape(z, op.Concat(rows, op.Div(vocab, width), width, axis=0)), width
+
+
+def row_block_width(vocab: int) -> int:
+    """:func:`RowBlocks`' w for rows of `vocab` logits: the largest power of two ≤ 256 dividing it."""
+    return next(w for w in (256, 128, 64, 32, 16, 8, 4, 2, 1) if vocab % w == 0)
+
+
+def row_blocks_for(vocab: int) -> onnx.FunctionProto:
+    """:func:`RowBlocks` for rows of a known `vocab`: w and V / w are constants, so the function
+    is one ``Reshape`` (the generic body recomputes them from the row's shape with nine ops on
+    every call; a Reshape's 0 copies the row count, 0 rows included).
+
+    z: FLOAT[S, V] → (FLOAT[S, V / w, w], INT64[1]).
+    """
+    width = row_block_width(vocab)
+    shape = helper.make_tensor("shape", T_INT64, [3], [0, vocab // width, width])
+    nodes = [
+        helper.make_node("Constant", [], ["shape"], value=shape),
+        helper.make_node("Reshape", ["z", "shape"], ["grid"]),
+        helper.make_node(
+            "Constant", [], ["width"], value=helper.make_tensor("width", T_INT64, [1], [width])
+        ),
+    ]
+    return helper.make_function(
+        DOMAIN,
+        RowBlocks.name,
+        ["z"],
+        ["grid", "width"],
+        nodes,
+        [helper.make_opsetid("", 18)],
+        doc_string=f"RowBlocks for V = {vocab}: w = {width}.",
+    )
 
 
 @script(onnxsample)

@@ -17,7 +17,15 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
-from onnxsample.graphs._rows import RowArgMax, RowBlocks, RowLog, RowMax, RowMaxStatic, RunningSum
+from onnxsample.graphs._rows import (
+    RowArgMax,
+    RowBlocks,
+    RowLog,
+    RowMax,
+    RowMaxStatic,
+    RunningSum,
+    row_blocks_for,
+)
 from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import (
     Candidates,
@@ -224,3 +232,16 @@ def merge_functions(*groups: Sequence[onnx.FunctionProto]) -> list[onnx.Function
         for function in group:
             merged.setdefault((function.domain, function.name), function)
     return list(merged.values())
+
+
+def for_vocabulary(functions: Sequence[onnx.FunctionProto], vocab: int) -> list[onnx.FunctionProto]:
+    """`functions` for rows of `vocab` logits: the ones whose sizes follow from the vocabulary
+    (:func:`~onnxsample.graphs._rows.RowBlocks`) with those sizes as constants, the rest as
+    they are. Same signatures, same numbers, fewer ops a call."""
+    specialised = row_blocks_for(vocab)
+    del specialised.opset_import[:]
+    specialised.opset_import.extend(opsets())
+    return [
+        specialised if (f.domain, f.name) == (specialised.domain, specialised.name) else f
+        for f in functions
+    ]

@@ -45,12 +45,57 @@ def build_prompt_function(top_logprobs: int, static: bool = False) -> onnx.Funct
         top_inputs = ["x", "row_max", "log_total", "top_count"]
         body.call("TopLogprobs", top_inputs, ["top_logprob_ids", "top_logprobs"])
         outputs += ["top_logprob_ids", "top_logprobs"]
+    nodes = body.nodes if static else _when_asked(body.nodes, outputs, top_logprobs)
     return helper.make_function(
         DOMAIN,
         PROMPT_FUNCTION,
         ["rows", "targets"],
         outputs,
-        body.nodes,
+        nodes,
         opsets(),
         doc_string="Logprobs of prompt tokens under the raw distribution",
     )
+
+
+def _when_asked(
+    nodes: list[onnx.NodeProto], outputs: list[str], top_logprobs: int
+) -> list[onnx.NodeProto]:
+    """`nodes` in an ``If`` on P > 0, whose other branch returns the empty outputs: a decode step
+    asks for no prompt row, and then skips the thirty-odd small ops over an empty row set."""
+    types = {"logprob": T_FLOAT, "top_logprob_ids": T_INT64, "top_logprobs": T_FLOAT}
+    dims = {"logprob": [0], "top_logprob_ids": [0, top_logprobs], "top_logprobs": [0, top_logprobs]}
+
+    def graph(name: str, body: list[onnx.NodeProto], prefix: str) -> onnx.GraphProto:
+        results = [helper.make_tensor_value_info(prefix + o, types[o], None) for o in outputs]
+        return helper.make_graph(body, name, [], results)
+
+    empty = [
+        helper.make_node(
+            "Constant",
+            [],
+            ["none_" + o],
+            value=helper.make_tensor("none_" + o, types[o], dims[o], []),
+        )
+        for o in outputs
+    ]
+    # the asked branch's results renamed: the If node's outputs take the function's names
+    asked = []
+    for node in nodes:
+        renamed = onnx.NodeProto()
+        renamed.CopyFrom(node)
+        renamed.output[:] = ["asked_" + o if o in outputs else o for o in node.output]
+        asked.append(renamed)
+    return [
+        helper.make_node("Size", ["targets"], ["prompt_count"]),
+        helper.make_node(
+            "Constant", [], ["no_rows"], value=helper.make_tensor("n", T_INT64, [], [0])
+        ),
+        helper.make_node("Greater", ["prompt_count", "no_rows"], ["prompt_asked"]),
+        helper.make_node(
+            "If",
+            ["prompt_asked"],
+            outputs,
+            then_branch=graph("asked", asked, "asked_"),
+            else_branch=graph("none", empty, "none_"),
+        ),
+    ]

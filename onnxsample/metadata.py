@@ -49,7 +49,8 @@ CONTRACT_VERSION = "1"
 # 16: counts_in_place (the penalty counts may be read and written in one buffer).
 # 17: the active slots' outputs laid out per slot by one Gather each (no ScatterElements).
 # 18: fewer ops in the draw's search, top-p's wide weights and top-k's flag; the static chain's
-# folding drops Or(x, false), And(x, true) and Not(Not(x)).
+# folding drops Or(x, false), And(x, true) and Not(Not(x)); RowBlocks takes the vocabulary's sizes
+# as constants; the branching prompt logprobs skip their ops when no prompt row is asked.
 COMPOSER_REVISION = "18"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running

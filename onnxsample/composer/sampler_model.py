@@ -31,7 +31,7 @@ from onnxsample.graphs.chain import (
     chain_inputs,
     chain_outputs,
 )
-from onnxsample.graphs.library import merge_functions, used_functions
+from onnxsample.graphs.library import for_vocabulary, merge_functions, used_functions
 from onnxsample.graphs.prompt_logprobs import (
     PROMPT_FUNCTION,
     PROMPT_INPUTS,
@@ -203,6 +203,7 @@ def build_sampler_model(
         )
         prompt_fn = build_prompt_function(top_logprobs, static=config.static)
         functions = merge_functions(functions, used_functions(prompt_fn))
+    functions = for_vocabulary(functions, vocab_size)
     graph = helper.make_graph(nodes, "onnxsample_sampler", inputs, outputs)
     model = helper.make_model(
         graph,

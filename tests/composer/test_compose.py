@@ -112,6 +112,14 @@ def test_gather_layout_is_recorded(composed):
     assert meta.contract == "1"
 
 
+def test_the_row_blocks_are_the_vocabularys(composed):
+    """The composed functions know the vocabulary: RowBlocks is one Reshape by its sizes."""
+    model = onnx.load(str(composed), load_external_data=False)
+    (function,) = [f for f in model.functions if f.name == "RowBlocks"]
+    assert [n.op_type for n in function.node if n.op_type != "Constant"] == ["Reshape"]
+    assert function.doc_string == "RowBlocks for V = 49152: w = 256."
+
+
 @pytest.mark.parametrize("rows", [[5, 10, 1, 6], [1, 2, 3, 4], [10, 0, 0, 7]])
 def test_greedy_slots_return_the_plain_models_argmax(composed, prompt_ids, plain_logits, rows):
     greedy = [SamplingParams(temperature=0.0) if r else None for r in rows]

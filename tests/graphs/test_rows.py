@@ -11,17 +11,27 @@ from _function_model import function_model
 from onnx import helper
 from onnx.reference import ReferenceEvaluator
 
-from onnxsample.graphs._rows import SCAN_BLOCK, RowArgMax, RowMax, RowMaxStatic, RunningSum
+from onnxsample.graphs._rows import (
+    SCAN_BLOCK,
+    RowArgMax,
+    RowMax,
+    RowMaxStatic,
+    RunningSum,
+    row_blocks_for,
+)
 
 
-def _both(fn, value: np.ndarray, out_shape: list, reference: bool = True) -> list[np.ndarray]:
-    """One call of the library function `fn`, from ONNX Runtime and (`reference`) from
-    onnx.reference."""
+def _both(
+    fn, value: np.ndarray, out_shape: list, reference: bool = True, vocab: int = 0
+) -> list[np.ndarray]:
+    """One call of the library function `fn` (its functions specialised to `vocab` if given),
+    from ONNX Runtime and (`reference`) from onnx.reference."""
     elem = helper.np_dtype_to_tensor_dtype(value.dtype)
     model = function_model(
         fn,
         [helper.make_tensor_value_info("x", elem, ["S", "N"])],
         [helper.make_tensor_value_info("y", elem, out_shape)],
+        vocab=vocab,
     )
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     found = [session.run(None, {"x": value})[0]]
@@ -32,23 +42,41 @@ def _both(fn, value: np.ndarray, out_shape: list, reference: bool = True) -> lis
 
 # Block widths (the largest power of two up to 256 dividing V): 256, 256, 128 (Qwen2's 151936),
 # 64 (Phi-3's 32064), 1 (GPT-2's 50257), 1.
+# A composed model's RowBlocks is one Reshape by its vocabulary's sizes (``for_vocabulary``):
+# "known" runs that one, "generic" the body that reads them from the row's shape.
+KNOWN = pytest.mark.parametrize("known", [False, True], ids=["generic", "known"])
+
+
+@pytest.mark.parametrize(
+    ("vocab", "width"), [(256, 256), (49152, 256), (151936, 128), (32064, 64), (50257, 1), (7, 1)]
+)
+def test_a_known_vocabulary_makes_row_blocks_one_reshape(vocab: int, width: int) -> None:
+    function = row_blocks_for(vocab)
+    assert [n.op_type for n in function.node if n.op_type != "Constant"] == ["Reshape"]
+    constants = {n.output[0]: n.attribute[0].t for n in function.node if n.op_type == "Constant"}
+    assert list(constants["width"].int64_data) == [width]
+    assert list(constants["shape"].int64_data) == [0, vocab // width, width]
+
+
 @pytest.mark.parametrize("vocab", [256, 49152, 151936, 32064, 50257, 7])
 @pytest.mark.parametrize("rows", [0, 1, 3])
 @pytest.mark.parametrize("fn", [RowMax, RowMaxStatic], ids=["RowMax", "RowMaxStatic"])
-def test_row_max_is_the_maximum(fn, vocab: int, rows: int) -> None:
+@KNOWN
+def test_row_max_is_the_maximum(fn, vocab: int, rows: int, known: bool) -> None:
     z = np.random.default_rng(vocab + rows).normal(0, 3, (rows, vocab)).astype(np.float32)
     if rows:
         z[0, :] = -np.inf  # a row with no finite logit keeps −inf
         z[-1, vocab // 2] = np.float32(3.4e38)
         z[-1, vocab - 1] = np.float32(3.4e38)  # tied maxima: the value is the same
-    for got in _both(fn, z, ["S", 1], reference=fn is RowMax):
+    for got in _both(fn, z, ["S", 1], reference=fn is RowMax, vocab=vocab if known else 0):
         assert got.shape == (rows, 1) and got.dtype == np.float32
         np.testing.assert_array_equal(got[:, 0], z.max(axis=1, initial=-np.inf))
 
 
 @pytest.mark.parametrize("vocab", [256, 49152, 151936, 32064, 50257, 262144, 7])
 @pytest.mark.parametrize("rows", [0, 1, 4])
-def test_row_argmax_is_the_first_index_of_the_maximum(vocab: int, rows: int) -> None:
+@KNOWN
+def test_row_argmax_is_the_first_index_of_the_maximum(vocab: int, rows: int, known: bool) -> None:
     z = np.random.default_rng(vocab + rows).normal(0, 3, (rows, vocab)).astype(np.float32)
     if rows:
         z[0, :] = -np.inf  # no finite logit: index 0, as ArgMax
@@ -65,6 +93,7 @@ def test_row_argmax_is_the_first_index_of_the_maximum(vocab: int, rows: int) -> 
                 "y", helper.np_dtype_to_tensor_dtype(np.dtype(np.int64)), ["S"]
             )
         ],
+        vocab=vocab if known else 0,
     )
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": z})[0]

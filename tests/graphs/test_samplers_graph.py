@@ -271,9 +271,10 @@ def test_merges_after_a_models_logits():
 
 
 PROMPT_CASES = [
-    # (rows of the padded logits, top_logprobs): empty (a decode step), one row, many with repeats,
-    # and rows without a finite logit (row 1 is all NaN).
+    # (rows of the padded logits, top_logprobs): empty (a decode step: the If's branch of empty
+    # outputs), one row, many with repeats, and rows without a finite logit (row 1 is all NaN).
     ([], 3),
+    ([], 0),
     ([2], 0),
     ([2, 3, 4, 2, 5, 1], 3),
     ([1, 1, 6], 2),
