@@ -113,8 +113,9 @@ def _does_nothing(node: ir.Node) -> bool:
 
 
 def fold_static(model: ir.Model) -> None:
-    """Fold the (inlined) static chain's sizes into constants, in place, and drop the pads and
-    slices that the known sizes make no-ops."""
+    """Fold the (inlined) static chain's sizes into constants, in place, and drop what the known
+    sizes make no-ops: pads and slices that copy their input, logical ops left with a neutral
+    operand (``Or(x, false)``, ``And(x, true)``) and double negations."""
     from onnxscript.optimizer import fold_constants
 
     fold_constants(model, onnx_shape_inference=True, should_fold=_exact)
