@@ -40,7 +40,6 @@ from onnxsample.composer.loading import check_model, load_model
 from onnxsample.composer.sampler_model import fallback_props
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.graphs.chain import DOMAIN
-from onnxsample.graphs.library import for_vocabulary
 from onnxsample.metadata import (
     COMPOSER_REVISION,
     CONTRACT_VERSION,
@@ -218,7 +217,6 @@ def _finish(
     graph = model.graph
     graph.outputs[:] = [v for v in graph.outputs if v.name != "logits"]
     ir.passes.common.RemoveUnusedNodesPass()(model)
-    _for_vocabulary(model, vocab)
     reconcile_versions(model)
     if inline or options["static"]:  # a static chain: see onnxsample.composer._static
         ir.passes.common.InlinePass()(model)
@@ -258,14 +256,6 @@ def _finish(
     graph.doc_string = (
         graph.doc_string or ""
     ) + f"\nonnxsample: sampler chain {chain}, {max_slots} slots"
-
-
-def _for_vocabulary(model: ir.Model, vocab: int) -> None:
-    """The sampler functions whose sizes follow from the vocabulary, with those sizes as
-    constants (:func:`~onnxsample.graphs.library.for_vocabulary`), in place."""
-    ours = [ir.serde.serialize_function(f) for f in model.functions.values() if f.domain == DOMAIN]
-    for proto in for_vocabulary(ours, vocab):
-        model.functions[proto.domain, proto.name, ""] = ir.serde.deserialize_function(proto)
 
 
 def _save(model: ir.Model, out: Path) -> None:
