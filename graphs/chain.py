@@ -189,6 +189,67 @@ def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str]) -> Non
     body.op("Identity", ["rows"], [FALLBACK_LOGITS])
 
 
+def _plain_condition(body: FunctionBody, config: ChainConfig) -> str | None:
+    """BOOL[1] ``plain``: every row takes the argmax of its sanitized logits, because every row is
+    greedy and nothing changes a logit (no bias entry, no constraining mask, no penalty). The
+    branching chain then skips the whole selection (the transforms' passes and their checks, the
+    filters' checks, the draw's), and a plain greedy step costs what the greedy chain costs.
+
+    None where nothing would be skipped (a chain that only takes the argmax), where some row
+    always draws (a draw without a temperature), or where the chain must run its selection (the
+    static chain; probs and candidates, which read the filters' kept set).
+    """
+    if config.static or config.output_probs or config.output_candidates:
+        return None
+    if config.has("dist") and not config.has("temperature"):
+        return None
+    flags = []
+    if config.has("dist"):
+        body.call("AllGreedy", ["temperature"], ["plain_greedy"])
+        flags.append("plain_greedy")
+    if config.has("logit_bias"):
+        body.call("Unbiased", ["bias_ids"], ["plain_unbiased"])
+        flags.append("plain_unbiased")
+    if config.allowed_tokens:
+        body.call("Constrained", ["x", ALLOWED], ["plain_constrained"])
+        body.op("Not", ["plain_constrained"], ["plain_unconstrained"])
+        flags.append("plain_unconstrained")
+    if config.has("penalties"):
+        penalties = ["repetition_penalty", "presence_penalty", "frequency_penalty"]
+        body.call("Unpenalised", penalties, ["plain_unpenalised"])
+        flags.append("plain_unpenalised")
+    if not flags:
+        return None
+    plain = flags[0]
+    for i, flag in enumerate(flags[1:]):
+        body.op("And", [plain, flag], [f"plain_{i}"])
+        plain = f"plain_{i}"
+    return plain
+
+
+def _select_unless_plain(
+    chain: FunctionBody, plain: str, selection: FunctionBody, selected: str
+) -> FunctionBody:
+    """``token`` = the argmax of x where `plain`, else the `selected` token of `selection`: an
+    ``If`` in `chain`, which is returned. On a plain step the selection's token is the argmax of
+    x too: the transforms leave x as it is (bias, mask and penalties neutral, every temperature
+    divides by 1), ``FiniteRows`` gives a row with no finite logit token 0 as the argmax of a row
+    of −inf does, and every row takes its greedy token. The selection's unread constants are
+    left out (a branch's unused initializer is one ONNX Runtime warns of)."""
+    token = helper.make_tensor_value_info
+    plain_graph = helper.make_graph(
+        [helper.make_node("RowArgMax", ["x"], ["plain_token"], domain=DOMAIN, name="RowArgMax")],
+        "plain",
+        [],
+        [token("plain_token", T_INT64, None)],
+    )
+    read = {name for node in selection.nodes for name in node.input} | {selected}
+    nodes = [n for n in selection.nodes if n.op_type != "Constant" or n.output[0] in read]
+    selection_graph = helper.make_graph(nodes, "selection", [], [token(selected, T_INT64, None)])
+    chain.op("If", [plain], ["token"], then_branch=plain_graph, else_branch=selection_graph)
+    return chain
+
+
 def _scalar(name: str, value: float) -> onnx.TensorProto:
     return helper.make_tensor(name, T_FLOAT, [], [value])
 
@@ -202,6 +263,9 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         body.op("Identity", ["logits"], ["rows"])
     static = config.static
     body.call("SanitizeStatic" if static else "Sanitize", ["rows"], ["x", "x_max"])
+    plain = _plain_condition(body, config)
+    chain, body = body, (FunctionBody() if plain else body)  # the selection: an If's else branch
+    selected = "selected" if plain else "token"
     z = "x"
     if config.has("logit_bias"):
         body.call("LogitBias", [z, "bias_ids", "bias_values"], ["biased"])
@@ -309,11 +373,13 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
             rows_fn = "DistRowsStatic" if static else "DistRows"
             body.call(rows_fn, [draw_z, "uniform"], ["drawn_token"])
         if config.has("temperature"):
-            body.call("SelectGreedy", ["temperature", "greedy_token", "drawn_token"], ["token"])
+            body.call("SelectGreedy", ["temperature", "greedy_token", "drawn_token"], [selected])
         else:
-            body.op("Identity", ["drawn_token"], ["token"])
+            body.op("Identity", ["drawn_token"], [selected])
     else:
-        body.op("Identity", ["greedy_token"], ["token"])
+        body.op("Identity", ["greedy_token"], [selected])
+    if plain:
+        body = _select_unless_plain(chain, plain, body, selected)
     outputs = ["next_token", "logprob"]
     body.op("Identity", ["token"], ["next_token"])
     body.call("Logprob", ["x", "x_max", "token"], ["logprob", "row_max", "log_total"])

@@ -26,7 +26,7 @@ from onnxsample.graphs._rows import (
     RunningSum,
     row_blocks_for,
 )
-from onnxsample.graphs.allowed import Allowed, AllowedStatic
+from onnxsample.graphs.allowed import Allowed, AllowedStatic, Constrained
 from onnxsample.graphs.candidates import (
     Candidates,
     CandidatesDrawn,
@@ -44,7 +44,7 @@ from onnxsample.graphs.dist import (
     InverseCdf,
     RowDraw,
 )
-from onnxsample.graphs.logit_bias import LogitBias
+from onnxsample.graphs.logit_bias import LogitBias, Unbiased
 from onnxsample.graphs.logprobs import Logprob, TopLogprobs
 from onnxsample.graphs.mass import (
     MassThreshold,
@@ -55,9 +55,11 @@ from onnxsample.graphs.mass import (
 from onnxsample.graphs.min_p import MinP
 from onnxsample.graphs.penalties import (
     AdditiveRule,
+    PenalisedRows,
     Penalties,
     PenaltiesStatic,
     RepetitionRule,
+    Unpenalised,
     UpdateCounts,
 )
 from onnxsample.graphs.probs import FinalProbs
@@ -76,7 +78,13 @@ from onnxsample.graphs.speculative import (
     DraftPositions,
     PositionRows,
 )
-from onnxsample.graphs.temperature import Greedy, GreedyRows, SelectGreedy, Temperature
+from onnxsample.graphs.temperature import (
+    AllGreedy,
+    Greedy,
+    GreedyRows,
+    SelectGreedy,
+    Temperature,
+)
 from onnxsample.graphs.top_k import TopK, TopKOff, TopKStatic
 from onnxsample.graphs.top_p import (
     MassTotal,
@@ -106,16 +114,21 @@ _SCRIPTS = (
     FiniteRows,
     FiniteRowsStatic,
     LogitBias,
+    Unbiased,
+    Constrained,
     Allowed,
     AllowedStatic,
     RepetitionRule,
     AdditiveRule,
+    PenalisedRows,
     Penalties,
     PenaltiesStatic,
+    Unpenalised,
     UpdateCounts,
     Temperature,
     Greedy,
     GreedyRows,
+    AllGreedy,
     SelectGreedy,
     TopKSliced,
     Candidates,

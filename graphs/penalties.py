@@ -54,6 +54,36 @@ def AdditiveRule(
 
 
 @script(onnxsample)
+def PenalisedRows(
+    repetition_penalty: FLOAT["S"], presence_penalty: FLOAT["S"], frequency_penalty: FLOAT["S"]
+) -> tuple[BOOL["S"], BOOL["S"]]:
+    """The rows each rule changes: r ≠ 1 (repetition), p ≠ 0 or f ≠ 0 (the additive rule).
+
+    The three penalties FLOAT["S"] → (BOOL["S"], BOOL["S"]).
+    """
+    zero_f = op.Constant(value_float=0.0)
+    one_f = op.Constant(value_float=1.0)
+    repetition = op.Not(op.Equal(repetition_penalty, one_f))
+    additive = op.Or(
+        op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
+    )
+    return repetition, additive
+
+
+@script(onnxsample)
+def Unpenalised(
+    repetition_penalty: FLOAT["S"], presence_penalty: FLOAT["S"], frequency_penalty: FLOAT["S"]
+) -> BOOL[1]:
+    """Whether no row is penalised (r = 1, p = f = 0 on every row): ``Penalties`` then leaves
+    every logit as it is.
+
+    The three penalties FLOAT["S"] → BOOL[1] (an ``If`` condition).
+    """
+    repetition, additive = PenalisedRows(repetition_penalty, presence_penalty, frequency_penalty)
+    return op.Not(AnyRow(op.Or(repetition, additive)))
+
+
+@script(onnxsample)
 def Penalties(
     x: FLOAT["S", "V"],
     prompt_mask: BOOL["S", "V"],
@@ -69,12 +99,7 @@ def Penalties(
     FLOAT["S"]. Each rule runs only when some slot sets it; neutral values r = 1, p = f = 0 leave x
     bit for bit.
     """
-    zero_f = op.Constant(value_float=0.0)
-    one_f = op.Constant(value_float=1.0)
-    repetition = op.Not(op.Equal(repetition_penalty, one_f))
-    additive = op.Or(
-        op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
-    )
+    repetition, additive = PenalisedRows(repetition_penalty, presence_penalty, frequency_penalty)
     # One pass-through when no slot penalises (an If's skipped branch copies the row), not two.
     if AnyRow(op.Or(repetition, additive)):
         if AnyRow(repetition):

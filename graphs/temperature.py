@@ -4,7 +4,7 @@ A temperature below ``GREEDY_BELOW`` (1e-5, vLLM's threshold) is greedy: dividin
 overflow the logits to ±inf and turn the draw into a uniform pick among the overflowed tokens.
 """
 
-from onnxscript import FLOAT, INT64, script
+from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
@@ -48,6 +48,16 @@ def GreedyRows(z: FLOAT["S", "V"], temperature: FLOAT["S"]) -> INT64["S"]:
     else:
         token = op.Cast(op.Mul(temperature, zero_f), to=T_INT64)
     return token
+
+
+@script(onnxsample)
+def AllGreedy(temperature: FLOAT["S"]) -> BOOL[1]:
+    """Whether every row is greedy (t < 1e-5); true for no rows.
+
+    temperature: FLOAT["S"] → BOOL[1] (an ``If`` condition).
+    """
+    eps = op.Constant(value_float=GREEDY_BELOW)
+    return op.Not(AnyRow(op.GreaterOrEqual(temperature, eps)))
 
 
 @script(onnxsample)

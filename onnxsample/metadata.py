@@ -51,7 +51,8 @@ CONTRACT_VERSION = "1"
 # 18: fewer ops in the draw's search, top-p's wide weights and top-k's flag; the static chain's
 # folding drops Or(x, false), And(x, true) and Not(Not(x)); RowBlocks takes the vocabulary's sizes
 # as constants; the branching prompt logprobs skip their ops when no prompt row is asked.
-COMPOSER_REVISION = "18"
+# 19: a plain greedy step (every row greedy, nothing that changes a logit) skips the selection.
+COMPOSER_REVISION = "19"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

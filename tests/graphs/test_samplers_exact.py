@@ -279,23 +279,28 @@ def _edge_cases():
                 yield pytest.param(chain, params, id=f"{chain or 'greedy'}-{i}")
 
 
+_NAN, _INF = np.nan, np.inf
+# Rows of 6 logits that no model should give and a sampler must survive (row 0: the dummy row).
+EDGE_ROWS = np.array(
+    [
+        [0] * 6,
+        [_NAN] * 6,
+        [-_INF] * 6,
+        [-_INF, -_INF, -_INF, 2.5, -_INF, -_INF],
+        [_NAN, -_INF, _NAN, _NAN, -3.0, _NAN],
+        [1e30, -1e30, 1e30, -1e30, -1e30, -1e30],
+        [0.0, _INF, 1.0, 2.0, 3.0, -_INF],
+        [3.4e38, 3.4e38, -3.4e38, 0.0, 0.0, 0.0],
+        [1.0, 3.0, 3.0, 0.0, 3.0, -1.0],
+    ],
+    dtype=np.float32,
+)
+
+
 @pytest.mark.parametrize(("chain", "params"), list(_edge_cases()))
 def test_edge_rows(chain, params):
-    vocab = 6
-    nan, inf = np.nan, np.inf
-    rows = np.array(
-        [
-            [0] * vocab,  # the dummy row
-            [nan] * vocab,
-            [-inf] * vocab,
-            [-inf, -inf, -inf, 2.5, -inf, -inf],
-            [nan, -inf, nan, nan, -3.0, nan],
-            [1e30, -1e30, 1e30, -1e30, -1e30, -1e30],
-            [0.0, inf, 1.0, 2.0, 3.0, -inf],
-            [3.4e38, 3.4e38, -3.4e38, 0.0, 0.0, 0.0],
-        ],
-        dtype=np.float32,
-    )
+    rows = EDGE_ROWS[:-1]
+    vocab = rows.shape[1]
     slots = rows.shape[0] - 1
     restricted = _restrict(params, chain)
     kwargs = {"output_probs": True, "uniform": np.linspace(0.05, 0.95, slots)}
@@ -362,6 +367,43 @@ def test_tiny_temperatures_are_greedy(chain, temperature, greedy):
             assert out["sampler.next_token"][0] == 0
             assert out["sampler.probs"][0].tolist() == [1, 0, 0, 0, 0]
         assert not np.isnan(out["sampler.probs"]).any()
+
+
+_GREEDY = SamplingParams(temperature=0.0)
+# One row that needs the selection, and the sampler it needs.
+_ODD_ROWS = {
+    "plain": (_GREEDY, ""),
+    "a-bias": (SamplingParams(temperature=0.0, logit_bias={4: 5.0}), "logit_bias"),
+    "a-repetition-penalty": (SamplingParams(temperature=0.0, repetition_penalty=1.3), "penalties"),
+    "a-presence-penalty": (SamplingParams(temperature=0.0, presence_penalty=0.5), "penalties"),
+    "a-drawing-row": (SamplingParams(temperature=0.7), "dist"),
+}
+
+
+def _plain_cases():
+    for chain in (FULL, "temperature,dist", "penalties", "logit_bias"):
+        for name, (odd_one, needs) in _ODD_ROWS.items():
+            if needs in {*chain.split(","), ""}:
+                yield pytest.param(chain, odd_one, id=f"{chain}-{name}")
+
+
+@pytest.mark.parametrize(("chain", "odd_one"), list(_plain_cases()))
+def test_a_plain_step_takes_the_selections_token(chain, odd_one):
+    """A batch whose rows are all greedy, with no bias entry and no penalty, skips the selection
+    for the argmax of the sanitized logits; one row that needs the selection runs it for all. The
+    token and logprob of every row are the selection's (a chain with probs always selects), on
+    rows with NaN, ±inf, ±1e30, no finite logit and ties."""
+    slots = [odd_one] + [_GREEDY] * (len(EDGE_ROWS) - 2)
+    kwargs = {"uniform": np.linspace(0.05, 0.95, len(slots))}
+    if "logit_bias" in chain:
+        kwargs["max_bias"] = 2
+    if "penalties" in chain:
+        kwargs["output_counts"] = np.ones((len(slots), EDGE_ROWS.shape[1]), np.int32)
+    plain = _run(chain, EDGE_ROWS, slots, **kwargs)
+    selected = _run(chain, EDGE_ROWS, slots, output_probs=True, **kwargs)
+    for name in ("sampler.next_token", "sampler.logprob"):
+        np.testing.assert_array_equal(plain[name], selected[name])
+    assert plain["sampler.next_token"][-1] == 1  # ties go to the lowest id
 
 
 _FILTERED_GREEDY = SamplingParams(temperature=0.0, top_k=3, top_p=0.2, min_p=0.3, typical_p=0.2)

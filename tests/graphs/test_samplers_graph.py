@@ -121,10 +121,22 @@ def test_contract_names_and_structure(chain, kwargs, inputs, outputs):
     assert logits[0].dim_param == "rows" and logits[1].dim_value == 50
 
 
+def _calls(nodes) -> list[str]:
+    """The sampler functions `nodes` call, in order, those of an ``If``'s branches included."""
+    called = []
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                called += _calls(attr.g.node)
+        if node.domain == DOMAIN:
+            called.append(node.op_type)
+    return called
+
+
 def test_full_chain_calls_every_sampler_function():
     model = build_sampler_model(FULL, 50, 2, max_bias=2)
     chain = next(f for f in model.functions if f.name == "SamplerChain")
-    called = [n.op_type for n in chain.node if n.domain == DOMAIN]
+    called = _calls(chain.node)
     for name in ["Sanitize", "LogitBias", "Penalties", "Temperature", "TopK", "TopP", "MinP"]:
         assert name in called
     assert called.index("LogitBias") < called.index("Penalties") < called.index("Temperature")
