@@ -22,6 +22,13 @@ from onnxsample.graphs._common import (
     T_INT32,
     T_INT64,
 )
+from onnxsample.graphs._greedy_steps import (
+    drawn_filters,
+    greedy_rows_skip_draw,
+    plain_condition,
+    scalar,
+    select_unless_plain,
+)
 from onnxsample.graphs.library import FunctionBody, opsets
 
 CHAIN_FUNCTION = "SamplerChain"
@@ -124,52 +131,6 @@ def chain_outputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]
     return found
 
 
-def _greedy_rows_skip_draw(body: FunctionBody, floor: str, whole_rows: str) -> tuple[str, str]:
-    """(floor, whole_rows) for ``Dist``: +inf and false on the greedy rows (temperature < 1e-5)."""
-    body.op("Constant", [], ["draw_greedy_below"], value=_scalar("draw_greedy_below", GREEDY_BELOW))
-    body.op("Constant", [], ["draw_columns"], value=helper.make_tensor("c", T_INT64, [1], [1]))
-    body.op("Constant", [], ["draw_skip_floor"], value=_scalar("draw_skip_floor", np.inf))
-    body.op("Less", ["temperature", "draw_greedy_below"], ["draw_greedy"])
-    body.op("Unsqueeze", ["draw_greedy", "draw_columns"], ["draw_greedy_rows"])
-    body.op("Where", ["draw_greedy_rows", "draw_skip_floor", floor], ["draw_floor"])
-    body.op("Not", ["draw_greedy_rows"], ["draw_sampled_rows"])
-    body.op("And", [whole_rows, "draw_sampled_rows"], ["draw_whole_rows"])
-    return "draw_floor", "draw_whole_rows"
-
-
-# A filter's parameter that turns it off: top-k 0, top-p 1, min-p 0, typical-p 1.
-_FILTERS_OFF = {"top_k": (T_INT64, 0), "top_p": (T_FLOAT, 1.0), "min_p": (T_FLOAT, 0.0),
-                "typical_p": (T_FLOAT, 1.0)}  # fmt: skip
-
-
-def _drawn_filters(body: FunctionBody, config: ChainConfig) -> dict[str, str]:
-    """The branching chain's filter parameters with the greedy rows' (temperature < 1e-5) turned
-    off, by name: a greedy row takes the argmax and throws its filters' work away, so a batch of
-    greedy rows never sorts, widens or scans a row for a filter (nor, ``CandidatesDrawn``, takes
-    the candidates). Empty where that cannot hold: the static chain, a chain without a draw or a
-    temperature, and one whose optional outputs (probs, candidates) read the filters' results."""
-    if (
-        config.static
-        or not config.has("dist")
-        or not config.has("temperature")
-        or config.output_probs
-        or config.output_candidates
-    ):
-        return {}
-    below = _scalar("filters_greedy_below", GREEDY_BELOW)
-    body.op("Constant", [], ["filters_greedy_below"], value=below)
-    body.op("Less", ["temperature", "filters_greedy_below"], ["filters_greedy"])
-    names = {}
-    for name, (kind, off) in _FILTERS_OFF.items():
-        if config.has(name):
-            body.op(
-                "Constant", [], [f"{name}_off"], value=helper.make_tensor("off", kind, [], [off])
-            )
-            body.op("Where", ["filters_greedy", f"{name}_off", name], [f"{name}_drawn"])
-            names[name] = f"{name}_drawn"
-    return names
-
-
 def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str]) -> None:
     """``fallback`` BOOL[S]: the slots that draw (not greedy) with some flag of `beyond` set;
     ``fallback_logits``: the rows the chain read, for the host to draw them again."""
@@ -180,78 +141,13 @@ def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str]) -> Non
     body.op("Constant", [], ["fallback_columns"], value=helper.make_tensor("c", T_INT64, [1], [1]))
     body.op("Squeeze", [flagged, "fallback_columns"], ["beyond_rows"])
     if config.has("temperature"):
-        below = _scalar("fallback_greedy_below", GREEDY_BELOW)
+        below = scalar("fallback_greedy_below", GREEDY_BELOW)
         body.op("Constant", [], ["fallback_greedy_below"], value=below)
         body.op("GreaterOrEqual", ["temperature", "fallback_greedy_below"], ["fallback_drawn"])
         body.op("And", ["beyond_rows", "fallback_drawn"], [FALLBACK])
     else:
         body.op("Identity", ["beyond_rows"], [FALLBACK])
     body.op("Identity", ["rows"], [FALLBACK_LOGITS])
-
-
-def _plain_condition(body: FunctionBody, config: ChainConfig) -> str | None:
-    """BOOL[1] ``plain``: every row takes the argmax of its sanitized logits, because every row is
-    greedy and nothing changes a logit (no bias entry, no constraining mask, no penalty). The
-    branching chain then skips the whole selection (the transforms' passes and their checks, the
-    filters' checks, the draw's), and a plain greedy step costs what the greedy chain costs.
-
-    None where nothing would be skipped (a chain that only takes the argmax), where some row
-    always draws (a draw without a temperature), or where the chain must run its selection (the
-    static chain; probs and candidates, which read the filters' kept set).
-    """
-    if config.static or config.output_probs or config.output_candidates:
-        return None
-    if config.has("dist") and not config.has("temperature"):
-        return None
-    flags = []
-    if config.has("dist"):
-        body.call("AllGreedy", ["temperature"], ["plain_greedy"])
-        flags.append("plain_greedy")
-    if config.has("logit_bias"):
-        body.call("Unbiased", ["bias_ids"], ["plain_unbiased"])
-        flags.append("plain_unbiased")
-    if config.allowed_tokens:
-        body.call("Constrained", ["x", ALLOWED], ["plain_constrained"])
-        body.op("Not", ["plain_constrained"], ["plain_unconstrained"])
-        flags.append("plain_unconstrained")
-    if config.has("penalties"):
-        penalties = ["repetition_penalty", "presence_penalty", "frequency_penalty"]
-        body.call("Unpenalised", penalties, ["plain_unpenalised"])
-        flags.append("plain_unpenalised")
-    if not flags:
-        return None
-    plain = flags[0]
-    for i, flag in enumerate(flags[1:]):
-        body.op("And", [plain, flag], [f"plain_{i}"])
-        plain = f"plain_{i}"
-    return plain
-
-
-def _select_unless_plain(
-    chain: FunctionBody, plain: str, selection: FunctionBody, selected: str
-) -> FunctionBody:
-    """``token`` = the argmax of x where `plain`, else the `selected` token of `selection`: an
-    ``If`` in `chain`, which is returned. On a plain step the selection's token is the argmax of
-    x too: the transforms leave x as it is (bias, mask and penalties neutral, every temperature
-    divides by 1), ``FiniteRows`` gives a row with no finite logit token 0 as the argmax of a row
-    of −inf does, and every row takes its greedy token. The selection's unread constants are
-    left out (a branch's unused initializer is one ONNX Runtime warns of)."""
-    token = helper.make_tensor_value_info
-    plain_graph = helper.make_graph(
-        [helper.make_node("RowArgMax", ["x"], ["plain_token"], domain=DOMAIN, name="RowArgMax")],
-        "plain",
-        [],
-        [token("plain_token", T_INT64, None)],
-    )
-    read = {name for node in selection.nodes for name in node.input} | {selected}
-    nodes = [n for n in selection.nodes if n.op_type != "Constant" or n.output[0] in read]
-    selection_graph = helper.make_graph(nodes, "selection", [], [token(selected, T_INT64, None)])
-    chain.op("If", [plain], ["token"], then_branch=plain_graph, else_branch=selection_graph)
-    return chain
-
-
-def _scalar(name: str, value: float) -> onnx.TensorProto:
-    return helper.make_tensor(name, T_FLOAT, [], [value])
 
 
 def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
@@ -263,7 +159,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         body.op("Identity", ["logits"], ["rows"])
     static = config.static
     body.call("SanitizeStatic" if static else "Sanitize", ["rows"], ["x", "x_max"])
-    plain = _plain_condition(body, config)
+    plain = plain_condition(body, config, ALLOWED)
     chain, body = body, (FunctionBody() if plain else body)  # the selection: an If's else branch
     selected = "selected" if plain else "token"
     z = "x"
@@ -299,7 +195,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     floor = "no_floor"
     body.op("Constant", [], [floor], value=helper.make_tensor(floor, T_FLOAT, [1, 1], [-np.inf]))
     beyond: list[str] = []  # a static chain's per-slot flags: the kept set is past its candidates
-    param = _drawn_filters(body, config)  # the filters' parameters, off on the greedy rows
+    param = drawn_filters(body, config)  # the filters' parameters, off on the greedy rows
     if floors and static:
         candidates_out = ["candidates", "candidate_ids_all", "top", "wide", "wide_ids"]
         body.call("CandidatesStatic", [z], candidates_out)
@@ -352,7 +248,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
                 # A greedy row's draw is thrown away (SelectGreedy): make it the cheap candidate
                 # draw (a floor of +inf is inside the candidates), so that a batch of greedy rows
                 # never draws from the whole vocabulary.
-                draw_floor, draw_whole = _greedy_rows_skip_draw(body, floor, whole_rows)
+                draw_floor, draw_whole = greedy_rows_skip_draw(body, floor, whole_rows)
             draw_row = draw_z  # the static draw's row truncated at the floor: typical-p's is
             if static and not config.has("typical_p"):
                 draw_row = kept  # the optional outputs' kept set, when they asked for one
@@ -379,7 +275,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     else:
         body.op("Identity", ["greedy_token"], [selected])
     if plain:
-        body = _select_unless_plain(chain, plain, body, selected)
+        body = select_unless_plain(chain, plain, body, selected)
     outputs = ["next_token", "logprob"]
     body.op("Identity", ["token"], ["next_token"])
     body.call("Logprob", ["x", "x_max", "token"], ["logprob", "row_max", "log_total"])
