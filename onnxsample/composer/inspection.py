@@ -57,7 +57,8 @@ def _values(values) -> list[ValueSummary]:
 
 
 def _chain_ops(model: onnx.ModelProto) -> Counter:
-    """Op types inside the sampler chain, its functions expanded (what Netron shows inside the node)."""
+    """Op types inside the sampler chain, its functions and the branches of its ``If`` expanded
+    (what Netron shows inside the node)."""
     functions = {(f.domain, f.name): f for f in model.functions}
     counts: Counter = Counter()
 
@@ -68,6 +69,9 @@ def _chain_ops(model: onnx.ModelProto) -> Counter:
                 visit(functions[key].node)
             else:
                 counts[node.op_type] += 1
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    visit(attr.g.node)
 
     if (DOMAIN, CHAIN_FUNCTION) in functions:
         visit(functions[(DOMAIN, CHAIN_FUNCTION)].node)
