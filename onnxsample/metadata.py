@@ -52,7 +52,8 @@ CONTRACT_VERSION = "1"
 # folding drops Or(x, false), And(x, true) and Not(Not(x)); RowBlocks takes the vocabulary's sizes
 # as constants; the branching prompt logprobs skip their ops when no prompt row is asked.
 # 19: a plain greedy step (every row greedy, nothing that changes a logit) skips the selection.
-COMPOSER_REVISION = "19"
+# 20: a step in which no slot drafts skips the draft verification's layout.
+COMPOSER_REVISION = "20"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

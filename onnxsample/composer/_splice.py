@@ -259,8 +259,9 @@ def splice(
         }
     )
     chain_in = picked
-    at = None
+    drafts = None
     if draft_tokens:
+        drafts = draft.drafting(graph, picked[draft.DRAFT_TOKENS])
         at = draft.positions(graph, picked[draft.DRAFT_TOKENS], picked["sampler.row_index"])
         chain_in = draft.per_row(graph, picked, at)
     prompt = _prompt_inputs(graph) if prompt_logprobs else None
@@ -323,8 +324,12 @@ def splice(
         value.name, value.type = f"sampler/{tag}_active_out", template.type
         results[template.name] = value
         specs[template.name] = (template.type, template.shape)
-    if at is not None:
-        results, emitted = draft.accept(graph, results, picked, at)
+    if drafts is not None:
+        trailing = {name: list(shape)[1:] for name, (_, shape) in specs.items()}
+        found, emitted = draft.verified(
+            graph, drafts, results, picked, at, draft_tokens, trailing, _emitted
+        )
+        results = {**results, **found}
         specs = draft.output_specs(specs, draft_tokens, max_slots)
         draft.add_functions(base)
     else:

@@ -9,6 +9,11 @@ logits row ``row_index[slot] + position``, its slot's parameters, its own unifor
 counts with the drafts before it; :mod:`onnxsample.graphs.speculative` holds the rule that keeps a
 draft and its proof that sampling stays exact.
 
+A step in which no active slot drafts (every decode step of a run without speculation) skips
+the verification: an ``If`` on :func:`drafting` lays the chain's results out without the
+(slot, position) grid (:func:`verified`), so such a step costs about what a graph without draft
+verification costs.
+
 Position 0's results keep the contract's names (``sampler.next_token``, ``sampler.logprob``, ...);
 positions 1..K come back as ``sampler.draft_next_token`` etc. [S, K], with ``sampler.accepted``
 [S]: the slot emits ``next_token`` and then ``draft_next_token[:accepted]``.
@@ -24,6 +29,7 @@ import onnx_ir as ir
 from onnxsample.composer._ir_build import const as _const
 from onnxsample.composer._ir_build import filled_like, scatter_rows, trailing_shape
 from onnxsample.composer._ir_build import op as _op
+from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.library import sampler_functions
 from onnxsample.graphs.speculative import (
@@ -59,7 +65,7 @@ DOCS = {
 }
 # Per-slot inputs whose positions 1..K come in their own draft input.
 _LATER = {"sampler.uniform": DRAFT_UNIFORM, ALLOWED: DRAFT_ALLOWED}
-_FUNCTIONS = (AddTokens, DraftPositions, PositionRows, DraftCounts, Accept)
+_FUNCTIONS = (AnyRow, AddTokens, DraftPositions, PositionRows, DraftCounts, Accept)
 
 
 @dataclass
@@ -203,6 +209,87 @@ def accept(
     out[ACCEPTED] = accepted
     accepted.dtype = ir.DataType.INT64
     return out, (tokens, emitted)
+
+
+def drafting(graph: ir.Graph, drafts: ir.Value) -> ir.Value:
+    """BOOL[1]: whether some active slot drafts this step (its `drafts` [A, K] hold a token)."""
+    zero = _const(graph, "sampler/draft_none", np.array(0))
+    given = _op(graph, "GreaterOrEqual", [drafts, zero], "draft_given")
+    (flag,) = _call(graph, "AnyRow", [given], 1, "drafting")
+    return flag
+
+
+def _branch(name: str, kinds: list[ir.TypeProtocol], build) -> ir.Graph:
+    """An ``If`` branch called `name`, its nodes appended by `build` (a function of the branch's
+    graph returning its outputs), the outputs typed `kinds`."""
+    branch = ir.Graph([], [], nodes=[], name=name)
+    for value, kind in zip(build(branch), kinds, strict=True):
+        value.type = kind
+        branch.outputs.append(value)
+    return branch
+
+
+def _if(graph: ir.Graph, cond: ir.Value, then: ir.Graph, other: ir.Graph, names, kinds, tag):
+    """The outputs of ``If(cond, then, other)``, named ``sampler/<name>_<tag>`` and typed `kinds`."""
+    node = ir.node(
+        "If",
+        [cond],
+        {"then_branch": then, "else_branch": other},
+        num_outputs=len(names),
+        name=f"sampler/{tag}",
+    )
+    graph.append(node)
+    for value, name, kind in zip(node.outputs, names, kinds, strict=True):
+        value.name, value.type = f"sampler/{name.removeprefix('sampler.')}_{tag}", kind
+    return list(node.outputs)
+
+
+def verified(
+    graph: ir.Graph,
+    when: ir.Value,
+    results: dict[str, ir.Value],
+    picked: dict[str, ir.Value],
+    at: Positions,
+    draft_tokens: int,
+    trailing: dict[str, list[int]],
+    own_tokens,
+) -> tuple[dict[str, ir.Value], tuple[ir.Value, ir.Value]]:
+    """:func:`accept`'s outputs where `when` (some slot drafts); else the chain's `results` as
+    they are, every draft position unscored (``draft_next_token`` −1, the rest 0), nothing
+    accepted, and the tokens `own_tokens` (graph, results, picked) says each slot emits."""
+    kept = {name: value for name, value in results.items() if name in DRAFT_OUTPUTS}
+    names = [n for name in kept for n in (name, DRAFT_OUTPUTS[name])] + [ACCEPTED]
+    int64, flag = ir.TensorType(ir.DataType.INT64), ir.TensorType(ir.DataType.BOOL)
+    kinds = [results[name].type for name in kept for _ in (0, 1)] + [int64, int64, flag]
+
+    def verify(branch: ir.Graph) -> list[ir.Value]:
+        out, emitted = accept(branch, results, picked, at)
+        return [out[name] for name in names] + list(emitted)
+
+    def unverified(branch: ir.Graph) -> list[ir.Value]:
+        out = []
+        rows = _op(branch, "Shape", [picked["sampler.row_index"]], "unscored_slots")
+        width = _const(branch, "sampler/unscored_width", np.array([draft_tokens]))
+        lead = _op(branch, "Concat", [rows, width], "unscored_lead", axis=0)
+        for name, value in kept.items():
+            tag = name.removeprefix("sampler.")
+            out.append(_op(branch, "Identity", [value], f"{tag}_unverified"))
+            fill = ir.tensor(
+                np.array([-1 if name == "sampler.next_token" else 0], value.dtype.numpy())
+            )
+            shape = lead
+            if trailing[name]:  # [A, L]: the top logprobs' L
+                last = _const(branch, f"sampler/unscored_{tag}_width", np.array(trailing[name]))
+                shape = _op(branch, "Concat", [lead, last], f"unscored_{tag}_shape", axis=0)
+            out.append(_op(branch, "ConstantOfShape", [shape], f"unscored_{tag}", value=fill))
+        nothing = ir.tensor(np.array([0], dtype=np.int64))
+        out.append(_op(branch, "ConstantOfShape", [rows], "unaccepted", value=nothing))
+        return out + list(own_tokens(branch, results, picked))
+
+    then = _branch("sampler/verified", kinds, verify)
+    other = _branch("sampler/unverified", kinds, unverified)
+    found = _if(graph, when, then, other, [*names, "emitted_ids", "emitted_take"], kinds, "step")
+    return dict(zip(names, found, strict=False)), (found[-2], found[-1])
 
 
 def add_functions(model: ir.Model) -> None:

@@ -157,6 +157,34 @@ def test_slots_with_and_without_drafts_and_inactive_ones():
     assert found["sampler.output_counts_out"][2].sum() == 0  # inactive: no state change
 
 
+@pytest.mark.parametrize(
+    "second",
+    [
+        SamplingParams(temperature=0, repetition_penalty=1.3),
+        SamplingParams(temperature=0.8, top_k=3),
+    ],
+    ids=["greedy-penalised", "drawing"],
+)
+def test_a_slot_without_a_draft_gets_the_same_outputs_whether_the_step_verifies_or_not(second):
+    """A step in which no slot drafts skips the verification; a slot without a draft gets the
+    same outputs as when another slot drafts and the step verifies: its token, logprob, top
+    logprobs and counts, draft positions unscored (−1, logprobs 0), nothing accepted."""
+    logits = np.stack([ROW, ROW[::-1]])
+    params = [GREEDY, second]
+    uniform = np.full((2, 5), 0.3)
+    counts = np.zeros((2, 8), np.int32)
+    counts[1, 5] = 2
+    skipped = _verify(logits, params, [[], []], top=2, uniform=uniform, counts=counts)
+    verified = _verify(logits, params, [[3, 1], []], top=2, uniform=uniform, counts=counts)
+    assert skipped["sampler.accepted"].tolist() == [0, 0]
+    assert verified["sampler.accepted"].tolist() == [2, 0]
+    for name, value in skipped.items():
+        np.testing.assert_array_equal(value[1], verified[name][1], err_msg=name)
+    assert skipped["sampler.draft_next_token"].tolist() == [[-1] * 4] * 2
+    assert not skipped["sampler.draft_logprob"].any()
+    assert skipped["sampler.draft_top_logprobs"].shape == (2, 4, 2)
+
+
 def test_logprobs_of_draft_positions_are_the_raw_distribution():
     rng = np.random.default_rng(3)
     logits = rng.normal(size=(1, 4, 8)).astype(np.float32)
