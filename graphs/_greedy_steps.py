@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from onnxsample.graphs._common import DOMAIN, GREEDY_BELOW, T_FLOAT, T_INT64
+from onnxsample.graphs._common import GREEDY_BELOW, T_FLOAT, T_INT64
 from onnxsample.graphs.library import FunctionBody
 
 if TYPE_CHECKING:
@@ -74,60 +74,45 @@ def drawn_filters(body: FunctionBody, config: ChainConfig) -> dict[str, str]:
     return names
 
 
-def plain_condition(body: FunctionBody, config: ChainConfig, allowed: str) -> str | None:
-    """BOOL[1] ``plain``: every row takes the argmax of its sanitized logits, because every row is
-    greedy and nothing changes a logit (no bias entry, no constraining mask, no penalty). The
-    branching chain then skips the whole selection (the transforms' passes and their checks, the
-    filters' checks, the draw's), and a plain greedy step costs what the greedy chain costs.
+def plain_condition(body: FunctionBody, config: ChainConfig) -> str | None:
+    """BOOL[1] ``plain``: every row of the step is greedy (t < 1e-5), so every row takes the argmax
+    of its transformed logits (bias, mask, penalties). The branching chain then skips the rest of
+    the selection: the temperature's pass, the filters' and the draw's checks and copies.
 
-    None where nothing would be skipped (a chain that only takes the argmax), where some row
-    always draws (a draw without a temperature), or where the chain must run its selection (the
-    static chain; probs and candidates, which read the filters' kept set). `allowed` names the
-    chain's mask of allowed tokens.
+    None where a row always draws (a draw without a temperature) or never does (no draw: the
+    chain is the argmax already), or where the selection must run (the static chain; probs and
+    candidates, which read the filters' kept set).
     """
     if config.static or config.output_probs or config.output_candidates:
         return None
-    if config.has("dist") and not config.has("temperature"):
+    if not config.has("dist") or not config.has("temperature"):
         return None
-    flags = []
-    if config.has("dist"):
-        body.call("AllGreedy", ["temperature"], ["plain_greedy"])
-        flags.append("plain_greedy")
-    if config.has("logit_bias"):
-        body.call("Unbiased", ["bias_ids"], ["plain_unbiased"])
-        flags.append("plain_unbiased")
-    if config.allowed_tokens:
-        body.call("Constrained", ["x", allowed], ["plain_constrained"])
-        body.op("Not", ["plain_constrained"], ["plain_unconstrained"])
-        flags.append("plain_unconstrained")
-    if config.has("penalties"):
-        penalties = ["repetition_penalty", "presence_penalty", "frequency_penalty"]
-        body.call("Unpenalised", penalties, ["plain_unpenalised"])
-        flags.append("plain_unpenalised")
-    if not flags:
-        return None
-    plain = flags[0]
-    for i, flag in enumerate(flags[1:]):
-        body.op("And", [plain, flag], [f"plain_{i}"])
-        plain = f"plain_{i}"
-    return plain
+    body.call("AllGreedy", ["temperature"], ["plain"])
+    return "plain"
 
 
 def select_unless_plain(
-    chain: FunctionBody, plain: str, selection: FunctionBody, selected: str
+    chain: FunctionBody, plain: str, selection: FunctionBody, selected: str, z: str
 ) -> FunctionBody:
-    """``token`` = the argmax of x where `plain`, else the `selected` token of `selection`: an
-    ``If`` in `chain`, which is returned. On a plain step the selection's token is the argmax of
-    x too: the transforms leave x as it is (bias, mask and penalties neutral, every temperature
-    divides by 1), ``FiniteRows`` gives a row with no finite logit token 0 as the argmax of a row
-    of −inf does, and every row takes its greedy token. The selection's unread constants are
-    left out (a branch's unused initializer is one ONNX Runtime warns of)."""
+    """``token`` = the argmax of the transformed logits `z` where `plain`, else the `selected`
+    token of `selection`: an ``If`` in `chain`, which is returned.
+
+    On a plain step the selection's token is that argmax too: every row's temperature divides by
+    1, which leaves a float as it is, and every row takes its greedy token. The plain branch keeps
+    ``FiniteRows`` where a transform may have left a row with no finite logit or with +inf (then
+    token 0, or the first of the clamped maxima); untransformed logits (`z` is x, sanitized) have
+    neither, and the argmax of a row of −inf is token 0 already. The selection's unread constants
+    are left out (a branch's unused initializer is one ONNX Runtime warns of)."""
     token = helper.make_tensor_value_info
+    plain_body = FunctionBody()
+    if z == "x":
+        plain_body.call("RowArgMax", ["x"], ["plain_token"])
+    else:
+        plain_body.call("RowMax", [z], ["plain_max"])
+        plain_body.call("FiniteRows", [z, "plain_max"], ["plain_rows", "plain_finite"])
+        plain_body.call("RowArgMax", ["plain_rows"], ["plain_token"])
     plain_graph = helper.make_graph(
-        [helper.make_node("RowArgMax", ["x"], ["plain_token"], domain=DOMAIN, name="RowArgMax")],
-        "plain",
-        [],
-        [token("plain_token", T_INT64, None)],
+        plain_body.nodes, "plain", [], [token("plain_token", T_INT64, None)]
     )
     read = {name for node in selection.nodes for name in node.input} | {selected}
     nodes = [n for n in selection.nodes if n.op_type != "Constant" or n.output[0] in read]

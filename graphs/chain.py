@@ -159,9 +159,6 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         body.op("Identity", ["logits"], ["rows"])
     static = config.static
     body.call("SanitizeStatic" if static else "Sanitize", ["rows"], ["x", "x_max"])
-    plain = plain_condition(body, config, ALLOWED)
-    chain, body = body, (FunctionBody() if plain else body)  # the selection: an If's else branch
-    selected = "selected" if plain else "token"
     z = "x"
     if config.has("logit_bias"):
         body.call("LogitBias", [z, "bias_ids", "bias_values"], ["biased"])
@@ -174,6 +171,9 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         penalties_fn = "PenaltiesStatic" if static else "Penalties"
         body.call(penalties_fn, [z, "prompt_mask", "output_counts", *penalties], ["penalised"])
         z = "penalised"
+    plain = plain_condition(body, config)
+    chain, body = body, (FunctionBody() if plain else body)  # the selection: an If's else branch
+    transformed, selected = z, ("selected" if plain else "token")
     if config.has("temperature"):
         body.call("Temperature", [z, "temperature"], ["scaled"])
         z = "scaled"
@@ -275,7 +275,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     else:
         body.op("Identity", ["greedy_token"], [selected])
     if plain:
-        body = select_unless_plain(chain, plain, body, selected)
+        body = select_unless_plain(chain, plain, body, selected, transformed)
     outputs = ["next_token", "logprob"]
     body.op("Identity", ["token"], ["next_token"])
     body.call("Logprob", ["x", "x_max", "token"], ["logprob", "row_max", "log_total"])

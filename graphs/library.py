@@ -44,7 +44,7 @@ from onnxsample.graphs.dist import (
     InverseCdf,
     RowDraw,
 )
-from onnxsample.graphs.logit_bias import LogitBias, Unbiased
+from onnxsample.graphs.logit_bias import LogitBias
 from onnxsample.graphs.logprobs import Logprob, TopLogprobs
 from onnxsample.graphs.mass import (
     MassThreshold,
@@ -59,7 +59,6 @@ from onnxsample.graphs.penalties import (
     Penalties,
     PenaltiesStatic,
     RepetitionRule,
-    Unpenalised,
     UpdateCounts,
 )
 from onnxsample.graphs.probs import FinalProbs
@@ -114,7 +113,6 @@ _SCRIPTS = (
     FiniteRows,
     FiniteRowsStatic,
     LogitBias,
-    Unbiased,
     Constrained,
     Allowed,
     AllowedStatic,
@@ -123,7 +121,6 @@ _SCRIPTS = (
     PenalisedRows,
     Penalties,
     PenaltiesStatic,
-    Unpenalised,
     UpdateCounts,
     Temperature,
     Greedy,

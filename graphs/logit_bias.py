@@ -1,9 +1,8 @@
 """Logit bias (OpenAI / vLLM ``logit_bias``): add a per-slot table of (token id, value) pairs."""
 
-from onnxscript import BOOL, FLOAT, INT64, script
+from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import onnxsample
 
 
@@ -22,13 +21,3 @@ def LogitBias(
     ids = op.Where(used, bias_ids, zero_i)
     values = op.Where(used, bias_values, zero_f)
     return op.ScatterElements(x, ids, values, axis=1, reduction="add")
-
-
-@script(onnxsample)
-def Unbiased(bias_ids: INT64["S", "NB"]) -> BOOL[1]:
-    """Whether no row has a bias entry (every id is the padding id −1): ``LogitBias`` then leaves
-    every logit as it is.
-
-    bias_ids: INT64["S", "NB"] → BOOL[1] (an ``If`` condition).
-    """
-    return op.Not(AnyRow(op.GreaterOrEqual(bias_ids, op.Constant(value_int=0))))

@@ -71,19 +71,6 @@ def PenalisedRows(
 
 
 @script(onnxsample)
-def Unpenalised(
-    repetition_penalty: FLOAT["S"], presence_penalty: FLOAT["S"], frequency_penalty: FLOAT["S"]
-) -> BOOL[1]:
-    """Whether no row is penalised (r = 1, p = f = 0 on every row): ``Penalties`` then leaves
-    every logit as it is.
-
-    The three penalties FLOAT["S"] → BOOL[1] (an ``If`` condition).
-    """
-    repetition, additive = PenalisedRows(repetition_penalty, presence_penalty, frequency_penalty)
-    return op.Not(AnyRow(op.Or(repetition, additive)))
-
-
-@script(onnxsample)
 def Penalties(
     x: FLOAT["S", "V"],
     prompt_mask: BOOL["S", "V"],

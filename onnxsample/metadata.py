@@ -51,7 +51,7 @@ CONTRACT_VERSION = "1"
 # 18: fewer ops in the draw's search, top-p's wide weights and top-k's flag; the static chain's
 # folding drops Or(x, false), And(x, true) and Not(Not(x)); RowBlocks takes the vocabulary's sizes
 # as constants; the branching prompt logprobs skip their ops when no prompt row is asked.
-# 19: a plain greedy step (every row greedy, nothing that changes a logit) skips the selection.
+# 19: a greedy step (every row greedy) skips the selection after the bias, mask and penalties.
 # 20: a step in which no slot drafts skips the draft verification's layout.
 COMPOSER_REVISION = "20"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a

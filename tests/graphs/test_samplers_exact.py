@@ -370,40 +370,49 @@ def test_tiny_temperatures_are_greedy(chain, temperature, greedy):
 
 
 _GREEDY = SamplingParams(temperature=0.0)
-# One row that needs the selection, and the sampler it needs.
-_ODD_ROWS = {
-    "plain": (_GREEDY, ""),
-    "a-bias": (SamplingParams(temperature=0.0, logit_bias={4: 5.0}), "logit_bias"),
-    "a-repetition-penalty": (SamplingParams(temperature=0.0, repetition_penalty=1.3), "penalties"),
-    "a-presence-penalty": (SamplingParams(temperature=0.0, presence_penalty=0.5), "penalties"),
-    "a-drawing-row": (SamplingParams(temperature=0.7), "dist"),
+# The slots' parameters (the last slot's row, a tie, stays plainly greedy) and the sampler they
+# need; in the last case only the first slot has them, and draws.
+_GREEDY_STEPS = {
+    "greedy": (_GREEDY, ""),
+    "greedy-biased": (SamplingParams(temperature=0.0, logit_bias={4: 5.0}), "logit_bias"),
+    # x / 0.5 overflows the 3.4e38 row to +inf: FiniteRows clamps it
+    "greedy-penalised": (SamplingParams(temperature=0.0, repetition_penalty=0.5), "penalties"),
+    "greedy-presence": (SamplingParams(temperature=0.0, presence_penalty=0.5), "penalties"),
+    "one-drawing": (SamplingParams(temperature=0.7), "dist"),
 }
 
 
-def _plain_cases():
-    for chain in (FULL, "temperature,dist", "penalties", "logit_bias"):
-        for name, (odd_one, needs) in _ODD_ROWS.items():
+def _greedy_step_cases():
+    for chain in (FULL, "temperature,dist", "penalties,temperature,dist", "logit_bias"):
+        for name, (params, needs) in _GREEDY_STEPS.items():
             if needs in {*chain.split(","), ""}:
-                yield pytest.param(chain, odd_one, id=f"{chain}-{name}")
+                yield pytest.param(chain, name, params, id=f"{chain}-{name}")
 
 
-@pytest.mark.parametrize(("chain", "odd_one"), list(_plain_cases()))
-def test_a_plain_step_takes_the_selections_token(chain, odd_one):
-    """A batch whose rows are all greedy, with no bias entry and no penalty, skips the selection
-    for the argmax of the sanitized logits; one row that needs the selection runs it for all. The
-    token and logprob of every row are the selection's (a chain with probs always selects), on
-    rows with NaN, ±inf, ±1e30, no finite logit and ties."""
-    slots = [odd_one] + [_GREEDY] * (len(EDGE_ROWS) - 2)
-    kwargs = {"uniform": np.linspace(0.05, 0.95, len(slots))}
+@pytest.mark.parametrize(("chain", "case", "params"), list(_greedy_step_cases()))
+def test_a_greedy_step_takes_the_selections_token(chain, case, params):
+    """A step whose rows are all greedy skips the selection's temperature, filters and draw for
+    the argmax of the transformed logits (bias, penalties); one row that draws runs the selection
+    for all. The token and logprob of every row are the selection's (a chain with probs always
+    selects), on rows with NaN, ±inf, ±1e30, overflow to +inf, no finite logit and ties."""
+    # and the largest float before a token that overflows to +inf: clamped, the first one wins
+    rows = np.vstack([EDGE_ROWS[:-1], [[3.4028235e38, 3e38, 0, 0, 0, 0]], EDGE_ROWS[-1:]])
+    rows = rows.astype(np.float32)
+    slots = len(rows) - 1
+    given = 1 if case == "one-drawing" else slots - 1  # the rest: plainly greedy
+    every = [params] * given + [_GREEDY] * (slots - given)
+    kwargs = {"uniform": np.linspace(0.05, 0.95, slots)}
     if "logit_bias" in chain:
         kwargs["max_bias"] = 2
     if "penalties" in chain:
-        kwargs["output_counts"] = np.ones((len(slots), EDGE_ROWS.shape[1]), np.int32)
-    plain = _run(chain, EDGE_ROWS, slots, **kwargs)
-    selected = _run(chain, EDGE_ROWS, slots, output_probs=True, **kwargs)
+        kwargs["output_counts"] = np.ones((slots, rows.shape[1]), np.int32)
+        kwargs["output_counts"][-2] = [0, 1, 0, 0, 0, 0]  # only 3e38 is penalised
+    plain = _run(chain, rows, every, **kwargs)
+    selected = _run(chain, rows, every, output_probs=True, **kwargs)
     for name in ("sampler.next_token", "sampler.logprob"):
         np.testing.assert_array_equal(plain[name], selected[name])
     assert plain["sampler.next_token"][-1] == 1  # ties go to the lowest id
+    assert plain["sampler.next_token"][-2] == 0
 
 
 _FILTERED_GREEDY = SamplingParams(temperature=0.0, top_k=3, top_p=0.2, min_p=0.3, typical_p=0.2)
