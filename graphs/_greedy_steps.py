@@ -1,7 +1,7 @@
 """The branching chain's shortcuts for greedy rows: a greedy row takes the argmax, so what the
 chain would compute for it only to throw away is not computed. Its filters are off
 (:func:`drawn_filters`), its draw is the cheap one (:func:`greedy_rows_skip_draw`), and a step
-whose rows are all greedy with nothing that changes a logit skips the selection altogether
+whose rows are all greedy skips the selection after the logit bias, the mask and the penalties
 (:func:`plain_condition`, :func:`select_unless_plain`). The static chain (CUDA graphs) takes none.
 """
 
