@@ -26,7 +26,7 @@ from onnxsample.graphs._rows import (
     RunningSum,
     row_blocks_for,
 )
-from onnxsample.graphs.allowed import Allowed, AllowedStatic, Constrained
+from onnxsample.graphs.allowed import Allowed, AllowedStatic
 from onnxsample.graphs.candidates import (
     Candidates,
     CandidatesDrawn,
@@ -55,7 +55,6 @@ from onnxsample.graphs.mass import (
 from onnxsample.graphs.min_p import MinP
 from onnxsample.graphs.penalties import (
     AdditiveRule,
-    PenalisedRows,
     Penalties,
     PenaltiesStatic,
     RepetitionRule,
@@ -113,12 +112,10 @@ _SCRIPTS = (
     FiniteRows,
     FiniteRowsStatic,
     LogitBias,
-    Constrained,
     Allowed,
     AllowedStatic,
     RepetitionRule,
     AdditiveRule,
-    PenalisedRows,
     Penalties,
     PenaltiesStatic,
     UpdateCounts,

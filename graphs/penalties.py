@@ -54,23 +54,6 @@ def AdditiveRule(
 
 
 @script(onnxsample)
-def PenalisedRows(
-    repetition_penalty: FLOAT["S"], presence_penalty: FLOAT["S"], frequency_penalty: FLOAT["S"]
-) -> tuple[BOOL["S"], BOOL["S"]]:
-    """The rows each rule changes: r ≠ 1 (repetition), p ≠ 0 or f ≠ 0 (the additive rule).
-
-    The three penalties FLOAT["S"] → (BOOL["S"], BOOL["S"]).
-    """
-    zero_f = op.Constant(value_float=0.0)
-    one_f = op.Constant(value_float=1.0)
-    repetition = op.Not(op.Equal(repetition_penalty, one_f))
-    additive = op.Or(
-        op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
-    )
-    return repetition, additive
-
-
-@script(onnxsample)
 def Penalties(
     x: FLOAT["S", "V"],
     prompt_mask: BOOL["S", "V"],
@@ -86,7 +69,12 @@ def Penalties(
     FLOAT["S"]. Each rule runs only when some slot sets it; neutral values r = 1, p = f = 0 leave x
     bit for bit.
     """
-    repetition, additive = PenalisedRows(repetition_penalty, presence_penalty, frequency_penalty)
+    zero_f = op.Constant(value_float=0.0)
+    one_f = op.Constant(value_float=1.0)
+    repetition = op.Not(op.Equal(repetition_penalty, one_f))
+    additive = op.Or(
+        op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
+    )
     # One pass-through when no slot penalises (an If's skipped branch copies the row), not two.
     if AnyRow(op.Or(repetition, additive)):
         if AnyRow(repetition):
