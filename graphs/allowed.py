@@ -14,6 +14,17 @@ from onnxsample.graphs._common import NEG_INF, onnxsample
 
 
 @script(onnxsample)
+def Constraining(x: FLOAT["S", "V"], allowed: BOOL["S", "A"]) -> BOOL[1]:
+    """Whether the mask constrains the batch: it has a column per token (A = V), not one.
+
+    x: FLOAT[S, V]; allowed: BOOL[S, V] or BOOL[S, 1] → BOOL[1] (an ``If`` condition).
+    """
+    width = op.Shape(allowed, start=1, end=2)
+    vocab = op.Shape(x, start=1, end=2)
+    return op.Equal(width, vocab)
+
+
+@script(onnxsample)
 def Allowed(x: FLOAT["S", "V"], allowed: BOOL["S", "A"]) -> FLOAT["S", "V"]:
     """x where allowed, −inf where not; x itself when the mask has one column (A = 1: nothing is
     constrained in this batch).
@@ -22,9 +33,7 @@ def Allowed(x: FLOAT["S", "V"], allowed: BOOL["S", "A"]) -> FLOAT["S", "V"]:
     FLOAT[S, V].
     """
     ninf = op.Constant(value_float=NEG_INF)
-    width = op.Shape(allowed, start=1, end=2)
-    vocab = op.Shape(x, start=1, end=2)
-    if op.Equal(op.ReduceMax(width, keepdims=1), op.ReduceMax(vocab, keepdims=1)):
+    if Constraining(x, allowed):
         out = op.Where(allowed, x, ninf)
     else:
         out = op.Identity(x)

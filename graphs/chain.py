@@ -67,7 +67,9 @@ class ChainConfig:
     past the ``STATIC_CANDIDATES`` largest is flagged (``fallback``) for the host, which takes
     its token from the branching chain over its row (``fallback_logits``).
     ``allowed_tokens`` adds the per-slot mask of allowed tokens (structured output), applied
-    right after the logit bias."""
+    right after the logit bias. ``counts_out`` false leaves the updated penalty counts out of the
+    outputs, for a graph that adds the step's tokens to its own copy of the state (the composer's
+    scatter back to all slots)."""
 
     samplers: tuple[str, ...]
     top_logprobs: int = 0
@@ -77,6 +79,7 @@ class ChainConfig:
     gather_rows: bool = True
     static: bool = False
     allowed_tokens: bool = False
+    counts_out: bool = True
 
     def has(self, name: str) -> bool:
         if name == "logit_bias":
@@ -117,7 +120,7 @@ def chain_outputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]
             (PREFIX + "top_logprob_ids", T_INT64, ("S", "L")),
             (PREFIX + "top_logprobs", T_FLOAT, ("S", "L")),
         ]
-    if config.has("penalties"):
+    if config.has("penalties") and config.counts_out:
         found.append((PREFIX + "output_counts_out", T_INT32, _ROW))
     if config.output_probs:
         found.append((PREFIX + "probs", T_FLOAT, _ROW))
@@ -150,6 +153,60 @@ def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str]) -> Non
     body.op("Identity", ["rows"], [FALLBACK_LOGITS])
 
 
+_PENALTIES = ["repetition_penalty", "presence_penalty", "frequency_penalty"]
+
+
+def _transforms(body: FunctionBody, config: ChainConfig) -> str:
+    """The logit bias, the allowed-tokens mask and the penalties applied to ``x``, in that order:
+    the name of the transformed logits (``x`` itself when the chain has none).
+
+    An ``If``'s skipped branch copies the row it passes through, so the branching chain asks
+    once whether the mask constrains or some slot penalises (``Constraining``, ``Penalising``),
+    and a step where neither does takes the logit bias alone: one pass over the rows, where the
+    mask's and the penalties' own checks took one each. Either way, the same numbers."""
+    static, penalties = config.static, config.has("penalties")
+
+    def apply(into: FunctionBody, tag: str, allowed: bool, penalised: bool) -> str:
+        z = "x"
+        if config.has("logit_bias"):
+            into.call("LogitBias", [z, "bias_ids", "bias_values"], [f"biased{tag}"])
+            z = f"biased{tag}"
+        if allowed:
+            into.call("AllowedStatic" if static else "Allowed", [z, ALLOWED], [f"allowed_z{tag}"])
+            z = f"allowed_z{tag}"
+        if penalised:
+            penalties_fn = "PenaltiesStatic" if static else "Penalties"
+            into.call(
+                penalties_fn, [z, "prompt_mask", "output_counts", *_PENALTIES], [f"penalised{tag}"]
+            )
+            z = f"penalised{tag}"
+        return z
+
+    if static or not (config.allowed_tokens or penalties):
+        return apply(body, "", config.allowed_tokens, penalties)
+    checks = []
+    if config.allowed_tokens:
+        body.call("Constraining", ["x", ALLOWED], ["constraining"])
+        checks.append("constraining")
+    if penalties:
+        body.call("Penalising", _PENALTIES, ["penalising"])
+        checks.append("penalising")
+    if len(checks) == 2:
+        body.op("Or", checks, ["transforming"])
+        checks = ["transforming"]
+    branches = []
+    for tag, on in (("_all", True), ("_none", False)):
+        branch = FunctionBody()
+        z = apply(branch, tag, config.allowed_tokens and on, penalties and on)
+        if z == "x":
+            branch.op("Identity", ["x"], [f"untransformed{tag}"])
+            z = f"untransformed{tag}"
+        out = helper.make_tensor_value_info(z, T_FLOAT, None)
+        branches.append(helper.make_graph(branch.nodes, f"transforms{tag}", [], [out]))
+    body.op("If", checks, ["transformed"], then_branch=branches[0], else_branch=branches[1])
+    return "transformed"
+
+
 def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     """The ``onnxsample.SamplerChain`` function for ``config`` (inputs/outputs without prefix)."""
     body = FunctionBody()
@@ -159,18 +216,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         body.op("Identity", ["logits"], ["rows"])
     static = config.static
     body.call("SanitizeStatic" if static else "Sanitize", ["rows"], ["x", "x_max"])
-    z = "x"
-    if config.has("logit_bias"):
-        body.call("LogitBias", [z, "bias_ids", "bias_values"], ["biased"])
-        z = "biased"
-    if config.allowed_tokens:
-        body.call("AllowedStatic" if static else "Allowed", [z, ALLOWED], ["allowed_z"])
-        z = "allowed_z"
-    if config.has("penalties"):
-        penalties = ["repetition_penalty", "presence_penalty", "frequency_penalty"]
-        penalties_fn = "PenaltiesStatic" if static else "Penalties"
-        body.call(penalties_fn, [z, "prompt_mask", "output_counts", *penalties], ["penalised"])
-        z = "penalised"
+    z = _transforms(body, config)
     plain = plain_condition(body, config)
     chain, body = body, (FunctionBody() if plain else body)  # the selection: an If's else branch
     transformed, selected = z, ("selected" if plain else "token")
@@ -284,7 +330,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         top_inputs = ["x", "row_max", "log_total", "top_count"]
         body.call("TopLogprobs", top_inputs, ["top_logprob_ids", "top_logprobs"])
         outputs += ["top_logprob_ids", "top_logprobs"]
-    if config.has("penalties"):
+    if config.has("penalties") and config.counts_out:
         body.call("UpdateCounts", ["output_counts", "token", "row_index"], ["output_counts_out"])
         outputs.append("output_counts_out")
     if config.output_probs:

@@ -26,7 +26,7 @@ from onnxsample.graphs._rows import (
     RunningSum,
     row_blocks_for,
 )
-from onnxsample.graphs.allowed import Allowed, AllowedStatic
+from onnxsample.graphs.allowed import Allowed, AllowedStatic, Constraining
 from onnxsample.graphs.candidates import (
     Candidates,
     CandidatesDrawn,
@@ -55,6 +55,7 @@ from onnxsample.graphs.mass import (
 from onnxsample.graphs.min_p import MinP
 from onnxsample.graphs.penalties import (
     AdditiveRule,
+    Penalising,
     Penalties,
     PenaltiesStatic,
     RepetitionRule,
@@ -112,10 +113,12 @@ _SCRIPTS = (
     FiniteRows,
     FiniteRowsStatic,
     LogitBias,
+    Constraining,
     Allowed,
     AllowedStatic,
     RepetitionRule,
     AdditiveRule,
+    Penalising,
     Penalties,
     PenaltiesStatic,
     UpdateCounts,

@@ -54,6 +54,22 @@ def AdditiveRule(
 
 
 @script(onnxsample)
+def Penalising(
+    repetition_penalty: FLOAT["S"], presence_penalty: FLOAT["S"], frequency_penalty: FLOAT["S"]
+) -> BOOL[1]:
+    """Whether some slot sets a penalty (r ≠ 1, p ≠ 0 or f ≠ 0).
+
+    The three penalties FLOAT["S"] → BOOL[1] (an ``If`` condition).
+    """
+    zero_f = op.Constant(value_float=0.0)
+    one_f = op.Constant(value_float=1.0)
+    additive = op.Or(
+        op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
+    )
+    return AnyRow(op.Or(op.Not(op.Equal(repetition_penalty, one_f)), additive))
+
+
+@script(onnxsample)
 def Penalties(
     x: FLOAT["S", "V"],
     prompt_mask: BOOL["S", "V"],
@@ -76,7 +92,7 @@ def Penalties(
         op.Not(op.Equal(presence_penalty, zero_f)), op.Not(op.Equal(frequency_penalty, zero_f))
     )
     # One pass-through when no slot penalises (an If's skipped branch copies the row), not two.
-    if AnyRow(op.Or(repetition, additive)):
+    if Penalising(repetition_penalty, presence_penalty, frequency_penalty):
         if AnyRow(repetition):
             x1 = RepetitionRule(x, prompt_mask, output_counts, repetition_penalty)
         else:

@@ -82,6 +82,35 @@ def _to_float(graph: ir.Graph, value: ir.Value, tag: str) -> ir.Value:
     return _op(graph, "Cast", [value], f"{tag}_float", to=ir.DataType.FLOAT)
 
 
+def _head_rows(
+    graph: ir.Graph, head: ir.Node, padded: ir.Value, indices: ir.Value, exact: bool, tag: str
+) -> ir.Value:
+    """The LM head (a copy of `head`) applied to the `indices` rows of `padded` hidden states:
+    float logits [len(indices), V]. An exact-positions export puts the dummy row first, so that
+    the head's GEMM never has one row (4-bit MatMulNBits takes another kernel for M = 1; see
+    onnxsample.exporters._exact_attention), and slices it off after."""
+    if exact:
+        dummy = _const(graph, f"sampler/{tag}_head_dummy_row", np.array([0], np.int64))
+        indices = _op(graph, "Concat", [dummy, indices], f"{tag}_head_rows_exact", axis=0)
+    rows = _op(graph, "Gather", [padded, indices], f"{tag}_hidden_rows", axis=0)
+    moved = ir.node(
+        head.op_type,
+        [rows, *head.inputs[1:]],
+        {name: attr.value for name, attr in head.attributes.items()},
+        domain=head.domain,
+        name=f"sampler/{tag}_lm_head",
+    )
+    moved.outputs[0].name = f"sampler/{tag}_lm_head"
+    moved.outputs[0].dtype = head.outputs[0].dtype
+    graph.append(moved)
+    logits = _to_float(graph, moved.outputs[0], f"{tag}_logits")
+    if not exact:
+        return logits
+    after_dummy = _const(graph, f"sampler/{tag}_head_rows_after_dummy", np.array([1]))
+    last = _const(graph, f"sampler/{tag}_head_rows_all", np.array([2**62]))
+    return _op(graph, "Slice", [logits, after_dummy, last], f"{tag}_head_rows_real")
+
+
 def _active_slots(graph: ir.Graph, row_index: ir.Value) -> ir.Value:
     """Indices of the slots with a row to sample (row_index > 0); [0] when there are none.
 
@@ -211,8 +240,8 @@ def splice(
     to those slots and its outputs scattered back to all S, inactive slots keeping their state.
 
     With `prompt_logprobs`, ``sampler.prompt_rows`` [P] name more rows (prompt positions) whose
-    logprobs of ``sampler.prompt_targets`` are returned; before an LM head they share its one
-    MatMul with the slots' rows. P = 0 (every decode step) costs a few empty ops.
+    logprobs of ``sampler.prompt_targets`` are returned; before an LM head they take a head call
+    of their own. P = 0 (every decode step) costs a few empty ops.
 
     With `draft_tokens` K > 0 the chain scores up to K + 1 positions per slot and verifies the
     slots' drafts (:mod:`onnxsample.composer._splice_draft`).
@@ -224,7 +253,13 @@ def splice(
     """
     sampler = ir.from_proto(
         build_sampler_model(
-            chain, vocab, max_slots, gather_rows=head is None, static=static, **options
+            chain,
+            vocab,
+            max_slots,
+            gather_rows=head is None,
+            static=static,
+            counts_out=static,  # else the step's tokens are added to all S rows (_counted)
+            **options,
         )
     )
     graph = base.graph
@@ -270,36 +305,11 @@ def splice(
         hidden = head.inputs[0]
         width = hidden.shape[2]
         padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
-        indices = chain_in["sampler.row_index"]
-        if prompt is not None:
-            indices = _op(graph, "Concat", [indices, prompt[0]], "head_rows_index", axis=0)
         exact = exact_positions(base)
-        if exact:  # the dummy row first: never one row in the head's GEMM (4-bit MatMulNBits
-            # takes another kernel for M = 1; see onnxsample.exporters._exact_attention)
-            dummy = _const(graph, "sampler/head_dummy_row", np.array([0], np.int64))
-            indices = _op(graph, "Concat", [dummy, indices], "head_rows_index_exact", axis=0)
-        rows = _op(graph, "Gather", [padded, indices], "hidden_rows", axis=0)
-        moved = ir.node(
-            head.op_type,
-            [rows, *head.inputs[1:]],
-            {name: attr.value for name, attr in head.attributes.items()},
-            domain=head.domain,
-            name="sampler/lm_head",
-        )
-        moved.outputs[0].name = "sampler/lm_head"
-        moved.outputs[0].dtype = head.outputs[0].dtype
-        graph.append(moved)
-        rows = _to_float(graph, moved.outputs[0], "logits")
-        if exact:
-            after_dummy = _const(graph, "sampler/head_rows_after_dummy", np.array([1]))
-            last = _const(graph, "sampler/head_rows_all", np.array([2**62]))
-            rows = _op(graph, "Slice", [rows, after_dummy, last], "head_rows_real")
-        if prompt is not None:
-            count = _op(graph, "Shape", [chain_in["sampler.row_index"]], "active_rows")
-            zero = _const(graph, "sampler/head_rows_start", np.array([0]))
-            end = _const(graph, "sampler/head_rows_end", np.array([2**62]))
-            prompt_logits = _op(graph, "Slice", [rows, count, end], "prompt_logits")
-            rows = _op(graph, "Slice", [rows, zero, count], "slot_logits")
+        rows = _head_rows(graph, head, padded, chain_in["sampler.row_index"], exact, "slot")
+        if prompt is not None:  # a head call of its own: P = 0 (every decode step) is an empty
+            # GEMM, where slicing one call's [A + P, V] logits copied the slots' rows every step
+            prompt_logits = _head_rows(graph, head, padded, prompt[0], exact, "prompt")
     else:
         rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
         if prompt is not None:
@@ -334,6 +344,8 @@ def splice(
         draft.add_functions(base)
     else:
         emitted = _emitted(graph, results, picked)
+    if COUNTS in new_inputs and not static:
+        specs = _with_counts_out(specs, new_inputs[COUNTS])
     for name, (kind, shape) in specs.items():
         tag = name[len(_PREFIX) :]
         if active is None:
@@ -352,6 +364,20 @@ def splice(
         _prompt_logprobs(base, prompt_logits, prompt[1], options["top_logprobs"], static)
     base.opset_imports[DOMAIN] = 1
     return base
+
+
+def _with_counts_out(specs: dict, counts: ir.Value) -> dict:
+    """`specs` with ``sampler.output_counts_out`` (the shape and type of `counts`) after the
+    logprobs, where a chain that returns the counts has it."""
+    out, after = (
+        {},
+        "sampler.top_logprobs" if "sampler.top_logprobs" in specs else "sampler.logprob",
+    )
+    for name, spec in specs.items():
+        out[name] = spec
+        if name == after:
+            out[COUNTS_OUT] = (counts.type, counts.shape)
+    return out
 
 
 def _slot_dim(shape: ir.Shape, max_slots: int) -> ir.Shape:

@@ -69,6 +69,7 @@ def sampler_config(
     gather_rows: bool = True,
     static: bool = False,
     allowed_tokens: bool = False,
+    counts_out: bool = True,
 ) -> ChainConfig:
     """Check the build options and return the graph configuration they describe."""
     chain = SamplerChain(chain)
@@ -102,6 +103,7 @@ def sampler_config(
         gather_rows=bool(gather_rows),
         static=bool(static),
         allowed_tokens=bool(allowed_tokens),
+        counts_out=bool(counts_out),
     )
 
 
@@ -118,13 +120,15 @@ def build_sampler_model(
     prompt_logprobs: bool = False,
     static: bool = False,
     allowed_tokens: bool = False,
+    counts_out: bool = True,
 ) -> onnx.ModelProto:
     """Build the standalone sampler model for ``chain``.
 
     Inputs: ``logits`` float32[R, V] (R padded rows, row 0 the dummy row; float32[S, V] with
     ``gather_rows=False``), then the ``sampler.*`` inputs the chain reads. Outputs:
     ``sampler.next_token``, ``sampler.logprob``, then as configured ``sampler.top_logprob_ids`` /
-    ``sampler.top_logprobs`` [S, L], ``sampler.output_counts_out`` (with ``penalties``),
+    ``sampler.top_logprobs`` [S, L], ``sampler.output_counts_out`` (with ``penalties``, unless
+    ``counts_out`` is false),
     ``sampler.probs`` [S, V], ``sampler.candidate_ids`` / ``sampler.candidate_logits`` [S, K].
     ``logit_bias`` takes effect only with ``max_bias`` > 0 (the table's width NB).
 
@@ -151,6 +155,7 @@ def build_sampler_model(
         gather_rows=gather_rows,
         static=static,
         allowed_tokens=allowed_tokens,
+        counts_out=counts_out,
     )
     dims = {
         "S": max_slots,

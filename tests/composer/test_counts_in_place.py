@@ -36,6 +36,22 @@ def test_every_composition_reads_its_counts_before_it_writes_them(
     assert composed_metadata(onnx.load(path, load_external_data=False)).counts_in_place
 
 
+BRANCHING = {k: v for k, v in COMPOSITIONS.items() if k not in ("static", "inline")}
+
+
+@pytest.mark.parametrize("options", BRANCHING.values(), ids=BRANCHING.keys())
+def test_the_counts_gain_the_steps_tokens_once(tiny_gqa_export, tmp_path, options):
+    """The branching composition adds the emitted tokens to all S rows itself, so its chain
+    returns no counts of its own: ONNX Runtime would compute that unread output every step."""
+    path = compose(
+        tiny_gqa_export.output, None, tmp_path / "c.onnx", max_slots=4, max_bias=2, **options
+    )
+    model = onnx.load(path, load_external_data=False)
+    chain = next(f for f in model.functions if f.name == "SamplerChain")
+    assert "output_counts_out" not in chain.output
+    assert "UpdateCounts" not in [n.op_type for n in chain.node]
+
+
 def test_a_chain_without_penalties_keeps_no_counts(tiny_gqa_export, tmp_path):
     path = compose(tiny_gqa_export.output, "temperature,dist", tmp_path / "c.onnx", max_slots=4)
     assert not composed_metadata(onnx.load(path, load_external_data=False)).counts_in_place
