@@ -293,12 +293,10 @@ def splice(
             for name, value in new_inputs.items()
         }
     )
-    chain_in = picked
-    drafts = None
+    drafts, head_index = None, picked["sampler.row_index"]
     if draft_tokens:
         drafts = draft.drafting(graph, picked[draft.DRAFT_TOKENS])
-        at = draft.positions(graph, picked[draft.DRAFT_TOKENS], picked["sampler.row_index"])
-        chain_in = draft.per_row(graph, picked, at)
+        head_index = draft.scored_rows(graph, drafts, picked)
     prompt = _prompt_inputs(graph) if prompt_logprobs else None
     prompt_logits = None
     if head is not None:
@@ -306,7 +304,7 @@ def splice(
         width = hidden.shape[2]
         padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
         exact = exact_positions(base)
-        rows = _head_rows(graph, head, padded, chain_in["sampler.row_index"], exact, "slot")
+        rows = _head_rows(graph, head, padded, head_index, exact, "slot")
         if prompt is not None:  # a head call of its own: P = 0 (every decode step) is an empty
             # GEMM, where slicing one call's [A + P, V] logits copied the slots' rows every step
             prompt_logits = _head_rows(graph, head, padded, prompt[0], exact, "prompt")
@@ -318,31 +316,34 @@ def splice(
         for known in (rows, prompt_logits):
             if known is not None:
                 known.type, known.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape([None, vocab])
-    chain_inputs = [rows] + [chain_in[v.name] for v in sampler.graph.inputs[1:]]
-    node = ir.node(
-        CHAIN_FUNCTION,
-        chain_inputs,
-        domain=DOMAIN,
-        num_outputs=len(sampler.graph.outputs),
-        name="sampler",
-        doc_string=f"onnxsample sampler chain: {chain}",
-    )
-    graph.append(node)
-    results, specs = {}, {}
-    for value, template in zip(node.outputs, sampler.graph.outputs, strict=True):
-        tag = template.name[len(_PREFIX) :]
-        value.name, value.type = f"sampler/{tag}_active_out", template.type
-        results[template.name] = value
-        specs[template.name] = (template.type, template.shape)
-    if drafts is not None:
-        trailing = {name: list(shape)[1:] for name, (_, shape) in specs.items()}
-        found, emitted = draft.verified(
-            graph, drafts, results, picked, at, draft_tokens, trailing, _emitted
+    specs = {t.name: (t.type, t.shape) for t in sampler.graph.outputs}
+
+    def run_chain(into: ir.Graph, chain_in: dict[str, ir.Value], tag: str) -> dict:
+        """The chain on `rows` and `chain_in`, appended to `into`: its outputs by name."""
+        node = ir.node(
+            CHAIN_FUNCTION,
+            [rows] + [chain_in[v.name] for v in sampler.graph.inputs[1:]],
+            domain=DOMAIN,
+            num_outputs=len(sampler.graph.outputs),
+            name="sampler",
+            doc_string=f"onnxsample sampler chain: {chain}",
         )
-        results = {**results, **found}
+        into.append(node)
+        out = {}
+        for value, template in zip(node.outputs, sampler.graph.outputs, strict=True):
+            value.name = f"sampler/{template.name[len(_PREFIX) :]}_{tag}"
+            value.type = template.type
+            out[template.name] = value
+        return out
+
+    if drafts is not None:
+        results, emitted = draft.verified(
+            graph, drafts, picked, run_chain, specs, draft_tokens, _emitted
+        )
         specs = draft.output_specs(specs, draft_tokens, max_slots)
         draft.add_functions(base)
     else:
+        results = run_chain(graph, picked, "active_out")
         emitted = _emitted(graph, results, picked)
     if COUNTS in new_inputs and not static:
         specs = _with_counts_out(specs, new_inputs[COUNTS])

@@ -10,8 +10,9 @@ counts with the drafts before it; :mod:`onnxsample.graphs.speculative` holds the
 draft and its proof that sampling stays exact.
 
 A step in which no active slot drafts (every decode step of a run without speculation) skips
-the verification: an ``If`` on :func:`drafting` lays the chain's results out without the
-(slot, position) grid (:func:`verified`), so such a step costs about what a graph without draft
+the verification: ``If`` nodes on :func:`drafting` give the LM head the active slots' own rows
+(:func:`scored_rows`) and run the chain on those slots as they are, without the (slot, position)
+pairs or the grid (:func:`verified`), so such a step costs about what a graph without draft
 verification costs.
 
 Position 0's results keep the contract's names (``sampler.next_token``, ``sampler.logprob``, ...);
@@ -99,11 +100,31 @@ def _call(graph: ir.Graph, function: str, inputs, outputs: int, tag: str) -> lis
     return list(node.outputs)
 
 
-def positions(graph: ir.Graph, drafts: ir.Value, row_index: ir.Value) -> Positions:
+def positions(
+    graph: ir.Graph, drafts: ir.Value, row_index: ir.Value, tag: str = "draft"
+) -> Positions:
     """The pairs to score for the active slots' `drafts` [A, K] and `row_index` [A]."""
-    (pairs,) = _call(graph, "DraftPositions", [drafts, row_index], 1, "draft_positions")
-    slot, position, rows = _call(graph, "PositionRows", [pairs, row_index], 3, "draft_rows")
+    (pairs,) = _call(graph, "DraftPositions", [drafts, row_index], 1, f"{tag}_positions")
+    slot, position, rows = _call(graph, "PositionRows", [pairs, row_index], 3, f"{tag}_rows")
     return Positions(pairs, slot, position, rows)
+
+
+def scored_rows(graph: ir.Graph, when: ir.Value, picked: dict[str, ir.Value]) -> ir.Value:
+    """INT64[R]: the padded rows the chain scores this step (the LM head's rows): every scored
+    pair's where `when` (some slot drafts), else the active slots' own ``row_index``."""
+    row_index = picked["sampler.row_index"]
+
+    def pairs(branch: ir.Graph) -> list[ir.Value]:
+        return [positions(branch, picked[DRAFT_TOKENS], row_index, "head_pairs").rows]
+
+    def own(branch: ir.Graph) -> list[ir.Value]:
+        return [_op(branch, "Identity", [row_index], "head_rows_own")]
+
+    kinds = [ir.TensorType(ir.DataType.INT64)]
+    then = _branch("sampler/head_rows_drafting", kinds, pairs)
+    other = _branch("sampler/head_rows_undrafted", kinds, own)
+    (rows,) = _if(graph, when, then, other, ["rows"], kinds, "head_index")
+    return rows
 
 
 def per_row(graph: ir.Graph, picked: dict[str, ir.Value], at: Positions) -> dict[str, ir.Value]:
@@ -247,39 +268,47 @@ def _if(graph: ir.Graph, cond: ir.Value, then: ir.Graph, other: ir.Graph, names,
 def verified(
     graph: ir.Graph,
     when: ir.Value,
-    results: dict[str, ir.Value],
     picked: dict[str, ir.Value],
-    at: Positions,
+    run_chain,
+    specs: dict[str, tuple],
     draft_tokens: int,
-    trailing: dict[str, list[int]],
     own_tokens,
 ) -> tuple[dict[str, ir.Value], tuple[ir.Value, ir.Value]]:
-    """:func:`accept`'s outputs where `when` (some slot drafts); else the chain's `results` as
-    they are, every draft position unscored (``draft_next_token`` −1, the rest 0), nothing
-    accepted, and the tokens `own_tokens` (graph, results, picked) says each slot emits."""
-    kept = {name: value for name, value in results.items() if name in DRAFT_OUTPUTS}
-    names = [n for name in kept for n in (name, DRAFT_OUTPUTS[name])] + [ACCEPTED]
+    """Where `when` (some slot drafts): the chain run on every scored (slot, position) pair and
+    :func:`accept`'s outputs. Else the chain run on the active slots as they are (`picked`), every
+    draft position unscored (``draft_next_token`` −1, the rest 0), nothing accepted, and the
+    tokens `own_tokens` (graph, results, picked) says each slot emits. `run_chain` (graph, inputs
+    by name, tag) appends the chain to a branch and returns its outputs by name; `specs` are
+    their (type, shape). So a step without drafts lays out no pairs: no positions, per-pair
+    gathers or draft counts."""
+    unknown = set(specs) - set(DRAFT_OUTPUTS)
+    assert not unknown, f"chain outputs without a draft layout: {sorted(unknown)}"
+    names = [n for name in specs for n in (name, DRAFT_OUTPUTS[name])] + [ACCEPTED]
     int64, flag = ir.TensorType(ir.DataType.INT64), ir.TensorType(ir.DataType.BOOL)
-    kinds = [results[name].type for name in kept for _ in (0, 1)] + [int64, int64, flag]
+    kinds = [specs[name][0] for name in specs for _ in (0, 1)] + [int64, int64, flag]
 
     def verify(branch: ir.Graph) -> list[ir.Value]:
+        at = positions(branch, picked[DRAFT_TOKENS], picked["sampler.row_index"])
+        results = run_chain(branch, per_row(branch, picked, at), "pairs_out")
         out, emitted = accept(branch, results, picked, at)
         return [out[name] for name in names] + list(emitted)
 
     def unverified(branch: ir.Graph) -> list[ir.Value]:
+        results = run_chain(branch, picked, "active_out")
         out = []
         rows = _op(branch, "Shape", [picked["sampler.row_index"]], "unscored_slots")
         width = _const(branch, "sampler/unscored_width", np.array([draft_tokens]))
         lead = _op(branch, "Concat", [rows, width], "unscored_lead", axis=0)
-        for name, value in kept.items():
+        for name, value in results.items():
             tag = name.removeprefix("sampler.")
-            out.append(_op(branch, "Identity", [value], f"{tag}_unverified"))
+            out.append(value)
             fill = ir.tensor(
                 np.array([-1 if name == "sampler.next_token" else 0], value.dtype.numpy())
             )
             shape = lead
-            if trailing[name]:  # [A, L]: the top logprobs' L
-                last = _const(branch, f"sampler/unscored_{tag}_width", np.array(trailing[name]))
+            trailing = list(specs[name][1])[1:]
+            if trailing:  # [A, L]: the top logprobs' L
+                last = _const(branch, f"sampler/unscored_{tag}_width", np.array(trailing))
                 shape = _op(branch, "Concat", [lead, last], f"unscored_{tag}_shape", axis=0)
             out.append(_op(branch, "ConstantOfShape", [shape], f"unscored_{tag}", value=fill))
         nothing = ir.tensor(np.array([0], dtype=np.int64))
