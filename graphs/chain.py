@@ -35,6 +35,7 @@ CHAIN_FUNCTION = "SamplerChain"
 PREFIX = "sampler."
 CANONICAL_ORDER = SAMPLER_NAMES
 ALLOWED = "allowed"  # the allowed-tokens mask (structured output), when the chain has one
+LOGPROBS = "logprobs"  # how many logprobs each slot asks for, when the chain reads it
 # A static chain's slots whose token the host draws again (and the rows it draws from).
 FALLBACK, FALLBACK_LOGITS = "fallback", "fallback_logits"
 # Per-slot inputs of each sampler: (name without prefix, element type, trailing dims).
@@ -69,7 +70,11 @@ class ChainConfig:
     ``allowed_tokens`` adds the per-slot mask of allowed tokens (structured output), applied
     right after the logit bias. ``counts_out`` false leaves the updated penalty counts out of the
     outputs, for a graph that adds the step's tokens to its own copy of the state (the composer's
-    scatter back to all slots)."""
+    scatter back to all slots). ``logprobs_on_request`` adds ``sampler.logprobs`` INT64[S], how
+    many logprobs each slot asks for (−1 none, n ≥ 0 the chosen token's and the n most likely):
+    the branching chain then computes the logprobs only on a step where some slot asks, and the
+    top logprobs where some slot asks for one or more. A slot that asks for none reads what the
+    step computed for the others, or zeros."""
 
     samplers: tuple[str, ...]
     top_logprobs: int = 0
@@ -80,6 +85,7 @@ class ChainConfig:
     static: bool = False
     allowed_tokens: bool = False
     counts_out: bool = True
+    logprobs_on_request: bool = False
 
     def has(self, name: str) -> bool:
         if name == "logit_bias":
@@ -109,6 +115,8 @@ def chain_inputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]:
         found += [(PREFIX + n, t, d) for n, t, d in _STATE]
     if config.allowed_tokens:
         found.append((PREFIX + ALLOWED, T_BOOL, ("S", "A")))
+    if config.logprobs_on_request and not config.static:
+        found.append((PREFIX + LOGPROBS, T_INT64, _SLOT))
     return found
 
 
@@ -205,6 +213,85 @@ def _transforms(body: FunctionBody, config: ChainConfig) -> str:
         branches.append(helper.make_graph(branch.nodes, f"transforms{tag}", [], [out]))
     body.op("If", checks, ["transformed"], then_branch=branches[0], else_branch=branches[1])
     return "transformed"
+
+
+def _logprob(body: FunctionBody, out: str) -> None:
+    """`out`: each row's chosen token's logprob; ``row_max`` and ``log_total`` for the top ones."""
+    body.call("Logprob", ["x", "x_max", "token"], [out, "row_max", "log_total"])
+
+
+def _top_logprobs(body: FunctionBody, top: int, outs: list[str]) -> None:
+    """`outs` (ids, logprobs): each row's `top` most likely tokens, after :func:`_logprob`."""
+    body.constant_int64("top_count", top)
+    body.call("TopLogprobs", ["x", "row_max", "log_total", "top_count"], outs)
+
+
+def _zeros(body: FunctionBody, name: str, kind: int, columns: int) -> str:
+    """`name`: zeros of type `kind`, a row per slot (``token``'s rows), `columns` wide if > 0."""
+    body.op("Shape", ["token"], [f"{name}_rows"])
+    shape = f"{name}_rows"
+    if columns:
+        width = helper.make_tensor("c", T_INT64, [1], [columns])
+        body.op("Constant", [], [f"{name}_columns"], value=width)
+        body.op("Concat", [shape, f"{name}_columns"], [f"{name}_shape"], axis=0)
+        shape = f"{name}_shape"
+    body.op("ConstantOfShape", [shape], [name], value=helper.make_tensor("z", kind, [1], [0]))
+    return name
+
+
+def _some_slot_asks(body: FunctionBody, least: int, name: str) -> str:
+    """BOOL[1] `name`: some slot asks for `least` logprobs or more (``logprobs`` ≥ `least`)."""
+    body.constant_int64(f"{name}_least", least)
+    body.op("GreaterOrEqual", [LOGPROBS, f"{name}_least"], [f"{name}_rows"])
+    body.call("AnyRow", [f"{name}_rows"], [name])
+    return name
+
+
+def _branches(
+    body: FunctionBody,
+    cond: str,
+    then: tuple[FunctionBody, list[str]],
+    other: tuple[FunctionBody, list[str]],
+    outputs: list[str],
+    kinds: list[int],
+) -> None:
+    """`outputs` (of types `kinds`): `then`'s (branch, outputs) where `cond`, else `other`'s."""
+    graphs = [
+        helper.make_graph(
+            branch.nodes,
+            f"{outputs[0]}_{tag}",
+            [],
+            [helper.make_tensor_value_info(n, k, None) for n, k in zip(names, kinds, strict=True)],
+        )
+        for tag, (branch, names) in (("then", then), ("else", other))
+    ]
+    body.op("If", [cond], outputs, then_branch=graphs[0], else_branch=graphs[1])
+
+
+def _logprobs_on_request(body: FunctionBody, top: int) -> None:
+    """The logprobs where some slot asks for them (``logprobs`` ≥ 0), zeros else, and the top
+    logprobs where some slot asks for one or more: a step where no request asks makes no pass
+    over the rows for the normaliser and no ``TopK`` over them."""
+    tops = ["top_logprob_ids", "top_logprobs"] if top else []
+    top_kinds = [T_INT64, T_FLOAT] if top else []
+    asked, asked_out = FunctionBody(), ["logprob_asked"]
+    _logprob(asked, "logprob_asked")
+    if top:
+        wide, wide_out = FunctionBody(), [f"{n}_wide" for n in tops]
+        _top_logprobs(wide, top, wide_out)
+        narrow = FunctionBody()
+        narrow_out = [
+            _zeros(narrow, f"{n}_narrow", k, top) for n, k in zip(tops, top_kinds, strict=True)
+        ]
+        asked_out += [f"{n}_asked" for n in tops]
+        cond = _some_slot_asks(asked, 1, "tops_asked")
+        _branches(asked, cond, (wide, wide_out), (narrow, narrow_out), asked_out[1:], top_kinds)
+    none = FunctionBody()
+    none_out = [_zeros(none, "logprob_none", T_FLOAT, 0)]
+    none_out += [_zeros(none, f"{n}_none", k, top) for n, k in zip(tops, top_kinds, strict=True)]
+    cond = _some_slot_asks(body, 0, "logprobs_asked")
+    kinds = [T_FLOAT, *top_kinds]
+    _branches(body, cond, (asked, asked_out), (none, none_out), ["logprob", *tops], kinds)
 
 
 def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
@@ -324,12 +411,14 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         body = select_unless_plain(chain, plain, body, selected, transformed)
     outputs = ["next_token", "logprob"]
     body.op("Identity", ["token"], ["next_token"])
-    body.call("Logprob", ["x", "x_max", "token"], ["logprob", "row_max", "log_total"])
-    if config.top_logprobs > 0:
-        body.constant_int64("top_count", config.top_logprobs)
-        top_inputs = ["x", "row_max", "log_total", "top_count"]
-        body.call("TopLogprobs", top_inputs, ["top_logprob_ids", "top_logprobs"])
-        outputs += ["top_logprob_ids", "top_logprobs"]
+    tops = ["top_logprob_ids", "top_logprobs"] if config.top_logprobs > 0 else []
+    if config.logprobs_on_request and not static:
+        _logprobs_on_request(body, config.top_logprobs)
+    else:
+        _logprob(body, "logprob")
+        if tops:
+            _top_logprobs(body, config.top_logprobs, tops)
+    outputs += tops
     if config.has("penalties") and config.counts_out:
         body.call("UpdateCounts", ["output_counts", "token", "row_index"], ["output_counts_out"])
         outputs.append("output_counts_out")

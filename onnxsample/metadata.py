@@ -53,7 +53,7 @@ CONTRACT_VERSION = "1"
 # as constants; the branching prompt logprobs skip their ops when no prompt row is asked.
 # 19: a greedy step (every row greedy) skips the selection after the bias, mask and penalties.
 # 20: a step in which no slot drafts skips the draft verification's layout.
-COMPOSER_REVISION = "21"
+COMPOSER_REVISION = "22"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

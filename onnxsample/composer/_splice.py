@@ -29,6 +29,7 @@ from onnxsample.graphs.prompt_logprobs import (
 )
 
 _PREFIX = "sampler."
+LOGPROBS = "sampler.logprobs"
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 SLOTS_DIM = "slots"  # a static chain's slot dimension
 ADD_TOKENS = "AddTokens"  # graphs.speculative: the one rule by which the penalty counts grow
@@ -49,6 +50,9 @@ DOCS = {
     "sampler.bias_values": "float32[S, NB]: logit-bias values in [-100, 100]; padding 0",
     "sampler.allowed": "bool[S, V]: tokens the slot may take (structured output: a grammar's "
     "mask), applied after the logit bias; bool[S, 1] all true when no slot is constrained",
+    "sampler.logprobs": "int64[S]: logprobs the slot asks for: -1 none, n >= 0 the chosen token's "
+    "and the n most likely; a step where no slot asks computes none (default: every slot asks "
+    "for all L)",
     "sampler.prompt_mask": "bool[S, V]: tokens present in the slot's prompt (set at prefill)",
     "sampler.output_counts": "int32[S, V]: state in: counts of the slot's generated tokens",
     "sampler.prompt_rows": "int64[P]: padded rows (1 + b*T + t) whose logprobs to report, for echo; "
@@ -259,6 +263,7 @@ def splice(
             gather_rows=head is None,
             static=static,
             counts_out=static,  # else the step's tokens are added to all S rows (_counted)
+            logprobs_on_request=not static,
             **options,
         )
     )
@@ -271,6 +276,10 @@ def splice(
         value.doc_string = DOCS.get(template.name, "")
         graph.inputs.append(value)
         new_inputs[value.name] = value
+        if value.name == LOGPROBS:  # a default: a host that binds nothing gets every logprob
+            every = np.full(max_slots, options.get("top_logprobs", 0), np.int64)
+            value.const_value = ir.tensor(every, name=LOGPROBS)
+            graph.register_initializer(value)
     for name, elem, dims in (
         draft.draft_inputs(draft_tokens, "dist" in chain, options.get("allowed_tokens", False))
         if draft_tokens

@@ -70,6 +70,7 @@ def sampler_config(
     static: bool = False,
     allowed_tokens: bool = False,
     counts_out: bool = True,
+    logprobs_on_request: bool = False,
 ) -> ChainConfig:
     """Check the build options and return the graph configuration they describe."""
     chain = SamplerChain(chain)
@@ -104,6 +105,7 @@ def sampler_config(
         static=bool(static),
         allowed_tokens=bool(allowed_tokens),
         counts_out=bool(counts_out),
+        logprobs_on_request=bool(logprobs_on_request),
     )
 
 
@@ -121,6 +123,7 @@ def build_sampler_model(
     static: bool = False,
     allowed_tokens: bool = False,
     counts_out: bool = True,
+    logprobs_on_request: bool = False,
 ) -> onnx.ModelProto:
     """Build the standalone sampler model for ``chain``.
 
@@ -140,7 +143,8 @@ def build_sampler_model(
     ``static`` builds the chain without control flow or data-dependent shapes (the same tokens,
     kept sets and logprobs; see :class:`~onnxsample.graphs.ChainConfig`). ``allowed_tokens`` adds
     ``sampler.allowed`` bool[S, V] (or [S, 1] when no slot is constrained): tokens a slot may
-    take (structured output).
+    take (structured output). ``logprobs_on_request`` adds ``sampler.logprobs`` int64[S] (how
+    many logprobs each slot asks for: −1 none; see :class:`~onnxsample.graphs.ChainConfig`).
     """
     if prompt_logprobs and not gather_rows:
         raise InvalidParameter("prompt_logprobs needs gather_rows: prompt rows index the logits")
@@ -156,6 +160,7 @@ def build_sampler_model(
         static=static,
         allowed_tokens=allowed_tokens,
         counts_out=counts_out,
+        logprobs_on_request=logprobs_on_request,
     )
     dims = {
         "S": max_slots,

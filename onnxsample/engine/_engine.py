@@ -173,7 +173,8 @@ class Engine:
             self.concurrency = meta.max_slots if "position_ids" in inputs else 1
             if self.concurrency == 1 and meta.max_slots > 1:
                 log.info("%s has no position_ids input: one sequence at a time", self.path.name)
-        self._inputs = set(inputs)
+        # with the inputs that have a default (sampler.logprobs: a branching chain's)
+        self._inputs = set(inputs) | {i.name for i in self.session.get_overridable_initializers()}
         grammars = GrammarVocabulary(self.tokenizer, meta.vocab_size, self.info.eos_ids)
         self._requests = Requests(
             meta, self.tokenizer, self.info.eos_ids, self.limit, max_len, self._wake, grammars

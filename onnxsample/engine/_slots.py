@@ -15,6 +15,9 @@ A static chain declares its slot dimension symbolic (``slots``): its rows are in
 call binds only the first :meth:`SlotState.rows` rows of every per-slot input, state and output
 (the occupied slots rounded up to a bucket: 1, 2, 4, 8… up to S), at the buffers' own addresses,
 and its cost follows the running requests rather than the slots composed.
+
+A branching chain may read ``sampler.logprobs``: how many logprobs each slot's request asks for
+(−1 none), so that a step in which no request asks computes none (:func:`asked_logprobs`).
 """
 
 from __future__ import annotations
@@ -31,6 +34,16 @@ from onnxsample.params import SamplingParams, pack_sampling_params
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 PROMPT_MASK = "sampler.prompt_mask"
 ROW_INDEX = "sampler.row_index"
+LOGPROBS = "sampler.logprobs"
+
+
+def asked_logprobs(slots: list[SamplingParams | None]) -> np.ndarray:
+    """INT64[S] ``sampler.logprobs``: −1 for a free slot or a request without logprobs, else the
+    number of top logprobs it asks for (0: the chosen token's only)."""
+    asked = [
+        -1 if p is None or not (p.logprobs or p.top_logprobs) else p.top_logprobs for p in slots
+    ]
+    return np.array(asked, np.int64)
 
 
 def host_copy(value) -> np.ndarray:
@@ -202,6 +215,7 @@ class SlotState:
             arrays = pack_slots(self.meta, self.params)
             if self.penalties:
                 arrays[PROMPT_MASK] = self._mask
+            arrays[LOGPROBS] = asked_logprobs(self.params)
             arrays = {k: v for k, v in arrays.items() if k in self.inputs}
             if self._static is None:
                 self._static = {k: ortvalue(v, self.device) for k, v in arrays.items()}

@@ -84,12 +84,14 @@ def composed(request, tiny_export, tmp_path_factory) -> Path:
     return _tiny_composed(tiny_export, tmp_path_factory.mktemp("composed"), request.param)
 
 
-def _run(path: Path, ids, params, rows, *, counts=None, outputs=None):
+def _run(path: Path, ids, params, rows, *, counts=None, outputs=None, logprobs=None):
     session = _session(path)
     session._model_path = str(path)
     feeds = _model_feeds(session, ids) | _sampler_feeds(
         session, params, rows, 49152, counts=counts, max_bias=2
     )
+    if logprobs is not None:  # else the input's default: every slot asks for all of them
+        feeds["sampler.logprobs"] = np.asarray(logprobs, np.int64)
     names = outputs or [o.name for o in session.get_outputs() if o.name.startswith("sampler.")]
     return dict(zip(names, session.run(names, feeds), strict=True))
 
@@ -134,6 +136,42 @@ def test_greedy_slots_return_the_plain_models_argmax(composed, prompt_ids, plain
         top = np.argsort(-ref, kind="stable")[:3]
         np.testing.assert_array_equal(out["sampler.top_logprob_ids"][slot], top)
         np.testing.assert_allclose(out["sampler.top_logprobs"][slot], ref[top], atol=1e-4)
+
+
+def test_every_slot_asks_for_every_logprob_by_default(composed):
+    session = _session(composed)
+    (default,) = session.get_overridable_initializers()
+    assert (default.name, default.type, default.shape) == ("sampler.logprobs", "tensor(int64)", [4])
+    model = onnx.load(str(composed), load_external_data=False)
+    (value,) = [t for t in model.graph.initializer if t.name == "sampler.logprobs"]
+    assert onnx.numpy_helper.to_array(value).tolist() == [3] * SLOTS
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [[-1, -1, -1, -1], [0, 0, -1, 0], [3, -1, 0, 2], [1, 1, 1, 1]],
+    ids=["none", "chosen-only", "mixed", "all"],
+)
+def test_logprobs_are_computed_when_a_slot_asks(composed, prompt_ids, asked):
+    """``sampler.logprobs`` (−1 none, n the chosen token's and the n most likely): a slot that
+    asks gets the numbers it gets by default, whatever the others ask; every slot keeps its token;
+    a step in which no slot asks for logprobs, or for top ones, returns zeros in their place."""
+    rows = [5, 10, 1, 6]
+    params = [SamplingParams(temperature=t) for t in (0.0, 0.7, 0.0, 1.0)]
+    default = _run(composed, prompt_ids, params, rows)
+    out = _run(composed, prompt_ids, params, rows, logprobs=asked)
+    np.testing.assert_array_equal(out["sampler.next_token"], default["sampler.next_token"])
+    tops = ["sampler.top_logprob_ids", "sampler.top_logprobs"]
+    for slot, n in enumerate(asked):
+        if n >= 0:
+            assert out["sampler.logprob"][slot] == default["sampler.logprob"][slot]
+        if n >= 1:
+            for name in tops:
+                np.testing.assert_array_equal(out[name][slot], default[name][slot])
+    if max(asked) < 0:
+        assert not out["sampler.logprob"].any()
+    if max(asked) < 1:
+        assert not any(out[name].any() for name in tops)
 
 
 def test_slots_with_different_parameters_in_one_batch(composed, prompt_ids, plain_logits):
