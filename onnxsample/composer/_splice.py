@@ -3,7 +3,8 @@
 The model's ``logits`` [B, T, V] are flattened to [B·T, V], one dummy row is prepended, and each slot
 samples the row named by ``sampler.row_index`` (0 = the dummy row = an inactive slot). With
 ``lm_head=True`` the slots' hidden states are gathered instead and the LM-head node is applied to
-those rows only. The chain runs on the active slots only and its outputs are scattered back to all S.
+those rows only. The chain runs on the active slots only and its outputs are scattered back to all S
+(those rows and that layout: :mod:`onnxsample.composer._rows`).
 """
 
 from __future__ import annotations
@@ -11,16 +12,15 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxsample.composer import _rows as layout
 from onnxsample.composer import _splice_draft as draft
-from onnxsample.composer._ir_build import const as _const
-from onnxsample.composer._ir_build import filled_like
 from onnxsample.composer._ir_build import op as _op
 from onnxsample.composer._model_facts import exact_positions
 from onnxsample.composer.sampler_model import IR_VERSION, OPSET, build_sampler_model
 from onnxsample.errors import ModelError
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.chain import CHAIN_FUNCTION
-from onnxsample.graphs.library import sampler_functions, used_functions
+from onnxsample.graphs.library import used_functions
 from onnxsample.graphs.prompt_logprobs import (
     PROMPT_FUNCTION,
     PROMPT_INPUTS,
@@ -32,7 +32,6 @@ _PREFIX = "sampler."
 LOGPROBS = "sampler.logprobs"
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 SLOTS_DIM = "slots"  # a static chain's slot dimension
-ADD_TOKENS = "AddTokens"  # graphs.speculative: the one rule by which the penalty counts grow
 
 DOCS = {
     "sampler.row_index": "int64[S]: padded logits row each slot samples; 0 = inactive slot (dummy row), "
@@ -62,168 +61,6 @@ DOCS = {
 }
 
 
-def _padded_rows(graph: ir.Graph, rows: ir.Value, width: int, tag: str) -> ir.Value:
-    """[..., width] -> [1 + N, width] with a zero row first (the dummy row of inactive slots)."""
-    flat = _op(
-        graph,
-        "Reshape",
-        [rows, _const(graph, f"sampler/{tag}_shape", np.array([-1, width]))],
-        f"{tag}_flat",
-    )
-    zero = _op(
-        graph,
-        "ConstantOfShape",
-        [_const(graph, f"sampler/{tag}_zero_shape", np.array([1, width]))],
-        f"{tag}_zero",
-        value=ir.tensor(np.zeros(1, dtype=rows.dtype.numpy())),
-    )
-    return _op(graph, "Concat", [zero, flat], f"{tag}_padded", axis=0)
-
-
-def _to_float(graph: ir.Graph, value: ir.Value, tag: str) -> ir.Value:
-    if value.dtype == ir.DataType.FLOAT:
-        return value
-    return _op(graph, "Cast", [value], f"{tag}_float", to=ir.DataType.FLOAT)
-
-
-def _head_rows(
-    graph: ir.Graph, head: ir.Node, padded: ir.Value, indices: ir.Value, exact: bool, tag: str
-) -> ir.Value:
-    """The LM head (a copy of `head`) applied to the `indices` rows of `padded` hidden states:
-    float logits [len(indices), V]. An exact-positions export puts the dummy row first, so that
-    the head's GEMM never has one row (4-bit MatMulNBits takes another kernel for M = 1; see
-    onnxsample.exporters._exact_attention), and slices it off after."""
-    if exact:
-        dummy = _const(graph, f"sampler/{tag}_head_dummy_row", np.array([0], np.int64))
-        indices = _op(graph, "Concat", [dummy, indices], f"{tag}_head_rows_exact", axis=0)
-    rows = _op(graph, "Gather", [padded, indices], f"{tag}_hidden_rows", axis=0)
-    moved = ir.node(
-        head.op_type,
-        [rows, *head.inputs[1:]],
-        {name: attr.value for name, attr in head.attributes.items()},
-        domain=head.domain,
-        name=f"sampler/{tag}_lm_head",
-    )
-    moved.outputs[0].name = f"sampler/{tag}_lm_head"
-    moved.outputs[0].dtype = head.outputs[0].dtype
-    graph.append(moved)
-    logits = _to_float(graph, moved.outputs[0], f"{tag}_logits")
-    if not exact:
-        return logits
-    after_dummy = _const(graph, f"sampler/{tag}_head_rows_after_dummy", np.array([1]))
-    last = _const(graph, f"sampler/{tag}_head_rows_all", np.array([2**62]))
-    return _op(graph, "Slice", [logits, after_dummy, last], f"{tag}_head_rows_real")
-
-
-def _active_slots(graph: ir.Graph, row_index: ir.Value) -> ir.Value:
-    """Indices of the slots with a row to sample (row_index > 0); [0] when there are none.
-
-    The chain then runs on the active slots only, so a batch of one in an 8-slot graph pays for one
-    row of LM head and sampling, not eight. Slot 0 stands in when nothing is active, so that no
-    tensor is ever empty; its row is the dummy row and its state does not change.
-    """
-    zero = _const(graph, "sampler/zero_i64", np.array([0], np.int64))
-    active = _op(graph, "Greater", [row_index, zero], "is_active")
-    found = _op(graph, "NonZero", [active], "active_2d")
-    found = _op(
-        graph, "Reshape", [found, _const(graph, "sampler/flat", np.array([-1]))], "active_found"
-    )
-    count = _op(
-        graph,
-        "Max",
-        [_op(graph, "Shape", [found], "active_count"), _const(graph, "sampler/one", np.array([1]))],
-        "active_n",
-    )
-    padded = _op(graph, "Concat", [found, zero], "active_or_first", axis=0)
-    return _op(graph, "Slice", [padded, zero, count], "active")
-
-
-def _slot_positions(graph: ir.Graph, active: ir.Value, slots: ir.Value) -> ir.Value:
-    """INT64[S]: each slot's row among the active rows (``active[i] = s`` gives i), or A (one past
-    them) for a slot without one; computed once, so that every output is one ``Gather``."""
-    count = _op(graph, "Shape", [active], "slot_rows_count")
-    empty = _op(graph, "Expand", [count, slots], "slot_rows_empty")
-    scalar = _const(graph, "sampler/slot_rows_scalar", np.array([], np.int64))
-    order = _op(
-        graph,
-        "Range",
-        [
-            _const(graph, "sampler/slot_rows_start", np.array(0, np.int64)),
-            _op(graph, "Reshape", [count, scalar], "slot_rows_limit"),
-            _const(graph, "sampler/slot_rows_step", np.array(1, np.int64)),
-        ],
-        "slot_rows_order",
-    )
-    return _op(graph, "ScatterElements", [empty, active, order], "slot_rows", axis=0)
-
-
-def _per_slot(graph: ir.Graph, positions: ir.Value, rows: ir.Value, shape, name: str) -> ir.Value:
-    """rows [A, ...] laid out per slot [S, ...] by `positions` (:func:`_slot_positions`): a zero
-    row appended (``Concat``: the CUDA provider's ``Pad`` takes floats and bools only), then one
-    ``Gather``, where a ``ScatterElements`` into zeros took a shape computation and a fill of its
-    own for every output. `shape` is the output's ([S, ...]); where its trailing sizes are not
-    all known, the zero row's shape is read from `rows`."""
-    trailing = None if shape is None else list(shape)[1:]
-    if trailing is not None and all(isinstance(d, int) for d in trailing):
-        zeros = np.zeros([1, *trailing], dtype=rows.dtype.numpy())
-        zero = _const(graph, f"sampler/{name}_zero_row", zeros)
-    else:
-        one = _const(graph, f"sampler/{name}_one_row", np.array([1], np.int64))
-        zero = filled_like(graph, one, rows, 0, f"{name}_zero")
-    padded = _op(graph, "Concat", [rows, zero], f"{name}_padded", axis=0)
-    return _op(graph, "Gather", [padded, positions], f"{name}_slots", axis=0)
-
-
-def _emitted(
-    graph: ir.Graph, results: dict[str, ir.Value], picked: dict[str, ir.Value]
-) -> tuple[ir.Value, ir.Value]:
-    """The token each active slot emits this step, ids INT64[A, 1] and emitted BOOL[A, 1]
-    (false for the stand-in slot when none is active)."""
-    column = _const(graph, "sampler/emitted_axis", np.array([1]))
-    ids = _op(graph, "Unsqueeze", [results["sampler.next_token"], column], "emitted_ids")
-    live = _op(
-        graph,
-        "Greater",
-        [picked["sampler.row_index"], _const(graph, "sampler/emitted_zero", np.array(0))],
-        "emitted_live",
-    )
-    return ids, _op(graph, "Unsqueeze", [live, column], "emitted_take")
-
-
-def _counted(
-    model: ir.Model,
-    counts: ir.Value,
-    positions: ir.Value,
-    ids: ir.Value,
-    take: ir.Value,
-) -> ir.Value:
-    """``sampler.output_counts_out``: `counts` [S, V] plus one for every token an active slot
-    emitted (ids [A, M] where take [A, M]), by the graphs' own ``AddTokens`` rule.
-
-    Only the emitted cells are touched: the [A, M] tokens are laid out per slot first ([S, M],
-    nothing taken elsewhere). Scattering the chain's updated [A, V] rows back instead costs a
-    ScatterElements of A·V elements, about 1.5 ms a step on a CPU for a 49k vocabulary.
-    """
-    graph = model.graph
-    ids.dtype = ir.DataType.INT64
-    taken = _op(graph, "Cast", [take], "counts_take_active", to=ir.DataType.INT32)
-    taken.dtype = ir.DataType.INT32
-    at = _per_slot(graph, positions, ids, None, "counts_ids")
-    slot_take = _op(
-        graph,
-        "Cast",
-        [_per_slot(graph, positions, taken, None, "counts_take")],
-        "counts_take",
-        to=ir.DataType.BOOL,
-    )
-    proto = next(p for p in sampler_functions() if p.name == ADD_TOKENS)
-    model.functions.setdefault((proto.domain, proto.name, ""), ir.serde.deserialize_function(proto))
-    node = ir.node(ADD_TOKENS, [counts, at, slot_take], domain=DOMAIN, name="sampler/counts_out")
-    graph.append(node)
-    node.outputs[0].dtype = ir.DataType.INT32
-    return node.outputs[0]
-
-
 def splice(
     base: ir.Model,
     chain,
@@ -240,7 +77,7 @@ def splice(
     `head` (the LM-head node, see :func:`onnxsample.composer._lm_head.find_lm_head`) the rows are gathered
     before it.
 
-    The chain runs on the active slots only (:func:`_active_slots`); its per-slot inputs are gathered
+    The chain runs on the active slots only (:func:`layout.active_slots`); its per-slot inputs are gathered
     to those slots and its outputs scattered back to all S, inactive slots keeping their state.
 
     With `prompt_logprobs`, ``sampler.prompt_rows`` [P] name more rows (prompt positions) whose
@@ -262,7 +99,7 @@ def splice(
             max_slots,
             gather_rows=head is None,
             static=static,
-            counts_out=static,  # else the step's tokens are added to all S rows (_counted)
+            counts_out=static,  # else the step's tokens are added to all S rows (layout.counted)
             logprobs_on_request=not static,
             **options,
         )
@@ -291,9 +128,9 @@ def splice(
         value.doc_string = draft.DOCS[name]
         graph.inputs.append(value)
         new_inputs[name] = value
-    active = None if static else _active_slots(graph, new_inputs["sampler.row_index"])
+    active = None if static else layout.active_slots(graph, new_inputs["sampler.row_index"])
     slots = _op(graph, "Shape", [new_inputs["sampler.row_index"]], "slots")
-    positions = None if active is None else _slot_positions(graph, active, slots)
+    positions = None if active is None else layout.slot_positions(graph, active, slots)
     picked = (
         dict(new_inputs)
         if active is None
@@ -311,14 +148,16 @@ def splice(
     if head is not None:
         hidden = head.inputs[0]
         width = hidden.shape[2]
-        padded = _padded_rows(graph, hidden, width if isinstance(width, int) else -1, "hidden")
+        padded = layout.padded_rows(
+            graph, hidden, width if isinstance(width, int) else -1, "hidden"
+        )
         exact = exact_positions(base)
-        rows = _head_rows(graph, head, padded, head_index, exact, "slot")
+        rows = layout.head_rows(graph, head, padded, head_index, exact, "slot")
         if prompt is not None:  # a head call of its own: P = 0 (every decode step) is an empty
             # GEMM, where slicing one call's [A + P, V] logits copied the slots' rows every step
-            prompt_logits = _head_rows(graph, head, padded, prompt[0], exact, "prompt")
+            prompt_logits = layout.head_rows(graph, head, padded, prompt[0], exact, "prompt")
     else:
-        rows = _padded_rows(graph, _to_float(graph, logits, "logits"), vocab, "logits")
+        rows = layout.padded_rows(graph, layout.to_float(graph, logits, "logits"), vocab, "logits")
         if prompt is not None:
             prompt_logits = _op(graph, "Gather", [rows, prompt[0]], "prompt_logits", axis=0)
     if static:  # the vocabulary for onnxsample.composer._static's folding of the chain's sizes
@@ -347,13 +186,13 @@ def splice(
 
     if drafts is not None:
         results, emitted = draft.verified(
-            graph, drafts, picked, run_chain, specs, draft_tokens, _emitted
+            graph, drafts, picked, run_chain, specs, draft_tokens, layout.emitted
         )
         specs = draft.output_specs(specs, draft_tokens, max_slots)
         draft.add_functions(base)
     else:
         results = run_chain(graph, picked, "active_out")
-        emitted = _emitted(graph, results, picked)
+        emitted = layout.emitted(graph, results, picked)
     if COUNTS in new_inputs and not static:
         specs = _with_counts_out(specs, new_inputs[COUNTS])
     for name, (kind, shape) in specs.items():
@@ -361,9 +200,9 @@ def splice(
         if active is None:
             out = _op(graph, "Identity", [results[name]], tag)
         elif name == COUNTS_OUT:
-            out = _counted(base, new_inputs[COUNTS], positions, *emitted)
+            out = layout.counted(base, new_inputs[COUNTS], positions, *emitted)
         else:
-            out = _per_slot(graph, positions, results[name], shape, tag)
+            out = layout.per_slot(graph, positions, results[name], shape, tag)
         out.name, out.type = name, kind
         out.shape = _slot_dim(shape, max_slots) if static else shape
         out.doc_string = draft.DOCS.get(name, "")
