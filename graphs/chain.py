@@ -209,9 +209,8 @@ def _transforms(body: FunctionBody, config: ChainConfig) -> str:
         if z == "x":
             branch.op("Identity", ["x"], [f"untransformed{tag}"])
             z = f"untransformed{tag}"
-        out = helper.make_tensor_value_info(z, T_FLOAT, None)
-        branches.append(helper.make_graph(branch.nodes, f"transforms{tag}", [], [out]))
-    body.op("If", checks, ["transformed"], then_branch=branches[0], else_branch=branches[1])
+        branches.append((branch, [z]))
+    _branches(body, checks[0], branches[0], branches[1], ["transformed"], [T_FLOAT])
     return "transformed"
 
 
