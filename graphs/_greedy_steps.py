@@ -99,8 +99,9 @@ def select_unless_plain(
 
     On a plain step the selection's token is that argmax too: every row's temperature divides by
     1, which leaves a float as it is, and every row takes its greedy token. The plain branch keeps
-    ``FiniteRows`` where a transform may have left a row with no finite logit or with +inf (then
-    token 0, or the first of the clamped maxima); untransformed logits (`z` is x, sanitized) have
+    ``FiniteRows``' rule where a transform may have left a row with no finite logit or with +inf
+    (then token 0, or the first of the clamped maxima), without copying the rows where no row
+    needs it (``FiniteArgMax``); untransformed logits (`z` is x, sanitized) have
     neither, and the argmax of a row of −inf is token 0 already. The selection's unread constants
     are left out (a branch's unused initializer is one ONNX Runtime warns of)."""
     token = helper.make_tensor_value_info
@@ -109,8 +110,7 @@ def select_unless_plain(
         plain_body.call("RowArgMax", ["x"], ["plain_token"])
     else:
         plain_body.call("RowMax", [z], ["plain_max"])
-        plain_body.call("FiniteRows", [z, "plain_max"], ["plain_rows", "plain_finite"])
-        plain_body.call("RowArgMax", ["plain_rows"], ["plain_token"])
+        plain_body.call("FiniteArgMax", [z, "plain_max"], ["plain_token"])
     plain_graph = helper.make_graph(
         plain_body.nodes, "plain", [], [token("plain_token", T_INT64, None)]
     )

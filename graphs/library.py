@@ -63,6 +63,7 @@ from onnxsample.graphs.penalties import (
 )
 from onnxsample.graphs.probs import FinalProbs
 from onnxsample.graphs.sanitize import (
+    FiniteArgMax,
     FiniteRows,
     FiniteRowsStatic,
     FixNonFinite,
@@ -110,6 +111,7 @@ _SCRIPTS = (
     RowMaxStatic,
     RowLog,
     OnlyToken0,
+    FiniteArgMax,
     FiniteRows,
     FiniteRowsStatic,
     LogitBias,

@@ -6,12 +6,12 @@ always computes what the branching one computes only when some row needs it. Bot
 numbers: the fix leaves finite logits and −inf exactly as they are.
 """
 
-from onnxscript import BOOL, FLOAT, script
+from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import FLT_MAX, NEG_INF, POS_INF, onnxsample
-from onnxsample.graphs._rows import RowMax, RowMaxStatic
+from onnxsample.graphs._rows import RowArgMax, RowMax, RowMaxStatic
 
 
 @script(onnxsample)
@@ -97,6 +97,23 @@ def FiniteRows(z: FLOAT["S", "V"], row_max: FLOAT["S", 1]) -> tuple[FLOAT["S", "
     else:
         out = op.Identity(z)
     return out, op.Squeeze(finite, axis)
+
+
+@script(onnxsample)
+def FiniteArgMax(z: FLOAT["S", "V"], row_max: FLOAT["S", 1]) -> INT64["S"]:
+    """``RowArgMax`` of ``FiniteRows``' rows, which a greedy step takes: where every row has a
+    finite maximum, the argmax of z itself, so that a step copies no row for a pass-through.
+
+    z: FLOAT["S", "V"] (no NaN); row_max: FLOAT["S", 1] → INT64["S"].
+    """
+    ninf = op.Constant(value_float=NEG_INF)
+    pinf = op.Constant(value_float=POS_INF)
+    if AnyRow(op.Or(op.Equal(row_max, pinf), op.Not(op.Greater(row_max, ninf)))):
+        rows, _ = FiniteRows(z, row_max)
+        token = RowArgMax(rows)
+    else:
+        token = RowArgMax(z)
+    return token
 
 
 @script(onnxsample)
