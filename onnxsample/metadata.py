@@ -53,7 +53,11 @@ CONTRACT_VERSION = "1"
 # as constants; the branching prompt logprobs skip their ops when no prompt row is asked.
 # 19: a greedy step (every row greedy) skips the selection after the bias, mask and penalties.
 # 20: a step in which no slot drafts skips the draft verification's layout.
-COMPOSER_REVISION = "22"
+# 21: echo's prompt rows take their own LM-head call; the branching chain returns no counts and
+# asks once whether the mask or the penalties apply; a step without drafts lays out no pairs.
+# 22: sampler.logprobs (logprobs only when a slot asks). 23: a greedy step's finite-rows check
+# takes the argmax inside its If (FiniteArgMax): no pass-through copy.
+COMPOSER_REVISION = "23"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.
