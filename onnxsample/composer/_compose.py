@@ -220,6 +220,9 @@ def _finish(
     reconcile_versions(model)
     if inline or options["static"]:  # a static chain: see onnxsample.composer._static
         ir.passes.common.InlinePass()(model)
+        # An output no node reads (`rows, _ = ...`) leaves its producer behind, which ONNX
+        # Runtime would warn about, one line per node, at every load.
+        ir.passes.common.RemoveUnusedNodesPass()(model)
         model.opset_imports.pop(DOMAIN, None)
     if options["static"]:
         fold_static(model)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common
 import onnxruntime as ort
 import pytest
 
@@ -252,6 +254,10 @@ def test_chain_is_a_local_function_and_inline_removes_it(tiny_export, tmp_path, 
     inlined = onnx.load(str(inlined_path))
     assert not inlined.functions
     assert all(n.domain in ("", "ai.onnx") for n in inlined.graph.node)
+    pruned = ir.load(inlined_path)
+    nodes = sum(1 for _ in pruned.graph.all_nodes())
+    ir.passes.common.RemoveUnusedNodesPass()(pruned)
+    assert sum(1 for _ in pruned.graph.all_nodes()) == nodes, "nodes nothing reads"
     rows = [5, 10, 0, 0]
     params = [SamplingParams(temperature=0.0)] * 2 + [None, None]
     a = _run(tmp_path / "f.onnx", prompt_ids, params, rows)
