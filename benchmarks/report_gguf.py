@@ -109,6 +109,10 @@ def _models(data: dict, heading: str) -> list[str]:
     line = load_line(
         [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
     )
+    machine = run.get("machine") or {}
+    if machine.get("cpu"):  # llama.cpp's kernels and ours compare differently on another CPU
+        cpus = f", {machine['cpus']} cores" if machine.get("cpus") else ""
+        lines += [f"Machine: {machine['cpu']}{cpus}.", ""]
     return lines + ([line, ""] if line else [])
 
 

@@ -347,3 +347,25 @@ def test_report_renders_the_minimums_forms(bench) -> None:
     assert "the fastest exact form is `gemm_2d` (0.96× the export's)" in text
     assert "during the runs: 0.5–0.7" in text
     assert gguf.minimums_section(None) == []
+
+
+def test_report_names_the_machine_of_the_gguf_files_run(bench) -> None:
+    gguf = bench("report_gguf")
+    speeds = {"onnxsample": {"median": 50.0}, "llama-server": {"median": 40.0}, "ratio": 1.25}
+    cell = {"threads": 2, "batch": 1, "decode_tok_s": speeds, "prompt_tok_s": speeds}
+    entry = {"gguf": "m.gguf", "gguf_mb": 10.0, "export_mb": 12.0, "prompt_tokens": 16}
+    data = {
+        "new_tokens": 128,
+        "models": {"m": entry | {"same_prompt_ids": True, "cells": [cell]}},
+        "run": {
+            "machine": {"cpu": "AMD EPYC", "cpus": 2},
+            "load_average_before": [1.0],
+            "load_average_after": [1.2],
+        },
+    }
+    text = "\n".join(gguf.gguf_section(data))
+    assert "| 2 | 1 | 50.0 | 40.0 | 1.25× | 50 | 40 | 1.25× |" in text
+    assert "Machine: AMD EPYC, 2 cores." in text
+    assert "during the runs: 1.0–1.2" in text
+    del data["run"]["machine"]
+    assert "Machine:" not in "\n".join(gguf.gguf_section(data))
