@@ -202,7 +202,10 @@ def test_a_model_that_repeats_a_call_gets_it_once_and_never_the_envelope(client,
     done = _chat(client, ask, temperature=0, **asked)
     choice = done.choices[0]
     assert choice.message.content is None, "the envelope's text is never content"
-    assert choice.finish_reason == ("tool_calls" if tools == "add" else "length")
+    # One tool asked for again and again: the repeat ends the answer. With two tools the greedy
+    # answer runs to the length on one CPU and ends its calls on another (ONNX Runtime's int8
+    # kernels differ by instruction set, and so do this model's greedy tokens): never the envelope.
+    assert choice.finish_reason in (("tool_calls",) if tools == "add" else ("tool_calls", "length"))
     assert choice.message.tool_calls
     pairs = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
     assert len(set(pairs)) == len(pairs), "a call repeated is the same call"
@@ -227,7 +230,7 @@ def test_a_model_that_repeats_a_call_gets_it_once_and_never_the_envelope(client,
     assert finish == [choice.finish_reason]
     assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens > 0
     # ended at the repeat, streamed and not: counted as the client saw it, not as cancelled
-    ended = 2 if tools == "add" else 0
+    ended = 2 if choice.finish_reason == "tool_calls" else 0
     assert _ended_at_repeats(client) - before == ended
 
 
