@@ -374,29 +374,25 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         body.call("Truncate", [draw_z, floor], ["kept"])
         kept = "kept"
     if sampling:
-        if floors:
-            draw_floor, draw_whole = floor, whole_rows
-            if config.has("temperature") and not static:
-                # A greedy row's draw is thrown away (SelectGreedy): make it the cheap candidate
-                # draw (a floor of +inf is inside the candidates), so that a batch of greedy rows
-                # never draws from the whole vocabulary.
-                draw_floor, draw_whole = greedy_rows_skip_draw(body, floor, whole_rows)
-            draw_row = draw_z  # the static draw's row truncated at the floor: typical-p's is
-            if static and not config.has("typical_p"):
+        if floors and static:
+            # RowDraw's token is the candidates' (CandidateDraw adds the same weights in the same
+            # order): the static chain draws every slot from its row cut at the floor
+            draw_row = draw_z  # typical-p's row is cut already
+            if not config.has("typical_p"):
                 draw_row = kept  # the optional outputs' kept set, when they asked for one
                 if kept == draw_z:
                     body.call("Truncate", [draw_z, floor], ["draw_row"])
                     draw_row = "draw_row"
-            draw_inputs = [
-                draw_row,
-                "candidates",
-                "candidate_ids_all",
-                "top",
-                draw_floor,
-                draw_whole,
-            ]
-            dist_fn = "DistStatic" if static else "Dist"
-            body.call(dist_fn, [*draw_inputs, "uniform"], ["drawn_token"])
+            body.call("DistRowsStatic", [draw_row, "uniform"], ["drawn_token"])
+        elif floors:
+            draw_floor, draw_whole = floor, whole_rows
+            if config.has("temperature"):
+                # A greedy row's draw is thrown away (SelectGreedy): make it the cheap candidate
+                # draw (a floor of +inf is inside the candidates), so that a batch of greedy rows
+                # never draws from the whole vocabulary.
+                draw_floor, draw_whole = greedy_rows_skip_draw(body, floor, whole_rows)
+            draw_inputs = [draw_z, "candidates", "candidate_ids_all", "top", draw_floor, draw_whole]
+            body.call("Dist", [*draw_inputs, "uniform"], ["drawn_token"])
         else:
             rows_fn = "DistRowsStatic" if static else "DistRows"
             body.call(rows_fn, [draw_z, "uniform"], ["drawn_token"])

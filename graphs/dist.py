@@ -1,9 +1,15 @@
-"""The draw: inverse CDF in vocabulary order with one host-made uniform per slot.
+"""The draw: inverse CDF with one host-made uniform per slot, over the kept tokens in a fixed
+order.
 
-A slot whose kept set lies inside its candidates draws from them, put back in id order. Otherwise it
-draws from the whole row with a two-level cumulative sum, so that no step walks the vocabulary
-sequentially: the sums of blocks of ``BLOCK`` consecutive ids first, then the ids inside the one
-block the target falls in.
+The row is cut into ``BLOCK`` interleaved blocks of ids (block j holds the ids ≡ j modulo the
+number of blocks B = ⌈V / BLOCK⌉, in id order), so that no step walks the vocabulary sequentially
+and every sum is one vector pass: w = exp(z − max z); a running sum inside each block, the sum of
+the blocks before each block, and at every id the two added. In the order block by block, that
+running sum never decreases, and the token is the first id where it passes u · Σw, clamped to the
+last id that adds weight. Every sum adds the kept weights in that order with zeros between them, so
+any path that adds the same nonzero weights in the same order finds the same token bit for bit: the
+whole row in one count (``RowDrawStatic``), the block first and then its ids (``RowDraw``), or a
+slot's candidates alone where its kept set lies inside them (``CandidateDraw``).
 """
 
 from onnxscript import BOOL, FLOAT, INT64, script
@@ -18,53 +24,92 @@ BLOCK = 256
 
 
 @script(onnxsample)
-def InverseCdf(weights: FLOAT["S", "N"], target: FLOAT["S", 1]) -> FLOAT["S", 1]:
-    """c = cumsum(w); the first position with c > target, clamped to the last position with w > 0
-    (as FLOAT: counts are exact in float32 up to 2^24).
+def CountBefore(cum: FLOAT["S", "N"], target: FLOAT["S", 1], total: FLOAT["S", 1]) -> FLOAT["S", 1]:
+    """The inverse CDF's position over running sums `cum` (never decreasing, in any layout):
+    #{cum ≤ target and cum < total}, that is the first position with cum > target, clamped to
+    the last one that adds weight (as FLOAT: counts are exact in float32 up to 2^24).
 
-    Both are counts of a prefix, as c never decreases: #{c ≤ target} and #{c < c[N − 1]}. The
-    smaller one is the count of the positions in both: one reduction, five ops where each count
-    and their minimum took seven.
-
-    weights: FLOAT["S", "N"] ≥ 0; target: FLOAT["S", 1] → FLOAT["S", 1].
+    cum: FLOAT["S", "N"]; target, total: FLOAT["S", 1] (total: cum's largest) → FLOAT["S", 1].
     """
     axis = op.Constant(value_ints=[1])
-    cum_axis = op.Constant(value_int=1)
-    last = op.Constant(value_ints=[-1])
-    cum = op.CumSum(weights, cum_axis)
-    total = op.Gather(cum, last, axis=1)
     before = op.And(op.LessOrEqual(cum, target), op.Less(cum, total))
     return op.ReduceSum(op.Cast(before, to=T_FLOAT), axis, keepdims=1)
 
 
 @script(onnxsample)
-def RowDraw(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
-    """Draw from whole rows: w = exp(z − top); block sums, then the ids inside the chosen block.
+def Blocks(z: FLOAT["S", "V"]) -> INT64[1]:
+    """B = ⌈V / BLOCK⌉, the number of interleaved blocks (id = k · B + j: block j, place k).
+    z: FLOAT["S", "V"] → INT64[1]."""
+    block = op.Constant(value_ints=[BLOCK])
+    one = op.Constant(value_ints=[1])
+    return op.Div(op.Sub(op.Add(op.Shape(z, start=1, end=2), block), one), block)
+
+
+@script(onnxsample)
+def BlockSums(
+    z: FLOAT["S", "V"], top: FLOAT["S", 1]
+) -> tuple[FLOAT["S", "K", "B"], FLOAT["S", "B"], FLOAT["S", "B"]]:
+    """w = exp(z − top), padded with zeros to K = ``BLOCK`` places of B blocks ([S, K, B]: block
+    j's places down column j): the running sum down each block, each block's sum (its last), and
+    the sum of the blocks before each block. Each is one cumulative sum over a vector pass.
+
+    z: FLOAT["S", "V"] (dropped tokens −inf); top: FLOAT["S", 1] → (FLOAT["S", "K", "B"],
+    FLOAT["S", "B"], FLOAT["S", "B"]).
+    """
+    zero = op.Constant(value_ints=[0])
+    block = op.Constant(value_ints=[BLOCK])
+    blocks = Blocks(z)
+    pad = op.Sub(op.Mul(blocks, block), op.Shape(z, start=1, end=2))
+    weights = op.Pad(op.Exp(op.Sub(z, top)), op.Concat(zero, zero, zero, pad, axis=0))
+    grid = op.Reshape(weights, op.Concat(op.Shape(z, start=0, end=1), block, blocks, axis=0))
+    running = op.CumSum(grid, op.Constant(value_int=1))
+    sums = op.Gather(running, op.Constant(value_int=-1), axis=1)
+    return running, sums, op.CumSum(sums, op.Constant(value_int=1), exclusive=1)
+
+
+@script(onnxsample)
+def RowDrawStatic(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
+    """Draw from whole rows in one count over every id's running sum (the blocks before its
+    block plus its block's running sum): a handful of kernels, a few passes over the row.
 
     z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); top: FLOAT["S", 1] (max z); uniform:
     FLOAT["S", 1] → INT64["S", 1].
     """
-    axis2 = op.Constant(value_ints=[2])
-    cum_axis = op.Constant(value_int=1)
+    axis = op.Constant(value_ints=[1])
+    whole = op.Constant(value_ints=[0, -1])
     last = op.Constant(value_ints=[-1])
-    zero = op.Constant(value_ints=[0])
+    block = op.Constant(value_ints=[BLOCK])
+    running, _, before = BlockSums(z, top)
+    cum = op.Reshape(op.Add(op.Unsqueeze(before, axis), running), whole)
+    total = op.Gather(cum, last, axis=1)
+    place = op.Cast(CountBefore(cum, op.Mul(uniform, total), total), to=T_INT64)
+    return op.Add(op.Mul(op.Mod(place, block), Blocks(z)), op.Div(place, block))
+
+
+@script(onnxsample)
+def RowDraw(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
+    """``RowDrawStatic``'s token with two short counts instead of one over the row: the block
+    (each block's last running sum is the blocks before it plus its sum), then its places.
+
+    z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); top: FLOAT["S", 1] (max z); uniform:
+    FLOAT["S", 1] → INT64["S", 1].
+    """
+    axis = op.Constant(value_ints=[1])
+    last = op.Constant(value_ints=[-1])
     one = op.Constant(value_ints=[1])
     block = op.Constant(value_ints=[BLOCK])
-    rows = op.Shape(z, start=0, end=1)
-    vocab = op.Shape(z, start=1, end=2)
-    blocks = op.Div(op.Sub(op.Add(vocab, block), one), block)
-    pad = op.Sub(op.Mul(blocks, block), vocab)
-    weights = op.Pad(op.Exp(op.Sub(z, top)), op.Concat(zero, zero, zero, pad, axis=0))
-    grid = op.Reshape(weights, op.Concat(rows, blocks, block, axis=0))
-    block_sums = op.ReduceSum(grid, axis2, keepdims=0)
-    target = op.Mul(uniform, op.Gather(op.CumSum(block_sums, cum_axis), last, axis=1))
-    chosen = op.Cast(InverseCdf(block_sums, target), to=T_INT64)
-    before = op.CumSum(block_sums, cum_axis, exclusive=1)
-    local = op.Sub(target, op.GatherElements(before, chosen, axis=1))
-    index = op.Expand(op.Unsqueeze(chosen, axis2), op.Concat(rows, one, block, axis=0))
-    picked = op.Reshape(op.GatherElements(grid, index, axis=1), op.Concat(rows, block, axis=0))
-    offset = op.Cast(InverseCdf(picked, local), to=T_INT64)
-    return op.Add(op.Mul(chosen, block), offset)
+    running, sums, before = BlockSums(z, top)
+    ends = op.Add(before, sums)
+    total = op.Gather(ends, last, axis=1)
+    target = op.Mul(uniform, total)
+    chosen = op.Cast(CountBefore(ends, target, total), to=T_INT64)
+    column = op.Expand(
+        op.Unsqueeze(chosen, axis), op.Concat(op.Shape(z, start=0, end=1), block, one, axis=0)
+    )
+    down = op.Squeeze(op.GatherElements(running, column, axis=2), op.Constant(value_ints=[2]))
+    inside = op.Add(op.GatherElements(before, chosen, axis=1), down)
+    place = op.Cast(CountBefore(inside, target, total), to=T_INT64)
+    return op.Add(op.Mul(place, Blocks(z)), chosen)
 
 
 @script(onnxsample)
@@ -77,23 +122,55 @@ def CandidateDraw(
     whole_rows: BOOL["S", 1],
     u: FLOAT["S", 1],
 ) -> tuple[INT64["S", 1], BOOL["S", 1]]:
-    """The draw among the candidates, put back in id order, and whether it is the slot's draw (its
-    kept set lies inside the candidates and it need not draw from the whole row).
+    """``RowDraw``'s token from the candidates alone where a slot's kept set lies inside them,
+    and whether it is the slot's draw (its kept set lies inside them and it need not draw from
+    the whole row).
+
+    Put in the draw's order (block by block, each block's ids ascending), the candidates are the
+    row's only nonzero weights, and ``RowDraw``'s running sum changes only at them: at each, its
+    block's running sum (a cumulative sum over the candidates of its block, [S, C, C]) plus the
+    blocks before it (each block's sum counted once, at its last candidate, where its running
+    sum is the block's sum). The same additions
+    of the same numbers, so the same token.
 
     z: FLOAT["S", "V"]; candidates, candidate_ids: [S, C] (descending); top, floor: FLOAT["S", 1];
     whole_rows: BOOL["S", 1]; u: FLOAT["S", 1] → (INT64["S", 1], BOOL["S", 1]).
     """
     zero_f = op.Constant(value_float=0.0)
+    axis = op.Constant(value_ints=[1])
+    axis2 = op.Constant(value_ints=[2])
+    next_on = op.Constant(value_ints=[1])
     last = op.Constant(value_ints=[-1])
+    end = op.Constant(value_ints=[2147483647])
+    one = op.Constant(value_ints=[1])
     inside = op.And(Contained(z, candidates, floor), op.Not(whole_rows))
     count = op.Shape(candidates, start=1, end=2)
-    ids_f = op.Cast(candidate_ids, to=T_FLOAT)  # exact: ids < 2^24
-    _, by_id = op.TopK(ids_f, count, axis=1, largest=0, sorted=1)  # ascending ids
-    ids = op.GatherElements(candidate_ids, by_id, axis=1)
-    values = op.GatherElements(candidates, by_id, axis=1)
+    blocks = Blocks(z)
+    # the draw's order: by block (id mod B), then by id
+    vocab = op.Shape(z, start=1, end=2)
+    order = op.Add(op.Mul(op.Mod(candidate_ids, blocks), vocab), candidate_ids)
+    _, by_order = op.TopK(order, count, axis=1, largest=0, sorted=1)
+    ids = op.GatherElements(candidate_ids, by_order, axis=1)
+    values = op.GatherElements(candidates, by_order, axis=1)
     weights = op.Where(op.GreaterOrEqual(values, floor), op.Exp(op.Sub(values, top)), zero_f)
-    total = op.Gather(op.CumSum(weights, op.Constant(value_int=1)), last, axis=1)
-    position = op.Cast(InverseCdf(weights, op.Mul(u, total)), to=T_INT64)
+    blk = op.Mod(ids, blocks)
+    # [s, j, i]: w_j where j ≤ i is in i's block; summed down j, i's block's running sum at i
+    places = op.Range(op.Constant(value_int=0), op.Squeeze(count), op.Constant(value_int=1))
+    upto = op.LessOrEqual(
+        op.Unsqueeze(places, axis), op.Unsqueeze(places, op.Constant(value_ints=[0]))
+    )
+    same = op.And(op.Equal(op.Unsqueeze(blk, axis2), op.Unsqueeze(blk, axis)), upto)
+    per_block = op.Where(same, op.Unsqueeze(weights, axis2), zero_f)
+    at = op.Gather(
+        op.CumSum(per_block, op.Constant(value_int=1)), op.Constant(value_int=-1), axis=1
+    )
+    following = op.Concat(
+        op.Slice(blk, next_on, end, axis), op.Add(op.Slice(blk, last, end, axis), one), axis=1
+    )
+    sums = op.Where(op.Equal(blk, following), zero_f, at)  # each block's sum, at its last
+    cum = op.Add(op.CumSum(sums, op.Constant(value_int=1), exclusive=1), at)
+    total = op.Gather(cum, last, axis=1)
+    position = op.Cast(CountBefore(cum, op.Mul(u, total), total), to=T_INT64)
     return op.GatherElements(ids, position, axis=1), inside
 
 
@@ -131,27 +208,6 @@ def Dist(
 
 
 @script(onnxsample)
-def DistStatic(
-    row: FLOAT["S", "V"],
-    candidates: FLOAT["S", "C"],
-    candidate_ids: INT64["S", "C"],
-    top: FLOAT["S", 1],
-    floor: FLOAT["S", 1],
-    whole_rows: BOOL["S", 1],
-    uniform: FLOAT["S"],
-) -> INT64["S"]:
-    """``Dist`` without control flow: both draws, each slot taking the one ``Dist`` takes for it
-    (truncating at a floor of −inf changes nothing; the row maximum is :func:`RowMaxStatic`'s).
-    ``Dist``'s inputs, but `row` is z already truncated at the floor (``Truncate``: typical-p's
-    row is)."""
-    axis = op.Constant(value_ints=[1])
-    u = op.Unsqueeze(uniform, axis)
-    token, inside = CandidateDraw(row, candidates, candidate_ids, top, floor, whole_rows, u)
-    drawn = op.Where(inside, token, RowDraw(row, RowMaxStatic(row), u))
-    return op.Squeeze(drawn, axis)
-
-
-@script(onnxsample)
 def DistRows(z: FLOAT["S", "V"], uniform: FLOAT["S"]) -> INT64["S"]:
     """The draw of a chain with no top-k / top-p / min-p: every slot draws from its whole row
     (``RowDraw``), with the same rule as ``Dist``.
@@ -169,4 +225,4 @@ def DistRowsStatic(z: FLOAT["S", "V"], uniform: FLOAT["S"]) -> INT64["S"]:
     z: FLOAT["S", "V"]; uniform: FLOAT["S"] in [0, 1) → INT64["S"].
     """
     axis = op.Constant(value_ints=[1])
-    return op.Squeeze(RowDraw(z, RowMaxStatic(z), op.Unsqueeze(uniform, axis)), axis)
+    return op.Squeeze(RowDrawStatic(z, RowMaxStatic(z), op.Unsqueeze(uniform, axis)), axis)

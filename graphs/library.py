@@ -36,13 +36,15 @@ from onnxsample.graphs.candidates import (
     Truncate,
 )
 from onnxsample.graphs.dist import (
+    Blocks,
+    BlockSums,
     CandidateDraw,
+    CountBefore,
     Dist,
     DistRows,
     DistRowsStatic,
-    DistStatic,
-    InverseCdf,
     RowDraw,
+    RowDrawStatic,
 )
 from onnxsample.graphs.logit_bias import LogitBias
 from onnxsample.graphs.logprobs import Logprob, TopLogprobs
@@ -155,11 +157,13 @@ _SCRIPTS = (
     TypicalKey,
     TypicalP,
     TypicalPStatic,
-    InverseCdf,
+    CountBefore,
+    Blocks,
+    BlockSums,
+    RowDrawStatic,
     RowDraw,
     CandidateDraw,
     Dist,
-    DistStatic,
     DistRows,
     DistRowsStatic,
     Logprob,

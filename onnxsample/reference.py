@@ -15,6 +15,7 @@ import numpy as np
 
 from onnxsample.chain import SamplerChain
 from onnxsample.graphs._common import GREEDY_BELOW as _GREEDY_BELOW
+from onnxsample.graphs.dist import BLOCK as _BLOCK
 
 __all__ = [
     "allowed_tokens",
@@ -158,13 +159,21 @@ def greedy(z: np.ndarray) -> np.ndarray:
 
 
 def dist(z: np.ndarray, uniform: np.ndarray) -> np.ndarray:
-    """Inverse CDF in vocabulary order: with w = exp(z − max z), the first id whose cumulative w
-    exceeds u · Σw, clamped to the last id with w > 0."""
+    """Inverse CDF in the draw's order: with w = exp(z − max z), the ids block by block (block j:
+    the ids ≡ j modulo B = ⌈V / BLOCK⌉, ascending), the first id whose running sum (the blocks
+    before its block plus its block's running sum) exceeds u · Σw, clamped to the last id that
+    adds weight."""
     tokens = np.empty(z.shape[0], dtype=np.int64)
+    vocab = z.shape[1]
+    blocks = -(-vocab // _BLOCK)
     for s, row in enumerate(z):
-        cum = np.cumsum(np.exp(row - row.max(), dtype=F32), dtype=F32)
-        first = int(np.sum(cum <= F32(uniform[s]) * cum[-1]))
-        tokens[s] = min(first, int(np.sum(cum < cum[-1])))
+        w = np.zeros(blocks * _BLOCK, dtype=F32)
+        w[:vocab] = np.exp(row - row.max(), dtype=F32)
+        running = np.cumsum(w.reshape(_BLOCK, blocks), axis=0, dtype=F32)  # [place, block]
+        before = np.concatenate([[F32(0)], np.cumsum(running[-1], dtype=F32)[:-1]])
+        cum = (before + running).T.reshape(-1)  # block by block
+        place = int(np.sum((cum <= F32(uniform[s]) * cum[-1]) & (cum < cum[-1])))
+        tokens[s] = place % _BLOCK * blocks + place // _BLOCK
     return tokens
 
 

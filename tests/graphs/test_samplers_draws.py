@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from onnxsample import InvalidParameter, SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import sampler_session
-from onnxsample.graphs import CANDIDATES
+from onnxsample.graphs import BLOCK, CANDIDATES
 from onnxsample.reference import run_chain
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
@@ -145,26 +145,54 @@ def test_same_uniforms_same_tokens_whatever_the_batch():
             assert token == together["sampler.next_token"][s], (s, draw)
 
 
-def test_candidate_and_whole_row_draws_agree():
-    """The same kept set drawn through the candidates (top_k = V) and through the whole row
-    (no truncation) gives the same token for the same uniform."""
-    rng = np.random.default_rng(12)
-    vocab, n = 2 * CANDIDATES + 3, 500
-    logits = np.full((n + 1, vocab), -np.inf, dtype=np.float32)
-    for row in logits[1:]:
-        live = rng.choice(vocab, size=10, replace=False)
-        row[live] = rng.normal(size=10)
-    u = _uniforms(5, n)
-    through_row = _run(
-        "top_k,dist", sampler_feeds("top_k,dist", logits, [SamplingParams()] * n, uniform=u), n
-    )
-    capped = [SamplingParams(top_k=10)] * n  # a floor at the 10th logit: inside the candidates
+# (live tokens, blocks they crowd into): a few of the draw's blocks (the ids ≡ j modulo the
+# number of blocks) with several kept tokens each, where a block's sum and a running sum over the
+# kept tokens could round apart
+AGREEING = [(10, 1), (12, 3), (CANDIDATES - 1, 4), (40, 5)]
+
+
+@pytest.mark.parametrize(("live", "crowded"), AGREEING)
+def test_candidate_and_whole_row_draws_agree_at_every_boundary(live, crowded):
+    """The same kept set drawn through the candidates (a top-k floor inside them) and through
+    the whole row (no floor) gives the same token for the same uniform, also for the uniforms
+    that land on the running sum's boundaries: the two draws add the same weights in the same
+    order (a running sum per block, then the blocks' sums), so no float rounding tells them
+    apart."""
+    rng = np.random.default_rng(live * 100 + crowded)
+    vocab, rows = 1100, 12
+    blocks = -(-vocab // BLOCK)
+    order = np.lexsort((np.arange(vocab) // blocks, np.arange(vocab) % blocks))  # the draw's
+    logits = np.full((rows, vocab), -np.inf, dtype=np.float32)
+    for row in logits:
+        crowd = rng.choice(blocks, size=crowded, replace=False)
+        pool = np.flatnonzero(np.isin(np.arange(vocab) % blocks, crowd))
+        row[rng.choice(pool, size=live, replace=False)] = rng.normal(scale=1.5, size=live)
+    # every boundary of the float32 running sum in the draw's order, and a few ulps either side
+    uniforms, lines = [], []
+    for r, row in enumerate(logits):
+        w = np.exp(row[order] - row.max(), dtype=np.float32)
+        cum = np.cumsum(w[w > 0], dtype=np.float32)
+        for c in cum:
+            near = np.float32(c / cum[-1])
+            for step in range(-3, 4):
+                u = near
+                for _ in range(abs(step)):
+                    u = np.nextafter(u, np.float32(np.sign(step)), dtype=np.float32)
+                if 0 <= u < 1:
+                    uniforms.append(u)
+                    lines.append(r)
+    u = np.asarray(uniforms, dtype=np.float32)
+    n = len(u)
+    draws = np.concatenate([logits[:1], logits[lines]])  # row 0: the dummy row
+    every = [SamplingParams()] * n
+    through_row = _run("top_k,dist", sampler_feeds("top_k,dist", draws, every, uniform=u), n)
+    capped = [SamplingParams(top_k=live)] * n  # the floor at the last live logit: the candidates
     through_candidates = _run(
-        "top_k,dist", sampler_feeds("top_k,dist", logits, capped, uniform=u), n
+        "top_k,dist", sampler_feeds("top_k,dist", draws, capped, uniform=u), n
     )
-    np.testing.assert_array_equal(
-        through_row["sampler.next_token"], through_candidates["sampler.next_token"]
-    )
+    tokens = through_row["sampler.next_token"]
+    np.testing.assert_array_equal(tokens, through_candidates["sampler.next_token"])
+    assert np.isfinite(draws[np.arange(1, n + 1), tokens]).all()
 
 
 def test_slots_with_different_parameters_in_one_call():
