@@ -1,8 +1,8 @@
 """The draw: inverse CDF with one host-made uniform per slot, over the kept tokens in a fixed
 order.
 
-The row is cut into ``BLOCK`` interleaved blocks of ids (block j holds the ids ≡ j modulo the
-number of blocks B = ⌈V / BLOCK⌉, in id order), so that no step walks the vocabulary sequentially
+The row is cut into B = ⌈V / BLOCK⌉ interleaved blocks of ``BLOCK`` places (block j holds the
+ids ≡ j modulo B, in id order), so that no step walks the vocabulary sequentially
 and every sum is one vector pass: w = exp(z − max z); a running sum inside each block, the sum of
 the blocks before each block, and at every id the two added. In the order block by block, that
 running sum never decreases, and the token is the first id where it passes u · Σw, clamped to the
@@ -130,8 +130,7 @@ def CandidateDraw(
     row's only nonzero weights, and ``RowDraw``'s running sum changes only at them: at each, its
     block's running sum (a cumulative sum over the candidates of its block, [S, C, C]) plus the
     blocks before it (each block's sum counted once, at its last candidate, where its running
-    sum is the block's sum). The same additions
-    of the same numbers, so the same token.
+    sum is the block's sum). The same additions of the same numbers, so the same token.
 
     z: FLOAT["S", "V"]; candidates, candidate_ids: [S, C] (descending); top, floor: FLOAT["S", 1];
     whole_rows: BOOL["S", 1]; u: FLOAT["S", 1] → (INT64["S", 1], BOOL["S", 1]).
@@ -184,9 +183,10 @@ def Dist(
     whole_rows: BOOL["S", 1],
     uniform: FLOAT["S"],
 ) -> INT64["S"]:
-    """Kept tokens: z ≥ floor (and not −inf). w = exp(z − max z); token = the first id, in
-    vocabulary order, whose cumulative w exceeds u · Σw, clamped to the last id with w > 0. No
-    vocabulary sort; the token depends only on the kept set and u.
+    """Kept tokens: z ≥ floor (and not −inf). w = exp(z − max z); token = the first id, in the
+    draw's order (see the module), whose running sum exceeds u · Σw, clamped to the last id that
+    adds weight. No vocabulary sort; the token depends only on the kept set and u, whichever of
+    the candidates' and the row's draws a slot takes.
 
     z: FLOAT["S", "V"] (typical-p already applied); candidates, candidate_ids: [S, C] (descending);
     top, floor: FLOAT["S", 1]; whole_rows: BOOL["S", 1] (slots that must draw from the whole row, e.g.
