@@ -4,7 +4,8 @@ project exports, each with that family's real tokenizer: the oracle fixtures for
 Files our own code writes (tests/_family_models.py) can only agree with our reader. These are made
 the way people make the GGUFs they download: llama.cpp's ``convert_hf_to_gguf.py`` turns the HF
 folder into an F32 and an F16 file, and ``llama-quantize`` turns the F32 file into the usual mixes
-(Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0). Every weight's input dimension is a multiple of 256 (hidden
+(Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0; and for two families Q3_K_M, Q2_K, IQ4_XS, IQ4_NL, Q4_1 and
+Q5_1, the other types we transplant). Every weight's input dimension is a multiple of 256 (hidden
 256, intermediate 512, heads x head_dim 256 or 512), so the K-quant mixes are real K-quants and not
 llama-quantize's Q5_0/Q8_0 fallback for rows it cannot split into super-blocks.
 
@@ -80,6 +81,11 @@ SEED = 0
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
 FLOATS = ("F32", "F16")  # convert_hf_to_gguf.py --outtype f32 / f16
 MIXES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")  # llama-quantize, from the F32 file
+# The rest of the weight types we transplant, as llama-quantize writes them (from the F32 file) for
+# MORE_FAMILIES (a SentencePiece and a BPE vocabulary): mix -> the type it stands for.
+MORE_MIXES = {"Q3_K_M": "Q3_K", "Q2_K": "Q2_K", "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL",
+              "Q4_1": "Q4_1", "Q5_1": "Q5_1"}  # fmt: skip
+MORE_FAMILIES = ("llama", "qwen2")
 WINDOW = 8  # Gemma's sliding window: shorter than a test prompt, so it slides
 
 # A turn in the family's chat markup: its special tokens parsed, the text around them split.
@@ -862,9 +868,10 @@ def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: int = 1800)
 
 def gguf(family: str, mix: str, llama: LlamaCpp, seed: int = SEED) -> Path:
     """`family`'s GGUF of `mix`: F32 or F16 from convert_hf_to_gguf.py, a quantised mix
-    (:data:`MIXES`) from llama-quantize on the F32 file. Built once."""
-    if mix not in FLOATS + MIXES:
-        raise ValueError(f"mix {mix!r}: one of {FLOATS + MIXES}")
+    (:data:`MIXES`, :data:`MORE_MIXES`) from llama-quantize on the F32 file. Built once."""
+    known = FLOATS + MIXES + tuple(MORE_MIXES)
+    if mix not in known:
+        raise ValueError(f"mix {mix!r}: one of {known}")
     path = folder(family, llama, seed) / f"{family}-{mix}.gguf"
     if path.is_file():
         return path
