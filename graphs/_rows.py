@@ -162,6 +162,18 @@ def RowMaxStatic(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
 
 
 @script(onnxsample)
+def RowTopStatic(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", 1], INT64["S", 1]]:
+    """:func:`RowMaxStatic`'s maximum and the ``ArgMax`` it reads it at (ties to the lowest id;
+    0 for a row of −inf): one kernel gives the static chain both a row's maximum and its greedy
+    token.
+
+    z: FLOAT[S, V] (no NaN) → (FLOAT[S, 1], INT64[S, 1]).
+    """
+    top = op.ArgMax(z, axis=1, keepdims=1)
+    return op.GatherElements(z, top, axis=1), top
+
+
+@script(onnxsample)
 def RowLog(x: FLOAT["S", 1]) -> FLOAT["S", 1]:
     """log x, each row's value computed in a row of ``LANES`` copies, so every row takes the vector
     routine whatever the number of rows. x: FLOAT[S, 1] → FLOAT[S, 1].
@@ -170,3 +182,14 @@ def RowLog(x: FLOAT["S", 1]) -> FLOAT["S", 1]:
     one = op.Constant(value_ints=[1])
     lanes = op.Constant(value_ints=[1, LANES])
     return op.Slice(op.Log(op.Expand(x, lanes)), zero, one, one)
+
+
+@script(onnxsample)
+def RowLogAtLeastOne(x: FLOAT["S", 1]) -> FLOAT["S", 1]:
+    """log max(x, 1) as :func:`RowLog` takes it: the maximum with a row of ``LANES`` ones makes
+    the row of copies, so one kernel does both. x: FLOAT[S, 1] → FLOAT[S, 1].
+    """
+    zero = op.Constant(value_ints=[0])
+    one = op.Constant(value_ints=[1])
+    ones = op.Expand(op.Constant(value_floats=[1.0]), op.Constant(value_ints=[1, LANES]))
+    return op.Slice(op.Log(op.Max(x, ones)), zero, one, one)

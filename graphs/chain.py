@@ -293,6 +293,20 @@ def _logprobs_on_request(body: FunctionBody, top: int) -> None:
     _branches(body, cond, (asked, asked_out), (none, none_out), ["logprob", *tops], kinds)
 
 
+def _finite_rows_static(body: FunctionBody, z: str) -> None:
+    """The static chain's ``processed`` rows and ``finite`` flags (``FiniteRowsStatic``) and every
+    row's ``greedy_token``: the argmax the row maximum is read at (``SanitizeStatic``'s when `z`
+    is x, which has no +inf, else ``ClampedTopStatic``'s), which is the argmax of the processed
+    row. ``SelectGreedy`` keeps it on the greedy rows only."""
+    z_max, z_argmax = "x_max", "x_argmax"
+    if z != "x":
+        body.call("ClampedTopStatic", [z], ["clamped", "z_max", "z_argmax"])
+        z, z_max, z_argmax = "clamped", "z_max", "z_argmax"
+    body.call("FiniteRowsStatic", [z, z_max], ["processed", "finite"])
+    body.op("Constant", [], ["greedy_columns"], value=helper.make_tensor("c", T_INT64, [1], [1]))
+    body.op("Squeeze", [z_argmax, "greedy_columns"], ["greedy_token"])
+
+
 def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     """The ``onnxsample.SamplerChain`` function for ``config`` (inputs/outputs without prefix)."""
     body = FunctionBody()
@@ -301,7 +315,10 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     else:
         body.op("Identity", ["logits"], ["rows"])
     static = config.static
-    body.call("SanitizeStatic" if static else "Sanitize", ["rows"], ["x", "x_max"])
+    if static:
+        body.call("SanitizeStatic", ["rows"], ["x", "x_max", "x_argmax"])
+    else:
+        body.call("Sanitize", ["rows"], ["x", "x_max"])
     z = _transforms(body, config)
     plain = plain_condition(body, config)
     chain, body = body, (FunctionBody() if plain else body)  # the selection: an If's else branch
@@ -309,20 +326,20 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     if config.has("temperature"):
         body.call("Temperature", [z, "temperature"], ["scaled"])
         z = "scaled"
-    z_max = "x_max"
-    if z != "x":
-        body.call("RowMaxStatic" if static else "RowMax", [z], ["z_max"])
-        z_max = "z_max"
-    finite_fn = "FiniteRowsStatic" if static else "FiniteRows"
-    body.call(finite_fn, [z, z_max], ["processed", "finite"])
-    z = "processed"
     sampling = config.has("dist")
-    if not sampling:
-        body.call("Greedy" if static else "RowArgMax", [z], ["greedy_token"])
-    elif config.has("temperature"):
-        # the static chain takes every row's argmax; SelectGreedy keeps the greedy rows' only
-        greedy_inputs = [z] if static else [z, "temperature"]
-        body.call("Greedy" if static else "GreedyRows", greedy_inputs, ["greedy_token"])
+    if static:
+        _finite_rows_static(body, z)
+    else:
+        z_max = "x_max"
+        if z != "x":
+            body.call("RowMax", [z], ["z_max"])
+            z_max = "z_max"
+        body.call("FiniteRows", [z, z_max], ["processed", "finite"])
+        if not sampling:
+            body.call("RowArgMax", ["processed"], ["greedy_token"])
+        elif config.has("temperature"):
+            body.call("GreedyRows", ["processed", "temperature"], ["greedy_token"])
+    z = "processed"
     floors = [n for n in ("top_k", "top_p", "min_p") if config.has(n)]
     floor = "no_floor"
     body.op("Constant", [], [floor], value=helper.make_tensor(floor, T_FLOAT, [1, 1], [-np.inf]))

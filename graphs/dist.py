@@ -12,28 +12,42 @@ whole row in one count (``RowDrawStatic``), the block first and then its ids (``
 slot's candidates alone where its kept set lies inside them (``CandidateDraw``).
 """
 
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
 from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
-from onnxsample.graphs._common import NEG_INF, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._common import DOMAIN, NEG_INF, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RowMax, RowMaxStatic
 from onnxsample.graphs.candidates import Contained, Truncate
 
 BLOCK = 256
+BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))  # 1 − 2^-24
 
 
 @script(onnxsample)
-def CountBefore(cum: FLOAT["S", "N"], target: FLOAT["S", 1], total: FLOAT["S", 1]) -> FLOAT["S", 1]:
-    """The inverse CDF's position over running sums `cum` (never decreasing, in any layout):
-    #{cum ≤ target and cum < total}, that is the first position with cum > target, clamped to
-    the last one that adds weight (as FLOAT: counts are exact in float32 up to 2^24).
+def CountBefore(
+    cum: FLOAT["S", "N"], uniform: FLOAT["S", 1], total: FLOAT["S", 1]
+) -> FLOAT["S", 1]:
+    """The inverse CDF's position over running sums `cum` (never decreasing, in any layout): with
+    target = u · total, #{cum ≤ target and cum < total}, that is the first position with cum >
+    target, clamped to the last one that adds weight (as FLOAT: counts are exact in float32 up
+    to 2^24).
 
-    cum: FLOAT["S", "N"]; target, total: FLOAT["S", 1] (total: cum's largest) → FLOAT["S", 1].
+    One comparison: cum < total is cum ≤ the largest float below total, which is total · (1 −
+    2^-24) exactly for a normal total (≥ 1 here: the maximum adds exp(0)); and min(u · total,
+    that) = min(u, 1 − 2^-24) · total, a product rounding never reorders.
+
+    cum: FLOAT["S", "N"]; uniform: FLOAT["S", 1] in [0, 1); total: FLOAT["S", 1] (cum's largest,
+    ≥ 1; a total of 0 counts every position, which a caller that may see one clamps) →
+    FLOAT["S", 1].
     """
     axis = op.Constant(value_ints=[1])
-    before = op.And(op.LessOrEqual(cum, target), op.Less(cum, total))
-    return op.ReduceSum(op.Cast(before, to=T_FLOAT), axis, keepdims=1)
+    below_one = op.Constant(value_float=BELOW_ONE)
+    bound = op.Mul(op.Min(uniform, below_one), total)
+    return op.ReduceSum(op.Cast(op.LessOrEqual(cum, bound), to=T_FLOAT), axis, keepdims=1)
 
 
 @script(onnxsample)
@@ -68,6 +82,42 @@ def BlockSums(
 
 
 @script(onnxsample)
+def DrawnId(z: FLOAT["S", "V"], place: INT64["S", 1]) -> INT64["S", 1]:
+    """The id at `place` in the draw's order: place k of block j stands at j · ``BLOCK`` + k and
+    is id k · B + j. :func:`drawn_id_for` makes it one lookup where V is known.
+
+    z: FLOAT["S", "V"] (for B); place: INT64["S", 1] → INT64["S", 1].
+    """
+    block = op.Constant(value_ints=[BLOCK])
+    return op.Add(op.Mul(op.Mod(place, block), Blocks(z)), op.Div(place, block))
+
+
+def drawn_id_for(vocab: int) -> onnx.FunctionProto:
+    """:func:`DrawnId` for rows of a known `vocab`: the id of every place of the draw's order as
+    a constant table (B · ``BLOCK`` ids, 8 bytes each: 384 KiB for 49,152), read with one
+    ``Gather`` where the arithmetic took four kernels. The same ids, padding places included.
+
+    z: FLOAT[S, V] (unread); place: INT64[S, 1] → INT64[S, 1].
+    """
+    blocks = -(-vocab // BLOCK)
+    places = np.arange(blocks * BLOCK, dtype=np.int64)
+    table = (places % BLOCK) * blocks + places // BLOCK
+    nodes = [
+        helper.make_node("Constant", [], ["ids"], value=numpy_helper.from_array(table, "ids")),
+        helper.make_node("Gather", ["ids", "place"], ["id"], axis=0),
+    ]
+    return helper.make_function(
+        DOMAIN,
+        DrawnId.name,
+        ["z", "place"],
+        ["id"],
+        nodes,
+        [helper.make_opsetid("", 18)],
+        doc_string=f"DrawnId for V = {vocab}: a table of {blocks * BLOCK} ids.",
+    )
+
+
+@script(onnxsample)
 def RowDrawStatic(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
     """Draw from whole rows in one count over every id's running sum (the blocks before its
     block plus its block's running sum): a handful of kernels, a few passes over the row.
@@ -78,12 +128,11 @@ def RowDrawStatic(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]
     axis = op.Constant(value_ints=[1])
     whole = op.Constant(value_ints=[0, -1])
     last = op.Constant(value_ints=[-1])
-    block = op.Constant(value_ints=[BLOCK])
     running, _, before = BlockSums(z, top)
     cum = op.Reshape(op.Add(op.Unsqueeze(before, axis), running), whole)
     total = op.Gather(cum, last, axis=1)
-    place = op.Cast(CountBefore(cum, op.Mul(uniform, total), total), to=T_INT64)
-    return op.Add(op.Mul(op.Mod(place, block), Blocks(z)), op.Div(place, block))
+    place = op.Cast(CountBefore(cum, uniform, total), to=T_INT64)
+    return DrawnId(z, place)
 
 
 @script(onnxsample)
@@ -101,14 +150,13 @@ def RowDraw(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> I
     running, sums, before = BlockSums(z, top)
     ends = op.Add(before, sums)
     total = op.Gather(ends, last, axis=1)
-    target = op.Mul(uniform, total)
-    chosen = op.Cast(CountBefore(ends, target, total), to=T_INT64)
+    chosen = op.Cast(CountBefore(ends, uniform, total), to=T_INT64)
     column = op.Expand(
         op.Unsqueeze(chosen, axis), op.Concat(op.Shape(z, start=0, end=1), block, one, axis=0)
     )
     down = op.Squeeze(op.GatherElements(running, column, axis=2), op.Constant(value_ints=[2]))
     inside = op.Add(op.GatherElements(before, chosen, axis=1), down)
-    place = op.Cast(CountBefore(inside, target, total), to=T_INT64)
+    place = op.Cast(CountBefore(inside, uniform, total), to=T_INT64)
     return op.Add(op.Mul(place, Blocks(z)), chosen)
 
 
@@ -169,7 +217,8 @@ def CandidateDraw(
     sums = op.Where(op.Equal(blk, following), zero_f, at)  # each block's sum, at its last
     cum = op.Add(op.CumSum(sums, op.Constant(value_int=1), exclusive=1), at)
     total = op.Gather(cum, last, axis=1)
-    position = op.Cast(CountBefore(cum, op.Mul(u, total), total), to=T_INT64)
+    # a greedy row's floor of +inf leaves no weight (total 0): its draw, thrown away, stays in range
+    position = op.Min(op.Cast(CountBefore(cum, u, total), to=T_INT64), op.Sub(count, one))
     return op.GatherElements(ids, position, axis=1), inside
 
 

@@ -21,8 +21,10 @@ from onnxsample.graphs._rows import (
     RowArgMax,
     RowBlocks,
     RowLog,
+    RowLogAtLeastOne,
     RowMax,
     RowMaxStatic,
+    RowTopStatic,
     RunningSum,
     row_blocks_for,
 )
@@ -43,8 +45,10 @@ from onnxsample.graphs.dist import (
     Dist,
     DistRows,
     DistRowsStatic,
+    DrawnId,
     RowDraw,
     RowDrawStatic,
+    drawn_id_for,
 )
 from onnxsample.graphs.logit_bias import LogitBias
 from onnxsample.graphs.logprobs import Logprob, TopLogprobs
@@ -65,6 +69,7 @@ from onnxsample.graphs.penalties import (
 )
 from onnxsample.graphs.probs import FinalProbs
 from onnxsample.graphs.sanitize import (
+    ClampedTopStatic,
     FiniteArgMax,
     FiniteRows,
     FiniteRowsStatic,
@@ -111,11 +116,14 @@ _SCRIPTS = (
     RowMax,
     RowArgMax,
     RowMaxStatic,
+    RowTopStatic,
     RowLog,
+    RowLogAtLeastOne,
     OnlyToken0,
     FiniteArgMax,
     FiniteRows,
     FiniteRowsStatic,
+    ClampedTopStatic,
     LogitBias,
     Constraining,
     Allowed,
@@ -160,6 +168,7 @@ _SCRIPTS = (
     CountBefore,
     Blocks,
     BlockSums,
+    DrawnId,
     RowDrawStatic,
     RowDraw,
     CandidateDraw,
@@ -254,10 +263,9 @@ def for_vocabulary(functions: Sequence[onnx.FunctionProto], vocab: int) -> list[
     """`functions` for rows of `vocab` logits: the ones whose sizes follow from the vocabulary
     (:func:`~onnxsample.graphs._rows.RowBlocks`) with those sizes as constants, the rest as
     they are. Same signatures, same numbers, fewer ops a call."""
-    specialised = row_blocks_for(vocab)
-    del specialised.opset_import[:]
-    specialised.opset_import.extend(opsets())
-    return [
-        specialised if (f.domain, f.name) == (specialised.domain, specialised.name) else f
-        for f in functions
-    ]
+    specialised = {}
+    for function in (row_blocks_for(vocab), drawn_id_for(vocab)):
+        del function.opset_import[:]
+        function.opset_import.extend(opsets())
+        specialised[function.domain, function.name] = function
+    return [specialised.get((f.domain, f.name), f) for f in functions]

@@ -4,7 +4,7 @@ from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._common import FLT_MAX, onnxsample
-from onnxsample.graphs._rows import RowLog
+from onnxsample.graphs._rows import RowLogAtLeastOne
 
 
 @script(onnxsample)
@@ -19,12 +19,13 @@ def Logprob(
     """
     axis = op.Constant(value_ints=[1])
     lowest = op.Constant(value_float=-FLT_MAX)
-    one = op.Constant(value_float=1.0)
     row_max = op.Max(x_max, lowest)
-    total = op.ReduceSum(op.Exp(op.Sub(x, row_max)), axis, keepdims=1)
-    log_total = RowLog(op.Max(total, one))
-    chosen = op.GatherElements(x, op.Unsqueeze(token, axis), axis=1)
-    logprob = op.Sub(op.Sub(chosen, row_max), log_total)
+    shifted = op.Sub(x, row_max)
+    total = op.ReduceSum(op.Exp(shifted), axis, keepdims=1)
+    log_total = RowLogAtLeastOne(total)
+    # x[token] − m is read where the row was shifted (the same subtraction)
+    chosen = op.GatherElements(shifted, op.Unsqueeze(token, axis), axis=1)
+    logprob = op.Sub(chosen, log_total)
     return op.Squeeze(logprob, axis), row_max, log_total
 
 

@@ -15,7 +15,7 @@ from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
-from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._common import NEG_INF, T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RunningSum
 from onnxsample.graphs.candidates import (
     CANDIDATES,
@@ -28,13 +28,14 @@ from onnxsample.graphs.candidates import (
 @script(onnxsample)
 def PrefixFromSorted(
     sorted_key: FLOAT["S", "N"], order: INT64["S", "N"], p: FLOAT["S", "V"], mass: FLOAT["S", 1]
-) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
+) -> tuple[FLOAT["S", 1], FLOAT["S", 1]]:
     """Over the N largest keys (`sorted_key`, descending, and their ids `order`): c = running sum
     (:func:`RunningSum`) of p in that order (float64, compared in float32), m = #{c < mass}
-    clamped to the last, threshold = key at m; reached = (mass of all N ≥ mass).
+    clamped to the last, threshold = key at m; and the mass of all N (c at the last), which
+    reaches the target or not.
 
     sorted_key: FLOAT["S", "N"]; order: INT64["S", "N"]; p: FLOAT["S", "V"]; mass: FLOAT["S", 1]
-    → (FLOAT["S", 1], BOOL["S", 1]).
+    → (FLOAT["S", 1], FLOAT["S", 1]).
     """
     axis = op.Constant(value_ints=[1])
     one = op.Constant(value_ints=[1])
@@ -44,22 +45,21 @@ def PrefixFromSorted(
     below = op.ReduceSum(op.Cast(op.Less(cum, mass), to=T_INT64), axis, keepdims=1)
     last = op.Sub(n, one)
     threshold = op.GatherElements(sorted_key, op.Min(below, last), axis=1)
-    reached = op.GreaterOrEqual(op.Gather(cum, last, axis=1), mass)
-    return threshold, reached
+    return threshold, op.Gather(cum, last, axis=1)
 
 
 @script(onnxsample)
 def PrefixThreshold(
     key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], k: INT64[1]
-) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
+) -> tuple[FLOAT["S", 1], FLOAT["S", 1]]:
     """:func:`PrefixFromSorted` over the min(k, V) largest keys, from one ``TopK``.
 
-    key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; k: INT64[1] → (FLOAT["S", 1], BOOL["S", 1]).
+    key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; k: INT64[1] → (FLOAT["S", 1], FLOAT["S", 1]).
     """
     n = op.Min(k, op.Shape(key, start=1, end=2))
     sorted_key, order = op.TopK(key, n, axis=1, largest=1, sorted=1)
-    threshold, reached = PrefixFromSorted(sorted_key, order, p, mass)
-    return threshold, reached
+    threshold, reached_mass = PrefixFromSorted(sorted_key, order, p, mass)
+    return threshold, reached_mass
 
 
 @script(onnxsample)
@@ -73,8 +73,8 @@ def MassThreshold(
     """
     candidates = op.Constant(value_ints=[CANDIDATES])
     vocab = op.Shape(key, start=1, end=2)
-    threshold, reached = PrefixThreshold(key, p, mass, candidates)
-    if AnyRow(op.Not(op.Or(reached, off))):
+    threshold, reached_mass = PrefixThreshold(key, p, mass, candidates)
+    if AnyRow(op.Not(op.Or(op.GreaterOrEqual(reached_mass, mass), off))):
         exact, _ = PrefixThreshold(key, p, mass, vocab)
         result = op.Identity(exact)
     else:
@@ -95,10 +95,12 @@ def MassThresholdStatic(
     key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; off: BOOL["S", 1] → (FLOAT["S", 1],
     BOOL["S", 1]).
     """
+    ninf = op.Constant(value_float=NEG_INF)
     sorted_key, order = TopKSliced(
         key,
         op.Constant(value_ints=[TYPICAL_STATIC_CANDIDATES]),
         op.Constant(value_ints=[TYPICAL_STATIC_SLICE]),
     )
-    threshold, reached = PrefixFromSorted(sorted_key, order, p, mass)
-    return threshold, op.Not(op.Or(reached, off))
+    threshold, reached_mass = PrefixFromSorted(sorted_key, order, p, mass)
+    # beyond: on, and the keys fall short of the mass (an off slot's mass −inf never is)
+    return threshold, op.Less(reached_mass, op.Where(off, ninf, mass))

@@ -40,17 +40,19 @@ def AdditiveRule(
     presence_penalty: FLOAT["S"],
     frequency_penalty: FLOAT["S"],
 ) -> FLOAT["S", "V"]:
-    """x' = x − (count · f + (count > 0) · p).
+    """x' = x − (count · f + (count > 0) · p): x − (count · f + p) where count > 0, else x − 0
+    (the same numbers as count · f + 1 · p and 0 · f + 0 · p, but for the sign of a zero).
 
     x: FLOAT["S", "V"]; output_counts: INT32["S", "V"]; the penalties FLOAT["S"] → FLOAT["S", "V"].
-    p = f = 0 leaves x bit for bit.
+    p = f = 0 leaves x bit for bit. ``RepetitionRule`` asks count > 0 with the same ``Cast``.
     """
     axis = op.Constant(value_ints=[1])
-    one_f = op.Constant(value_float=1.0)
+    zero_f = op.Constant(value_float=0.0)
     count = op.Cast(output_counts, to=T_FLOAT)
     f = op.Unsqueeze(frequency_penalty, axis)
     p = op.Unsqueeze(presence_penalty, axis)
-    return op.Sub(x, op.Add(op.Mul(count, f), op.Mul(op.Min(count, one_f), p)))
+    penalty = op.Add(op.Mul(count, f), p)
+    return op.Sub(x, op.Where(op.Cast(output_counts, to=T_BOOL), penalty, zero_f))
 
 
 @script(onnxsample)
@@ -116,9 +118,19 @@ def PenaltiesStatic(
     frequency_penalty: FLOAT["S"],
 ) -> FLOAT["S", "V"]:
     """``Penalties`` without control flow: both rules on every row (neutral values are exact
-    no-ops). Same inputs and output."""
-    x1 = RepetitionRule(x, prompt_mask, output_counts, repetition_penalty)
-    return AdditiveRule(x1, output_counts, presence_penalty, frequency_penalty)
+    no-ops), in one selection: a token the output holds (count > 0) is seen and penalised by
+    both rules, one only the prompt holds by the repetition rule, any other left as it is. The
+    numbers of ``RepetitionRule`` then ``AdditiveRule`` (which subtracts +0 from the rest), one
+    ``Or`` and one ``Where`` fewer. Same inputs and output."""
+    axis = op.Constant(value_ints=[1])
+    zero_f = op.Constant(value_float=0.0)
+    r = op.Unsqueeze(repetition_penalty, axis)
+    f = op.Unsqueeze(frequency_penalty, axis)
+    p = op.Unsqueeze(presence_penalty, axis)
+    repeated = op.Where(op.Greater(x, zero_f), op.Div(x, r), op.Mul(x, r))
+    penalty = op.Add(op.Mul(op.Cast(output_counts, to=T_FLOAT), f), p)
+    prompt_only = op.Where(prompt_mask, repeated, x)
+    return op.Where(op.Cast(output_counts, to=T_BOOL), op.Sub(repeated, penalty), prompt_only)
 
 
 @script(onnxsample)
@@ -130,8 +142,8 @@ def UpdateCounts(
     output_counts: INT32["S", "V"]; token, row_index: INT64["S"] → INT32["S", "V"].
     """
     axis = op.Constant(value_ints=[1])
-    zero_i = op.Constant(value_int=0)
-    active = op.Cast(op.Unsqueeze(op.Not(op.Equal(row_index, zero_i)), axis), to=T_INT32)
+    # row_index ≠ 0 as a cast to bool, then 1 or 0
+    active = op.Cast(op.Cast(op.Unsqueeze(row_index, axis), to=T_BOOL), to=T_INT32)
     return op.ScatterElements(
         output_counts, op.Unsqueeze(token, axis), active, axis=1, reduction="add"
     )

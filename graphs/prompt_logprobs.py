@@ -37,7 +37,10 @@ def build_prompt_function(top_logprobs: int, static: bool = False) -> onnx.Funct
     functions as the sampled token's logprob, so both agree bit for bit; P may be 0. `static`
     builds it without control flow."""
     body = FunctionBody()
-    body.call("SanitizeStatic" if static else "Sanitize", ["rows"], ["x", "x_max"])
+    if static:
+        body.call("SanitizeStatic", ["rows"], ["x", "x_max", "x_argmax"])
+    else:
+        body.call("Sanitize", ["rows"], ["x", "x_max"])
     body.call("Logprob", ["x", "x_max", "targets"], ["logprob", "row_max", "log_total"])
     outputs = ["logprob"]
     if top_logprobs > 0:

@@ -11,7 +11,7 @@ from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import FLT_MAX, NEG_INF, POS_INF, onnxsample
-from onnxsample.graphs._rows import RowArgMax, RowMax, RowMaxStatic
+from onnxsample.graphs._rows import RowArgMax, RowMax, RowTopStatic
 
 
 @script(onnxsample)
@@ -47,11 +47,33 @@ def Sanitize(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
 
 
 @script(onnxsample)
-def SanitizeStatic(logits: FLOAT["S", "V"]) -> tuple[FLOAT["S", "V"], FLOAT["S", 1]]:
-    """``Sanitize`` without control flow (the maximum: :func:`RowMaxStatic`). FLOAT[S, V] →
-    (FLOAT[S, V], FLOAT[S, 1])."""
+def SanitizeStatic(
+    logits: FLOAT["S", "V"],
+) -> tuple[FLOAT["S", "V"], FLOAT["S", 1], INT64["S", 1]]:
+    """``Sanitize`` without control flow (the maximum: :func:`RowTopStatic`), and the argmax the
+    maximum is read at: the greedy token of a chain that transforms nothing. FLOAT[S, V] →
+    (FLOAT[S, V], FLOAT[S, 1], INT64[S, 1])."""
     out = FixNonFinite(logits)
-    return out, RowMaxStatic(out)
+    top, at = RowTopStatic(out)
+    return out, top, at
+
+
+@script(onnxsample)
+def ClampedTopStatic(
+    z: FLOAT["S", "V"],
+) -> tuple[FLOAT["S", "V"], FLOAT["S", 1], INT64["S", 1]]:
+    """``FiniteRows``' clamp of +inf to FLT_MAX, then the clamped row's maximum and the argmax it
+    is read at (:func:`RowTopStatic`). That argmax is the greedy token of ``FiniteRowsStatic``'s
+    row: the clamped row itself, or for a row with no finite logit [0, −inf, …], whose argmax is
+    0 as is that of a row of −inf. So the static chain's greedy token and row maximum take one
+    ``ArgMax``, where they took one each.
+
+    z: FLOAT[S, V] (no NaN) → (FLOAT[S, V], FLOAT[S, 1], INT64[S, 1]).
+    """
+    big = op.Constant(value_float=FLT_MAX)
+    clamped = op.Min(z, big)
+    top, at = RowTopStatic(clamped)
+    return clamped, top, at
 
 
 @script(onnxsample)
@@ -120,10 +142,10 @@ def FiniteArgMax(z: FLOAT["S", "V"], row_max: FLOAT["S", 1]) -> INT64["S"]:
 def FiniteRowsStatic(
     z: FLOAT["S", "V"], row_max: FLOAT["S", 1]
 ) -> tuple[FLOAT["S", "V"], BOOL["S"]]:
-    """``FiniteRows`` without control flow. z: FLOAT[S, V]; row_max: FLOAT[S, 1] → (FLOAT[S, V],
+    """``FiniteRows`` without control flow, on a row already clamped (``SanitizeStatic``'s, or
+    ``ClampedTopStatic``'s: no +inf). z: FLOAT[S, V]; row_max: FLOAT[S, 1] → (FLOAT[S, V],
     BOOL[S])."""
     ninf = op.Constant(value_float=NEG_INF)
-    big = op.Constant(value_float=FLT_MAX)
     finite = op.Greater(row_max, ninf)
-    out = OnlyToken0(op.Min(z, big), finite)
+    out = OnlyToken0(z, finite)
     return out, op.Squeeze(finite, op.Constant(value_ints=[1]))

@@ -22,8 +22,9 @@ def Temperature(z: FLOAT["S", "V"], temperature: FLOAT["S"]) -> FLOAT["S", "V"]:
     axis = op.Constant(value_ints=[1])
     eps = op.Constant(value_float=GREEDY_BELOW)
     one_f = op.Constant(value_float=1.0)
-    t = op.Unsqueeze(temperature, axis)
-    return op.Div(z, op.Where(op.Less(t, eps), one_f, t))
+    # compared as SelectGreedy compares it (the same node once ONNX Runtime merges them)
+    greedy = op.Unsqueeze(op.Less(temperature, eps), axis)
+    return op.Div(z, op.Where(greedy, one_f, op.Unsqueeze(temperature, axis)))
 
 
 @script(onnxsample)

@@ -57,9 +57,12 @@ def TopKStatic(
     BOOL["S", 1]).
     """
     ninf = op.Constant(value_float=NEG_INF)
+    axis = op.Constant(value_ints=[1])
     one_i = op.Constant(value_int=1)
-    off, k_on = TopKOff(z, top_k)
-    width = op.Shape(wide, start=1, end=2)
-    kth = op.GatherElements(wide, op.Sub(op.Min(k_on, width), one_i), axis=1)
-    beyond = op.Greater(k_on, width)  # never where off: k_on is 1 there
-    return op.Where(off, ninf, kth), beyond
+    k = op.Unsqueeze(top_k, axis)
+    last = op.Squeeze(op.Sub(op.Shape(z, start=1, end=2), one_i))  # V − 1: a constant when folded
+    width = op.Squeeze(op.Shape(wide, start=1, end=2))
+    on = op.Equal(op.Clip(k, one_i, last), k)  # TopKOff's complement: 1 ≤ k ≤ V − 1
+    kth = op.GatherElements(wide, op.Sub(op.Clip(k, one_i, width), one_i), axis=1)
+    beyond = op.And(on, op.Greater(k, width))
+    return op.Where(on, kth, ninf), beyond

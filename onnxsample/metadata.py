@@ -56,8 +56,11 @@ CONTRACT_VERSION = "1"
 # 21: echo's prompt rows take their own LM-head call; the branching chain returns no counts and
 # asks once whether the mask or the penalties apply; a step without drafts lays out no pairs.
 # 22: sampler.logprobs (logprobs only when a slot asks). 23: a greedy step's finite-rows check
-# takes the argmax inside its If (FiniteArgMax): no pass-through copy.
-COMPOSER_REVISION = "23"
+# takes the argmax inside its If (FiniteArgMax): no pass-through copy. 24: the static chain's
+# greedy token is the argmax its row maximum is read at; one selection for its penalties; the
+# draw's search in one comparison and its id by a lookup; fewer ops in top-k's, top-p's,
+# typical-p's flags and the logprob.
+COMPOSER_REVISION = "24"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

@@ -368,3 +368,35 @@ def test_neutral_slot_is_exact_no_op_next_to_active_slots():
         assert full["sampler.next_token"][s] == bare["sampler.next_token"][s]
     for s in (0, 2):
         assert np.count_nonzero(full["sampler.probs"][s]) <= 20
+
+
+@pytest.mark.parametrize("vocab", [7, 256, 257, 50257, 151936])
+@pytest.mark.parametrize("known", [False, True], ids=["generic", "known"])
+def test_the_drawn_id_is_the_draws_order_at_every_place(vocab: int, known: bool) -> None:
+    """``DrawnId``: place k of block j (j · BLOCK + k) is id k · B + j, B = ⌈V / BLOCK⌉; a known
+    vocabulary makes it one lookup in a table of those ids (``drawn_id_for``), the same ids."""
+    import onnxruntime as ort
+    from _function_model import function_model
+    from onnx import TensorProto, helper
+
+    from onnxsample.graphs.dist import DrawnId, drawn_id_for
+
+    blocks = -(-vocab // BLOCK)
+    places = np.arange(blocks * BLOCK, dtype=np.int64).reshape(-1, 1)
+    model = function_model(
+        DrawnId,
+        [
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, vocab]),
+            helper.make_tensor_value_info("place", TensorProto.INT64, ["S", 1]),
+        ],
+        [helper.make_tensor_value_info("id", TensorProto.INT64, ["S", 1])],
+        vocab=vocab if known else 0,
+    )
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (ids,) = session.run(None, {"z": np.zeros((1, vocab), np.float32), "place": places})
+    k, j = places[:, 0] % BLOCK, places[:, 0] // BLOCK
+    np.testing.assert_array_equal(ids[:, 0], k * blocks + j)
+    assert sorted(ids[ids < vocab]) == list(range(vocab))  # every id once, padding past V
+    if known:
+        kinds = [n.op_type for n in drawn_id_for(vocab).node]
+        assert kinds == ["Constant", "Gather"]
