@@ -148,6 +148,18 @@ def RowArgMax(z: FLOAT["S", "V"]) -> INT64["S"]:
 
 
 @script(onnxsample)
+def RowTopStatic(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", 1], INT64["S", 1]]:
+    """:func:`RowMaxStatic`'s maximum and the ``ArgMax`` it reads it at (ties to the lowest id;
+    0 for a row of −inf): one kernel gives the static chain both a row's maximum and its greedy
+    token.
+
+    z: FLOAT[S, V] (no NaN) → (FLOAT[S, 1], INT64[S, 1]).
+    """
+    top = op.ArgMax(z, axis=1, keepdims=1)
+    return op.GatherElements(z, top, axis=1), top
+
+
+@script(onnxsample)
 def RowMaxStatic(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
     """The maximum of each row as the value at its ``ArgMax``: :func:`RowMax`'s number (a maximum
     is one value, wherever it is read). For the static chain (CUDA graphs): ONNX Runtime's CUDA
@@ -158,19 +170,8 @@ def RowMaxStatic(z: FLOAT["S", "V"]) -> FLOAT["S", 1]:
 
     z: FLOAT[S, V] (no NaN) → FLOAT[S, 1].
     """
-    return op.GatherElements(z, op.ArgMax(z, axis=1, keepdims=1), axis=1)
-
-
-@script(onnxsample)
-def RowTopStatic(z: FLOAT["S", "V"]) -> tuple[FLOAT["S", 1], INT64["S", 1]]:
-    """:func:`RowMaxStatic`'s maximum and the ``ArgMax`` it reads it at (ties to the lowest id;
-    0 for a row of −inf): one kernel gives the static chain both a row's maximum and its greedy
-    token.
-
-    z: FLOAT[S, V] (no NaN) → (FLOAT[S, 1], INT64[S, 1]).
-    """
-    top = op.ArgMax(z, axis=1, keepdims=1)
-    return op.GatherElements(z, top, axis=1), top
+    top, _ = RowTopStatic(z)
+    return top
 
 
 @script(onnxsample)

@@ -135,6 +135,23 @@ def CandidatesStatic(
 
 
 @script(onnxsample)
+def ContainedIn(
+    z: FLOAT["S", "V"], wide: FLOAT["S", "W"], count: INT64[1], floor: FLOAT["S", 1]
+) -> BOOL["S", 1]:
+    """Whether every token with z ≥ floor is among the `count` leading values of `wide` (the
+    largest, descending): count = V, or the value at count − 1 < floor. Read from a wider set,
+    its leading values need no slice of their own.
+
+    z: FLOAT["S", "V"]; wide: FLOAT["S", "W"]; count: INT64[1] (≤ W); floor: FLOAT["S", 1] →
+    BOOL["S", 1].
+    """
+    one = op.Constant(value_ints=[1])
+    everything = op.Equal(count, op.Shape(z, start=1, end=2))
+    below = op.Less(op.Gather(wide, op.Sub(count, one), axis=1), floor)
+    return op.Or(below, everything)
+
+
+@script(onnxsample)
 def Contained(
     z: FLOAT["S", "V"], candidates: FLOAT["S", "C"], floor: FLOAT["S", 1]
 ) -> BOOL["S", 1]:
@@ -142,10 +159,16 @@ def Contained(
 
     z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; floor: FLOAT["S", 1] → BOOL["S", 1].
     """
-    last = op.Constant(value_ints=[-1])
-    everything = op.Equal(op.Shape(candidates, start=1, end=2), op.Shape(z, start=1, end=2))
-    below = op.Less(op.Gather(candidates, last, axis=1), floor)
-    return op.Or(below, everything)
+    return ContainedIn(z, candidates, op.Shape(candidates, start=1, end=2), floor)
+
+
+@script(onnxsample)
+def FallsShort(reached: FLOAT["S", 1], mass: FLOAT["S", 1], off: BOOL["S", 1]) -> BOOL["S", 1]:
+    """A static filter's flag for the host's fallback: it is on and the mass its candidates
+    reached falls short of its target (an off slot's target is −inf, which nothing falls short
+    of). reached, mass: FLOAT["S", 1]; off: BOOL["S", 1] → BOOL["S", 1]."""
+    ninf = op.Constant(value_float=NEG_INF)
+    return op.Less(reached, op.Where(off, ninf, mass))
 
 
 @script(onnxsample)

@@ -34,6 +34,8 @@ from onnxsample.graphs.candidates import (
     CandidatesDrawn,
     CandidatesStatic,
     Contained,
+    ContainedIn,
+    FallsShort,
     TopKSliced,
     Truncate,
 )
@@ -60,10 +62,12 @@ from onnxsample.graphs.mass import (
 )
 from onnxsample.graphs.min_p import MinP
 from onnxsample.graphs.penalties import (
+    AdditivePenalty,
     AdditiveRule,
     Penalising,
     Penalties,
     PenaltiesStatic,
+    Repeated,
     RepetitionRule,
     UpdateCounts,
 )
@@ -115,8 +119,8 @@ _SCRIPTS = (
     RowBlocks,
     RowMax,
     RowArgMax,
-    RowMaxStatic,
     RowTopStatic,
+    RowMaxStatic,
     RowLog,
     RowLogAtLeastOne,
     OnlyToken0,
@@ -128,6 +132,8 @@ _SCRIPTS = (
     Constraining,
     Allowed,
     AllowedStatic,
+    Repeated,
+    AdditivePenalty,
     RepetitionRule,
     AdditiveRule,
     Penalising,
@@ -143,7 +149,9 @@ _SCRIPTS = (
     Candidates,
     CandidatesDrawn,
     CandidatesStatic,
+    ContainedIn,
     Contained,
+    FallsShort,
     Truncate,
     TopKOff,
     TopK,

@@ -15,12 +15,13 @@ from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
-from onnxsample.graphs._common import NEG_INF, T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RunningSum
 from onnxsample.graphs.candidates import (
     CANDIDATES,
     TYPICAL_STATIC_CANDIDATES,
     TYPICAL_STATIC_SLICE,
+    FallsShort,
     TopKSliced,
 )
 
@@ -95,12 +96,10 @@ def MassThresholdStatic(
     key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; off: BOOL["S", 1] → (FLOAT["S", 1],
     BOOL["S", 1]).
     """
-    ninf = op.Constant(value_float=NEG_INF)
     sorted_key, order = TopKSliced(
         key,
         op.Constant(value_ints=[TYPICAL_STATIC_CANDIDATES]),
         op.Constant(value_ints=[TYPICAL_STATIC_SLICE]),
     )
     threshold, reached_mass = PrefixFromSorted(sorted_key, order, p, mass)
-    # beyond: on, and the keys fall short of the mass (an off slot's mass −inf never is)
-    return threshold, op.Less(reached_mass, op.Where(off, ninf, mass))
+    return threshold, FallsShort(reached_mass, mass, off)

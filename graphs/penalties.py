@@ -14,6 +14,27 @@ from onnxsample.graphs._common import T_BOOL, T_FLOAT, T_INT32, onnxsample
 
 
 @script(onnxsample)
+def Repeated(x: FLOAT["S", "V"], repetition_penalty: FLOAT["S"]) -> FLOAT["S", "V"]:
+    """x > 0 ? x / r : x · r, every token (``RepetitionRule`` keeps it on the seen ones).
+    x: FLOAT["S", "V"]; repetition_penalty: FLOAT["S"] → FLOAT["S", "V"]."""
+    zero_f = op.Constant(value_float=0.0)
+    r = op.Unsqueeze(repetition_penalty, op.Constant(value_ints=[1]))
+    return op.Where(op.Greater(x, zero_f), op.Div(x, r), op.Mul(x, r))
+
+
+@script(onnxsample)
+def AdditivePenalty(
+    output_counts: INT32["S", "V"], presence_penalty: FLOAT["S"], frequency_penalty: FLOAT["S"]
+) -> FLOAT["S", "V"]:
+    """count · f + p, every token (``AdditiveRule`` subtracts it where count > 0).
+    output_counts: INT32["S", "V"]; the penalties FLOAT["S"] → FLOAT["S", "V"]."""
+    axis = op.Constant(value_ints=[1])
+    f = op.Unsqueeze(frequency_penalty, axis)
+    p = op.Unsqueeze(presence_penalty, axis)
+    return op.Add(op.Mul(op.Cast(output_counts, to=T_FLOAT), f), p)
+
+
+@script(onnxsample)
 def RepetitionRule(
     x: FLOAT["S", "V"],
     prompt_mask: BOOL["S", "V"],
@@ -25,12 +46,8 @@ def RepetitionRule(
     x: FLOAT["S", "V"]; prompt_mask: BOOL["S", "V"]; output_counts: INT32["S", "V"];
     repetition_penalty: FLOAT["S"] → FLOAT["S", "V"]. r = 1 leaves x bit for bit.
     """
-    axis = op.Constant(value_ints=[1])
-    zero_f = op.Constant(value_float=0.0)
-    r = op.Unsqueeze(repetition_penalty, axis)
     seen = op.Or(prompt_mask, op.Cast(output_counts, to=T_BOOL))
-    repeated = op.Where(op.Greater(x, zero_f), op.Div(x, r), op.Mul(x, r))
-    return op.Where(seen, repeated, x)
+    return op.Where(seen, Repeated(x, repetition_penalty), x)
 
 
 @script(onnxsample)
@@ -46,12 +63,8 @@ def AdditiveRule(
     x: FLOAT["S", "V"]; output_counts: INT32["S", "V"]; the penalties FLOAT["S"] → FLOAT["S", "V"].
     p = f = 0 leaves x bit for bit. ``RepetitionRule`` asks count > 0 with the same ``Cast``.
     """
-    axis = op.Constant(value_ints=[1])
     zero_f = op.Constant(value_float=0.0)
-    count = op.Cast(output_counts, to=T_FLOAT)
-    f = op.Unsqueeze(frequency_penalty, axis)
-    p = op.Unsqueeze(presence_penalty, axis)
-    penalty = op.Add(op.Mul(count, f), p)
+    penalty = AdditivePenalty(output_counts, presence_penalty, frequency_penalty)
     return op.Sub(x, op.Where(op.Cast(output_counts, to=T_BOOL), penalty, zero_f))
 
 
@@ -122,13 +135,8 @@ def PenaltiesStatic(
     both rules, one only the prompt holds by the repetition rule, any other left as it is. The
     numbers of ``RepetitionRule`` then ``AdditiveRule`` (which subtracts +0 from the rest), one
     ``Or`` and one ``Where`` fewer. Same inputs and output."""
-    axis = op.Constant(value_ints=[1])
-    zero_f = op.Constant(value_float=0.0)
-    r = op.Unsqueeze(repetition_penalty, axis)
-    f = op.Unsqueeze(frequency_penalty, axis)
-    p = op.Unsqueeze(presence_penalty, axis)
-    repeated = op.Where(op.Greater(x, zero_f), op.Div(x, r), op.Mul(x, r))
-    penalty = op.Add(op.Mul(op.Cast(output_counts, to=T_FLOAT), f), p)
+    repeated = Repeated(x, repetition_penalty)
+    penalty = AdditivePenalty(output_counts, presence_penalty, frequency_penalty)
     prompt_only = op.Where(prompt_mask, repeated, x)
     return op.Where(op.Cast(output_counts, to=T_BOOL), op.Sub(repeated, penalty), prompt_only)
 

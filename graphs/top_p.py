@@ -4,9 +4,9 @@ from onnxscript import BOOL, DOUBLE, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
-from onnxsample.graphs._common import NEG_INF, T_DOUBLE, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RunningSum
-from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained
+from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained, ContainedIn, FallsShort
 
 
 @script(onnxsample)
@@ -178,15 +178,10 @@ def TopPStatic(
     axis = op.Constant(value_ints=[1])
     zero = op.Constant(value_ints=[0])
     one_f = op.Constant(value_float=1.0)
-    ninf = op.Constant(value_float=NEG_INF)
-    one = op.Constant(value_ints=[1])
     mass = op.Unsqueeze(top_p, axis)
     off = op.GreaterOrEqual(mass, one_f)
     count = op.Shape(candidates, start=1, end=2)
-    # Contained(z, candidates, floor), its last candidate read where `wide` holds it
-    everything = op.Equal(count, op.Shape(z, start=1, end=2))
-    last = op.Gather(wide, op.Sub(count, one), axis=1)
-    inside = op.Or(op.Less(last, floor), everything)
+    inside = ContainedIn(z, wide, count, floor)  # the candidates lead `wide`
     row_weights = MassWeights(z, top, floor)
     # the candidates are the leading columns of `wide`: their weights are the leading weights
     weights = op.GatherElements(row_weights, wide_ids, axis=1)
@@ -194,6 +189,5 @@ def TopPStatic(
     row_total = op.ReduceSum(row_weights, axis, keepdims=1)  # MassTotal(z, top, floor)
     total = op.Where(inside, candidate_total, row_total)
     nucleus, reached_mass = NucleusCut(wide, RunningSum(op.Div(weights, total)), mass)
-    # beyond: on, and the W largest fall short of the mass (an off slot's mass −inf never is)
-    beyond = op.Less(reached_mass, op.Where(off, ninf, mass))
+    beyond = FallsShort(reached_mass, mass, off)
     return op.Where(off, floor, op.Max(floor, nucleus)), beyond
