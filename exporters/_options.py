@@ -32,7 +32,7 @@ DEVICES = ("cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4", "gguf")
 # Up to this many parameters the GPU export of a GGUF takes fp16 weights by default. On the
 # simulated device the embedded 135M model alone launches 367 kernels a decode step with fp16
-# weights against 731 with its Q4_1 blocks (323 and 687 composed, greedy) (MatMulNBits, then the block sums, a GEMM and an Add for the
+# weights against 731 with its Q4_1 blocks (317 and 681 composed, greedy) (MatMulNBits, then the block sums, a GEMM and an Add for the
 # minimums); the fp16 weights read some 1.5 bytes a parameter more. At an H100's 3.35 TB/s a
 # billion parameters cost ~0.45 ms more a step that way, about what those kernels cost: above it
 # the blocks' bytes win. An estimate until a GPU measures the crossing.

@@ -17,7 +17,7 @@ as they must for the branching and the static chains to keep the same tokens. A 
 :func:`RowLog`: ONNX Runtime's CPU ``Log`` computes whole SIMD registers with a vector routine and
 what is left over with the C library's, and the two can differ in the last bit. Over a [S, 1]
 tensor, a slot's value took one or the other by the number of rows (scalar below 4 rows, vector
-from 4 on): a logprob, or a min-p floor, changed in its last bit with the batch around it.
+from 4 on): a min-p floor changed in its last bit with the batch around it.
 """
 
 import onnx
@@ -183,14 +183,3 @@ def RowLog(x: FLOAT["S", 1]) -> FLOAT["S", 1]:
     one = op.Constant(value_ints=[1])
     lanes = op.Constant(value_ints=[1, LANES])
     return op.Slice(op.Log(op.Expand(x, lanes)), zero, one, one)
-
-
-@script(onnxsample)
-def RowLogAtLeastOne(x: FLOAT["S", 1]) -> FLOAT["S", 1]:
-    """log max(x, 1) as :func:`RowLog` takes it: the maximum with a row of ``LANES`` ones makes
-    the row of copies, so one kernel does both. x: FLOAT[S, 1] → FLOAT[S, 1].
-    """
-    zero = op.Constant(value_ints=[0])
-    one = op.Constant(value_ints=[1])
-    ones = op.Expand(op.Constant(value_floats=[1.0]), op.Constant(value_ints=[1, LANES]))
-    return op.Slice(op.Log(op.Max(x, ones)), zero, one, one)

@@ -215,14 +215,14 @@ def _transforms(body: FunctionBody, config: ChainConfig) -> str:
 
 
 def _logprob(body: FunctionBody, out: str) -> None:
-    """`out`: each row's chosen token's logprob; ``row_max`` and ``log_total`` for the top ones."""
-    body.call("Logprob", ["x", "x_max", "token"], [out, "row_max", "log_total"])
+    """`out`: each row's chosen token's logprob; ``logp``, the rows' log-softmax, for the top ones."""
+    body.call("Logprob", ["x", "token"], [out, "logp"])
 
 
 def _top_logprobs(body: FunctionBody, top: int, outs: list[str]) -> None:
     """`outs` (ids, logprobs): each row's `top` most likely tokens, after :func:`_logprob`."""
     body.constant_int64("top_count", top)
-    body.call("TopLogprobs", ["x", "row_max", "log_total", "top_count"], outs)
+    body.call("TopLogprobs", ["x", "logp", "top_count"], outs)
 
 
 def _zeros(body: FunctionBody, name: str, kind: int, columns: int) -> str:

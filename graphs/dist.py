@@ -19,7 +19,7 @@ from onnxscript import BOOL, FLOAT, INT64, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
-from onnxsample.graphs._common import DOMAIN, NEG_INF, T_FLOAT, T_INT64, onnxsample
+from onnxsample.graphs._common import DOMAIN, NEG_INF, T_INT64, onnxsample
 from onnxsample.graphs._rows import RowMax, RowMaxStatic
 from onnxsample.graphs.candidates import Contained, Truncate
 
@@ -30,11 +30,10 @@ BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))  # 1 − 2^-24
 @script(onnxsample)
 def CountBefore(
     cum: FLOAT["S", "N"], uniform: FLOAT["S", 1], total: FLOAT["S", 1]
-) -> FLOAT["S", 1]:
+) -> INT64["S", 1]:
     """The inverse CDF's position over running sums `cum` (never decreasing, in any layout): with
     target = u · total, #{cum ≤ target and cum < total}, that is the first position with cum >
-    target, clamped to the last one that adds weight (as FLOAT: counts are exact in float32 up
-    to 2^24).
+    target, clamped to the last one that adds weight.
 
     One comparison: cum < total is cum ≤ the largest float below total, which is total · (1 −
     2^-24) exactly for a normal total (≥ 1 here: the maximum adds exp(0)); and min(u · total,
@@ -42,12 +41,12 @@ def CountBefore(
 
     cum: FLOAT["S", "N"]; uniform: FLOAT["S", 1] in [0, 1); total: FLOAT["S", 1] (cum's largest,
     ≥ 1; a total of 0 counts every position, which a caller that may see one clamps) →
-    FLOAT["S", 1].
+    INT64["S", 1].
     """
     axis = op.Constant(value_ints=[1])
     below_one = op.Constant(value_float=BELOW_ONE)
     bound = op.Mul(op.Min(uniform, below_one), total)
-    return op.ReduceSum(op.Cast(op.LessOrEqual(cum, bound), to=T_FLOAT), axis, keepdims=1)
+    return op.ReduceSum(op.Cast(op.LessOrEqual(cum, bound), to=T_INT64), axis, keepdims=1)
 
 
 @script(onnxsample)
@@ -131,8 +130,7 @@ def RowDrawStatic(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]
     running, _, before = BlockSums(z, top)
     cum = op.Reshape(op.Add(op.Unsqueeze(before, axis), running), whole)
     total = op.Gather(cum, last, axis=1)
-    place = op.Cast(CountBefore(cum, uniform, total), to=T_INT64)
-    return DrawnId(z, place)
+    return DrawnId(z, CountBefore(cum, uniform, total))
 
 
 @script(onnxsample)
@@ -150,13 +148,13 @@ def RowDraw(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> I
     running, sums, before = BlockSums(z, top)
     ends = op.Add(before, sums)
     total = op.Gather(ends, last, axis=1)
-    chosen = op.Cast(CountBefore(ends, uniform, total), to=T_INT64)
+    chosen = CountBefore(ends, uniform, total)
     column = op.Expand(
         op.Unsqueeze(chosen, axis), op.Concat(op.Shape(z, start=0, end=1), block, one, axis=0)
     )
     down = op.Squeeze(op.GatherElements(running, column, axis=2), op.Constant(value_ints=[2]))
     inside = op.Add(op.GatherElements(before, chosen, axis=1), down)
-    place = op.Cast(CountBefore(inside, uniform, total), to=T_INT64)
+    place = CountBefore(inside, uniform, total)
     return op.Add(op.Mul(place, Blocks(z)), chosen)
 
 
@@ -218,7 +216,7 @@ def CandidateDraw(
     cum = op.Add(op.CumSum(sums, op.Constant(value_int=1), exclusive=1), at)
     total = op.Gather(cum, last, axis=1)
     # a greedy row's floor of +inf leaves no weight (total 0): its draw, thrown away, stays in range
-    position = op.Min(op.Cast(CountBefore(cum, u, total), to=T_INT64), op.Sub(count, one))
+    position = op.Min(CountBefore(cum, u, total), op.Sub(count, one))
     return op.GatherElements(ids, position, axis=1), inside
 
 

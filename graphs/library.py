@@ -21,7 +21,6 @@ from onnxsample.graphs._rows import (
     RowArgMax,
     RowBlocks,
     RowLog,
-    RowLogAtLeastOne,
     RowMax,
     RowMaxStatic,
     RowTopStatic,
@@ -53,7 +52,7 @@ from onnxsample.graphs.dist import (
     drawn_id_for,
 )
 from onnxsample.graphs.logit_bias import LogitBias
-from onnxsample.graphs.logprobs import Logprob, TopLogprobs
+from onnxsample.graphs.logprobs import Logprob, NaNToNegInf, TopLogprobs
 from onnxsample.graphs.mass import (
     MassThreshold,
     MassThresholdStatic,
@@ -122,7 +121,6 @@ _SCRIPTS = (
     RowTopStatic,
     RowMaxStatic,
     RowLog,
-    RowLogAtLeastOne,
     OnlyToken0,
     FiniteArgMax,
     FiniteRows,
@@ -183,6 +181,7 @@ _SCRIPTS = (
     Dist,
     DistRows,
     DistRowsStatic,
+    NaNToNegInf,
     Logprob,
     TopLogprobs,
     FinalProbs,

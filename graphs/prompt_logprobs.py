@@ -41,11 +41,11 @@ def build_prompt_function(top_logprobs: int, static: bool = False) -> onnx.Funct
         body.call("SanitizeStatic", ["rows"], ["x", "x_max", "x_argmax"])
     else:
         body.call("Sanitize", ["rows"], ["x", "x_max"])
-    body.call("Logprob", ["x", "x_max", "targets"], ["logprob", "row_max", "log_total"])
+    body.call("Logprob", ["x", "targets"], ["logprob", "logp"])
     outputs = ["logprob"]
     if top_logprobs > 0:
         body.constant_int64("top_count", top_logprobs)
-        top_inputs = ["x", "row_max", "log_total", "top_count"]
+        top_inputs = ["x", "logp", "top_count"]
         body.call("TopLogprobs", top_inputs, ["top_logprob_ids", "top_logprobs"])
         outputs += ["top_logprob_ids", "top_logprobs"]
     nodes = body.nodes if static else _when_asked(body.nodes, outputs, top_logprobs)

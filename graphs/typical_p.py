@@ -4,7 +4,7 @@ from onnxscript import BOOL, FLOAT, script
 from onnxscript import opset18 as op
 
 from onnxsample.graphs._batch import AnyRow
-from onnxsample.graphs._common import NEG_INF, onnxsample
+from onnxsample.graphs._common import FLT_MAX, NEG_INF, onnxsample
 from onnxsample.graphs.candidates import Truncate
 from onnxsample.graphs.mass import MassThreshold, MassThresholdStatic
 
@@ -19,13 +19,14 @@ def TypicalKey(
     z: FLOAT["S", "V"]; floor: FLOAT["S", 1] → (key, p, kept): FLOAT["S", "V"] each.
     """
     axis = op.Constant(value_ints=[1])
-    zero_f = op.Constant(value_float=0.0)
+    lowest = op.Constant(value_float=-FLT_MAX)
     kept = Truncate(z, floor)
     logp = op.LogSoftmax(kept, axis=1)
     p = op.Exp(logp)
-    plogp = op.Mul(logp, p)
+    # a dropped token's −inf · 0 would be NaN: its log p is read as −FLT_MAX, so its term is −0
+    plogp = op.Mul(op.Max(logp, lowest), p)
     # H = −Σ p log p; −log p − H = −(log p − Σ p log p) exactly (a negation rounds nothing)
-    sum_plogp = op.ReduceSum(op.Where(op.IsNaN(plogp), zero_f, plogp), axis, keepdims=1)
+    sum_plogp = op.ReduceSum(plogp, axis, keepdims=1)
     key = op.Neg(op.Abs(op.Sub(logp, sum_plogp)))
     return key, p, kept
 

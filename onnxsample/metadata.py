@@ -60,7 +60,7 @@ CONTRACT_VERSION = "1"
 # greedy token is the argmax its row maximum is read at; one selection for its penalties; the
 # draw's search in one comparison and its id by a lookup; fewer ops in top-k's, top-p's,
 # typical-p's flags and the logprob.
-COMPOSER_REVISION = "24"
+COMPOSER_REVISION = "25"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

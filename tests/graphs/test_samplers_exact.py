@@ -349,6 +349,20 @@ def test_logprobs_are_raw_log_softmax():
     )
 
 
+@pytest.mark.parametrize("slots", [2, 4, 5, 9])
+def test_a_rows_logprobs_do_not_depend_on_the_batch(slots):
+    """A slot's logprob and top logprobs are the same bits whatever the number of rows computed
+    beside it (the log-softmax works row by row), as its token is."""
+    rng = np.random.default_rng(6)
+    rows = (rng.normal(size=(slots + 1, 300)) * 3).astype(np.float32)
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    uniform = [0.3] + [0.6] * (slots - 1)
+    alone = _run(FULL, rows[:2], [params], top_logprobs=4, uniform=uniform[:1])
+    batch = _run(FULL, rows, [params] * slots, top_logprobs=4, uniform=uniform)
+    for name in ("sampler.next_token", "sampler.logprob", "sampler.top_logprobs"):
+        np.testing.assert_array_equal(batch[name][:1], alone[name], err_msg=name)
+
+
 @pytest.mark.parametrize("chain", [FULL, "temperature,dist", "temperature,top_k,top_p,dist"])
 @pytest.mark.parametrize(
     ("temperature", "greedy"),

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx.reference import ReferenceEvaluator
-from onnx.reference.ops import op_gather_elements
+from onnx.reference.ops import op_gather_elements, op_log_softmax
 
 from onnxsample import SamplingParams, build_sampler_model, sampler_feeds
 from onnxsample.graphs import CANDIDATES, DOMAIN
@@ -38,11 +38,20 @@ def _take_along_axis(self, data, indices, axis=None):
     return (np.take_along_axis(data, indices.astype(np.int64), axis=axis),)
 
 
+def _shifted_log_softmax(self, x, axis=None):
+    axis = self.axis if axis is None else axis
+    shifted = x - x.max(axis=axis, keepdims=True)
+    return ((shifted - np.log(np.exp(shifted).sum(axis=axis, keepdims=True))).astype(x.dtype),)
+
+
 @pytest.fixture(autouse=True)
-def _evaluator_gather_elements(monkeypatch):
+def _evaluator_fixes(monkeypatch):
     """The evaluator's GatherElements goes through ``np.choose``, which cannot take more than 32/64
-    choices along the axis (onnx 1.23); run the same op with ``np.take_along_axis`` instead."""
+    choices along the axis (onnx 1.23); run the same op with ``np.take_along_axis`` instead. Its
+    LogSoftmax is the log of a softmax, −inf wherever the softmax underflowed; take (x − m) −
+    log Σ exp(x − m) as ONNX Runtime and torch do."""
     monkeypatch.setattr(op_gather_elements.GatherElements, "_run", _take_along_axis)
+    monkeypatch.setattr(op_log_softmax.LogSoftmax, "_run", _shifted_log_softmax)
 
 
 def _evaluator(model, feeds):

@@ -147,6 +147,9 @@ PEAKED = -np.arange(10000, dtype=np.float32)[None] / 64
         (FLAT, SamplingParams(top_k=STATIC_CANDIDATES), False),
         (FLAT, SamplingParams(top_k=STATIC_CANDIDATES + 1), True),
         (FLAT, SamplingParams(top_k=STATIC_CANDIDATES + 1, temperature=0.0), False),  # greedy
+        (PEAKED, SamplingParams(top_k=9999), True),  # V − 1: on, past the candidates
+        (PEAKED, SamplingParams(top_k=10000), False),  # V: off
+        (PEAKED, SamplingParams(top_k=12345, top_p=0.9), False),  # past V: off
         (FLAT, SamplingParams(top_p=0.4), False),  # 4000 of 10000 equal tokens
         (FLAT, SamplingParams(top_p=0.6), True),  # 6000
         (PEAKED, SamplingParams(top_p=0.999), False),
