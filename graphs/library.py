@@ -52,7 +52,7 @@ from onnxsample.graphs.dist import (
     drawn_id_for,
 )
 from onnxsample.graphs.logit_bias import LogitBias
-from onnxsample.graphs.logprobs import Logprob, NaNToNegInf, TopLogprobs
+from onnxsample.graphs.logprobs import Logprob, TopLogprobs
 from onnxsample.graphs.mass import (
     MassThreshold,
     MassThresholdStatic,
@@ -77,6 +77,7 @@ from onnxsample.graphs.sanitize import (
     FiniteRows,
     FiniteRowsStatic,
     FixNonFinite,
+    NaNToNegInf,
     OnlyToken0,
     Sanitize,
     SanitizeStatic,
@@ -112,6 +113,7 @@ __all__ = ["FunctionBody", "merge_functions", "opsets", "sampler_functions", "us
 
 _SCRIPTS = (
     AnyRow,
+    NaNToNegInf,
     FixNonFinite,
     Sanitize,
     SanitizeStatic,
@@ -181,7 +183,6 @@ _SCRIPTS = (
     Dist,
     DistRows,
     DistRowsStatic,
-    NaNToNegInf,
     Logprob,
     TopLogprobs,
     FinalProbs,

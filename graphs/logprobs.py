@@ -3,13 +3,8 @@
 from onnxscript import FLOAT, INT64, script
 from onnxscript import opset18 as op
 
-from onnxsample.graphs._common import NEG_INF, onnxsample
-
-
-@script(onnxsample)
-def NaNToNegInf(x: FLOAT[...]) -> FLOAT[...]:
-    """x with NaN read as −inf: the log-softmax of a row with no finite logit."""
-    return op.Where(op.IsNaN(x), op.Constant(value_float=NEG_INF), x)
+from onnxsample.graphs._common import onnxsample
+from onnxsample.graphs.sanitize import NaNToNegInf
 
 
 @script(onnxsample)

@@ -15,11 +15,16 @@ from onnxsample.graphs._rows import RowArgMax, RowMax, RowTopStatic
 
 
 @script(onnxsample)
+def NaNToNegInf(x: FLOAT[...]) -> FLOAT[...]:
+    """x with NaN read as −inf (any shape)."""
+    return op.Where(op.IsNaN(x), op.Constant(value_float=NEG_INF), x)
+
+
+@script(onnxsample)
 def FixNonFinite(logits: FLOAT["S", "V"]) -> FLOAT["S", "V"]:
     """−inf where logits is NaN, else min(logits, FLT_MAX). FLOAT[S, V] → FLOAT[S, V]."""
-    ninf = op.Constant(value_float=NEG_INF)
     big = op.Constant(value_float=FLT_MAX)
-    return op.Min(op.Where(op.IsNaN(logits), ninf, logits), big)
+    return op.Min(NaNToNegInf(logits), big)
 
 
 @script(onnxsample)
