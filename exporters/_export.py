@@ -141,6 +141,12 @@ def export(
     reused = _reuse(out, key, force)
     if reused is not None:
         return ExportResult(out, reused, True, time.perf_counter() - start, _peak_rss())
+    # After the reuse: these import transformers and optimum (seconds), and an export of this very
+    # request by these exporter versions passed them when it was made.
+    if info is not None:
+        gguf.check_architecture(info)
+    else:
+        hf.check_model_type(model_type, f"model type {model_type!r}")
     _fs.check_disk(out, _disk_needed(src, info, precision, keep_hf))
 
     with _fs.staged_folder(out) as tmp:

@@ -21,6 +21,7 @@ from onnxsample.errors import ExportError
 
 __all__ = [
     "GGUFInfo",
+    "check_architecture",
     "gguf_config",
     "gguf_generation_config",
     "gguf_model",
@@ -79,7 +80,9 @@ def _scalar(field_) -> Any:
 
 
 def inspect_gguf(path: Path) -> GGUFInfo:
-    """Read a GGUF header and tensor table, and refuse what the exporter cannot convert."""
+    """Read a GGUF header and tensor table, and refuse a file without an architecture or with
+    tensors that cannot be de-quantised. Whether transformers and optimum know the architecture is
+    :func:`check_architecture`'s question (it imports them, which takes seconds)."""
     reader = open_gguf(path)
     metadata = {
         name: _scalar(f)
@@ -125,12 +128,23 @@ def open_gguf(path: Path):
 
 
 def _check(info: GGUFInfo, path: Path) -> None:
+    if not info.architecture:
+        raise ExportError(f"{path} has no general.architecture: not a model GGUF")
+    unsupported = sorted(set(info.tensor_types) - _supported_types())
+    if unsupported:
+        raise ExportError(
+            f"{path.name} holds tensors of type {', '.join(unsupported)}, which cannot be de-quantised; "
+            "supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants and the IQ types"
+        )
+
+
+def check_architecture(info: GGUFInfo) -> None:
+    """Refuse an architecture transformers cannot read from a GGUF, or optimum cannot export as a
+    decoder with a KV cache."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     from onnxsample.exporters.hf import check_model_type
 
-    if not info.architecture:
-        raise ExportError(f"{path} has no general.architecture: not a model GGUF")
     if info.architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ExportError(
             f"GGUF architecture {info.architecture!r} is not supported; supported: "
@@ -139,12 +153,6 @@ def _check(info: GGUFInfo, path: Path) -> None:
             )
         )
     check_model_type(info.architecture, f"GGUF architecture {info.architecture!r}")
-    unsupported = sorted(set(info.tensor_types) - _supported_types())
-    if unsupported:
-        raise ExportError(
-            f"{path.name} holds tensors of type {', '.join(unsupported)}, which cannot be de-quantised; "
-            "supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants and the IQ types"
-        )
 
 
 def gguf_tokenizer(path: Path, folder: Path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import onnx
@@ -103,6 +105,35 @@ def test_matching_export_is_reused(tiny_export, tiny_hf):
     again = export(tiny_hf, tiny_export.output, layout="optimum", precision="fp32")
     assert again.reused
     assert again.model_path.stat().st_mtime_ns == before
+
+
+_REUSE = """
+import json, sys
+from onnxsample.exporters import export
+done = export(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))
+print(json.dumps([done.reused, [m for m in ("torch", "transformers", "optimum") if m in sys.modules]]))
+"""
+
+
+@pytest.mark.parametrize(
+    "source, folder, options",
+    [
+        ("tiny_hf", "tiny_gqa_export", {"layout": "gqa", "precision": "fp32"}),
+        ("real_gguf", "real_gguf_export", {}),
+    ],
+    ids=["hf-folder", "gguf"],
+)
+def test_a_reused_export_imports_neither_torch_nor_transformers(request, source, folder, options):
+    """An export already there is found before the checks that import transformers and optimum:
+    `run` and `serve` on a source start seconds sooner."""
+    path, done = request.getfixturevalue(source), request.getfixturevalue(folder)
+    out = subprocess.run(
+        [sys.executable, "-c", _REUSE, str(path), str(done.output), json.dumps(options)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout.splitlines()[-1]) == [True, []]
 
 
 @pytest.fixture
