@@ -2,8 +2,8 @@
 
 Python blocks share one namespace (as a notebook does); bash blocks run with ``bash -euo
 pipefail``; a block that only starts ``onnxsample serve ... --port 8080`` runs in the background
-until the next one or the end, and every 8080 of the page is `PORT`. Exits 1 naming the first
-block that failed.
+until the next one or the end, and every 8080 of the page is `PORT`. Prints each block's seconds;
+exits 1 naming the first block that failed.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ def main() -> None:
     try:
         for block in listing:
             where, code = block["where"], block["code"].replace("8080", str(port))
+            started = time.monotonic()
             print(f"::: {where} ({block['language']})", flush=True)
             if block["serves"]:
                 _stop(server)
@@ -69,7 +70,7 @@ def main() -> None:
 
                     traceback.print_exc()
                     raise SystemExit(f"{where}: the python block raised {exc!r}") from None
-            sys.stdout.flush()
+            print(f"::: {where} took {time.monotonic() - started:.1f} s", flush=True)
     finally:
         _stop(server)
 

@@ -87,6 +87,8 @@ def test_the_examples_of(page, scratch_parts, tmp_path):
         text=True,
         timeout=1800,
     )
+    # each block's seconds: shown for a failure, or with `pytest -rP`
+    print("\n".join(s for s in done.stdout.splitlines() if s.startswith(":::") and " took " in s))
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
 
 
