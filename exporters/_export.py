@@ -23,7 +23,7 @@ from onnxsample.exporters._options import (
     lossy,
     resolve_options,
 )
-from onnxsample.exporters._source import Source, resolve_source
+from onnxsample.exporters._source import Fingerprint, Source, resolve_source
 from onnxsample.exporters._verify import VerifyResult, verify_export
 
 log = logging.getLogger(__name__)
@@ -137,9 +137,19 @@ def export(
     )
     out = out.expanduser().absolute()
     _fs.check_output(out)
-    key = _manifest.request_key(src.digest(), layout, precision, accuracy_level, device, attention)
-    reused = _reuse(out, key, force)
+    existing = None if force else _existing(out)
+    # The source's files unchanged since that export hashed them: its sha256 is not read again.
+    fingerprint = src.digest((existing or {}).get("source"))
+    key = _manifest.request_key(
+        fingerprint.sha256, layout, precision, accuracy_level, device, attention
+    )
+    reused = _reuse(out, key, existing)
     if reused is not None:
+        if fingerprint.stamp is not None and reused["source"].get("stamp") != fingerprint.stamp:
+            # Read again and found the same (the files were new when exported, or moved): the
+            # next reuse need not read them.
+            reused["source"]["stamp"] = fingerprint.stamp
+            _manifest.rewrite_manifest(out, reused)
         return ExportResult(out, reused, True, time.perf_counter() - start, _peak_rss())
     # After the reuse: these import transformers and optimum (seconds), and an export of this very
     # request by these exporter versions passed them when it was made.
@@ -176,7 +186,16 @@ def export(
         if info is not None and not keep_hf:
             shutil.rmtree(tmp / "hf", ignore_errors=True)
         manifest = _build_manifest(
-            key, src, tmp, config, generation, _tokens(tokenizer, vocab), info, checked, start
+            key,
+            src,
+            fingerprint,
+            tmp,
+            config,
+            generation,
+            _tokens(tokenizer, vocab),
+            info,
+            checked,
+            start,
         )
         _manifest.write_manifest(tmp, manifest)
     log.info("exported %s to %s in %.1f s", src.name, out, manifest["export_seconds"])
@@ -257,15 +276,25 @@ def _copy_hf_files(hf_dir: Path, tmp: Path) -> None:
             shutil.copy2(hf_dir / name, tmp / name)
 
 
-def _reuse(out: Path, key: dict[str, Any], force: bool) -> dict[str, Any] | None:
-    """The existing manifest if `out` holds this very export; None if `out` is free to (re)write."""
-    if force or not out.is_dir() or not any(out.iterdir()):
+def _existing(out: Path) -> dict[str, Any] | None:
+    """The manifest of the export in `out`; None if `out` is free to write. A folder that is not
+    empty and holds no export is an error."""
+    if not out.is_dir() or not any(out.iterdir()):
         return None
     existing = _manifest.read_manifest(out)
     if existing is None:
         raise ExportError(
             f"{out} is not empty and holds no onnxsample export; choose another folder or pass --force"
         )
+    return existing
+
+
+def _reuse(
+    out: Path, key: dict[str, Any], existing: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """`existing` if it is this very export; None if `out` is free to (re)write."""
+    if existing is None:
+        return None
     if _manifest.manifest_matches(existing, key) and (out / existing["files"]["model"]).is_file():
         log.info("reusing the export in %s", out)
         return existing
@@ -332,7 +361,16 @@ def _eos_ids(config, generation, tokens: dict[str, Any], info: gguf.GGUFInfo | N
 
 
 def _build_manifest(
-    key, src: Source, folder: Path, config, generation, tokens, info, checked, start
+    key,
+    src: Source,
+    fingerprint: Fingerprint,
+    folder,
+    config,
+    generation,
+    tokens,
+    info,
+    checked,
+    start,
 ) -> dict[str, Any]:
     files = sorted(
         p.name
@@ -343,7 +381,8 @@ def _build_manifest(
         **key,
         "source": {
             **src.to_json(),
-            "sha256": key["source_sha256"],
+            "sha256": fingerprint.sha256,
+            "stamp": fingerprint.stamp,
             "bytes": _fs.folder_size(src.path) if src.path.is_dir() else src.path.stat().st_size,
         },
         "model": {

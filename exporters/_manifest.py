@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
+import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from onnxsample.errors import ExportError
+
+log = logging.getLogger(__name__)
 
 MANIFEST_NAME = "onnxsample.json"
 FORMAT_VERSION = 1
@@ -108,7 +113,20 @@ def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
     return same and all(manifest.get(k) == v for k, v in key.items())
 
 
-def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
-    path = folder / MANIFEST_NAME
+def rewrite_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Replace the manifest of a finished export in one step (a reader sees the old or the new,
+    never half of one); a folder this user cannot write keeps the old one."""
+    staged = folder / f".{MANIFEST_NAME}.{os.getpid()}"
+    try:
+        write_manifest(folder, manifest, staged.name)
+        os.replace(staged, folder / MANIFEST_NAME)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            staged.unlink(missing_ok=True)
+        log.debug("%s keeps its manifest: %s", folder, exc)
+
+
+def write_manifest(folder: Path, manifest: dict[str, Any], name: str = MANIFEST_NAME) -> Path:
+    path = folder / name
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return path

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters.embedded import EMBEDDED_NAME, embedded_gguf
@@ -18,6 +20,21 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _GGUF_MAGIC = b"GGUF"
 # Files that make up a Hugging Face model folder's content (weights, config, tokenizer).
 _HF_CONTENT = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.jinja", "*.py")
+# How long a file's timestamps must have stood still before the hash is taken for them to tell a
+# later change apart: a write lands on the clock's current tick (a few ms on Linux, 2 s on FAT),
+# so a change made in the tick the file was read in could leave every timestamp as it was.
+_SETTLED_NS = 50_000_000
+_SETTLED_NS_COARSE = 2_000_000_000  # a file system with whole-second timestamps
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What a source holds: the sha256 of its content, and the `stamp` of its files when they
+    were hashed (path, then per file: name, size, mtime, ctime, inode, device), or None when a
+    file had changed too recently for its timestamps to be trusted later."""
+
+    sha256: str
+    stamp: list[Any] | None
 
 
 @dataclass(frozen=True)
@@ -28,20 +45,50 @@ class Source:
     path: Path
     name: str
 
-    def digest(self) -> str:
-        """sha256 of the source: the GGUF file, or the sorted content files of an HF folder."""
+    def digest(self, recorded: Mapping[str, Any] | None = None) -> Fingerprint:
+        """The sha256 of the source: the GGUF file, or the sorted content files of an HF folder.
+
+        `recorded` is what an export's manifest says of its source (``sha256`` and ``stamp``): when
+        the files' stamp is the recorded one, no byte of them has been written since they were
+        hashed (a write moves the ctime, which neither ``touch`` nor ``cp -p`` can set back), and
+        the recorded sha256 is taken without reading gigabytes again. Git trusts its index the
+        same way."""
+        files = self._files()
+        stamp = self._stamp(files)
+        if recorded and recorded.get("stamp") == stamp and recorded.get("sha256"):
+            return Fingerprint(str(recorded["sha256"]), stamp)
+        started = time.time_ns()
         h = hashlib.sha256()
-        if self.path.is_file():
-            _hash_file(h, self.path)
-        else:
-            files = sorted({p for pattern in _HF_CONTENT for p in self.path.glob(pattern)})
-            for file in files:
+        for file in files:
+            if self.path.is_dir():
                 h.update(file.name.encode() + b"\0")
-                _hash_file(h, file)
-        return h.hexdigest()
+            _hash_file(h, file)
+        settled = self._stamp(files) == stamp and all(
+            started - max(mtime, ctime) > _settling(mtime, ctime)
+            for _name, _size, mtime, ctime, _ino, _dev in stamp[1:]
+        )
+        return Fingerprint(h.hexdigest(), stamp if settled else None)
+
+    def _files(self) -> list[Path]:
+        if self.path.is_file():
+            return [self.path]
+        return sorted({p for pattern in _HF_CONTENT for p in self.path.glob(pattern)})
+
+    def _stamp(self, files: list[Path]) -> list[Any]:
+        stats = [(file.name, file.stat()) for file in files]
+        return [
+            str(self.path),
+            *([n, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev] for n, s in stats),
+        ]
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "path": str(self.path), "name": self.name}
+
+
+def _settling(*times_ns: int) -> int:
+    if all(t % 1_000_000_000 == 0 for t in times_ns):
+        return _SETTLED_NS_COARSE
+    return _SETTLED_NS
 
 
 def _hash_file(h: hashlib._Hash, path: Path) -> None:

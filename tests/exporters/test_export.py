@@ -7,13 +7,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import onnx
 import pytest
 
 from onnxsample.errors import ExportError, InvalidParameter
-from onnxsample.exporters import MANIFEST_NAME, export, read_manifest
+from onnxsample.exporters import MANIFEST_NAME, _source, export, read_manifest, resolve_source
 from onnxsample.exporters._verify import ort_greedy, prompt_ids, torch_greedy
 from onnxsample.exporters.hf import load_hf
 
@@ -66,7 +67,7 @@ def test_manifest_records_source_hash_and_exporter_stack(tiny_export, tiny_hf):
     from onnxsample.exporters import resolve_source
 
     manifest = tiny_export.manifest
-    assert manifest["source_sha256"] == resolve_source(tiny_hf).digest()
+    assert manifest["source_sha256"] == resolve_source(tiny_hf).digest().sha256
     assert set(manifest["exporter"]) >= {"torch", "transformers", "optimum", "optimum-onnx", "onnx"}
 
 
@@ -109,7 +110,10 @@ def test_matching_export_is_reused(tiny_export, tiny_hf):
 
 _REUSE = """
 import json, sys
-from onnxsample.exporters import export
+from onnxsample.exporters import _source, export
+def _read(*_):
+    raise AssertionError("the source was read again")
+_source._hash_file = _read
 done = export(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))
 print(json.dumps([done.reused, [m for m in ("torch", "transformers", "optimum") if m in sys.modules]]))
 """
@@ -124,9 +128,12 @@ print(json.dumps([done.reused, [m for m in ("torch", "transformers", "optimum") 
     ids=["hf-folder", "gguf"],
 )
 def test_a_reused_export_imports_neither_torch_nor_transformers(request, source, folder, options):
-    """An export already there is found before the checks that import transformers and optimum:
-    `run` and `serve` on a source start seconds sooner."""
+    """An export already there is found before the checks that import transformers and optimum,
+    and without reading the source again: `run` and `serve` on a source start seconds sooner. (A
+    first reuse here records the files' stamp where the export could not: they had just been
+    written when it hashed them.)"""
     path, done = request.getfixturevalue(source), request.getfixturevalue(folder)
+    assert export(path, done.output, **options).reused
     out = subprocess.run(
         [sys.executable, "-c", _REUSE, str(path), str(done.output), json.dumps(options)],
         capture_output=True,
@@ -134,6 +141,74 @@ def test_a_reused_export_imports_neither_torch_nor_transformers(request, source,
         check=True,
     )
     assert json.loads(out.stdout.splitlines()[-1]) == [True, []]
+
+
+def _rewrite(file: Path) -> None:  # the same size, other bytes
+    file.write_bytes(file.read_bytes()[::-1])
+
+
+def _set_times_back(file: Path) -> None:  # as `touch -r` or `cp -p` would
+    before = file.stat()
+    _rewrite(file)
+    os.utime(file, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def _replace(file: Path) -> None:  # another file under the same name, times and size
+    before = file.stat()
+    other = file.with_suffix(".new")
+    other.write_bytes(file.read_bytes())
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    other.replace(file)
+
+
+@pytest.mark.parametrize(
+    "change, trusted",
+    [
+        (None, True),
+        (_rewrite, False),
+        (_set_times_back, False),
+        (_replace, False),
+    ],
+    ids=["unchanged", "rewritten", "rewritten-times-set-back", "replaced"],
+)
+@pytest.mark.parametrize("kind", ["gguf", "hf"])
+def test_a_recorded_digest_is_trusted_only_while_nothing_wrote_the_files(
+    tmp_path, kind, change, trusted
+):
+    """A manifest's sha256 stands for the source while the files' stamp (size, times, inode) is
+    the one recorded when they were hashed; any write moves the change time, which no tool sets
+    back, so the source is read again."""
+    if kind == "gguf":
+        path = file = tmp_path / "model.gguf"
+        file.write_bytes(b"GGUF" + bytes(range(256)) * 64)
+    else:
+        path = tmp_path / "hf"
+        path.mkdir()
+        (path / "config.json").write_text('{"model_type": "llama"}')
+        file = path / "model.safetensors"
+        file.write_bytes(bytes(range(256)) * 64)
+    time.sleep(0.1)  # past the clock tick of the last write: the stamp can be trusted
+    src = resolve_source(path)
+    first = src.digest()
+    assert first.stamp is not None and first.stamp[0] == str(src.path)
+    recorded = {"sha256": "0" * 64, "stamp": json.loads(json.dumps(first.stamp))}
+    if change is not None:
+        change(file)
+    again = src.digest(recorded)
+    if trusted:
+        assert again.sha256 == "0" * 64 and again.stamp == first.stamp
+    else:  # read again: the same bytes give the same sha256
+        assert again.sha256 == src.digest().sha256
+        assert (again.sha256 == first.sha256) is (change is _replace)
+
+
+def test_files_written_a_moment_ago_are_hashed_but_not_stamped(tmp_path, monkeypatch):
+    """A change made within the clock tick of the hash could leave every timestamp as it was
+    (here a tick of a minute)."""
+    monkeypatch.setattr(_source, "_SETTLED_NS", 60 * 10**9)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF" + bytes(1024))
+    fingerprint = resolve_source(tmp_path / "model.gguf").digest()
+    assert fingerprint.stamp is None and len(fingerprint.sha256) == 64
 
 
 @pytest.fixture
