@@ -1,6 +1,7 @@
 """How often the static chain hands a token to the host: the share of tokens of the embedded model
-whose top-p, typical-p or top-k set reached past the chain's candidates (``sampler.fallback``), by
-sampling setting, on the CPU. A count, not a time: the same on any machine for the same model,
+whose top-p or top-k set reached past the chain's candidates, or that asked for typical-p (its
+set follows the row's entropy: always the host's), by sampling setting (``sampler.fallback``), on
+the CPU. A count, not a time: the same on any machine for the same model,
 prompts and seeds (a GPU's logits differ in their last bits, so its share can differ a little).
 
     python benchmarks/static_fallback.py [--tokens 48] [--output FILE]
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import onnxsample as osx
 from onnxsample import Engine, SamplingParams
-from onnxsample.graphs import STATIC_CANDIDATES, TYPICAL_STATIC_CANDIDATES
+from onnxsample.graphs import STATIC_CANDIDATES
 
 PROMPTS = [
     "Write a short story about a dragon.",
@@ -69,7 +70,6 @@ def main(argv: list[str] | None = None) -> None:
     report = {
         "model": "SmolLM2-135M-Instruct (embedded), static chain, CPU",
         "candidates": STATIC_CANDIDATES,
-        "typical_candidates": TYPICAL_STATIC_CANDIDATES,
         "prompts": len(PROMPTS),
         "rows": rows,
     }

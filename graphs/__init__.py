@@ -9,7 +9,6 @@ from onnxsample.graphs._common import DOMAIN, DOMAIN_VERSION
 from onnxsample.graphs.candidates import (
     CANDIDATES,
     STATIC_CANDIDATES,
-    TYPICAL_STATIC_CANDIDATES,
     WIDER_CANDIDATES,
     Candidates,
     Truncate,
@@ -42,7 +41,6 @@ __all__ = [
     "DOMAIN",
     "DOMAIN_VERSION",
     "STATIC_CANDIDATES",
-    "TYPICAL_STATIC_CANDIDATES",
     "WIDER_CANDIDATES",
     "Candidates",
     "ChainConfig",

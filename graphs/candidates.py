@@ -10,8 +10,9 @@ The static chain (CUDA graphs) sorts no whole row: it takes the ``STATIC_CANDIDA
 :func:`TopKSliced` (ONNX Runtime's CUDA ``TopK`` selects up to 4096 in one launch for every row,
 and sorts row by row past that; over slices of the row, many blocks share it), the branching
 chain's ``CANDIDATES`` being their leading columns. A slot
-whose top-k, top-p or typical-p set reaches past them is *flagged*, and the engine draws its token
-on the host with the branching chain (``sampler.fallback``).
+whose top-k or top-p set reaches past them, or that asks for typical-p (whose set no candidates of
+the largest logits hold), is *flagged*, and the engine draws its token on the host with the
+branching chain (``sampler.fallback``).
 """
 
 from onnxscript import BOOL, FLOAT, INT64, script
@@ -60,19 +61,13 @@ CANDIDATES = 64
 WIDER_CANDIDATES = 1024
 # ONNX Runtime's CUDA TopK selects up to 4096 values of every row in one launch. The embedded 135M
 # model's nucleus at temperature 1 passes 1024 tokens for 5.6% of its tokens at top_p 0.95 and 35%
-# at 0.99, 4096 for 0.3% and 7.6% (benchmarks/results/static_fallback.json).
+# at 0.99, 4096 for 0.3% and 16% (benchmarks/results/static_fallback.json).
 STATIC_CANDIDATES = 4096
-# Typical-p orders tokens by another key than the logit, so the static chain takes a TopK of its
-# own, which every static step pays, typical-p or not: of 1024 keys. A typical set at typical_p
-# 0.95 and temperature 1 passes 1024 tokens at 5.4% of the embedded model's tokens (256 at 22%,
-# 4096 at 0.6%: benchmarks/static_fallback.py), and such a slot goes to the host.
-TYPICAL_STATIC_CANDIDATES = 1024
 # Past k = 256 ONNX Runtime's CUDA TopK works through each row in one thread block: 313 µs for
 # 4096 of [1, 49152] and 1.43 ms of [1, 262144] on an H200. TopKSliced takes the k largest of
 # every slice of the row first, so that many blocks share a row (212 µs and 0.82 ms; 1024 from
 # slices of 4096: 93 µs and 0.41 ms; benchmarks/results/gpu_topk.json).
 STATIC_SLICE = 8192
-TYPICAL_STATIC_SLICE = 4096
 
 
 @script(onnxsample)
@@ -176,3 +171,13 @@ def Truncate(z: FLOAT["S", "V"], floor: FLOAT["S", 1]) -> FLOAT["S", "V"]:
     """z where z ≥ floor, else −inf. z: FLOAT["S", "V"]; floor: FLOAT["S", 1] → FLOAT["S", "V"]."""
     ninf = op.Constant(value_float=NEG_INF)
     return op.Where(op.GreaterOrEqual(z, floor), z, ninf)
+
+
+@script(onnxsample)
+def KeptWeights(
+    z: FLOAT["S", "V"], weights: FLOAT["S", "V"], floor: FLOAT["S", 1]
+) -> FLOAT["S", "V"]:
+    """`weights` where z ≥ floor, else 0. z, weights: FLOAT["S", "V"]; floor: FLOAT["S", 1] →
+    FLOAT["S", "V"]."""
+    zero_f = op.Constant(value_float=0.0)
+    return op.Where(op.GreaterOrEqual(z, floor), weights, zero_f)

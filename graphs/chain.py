@@ -64,9 +64,9 @@ class ChainConfig:
     effective with ``max_bias`` > 0 (its table has ``max_bias`` entries per slot). ``static``
     builds the chain without control flow or data-dependent shapes (CUDA graphs): every path the
     branching chain may skip is computed and each slot takes the result the branching chain gives
-    it, except that no whole row is sorted: a slot whose top-k, top-p or typical-p set reaches
-    past the ``STATIC_CANDIDATES`` largest is flagged (``fallback``) for the host, which takes
-    its token from the branching chain over its row (``fallback_logits``).
+    it, except that no whole row is sorted: a slot whose top-k or top-p set reaches past the
+    ``STATIC_CANDIDATES`` largest, or that asks for typical-p, is flagged (``fallback``) for the
+    host, which takes its token from the branching chain over its row (``fallback_logits``).
     ``allowed_tokens`` adds the per-slot mask of allowed tokens (structured output), applied
     right after the logit bias. ``counts_out`` false leaves the updated penalty counts out of the
     outputs, for a graph that adds the step's tokens to its own copy of the state (the composer's
@@ -95,7 +95,7 @@ class ChainConfig:
     @property
     def flags_fallback(self) -> bool:
         """Whether some slot may need the host's fallback: a static chain that draws, with a
-        filter whose kept set can reach past the static candidates."""
+        filter whose kept set can reach past the static candidates, or typical-p."""
         return (
             self.static
             and self.has("dist")
@@ -348,6 +348,9 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     if floors and static:
         candidates_out = ["candidates", "candidate_ids_all", "top", "wide", "wide_ids"]
         body.call("CandidatesStatic", [z], candidates_out)
+        # exp(z − max z) once, over the row: top-p's mass and the draw read it
+        body.op("Sub", [z, "top"], ["shifted_row"])
+        body.op("Exp", ["shifted_row"], ["exp_row"])
     elif floors:
         candidates_fn, inputs = (
             ("CandidatesDrawn", [z, "temperature"]) if param else ("Candidates", [z])
@@ -363,7 +366,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         floor = "floor_top_k"
     if config.has("top_p"):
         if static:
-            top_p_inputs = [z, "candidates", "wide", "wide_ids", "top", floor, "top_p"]
+            top_p_inputs = [z, "candidates", "wide", "wide_ids", "exp_row", floor, "top_p"]
             body.call("TopPStatic", top_p_inputs, ["floor_top_p", "beyond_top_p"])
             beyond.append("beyond_top_p")
         else:
@@ -373,14 +376,11 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         body.call("MinP", ["top", floor, param["min_p"]], ["floor_min_p"])
         floor = "floor_min_p"
     draw_z = z
-    if config.has("typical_p"):
-        if static:
-            typical_out = ["typical", "typical_rows", "beyond_typical"]
-            body.call("TypicalPStatic", [z, floor, "typical_p"], typical_out)
-            beyond.append("beyond_typical")
-        else:
-            typical_in = [z, floor, param["typical_p"]]
-            body.call("TypicalP", typical_in, ["typical", "typical_rows"])
+    if config.has("typical_p") and static:  # its slots are drawn on the host
+        body.call("TypicalPStatic", ["typical_p"], ["beyond_typical"])
+        beyond.append("beyond_typical")
+    if config.has("typical_p") and not static:
+        body.call("TypicalP", [z, floor, param["typical_p"]], ["typical", "typical_rows"])
         draw_z, whole_rows = "typical", "typical_rows"
     else:
         whole_rows = "no_whole_rows"
@@ -394,13 +394,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         if floors and static:
             # RowDraw's token is the candidates' (CandidateDraw adds the same weights in the same
             # order): the static chain draws every slot from its row cut at the floor
-            draw_row = draw_z  # typical-p's row is cut already
-            if not config.has("typical_p"):
-                draw_row = kept  # the optional outputs' kept set, when they asked for one
-                if kept == draw_z:
-                    body.call("Truncate", [draw_z, floor], ["draw_row"])
-                    draw_row = "draw_row"
-            body.call("DistRowsStatic", [draw_row, "uniform"], ["drawn_token"])
+            body.call("DistCutStatic", [z, "exp_row", floor, "uniform"], ["drawn_token"])
         elif floors:
             draw_floor, draw_whole = floor, whole_rows
             if config.has("temperature"):

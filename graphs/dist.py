@@ -21,7 +21,7 @@ from onnxscript import opset18 as op
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import DOMAIN, NEG_INF, T_INT64, onnxsample
 from onnxsample.graphs._rows import RowMax, RowMaxStatic
-from onnxsample.graphs.candidates import Contained, Truncate
+from onnxsample.graphs.candidates import Contained, KeptWeights, Truncate
 
 BLOCK = 256
 BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))  # 1 − 2^-24
@@ -59,6 +59,26 @@ def Blocks(z: FLOAT["S", "V"]) -> INT64[1]:
 
 
 @script(onnxsample)
+def WeightSums(
+    z: FLOAT["S", "V"], weights: FLOAT["S", "V"]
+) -> tuple[FLOAT["S", "K", "B"], FLOAT["S", "B"], FLOAT["S", "B"]]:
+    """``BlockSums`` of the weights w given.
+
+    z: FLOAT["S", "V"] (for B); weights: FLOAT["S", "V"] → (FLOAT["S", "K", "B"], FLOAT["S", "B"],
+    FLOAT["S", "B"]).
+    """
+    zero = op.Constant(value_ints=[0])
+    block = op.Constant(value_ints=[BLOCK])
+    blocks = Blocks(z)
+    pad = op.Sub(op.Mul(blocks, block), op.Shape(z, start=1, end=2))
+    padded = op.Pad(weights, op.Concat(zero, zero, zero, pad, axis=0))
+    grid = op.Reshape(padded, op.Concat(op.Shape(z, start=0, end=1), block, blocks, axis=0))
+    running = op.CumSum(grid, op.Constant(value_int=1))
+    sums = op.Gather(running, op.Constant(value_int=-1), axis=1)
+    return running, sums, op.CumSum(sums, op.Constant(value_int=1), exclusive=1)
+
+
+@script(onnxsample)
 def BlockSums(
     z: FLOAT["S", "V"], top: FLOAT["S", 1]
 ) -> tuple[FLOAT["S", "K", "B"], FLOAT["S", "B"], FLOAT["S", "B"]]:
@@ -69,15 +89,8 @@ def BlockSums(
     z: FLOAT["S", "V"] (dropped tokens −inf); top: FLOAT["S", 1] → (FLOAT["S", "K", "B"],
     FLOAT["S", "B"], FLOAT["S", "B"]).
     """
-    zero = op.Constant(value_ints=[0])
-    block = op.Constant(value_ints=[BLOCK])
-    blocks = Blocks(z)
-    pad = op.Sub(op.Mul(blocks, block), op.Shape(z, start=1, end=2))
-    weights = op.Pad(op.Exp(op.Sub(z, top)), op.Concat(zero, zero, zero, pad, axis=0))
-    grid = op.Reshape(weights, op.Concat(op.Shape(z, start=0, end=1), block, blocks, axis=0))
-    running = op.CumSum(grid, op.Constant(value_int=1))
-    sums = op.Gather(running, op.Constant(value_int=-1), axis=1)
-    return running, sums, op.CumSum(sums, op.Constant(value_int=1), exclusive=1)
+    running, sums, before = WeightSums(z, op.Exp(op.Sub(z, top)))
+    return running, sums, before
 
 
 @script(onnxsample)
@@ -117,6 +130,23 @@ def drawn_id_for(vocab: int) -> onnx.FunctionProto:
 
 
 @script(onnxsample)
+def WeightsDrawStatic(
+    z: FLOAT["S", "V"], weights: FLOAT["S", "V"], uniform: FLOAT["S", 1]
+) -> INT64["S", 1]:
+    """``RowDrawStatic`` from the weights w = exp(z − max z) given (0 for a dropped token).
+
+    z: FLOAT["S", "V"] (for B); weights: FLOAT["S", "V"]; uniform: FLOAT["S", 1] → INT64["S", 1].
+    """
+    axis = op.Constant(value_ints=[1])
+    whole = op.Constant(value_ints=[0, -1])
+    last = op.Constant(value_ints=[-1])
+    running, _, before = WeightSums(z, weights)
+    cum = op.Reshape(op.Add(op.Unsqueeze(before, axis), running), whole)
+    total = op.Gather(cum, last, axis=1)
+    return DrawnId(z, CountBefore(cum, uniform, total))
+
+
+@script(onnxsample)
 def RowDrawStatic(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]) -> INT64["S", 1]:
     """Draw from whole rows in one count over every id's running sum (the blocks before its
     block plus its block's running sum): a handful of kernels, a few passes over the row.
@@ -124,13 +154,7 @@ def RowDrawStatic(z: FLOAT["S", "V"], top: FLOAT["S", 1], uniform: FLOAT["S", 1]
     z: FLOAT["S", "V"] (dropped tokens −inf, finite maximum); top: FLOAT["S", 1] (max z); uniform:
     FLOAT["S", 1] → INT64["S", 1].
     """
-    axis = op.Constant(value_ints=[1])
-    whole = op.Constant(value_ints=[0, -1])
-    last = op.Constant(value_ints=[-1])
-    running, _, before = BlockSums(z, top)
-    cum = op.Reshape(op.Add(op.Unsqueeze(before, axis), running), whole)
-    total = op.Gather(cum, last, axis=1)
-    return DrawnId(z, CountBefore(cum, uniform, total))
+    return WeightsDrawStatic(z, op.Exp(op.Sub(z, top)), uniform)
 
 
 @script(onnxsample)
@@ -273,3 +297,20 @@ def DistRowsStatic(z: FLOAT["S", "V"], uniform: FLOAT["S"]) -> INT64["S"]:
     """
     axis = op.Constant(value_ints=[1])
     return op.Squeeze(RowDrawStatic(z, RowMaxStatic(z), op.Unsqueeze(uniform, axis)), axis)
+
+
+@script(onnxsample)
+def DistCutStatic(
+    z: FLOAT["S", "V"], exp_row: FLOAT["S", "V"], floor: FLOAT["S", 1], uniform: FLOAT["S"]
+) -> INT64["S"]:
+    """``DistRowsStatic``'s token over the row cut at `floor`, from the weights the static chain
+    computed once for top-p and the draw (`exp_row` = exp(z − max z)): a dropped token weighs 0,
+    as exp(−inf − max z) does, and a kept one the same number, so the same weights and token in
+    a pass over the row instead of three (the cut, its maximum, its exp).
+
+    z: FLOAT["S", "V"] (finite maximum); exp_row: FLOAT["S", "V"]; floor: FLOAT["S", 1] (at most
+    max z); uniform: FLOAT["S"] in [0, 1) → INT64["S"].
+    """
+    axis = op.Constant(value_ints=[1])
+    weights = KeptWeights(z, exp_row, floor)
+    return op.Squeeze(WeightsDrawStatic(z, weights, op.Unsqueeze(uniform, axis)), axis)

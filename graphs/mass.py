@@ -7,8 +7,7 @@ on how a sort orders ties.
 
 The common case never sorts the vocabulary: the first ``CANDIDATES`` keys come from one ``TopK``; only
 when some slot's candidates do not reach its mass does the function sort every token. Both paths
-compute the same prefix sums over the same order, so the kept set is the same whichever ran. The
-static twin stops at ``TYPICAL_STATIC_CANDIDATES`` keys and flags the slots they do not reach.
+compute the same prefix sums over the same order, so the kept set is the same whichever ran.
 """
 
 from onnxscript import BOOL, FLOAT, INT64, script
@@ -17,13 +16,7 @@ from onnxscript import opset18 as op
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RunningSum
-from onnxsample.graphs.candidates import (
-    CANDIDATES,
-    TYPICAL_STATIC_CANDIDATES,
-    TYPICAL_STATIC_SLICE,
-    FallsShort,
-    TopKSliced,
-)
+from onnxsample.graphs.candidates import CANDIDATES
 
 
 @script(onnxsample)
@@ -81,25 +74,3 @@ def MassThreshold(
     else:
         result = op.Identity(threshold)
     return result
-
-
-@script(onnxsample)
-def MassThresholdStatic(
-    key: FLOAT["S", "V"], p: FLOAT["S", "V"], mass: FLOAT["S", 1], off: BOOL["S", 1]
-) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
-    """``MassThreshold`` without control flow or a sort of the row: the prefix over the
-    ``TYPICAL_STATIC_CANDIDATES`` largest keys (``TopKSliced``: one ``TopK``'s keys and ids;
-    ``RunningSum``: the leading prefix sums of both paths of ``MassThreshold``, so the same
-    threshold where it lies among them), and a flag for the slots whose prefix reaches past
-    them (the host's fallback).
-
-    key, p: FLOAT["S", "V"]; mass: FLOAT["S", 1]; off: BOOL["S", 1] → (FLOAT["S", 1],
-    BOOL["S", 1]).
-    """
-    sorted_key, order = TopKSliced(
-        key,
-        op.Constant(value_ints=[TYPICAL_STATIC_CANDIDATES]),
-        op.Constant(value_ints=[TYPICAL_STATIC_SLICE]),
-    )
-    threshold, reached_mass = PrefixFromSorted(sorted_key, order, p, mass)
-    return threshold, FallsShort(reached_mass, mass, off)

@@ -50,12 +50,13 @@ def TopK(z: FLOAT["S", "V"], candidates: FLOAT["S", "C"], top_k: INT64["S"]) -> 
 def TopKStatic(
     z: FLOAT["S", "V"], wide: FLOAT["S", "W"], top_k: INT64["S"]
 ) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
-    """``TopK`` without control flow, from the W largest logits: the floor, and whether W < k < V
-    (the floor is then not known here: the slot is flagged for the host's fallback).
+    """``TopK`` without control flow, from the W largest logits: the floor, and whether k > W
+    (the floor is then not known here: the slot is flagged for the host's fallback). A k ≥ V
+    keeps every token, as k = 0 does: the engine packs it as 0 (``pack_sampling_params``), so
+    only a caller's own k ≥ V takes the host's path, where it keeps every token.
 
     The floor is read from the W logits between two −inf: k ≤ 0 reads the first, 1 ≤ k ≤ W reads
-    the k-th largest logit, and k > W the last, which is right for k ≥ V (off) and unused for a
-    flagged slot.
+    the k-th largest logit, and k > W the last, which a flagged slot leaves unused.
 
     z: FLOAT["S", "V"]; wide: FLOAT["S", "W"] (descending); top_k: INT64["S"] → (FLOAT["S", 1],
     BOOL["S", 1]).
@@ -65,9 +66,7 @@ def TopKStatic(
     zero_i = op.Constant(value_int=0)
     one_i = op.Constant(value_int=1)
     k = op.Unsqueeze(top_k, axis)
-    vocab = op.Squeeze(op.Shape(z, start=1, end=2))  # a constant when folded
     width = op.Squeeze(op.Shape(wide, start=1, end=2))
     between = op.Pad(wide, op.Constant(value_ints=[0, 1, 0, 1]), ninf)
     floor = op.GatherElements(between, op.Clip(k, zero_i, op.Add(width, one_i)), axis=1)
-    beyond = op.And(op.Greater(k, width), op.Less(k, vocab))
-    return floor, beyond
+    return floor, op.Greater(k, width)

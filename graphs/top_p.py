@@ -6,7 +6,13 @@ from onnxscript import opset18 as op
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import T_DOUBLE, T_FLOAT, T_INT64, onnxsample
 from onnxsample.graphs._rows import RunningSum
-from onnxsample.graphs.candidates import WIDER_CANDIDATES, Contained, ContainedIn, FallsShort
+from onnxsample.graphs.candidates import (
+    WIDER_CANDIDATES,
+    Contained,
+    ContainedIn,
+    FallsShort,
+    KeptWeights,
+)
 
 
 @script(onnxsample)
@@ -15,9 +21,7 @@ def MassWeights(z: FLOAT["S", "N"], top: FLOAT["S", 1], floor: FLOAT["S", 1]) ->
 
     z: FLOAT["S", "N"]; top, floor: FLOAT["S", 1] → DOUBLE["S", "N"].
     """
-    zero_f = op.Constant(value_float=0.0)
-    weights = op.Where(op.GreaterOrEqual(z, floor), op.Exp(op.Sub(z, top)), zero_f)
-    return op.Cast(weights, to=T_DOUBLE)
+    return op.Cast(KeptWeights(z, op.Exp(op.Sub(z, top)), floor), to=T_DOUBLE)
 
 
 @script(onnxsample)
@@ -158,7 +162,7 @@ def TopPStatic(
     candidates: FLOAT["S", "C"],
     wide: FLOAT["S", "W"],
     wide_ids: INT64["S", "W"],
-    top: FLOAT["S", 1],
+    exp_row: FLOAT["S", "V"],
     floor: FLOAT["S", 1],
     top_p: FLOAT["S"],
 ) -> tuple[FLOAT["S", 1], BOOL["S", 1]]:
@@ -168,12 +172,13 @@ def TopPStatic(
     wherever the crossing lies among them), and a flag for the slots whose nucleus reaches past
     them (their floor is then not known here: the host's fallback).
 
-    The weights are computed once, over the row: those of the W largest are gathered from them
-    (an exp is the same number wherever its argument stands).
+    The weights are computed once, over the row, by the chain (`exp_row` = exp(z − max z), which
+    the draw reads too): ``MassWeights``' numbers, and those of the W largest are gathered from
+    them (an exp is the same number wherever its argument stands).
 
     z: FLOAT["S", "V"]; candidates: FLOAT["S", "C"]; wide: FLOAT["S", "W"] (descending) and
-    wide_ids: INT64["S", "W"]; top, floor: FLOAT["S", 1]; top_p: FLOAT["S"] → (FLOAT["S", 1],
-    BOOL["S", 1]).
+    wide_ids: INT64["S", "W"]; exp_row: FLOAT["S", "V"]; floor: FLOAT["S", 1]; top_p: FLOAT["S"]
+    → (FLOAT["S", 1], BOOL["S", 1]).
     """
     axis = op.Constant(value_ints=[1])
     zero = op.Constant(value_ints=[0])
@@ -182,7 +187,7 @@ def TopPStatic(
     off = op.GreaterOrEqual(mass, one_f)
     count = op.Shape(candidates, start=1, end=2)
     inside = ContainedIn(z, wide, count, floor)  # the candidates lead `wide`
-    row_weights = MassWeights(z, top, floor)
+    row_weights = op.Cast(KeptWeights(z, exp_row, floor), to=T_DOUBLE)  # MassWeights
     # the candidates are the leading columns of `wide`: their weights are the leading weights
     weights = op.GatherElements(row_weights, wide_ids, axis=1)
     candidate_total = op.ReduceSum(op.Slice(weights, zero, count, axis), axis, keepdims=1)

@@ -6,7 +6,7 @@ from onnxscript import opset18 as op
 from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import FLT_MAX, NEG_INF, onnxsample
 from onnxsample.graphs.candidates import Truncate
-from onnxsample.graphs.mass import MassThreshold, MassThresholdStatic
+from onnxsample.graphs.mass import MassThreshold
 
 
 @script(onnxsample)
@@ -56,18 +56,15 @@ def TypicalP(
 
 
 @script(onnxsample)
-def TypicalPStatic(
-    z: FLOAT["S", "V"], floor: FLOAT["S", 1], typical_p: FLOAT["S"]
-) -> tuple[FLOAT["S", "V"], BOOL["S", 1], BOOL["S", 1]]:
-    """``TypicalP`` without control flow or a sort of the row (off slots come back truncated to
-    their floor, which the draw applies anyway): its outputs, and the slots whose typical set
-    reaches past the ``TYPICAL_STATIC_CANDIDATES`` most typical tokens (the host's fallback)."""
-    axis = op.Constant(value_ints=[1])
-    one_f = op.Constant(value_float=1.0)
-    ninf = op.Constant(value_float=NEG_INF)
-    mass = op.Unsqueeze(typical_p, axis)
-    off = op.GreaterOrEqual(mass, one_f)
-    key, p, kept = TypicalKey(z, floor)
-    threshold, beyond = MassThresholdStatic(key, p, mass, off)
-    threshold = op.Where(off, ninf, threshold)
-    return op.Where(op.GreaterOrEqual(key, threshold), kept, ninf), op.Not(off), beyond
+def TypicalPStatic(typical_p: FLOAT["S"]) -> BOOL["S", 1]:
+    """``TypicalP`` in the static chain: the slots it is on for (typical_p < 1), which the host
+    draws. Typical-p keeps the tokens whose −log p is nearest the row's entropy, in an order no
+    candidates of the largest logits hold: sorting each row by that key took 32 of a CUDA
+    step's kernels, every step, typical-p or not (llama.cpp's backend sampling leaves typical-p
+    to the CPU as well).
+
+    typical_p: FLOAT["S"] in (0, 1] → BOOL["S", 1].
+    """
+    return op.Less(
+        op.Unsqueeze(typical_p, op.Constant(value_ints=[1])), op.Constant(value_float=1.0)
+    )

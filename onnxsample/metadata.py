@@ -59,8 +59,10 @@ CONTRACT_VERSION = "1"
 # takes the argmax inside its If (FiniteArgMax): no pass-through copy. 24: the static chain's
 # greedy token is the argmax its row maximum is read at; one selection for its penalties; the
 # draw's search in one comparison and its id by a lookup; fewer ops in top-k's, top-p's,
-# typical-p's flags and the logprob.
-COMPOSER_REVISION = "25"
+# typical-p's flags and the logprob. 26: the static chain flags typical-p's slots for the host
+# (no entropy or key sort on the device), its draw reads top-p's exponentials, and top-k's flag is
+# k > W alone.
+COMPOSER_REVISION = "26"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

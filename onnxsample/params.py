@@ -179,8 +179,11 @@ def pack_sampling_params(
             key = _PREFIX + name
             if key in arrays:
                 value = getattr(params, name)
-                # top_k past the vocabulary keeps every token: any such k packs as one int64
-                arrays[key][s] = min(value, _TOP_K_ALL) if name == "top_k" else value
+                if name == "top_k":  # k ≥ V keeps every token, as k = 0 does (the static
+                    # chain flags a k past its candidates for the host: this one need not go)
+                    value = 0 if vocab_size is not None and value >= vocab_size else value
+                    value = min(value, _TOP_K_ALL)
+                arrays[key][s] = value
         if bias_on:
             for j, (token, value) in enumerate(sorted(params.logit_bias.items())):
                 arrays[_PREFIX + "bias_ids"][s, j] = token

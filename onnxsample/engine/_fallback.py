@@ -1,9 +1,9 @@
 """The host's fallback for a static chain's flagged slots.
 
 A static chain (CUDA graphs) sorts no whole row: it finds top-k's k-th logit and top-p's nucleus
-among the ``STATIC_CANDIDATES`` largest logits, typical-p's set among the
-``TYPICAL_STATIC_CANDIDATES`` most typical tokens, and flags (``sampler.fallback``) each
-drawing slot whose set reaches past them. For such a slot the host runs the branching chain — the
+among the ``STATIC_CANDIDATES`` largest logits and flags (``sampler.fallback``) each drawing slot
+whose set reaches past them, and each drawing slot with typical-p on (its set follows another order
+than the logits'). For such a slot the host runs the branching chain — the
 same functions, with its wider and whole-row paths, a small model the composed file carries in
 its metadata — over the row the graph read
 (``sampler.fallback_logits``) with the slot's parameters, penalty state, allowed tokens and

@@ -123,6 +123,20 @@ def test_pack_neutral_values_for_inactive_slots():
     assert arrays["sampler.bias_values"].dtype == np.float32
 
 
+@pytest.mark.parametrize(
+    ("top_k", "vocab_size", "packed"),
+    [
+        (99, 100, 99),
+        (100, 100, 0),  # k ≥ V keeps every token, as k = 0 does
+        (10**30, 100, 0),
+        (10**30, None, 2**62),  # the vocabulary unknown: one int64 past any
+    ],
+)
+def test_pack_a_top_k_past_the_vocabulary_as_off(top_k, vocab_size, packed):
+    arrays = pack_sampling_params([SamplingParams(top_k=top_k)], FULL, 1, vocab_size=vocab_size)
+    assert arrays["sampler.top_k"].tolist() == [packed]
+
+
 def test_pack_only_the_chains_inputs():
     arrays = pack_sampling_params([SamplingParams(top_k=3)], "top_k,dist", 2)
     assert sorted(arrays) == ["sampler.top_k"]

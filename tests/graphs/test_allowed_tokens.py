@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import onnx.reference
 import pytest
+from _host_fallback import host_fallback, redraw
 
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
@@ -26,10 +27,15 @@ def _rows(seed: int, slots: int) -> np.ndarray:
 
 
 def _run(chain, logits, slots, allowed, static=False, **kwargs):
+    """The chain's outputs (a static chain's flagged slots drawn on the host) and its feeds."""
     session = _session(chain, V, len(slots), max_bias=4, allowed_tokens=True, static=static)
     feeds = sampler_feeds(chain, logits, slots, max_bias=4, allowed=allowed, **kwargs)
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(None, feeds), strict=True)), feeds
+    out = dict(zip(names, session.run(None, feeds), strict=True))
+    if static:
+        options = dict(max_bias=4, allowed_tokens=True)
+        redraw(host_fallback(chain, V, len(slots), **options), out, feeds)
+    return out, feeds
 
 
 def _mask(seed: int, slots: int, keep: int) -> np.ndarray:

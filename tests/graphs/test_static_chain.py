@@ -10,11 +10,12 @@ import numpy as np
 import onnx
 import onnx.inliner
 import pytest
+from _host_fallback import host_fallback, redraw
 
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
-from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
-from onnxsample.graphs import STATIC_CANDIDATES, TYPICAL_STATIC_CANDIDATES
+from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS
+from onnxsample.graphs import STATIC_CANDIDATES
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
 OPTIONS = dict(top_logprobs=3, max_bias=4, output_probs=True, prompt_logprobs=True)
@@ -37,25 +38,9 @@ def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[dict, dict, l
     if extra:
         assert extra == [FALLBACK_FLAGS, FALLBACK_ROWS]
         np.testing.assert_array_equal(b[FALLBACK_ROWS], feeds["logits"][feeds["sampler.row_index"]])
-        flagged = _redraw(_fallback(chain, vocab, slots, **options), b, feeds)
+        flagged = redraw(host_fallback(chain, vocab, slots, **options), b, feeds)
         del b[FALLBACK_FLAGS], b[FALLBACK_ROWS]
     return a, b, flagged
-
-
-@functools.cache
-def _fallback(chain: str, vocab: int, slots: int, **options) -> HostFallback:
-    model = build_sampler_model(chain, vocab, slots, static=True, **options)
-    return HostFallback({p.key: p.value for p in model.metadata_props})
-
-
-def _redraw(fallback: HostFallback, outputs: dict, feeds: dict) -> list[int]:
-    """Redraw the flagged slots of a standalone static sampler's `outputs` (run on `feeds`) in
-    place, counts included, as the engine does; the slots redrawn."""
-    flagged = [int(s) for s in np.flatnonzero(outputs[FALLBACK_FLAGS])]
-    for s in flagged:
-        for name, value in fallback.redraw(outputs[FALLBACK_ROWS], feeds, s).items():
-            outputs[name][s] = value[0]
-    return flagged
 
 
 def _assert_same(chain: str, feeds: dict, slots: int, **options) -> dict[str, np.ndarray]:
@@ -154,10 +139,11 @@ PEAKED = -np.arange(10000, dtype=np.float32)[None] / 64
         (FLAT, SamplingParams(top_p=0.6), True),  # 6000
         (PEAKED, SamplingParams(top_p=0.999), False),
         (FLAT, SamplingParams(min_p=0.5), False),  # a floor: the whole row draws it
-        # every token ties with the 200th: all kept
-        (FLAT, SamplingParams(typical_p=0.02), False),
-        (FLAT, SamplingParams(typical_p=TYPICAL_STATIC_CANDIDATES / 10000 + 0.001), True),
-        (PEAKED, SamplingParams(typical_p=0.5), False),
+        # typical-p on: its set follows another order than the logits', drawn on the host
+        (FLAT, SamplingParams(typical_p=0.02), True),
+        (PEAKED, SamplingParams(typical_p=0.5), True),
+        (PEAKED, SamplingParams(typical_p=0.5, temperature=0.0), False),  # greedy
+        (PEAKED, SamplingParams(typical_p=1.0), False),  # off
         (FLAT, SamplingParams(), False),
     ],
 )
@@ -167,6 +153,16 @@ def test_the_static_chain_flags_the_slots_past_its_candidates(rows, params, flag
     feeds = sampler_feeds(chain, padded, [params, None], uniform=[0.37, 0.5])
     out = _assert_same(chain, feeds, 2, output_probs=True)
     assert out["flagged"] == ([0] if flagged else [])
+
+
+def test_a_callers_own_top_k_past_the_vocabulary_is_drawn_on_the_host():
+    """The engine packs a top_k ≥ V as 0; a caller feeding one itself gets its slot flagged, and
+    the host's draw keeps every token, as the branching chain does."""
+    chain = "temperature,top_k,top_p,min_p,typical_p,dist"
+    padded = np.vstack([np.zeros_like(PEAKED), PEAKED])
+    feeds = sampler_feeds(chain, padded, [SamplingParams(top_p=0.9), None], uniform=[0.37, 0.5])
+    feeds["sampler.top_k"] = np.array([PEAKED.shape[1] + 5, 0], np.int64)
+    assert _assert_same(chain, feeds, 2)["flagged"] == [0]
 
 
 def _edge_rows(vocab: int) -> np.ndarray:
