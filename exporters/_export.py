@@ -148,8 +148,7 @@ def export(
         if fingerprint.stamp is not None and reused["source"].get("stamp") != fingerprint.stamp:
             # Read again and found the same (the files were new when exported, or moved): the
             # next reuse need not read them.
-            reused["source"]["stamp"] = fingerprint.stamp
-            _manifest.rewrite_manifest(out, reused)
+            reused = _manifest.restamp_source(out, reused, fingerprint.stamp)
         return ExportResult(out, reused, True, time.perf_counter() - start, _peak_rss())
     # After the reuse: these import transformers and optimum (seconds), and an export of this very
     # request by these exporter versions passed them when it was made.

@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,8 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except ValueError as exc:
         raise ExportError(f"{path} is not valid JSON: {exc}") from exc
+    except OSError as exc:
+        raise ExportError(f"{path} cannot be read: {exc.strerror or exc}") from exc
 
 
 def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
@@ -113,17 +116,25 @@ def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
     return same and all(manifest.get(k) == v for k, v in key.items())
 
 
-def rewrite_manifest(folder: Path, manifest: dict[str, Any]) -> None:
-    """Replace the manifest of a finished export in one step (a reader sees the old or the new,
-    never half of one); a folder this user cannot write keeps the old one."""
+def restamp_source(folder: Path, manifest: dict[str, Any], stamp: list[Any]) -> dict[str, Any]:
+    """`manifest` with its source's `stamp`, written over the folder's manifest in one step (a
+    reader sees the old or the new, never half of one) while the folder still holds `manifest`:
+    an export forced into it meanwhile keeps its own, and a folder this user cannot write keeps
+    the old one. The file keeps its permissions."""
+    updated = {**manifest, "source": {**manifest["source"], "stamp": stamp}}
+    path = folder / MANIFEST_NAME
     staged = folder / f".{MANIFEST_NAME}.{os.getpid()}"
     try:
-        write_manifest(folder, manifest, staged.name)
-        os.replace(staged, folder / MANIFEST_NAME)
-    except OSError as exc:
+        write_manifest(folder, updated, staged.name)
+        shutil.copymode(path, staged)
+        if read_manifest(folder) == manifest:
+            os.replace(staged, path)
+    except (OSError, ExportError) as exc:
+        log.debug("%s keeps its manifest: %s", folder, exc)
+    finally:
         with contextlib.suppress(OSError):
             staged.unlink(missing_ok=True)
-        log.debug("%s keeps its manifest: %s", folder, exc)
+    return updated
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any], name: str = MANIFEST_NAME) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -63,9 +64,14 @@ class Source:
             if self.path.is_dir():
                 h.update(file.name.encode() + b"\0")
             _hash_file(h, file)
-        settled = self._stamp(files) == stamp and all(
-            started - max(mtime, ctime) > _settling(mtime, ctime)
-            for _name, _size, mtime, ctime, _ino, _dev in stamp[1:]
+        # Windows' ctime is the creation time, which a rewrite leaves as it was: trust no stamp
+        settled = (
+            os.name == "posix"
+            and self._stamp(files) == stamp
+            and all(
+                started - max(mtime, ctime) > _settling(mtime, ctime)
+                for _name, _size, mtime, ctime, _ino, _dev in stamp[1:]
+            )
         )
         return Fingerprint(h.hexdigest(), stamp if settled else None)
 
@@ -75,7 +81,10 @@ class Source:
         return sorted({p for pattern in _HF_CONTENT for p in self.path.glob(pattern)})
 
     def _stamp(self, files: list[Path]) -> list[Any]:
-        stats = [(file.name, file.stat()) for file in files]
+        try:
+            stats = [(file.name, file.stat()) for file in files]
+        except OSError as exc:
+            raise ExportError(f"{self.path}: {exc.strerror or exc}: {exc.filename}") from exc
         return [
             str(self.path),
             *([n, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev] for n, s in stats),

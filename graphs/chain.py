@@ -95,12 +95,16 @@ class ChainConfig:
     @property
     def flags_fallback(self) -> bool:
         """Whether some slot may need the host's fallback: a static chain that draws, with a
-        filter whose kept set can reach past the static candidates, or typical-p."""
-        return (
-            self.static
-            and self.has("dist")
-            and any(self.has(n) for n in ("top_k", "top_p", "typical_p"))
-        )
+        filter whose kept set can reach past the static candidates, or typical-p; or one whose
+        candidates output shows typical-p's kept set, greedy slots' included."""
+        drawn = self.has("dist") and any(self.has(n) for n in ("top_k", "top_p", "typical_p"))
+        return self.static and (drawn or self.typical_candidates)
+
+    @property
+    def typical_candidates(self) -> bool:
+        """A static chain whose candidates output would show typical-p's kept set: the host
+        takes every slot with typical-p on, drawing or not."""
+        return self.static and self.has("typical_p") and self.output_candidates > 0
 
 
 def chain_inputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]:
@@ -142,22 +146,36 @@ def chain_outputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]
     return found
 
 
-def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str]) -> None:
-    """``fallback`` BOOL[S]: the slots that draw (not greedy) with some flag of `beyond` set;
-    ``fallback_logits``: the rows the chain read, for the host to draw them again."""
-    flagged = beyond[0]
-    for i, name in enumerate(beyond[1:]):
-        body.op("Or", [flagged, name], [f"beyond_{i}"])
-        flagged = f"beyond_{i}"
-    body.op("Constant", [], ["fallback_columns"], value=helper.make_tensor("c", T_INT64, [1], [1]))
-    body.op("Squeeze", [flagged, "fallback_columns"], ["beyond_rows"])
-    if config.has("temperature"):
-        below = scalar("fallback_greedy_below", GREEDY_BELOW)
-        body.op("Constant", [], ["fallback_greedy_below"], value=below)
-        body.op("GreaterOrEqual", ["temperature", "fallback_greedy_below"], ["fallback_drawn"])
-        body.op("And", ["beyond_rows", "fallback_drawn"], [FALLBACK])
-    else:
-        body.op("Identity", ["beyond_rows"], [FALLBACK])
+def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str], every: list[str]) -> None:
+    """``fallback`` BOOL[S]: the slots that draw (not greedy) with some flag of `beyond` set,
+    and those with a flag of `every` set, drawing or not; ``fallback_logits``: the rows the
+    chain read, for the host to draw them again."""
+
+    def any_of(flags: list[str], tag: str) -> str:
+        flagged = flags[0]
+        for i, name in enumerate(flags[1:]):
+            body.op("Or", [flagged, name], [f"{tag}_{i}"])
+            flagged = f"{tag}_{i}"
+        return flagged
+
+    columns = helper.make_tensor("c", T_INT64, [1], [1])
+    body.op("Constant", [], ["fallback_columns"], value=columns)
+    drawn = "fallback_drawn_flags" if every else FALLBACK
+    if beyond:
+        body.op("Squeeze", [any_of(beyond, "beyond"), "fallback_columns"], ["beyond_rows"])
+        if config.has("temperature"):
+            below = scalar("fallback_greedy_below", GREEDY_BELOW)
+            body.op("Constant", [], ["fallback_greedy_below"], value=below)
+            body.op("GreaterOrEqual", ["temperature", "fallback_greedy_below"], ["fallback_drawn"])
+            body.op("And", ["beyond_rows", "fallback_drawn"], [drawn])
+        else:
+            body.op("Identity", ["beyond_rows"], [drawn])
+    if every:
+        body.op("Squeeze", [any_of(every, "every"), "fallback_columns"], ["every_rows"])
+        if beyond:
+            body.op("Or", [drawn, "every_rows"], [FALLBACK])
+        else:
+            body.op("Identity", ["every_rows"], [FALLBACK])
     body.op("Identity", ["rows"], [FALLBACK_LOGITS])
 
 
@@ -344,13 +362,15 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     floor = "no_floor"
     body.op("Constant", [], [floor], value=helper.make_tensor(floor, T_FLOAT, [1, 1], [-np.inf]))
     beyond: list[str] = []  # a static chain's per-slot flags: the kept set is past its candidates
+    every: list[str] = []  # and those that hold for a greedy slot too
     param = drawn_filters(body, config)  # the filters' parameters, off on the greedy rows
     if floors and static:
         candidates_out = ["candidates", "candidate_ids_all", "top", "wide", "wide_ids"]
         body.call("CandidatesStatic", [z], candidates_out)
-        # exp(z − max z) once, over the row: top-p's mass and the draw read it
-        body.op("Sub", [z, "top"], ["shifted_row"])
-        body.op("Exp", ["shifted_row"], ["exp_row"])
+        if sampling or config.has("top_p"):
+            # exp(z − max z) once, over the row: top-p's mass and the draw read it
+            body.op("Sub", [z, "top"], ["shifted_row"])
+            body.op("Exp", ["shifted_row"], ["exp_row"])
     elif floors:
         candidates_fn, inputs = (
             ("CandidatesDrawn", [z, "temperature"]) if param else ("Candidates", [z])
@@ -378,7 +398,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     draw_z = z
     if config.has("typical_p") and static:  # its slots are drawn on the host
         body.call("TypicalPStatic", ["typical_p"], ["beyond_typical"])
-        beyond.append("beyond_typical")
+        (every if config.typical_candidates else beyond).append("beyond_typical")
     if config.has("typical_p") and not static:
         body.call("TypicalP", [z, floor, param["typical_p"]], ["typical", "typical_rows"])
         draw_z, whole_rows = "typical", "typical_rows"
@@ -450,7 +470,7 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
         )
         outputs += ["candidate_ids", "candidate_logits"]
     if config.flags_fallback:
-        _fallback(body, config, beyond)
+        _fallback(body, config, beyond, every)
         outputs += [FALLBACK, FALLBACK_LOGITS]
     inputs = ["logits"] + [name[len(PREFIX) :] for name, _, _ in chain_inputs(config)]
     return helper.make_function(

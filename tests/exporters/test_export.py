@@ -218,6 +218,40 @@ def copied_export(tiny_export, tmp_path) -> Path:
     return target
 
 
+def test_a_reuse_records_a_missing_stamp_and_keeps_the_manifests_permissions(
+    copied_export, tiny_hf
+):
+    """An export that recorded no stamp (made by an older version, or of files just written)
+    gets one on its next reuse, in a manifest of the same mode whatever the user's umask."""
+    path = copied_export / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    manifest["source"].pop("stamp", None)
+    path.write_text(json.dumps(manifest))
+    path.chmod(0o664)
+    old_umask = os.umask(0o077)
+    try:
+        again = export(tiny_hf, copied_export, layout="optimum", precision="fp32")
+    finally:
+        os.umask(old_umask)
+    assert again.reused and again.manifest["source"]["stamp"] is not None
+    assert read_manifest(copied_export) == again.manifest
+    assert path.stat().st_mode & 0o777 == 0o664
+    assert sorted(p.name for p in copied_export.iterdir() if p.name.startswith(".")) == []
+
+
+def test_a_stamp_never_overwrites_an_export_written_meanwhile(copied_export):
+    """A reuse that read the manifest before another export was forced into the folder leaves
+    the new export's manifest as it is."""
+    from onnxsample.exporters import _manifest
+
+    path = copied_export / MANIFEST_NAME
+    before = json.loads(path.read_text())
+    newer = {**before, "created": "later"}
+    path.write_text(json.dumps(newer))
+    _manifest.restamp_source(copied_export, before, ["elsewhere"])
+    assert json.loads(path.read_text()) == newer
+
+
 def test_different_export_in_the_folder_is_an_error(copied_export, tiny_hf):
     with pytest.raises(ExportError, match=r"holds a different export.*--force"):
         export(tiny_hf, copied_export, precision="fp16")

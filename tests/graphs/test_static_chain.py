@@ -118,7 +118,9 @@ def test_random_rows_every_parameter_mix(vocab, seed):
             prompt_rows=rng.integers(0, slots + 1, 3),
             prompt_targets=rng.integers(0, vocab, 3),
         )
-        flagged += len(_assert_same(FULL, feeds, slots, **OPTIONS)["flagged"])
+        out = _assert_same(FULL, feeds, slots, **OPTIONS)
+        # past the candidates: top-k's or top-p's flag, not typical-p's (always the host's)
+        flagged += sum(params[s].typical_p == 1.0 for s in out["flagged"])
     assert flagged or vocab < STATIC_CANDIDATES  # the host's fallback took some slot
 
 
@@ -153,6 +155,44 @@ def test_the_static_chain_flags_the_slots_past_its_candidates(rows, params, flag
     feeds = sampler_feeds(chain, padded, [params, None], uniform=[0.37, 0.5])
     out = _assert_same(chain, feeds, 2, output_probs=True)
     assert out["flagged"] == ([0] if flagged else [])
+
+
+@pytest.mark.parametrize(
+    ("chain", "slots", "flagged"),
+    [
+        (
+            FULL,
+            [
+                SamplingParams(temperature=0.0, typical_p=0.5),
+                SamplingParams(typical_p=0.5, seed=1),
+                SamplingParams(temperature=0.0),
+                SamplingParams(top_k=7, seed=2),
+            ],
+            [0, 1],
+        ),
+        (  # a chain that never draws
+            "temperature,top_k,min_p,typical_p",
+            [
+                SamplingParams(temperature=0.0, typical_p=0.5),
+                SamplingParams(temperature=0.0, top_k=3),
+                SamplingParams(temperature=0.0, typical_p=0.9, min_p=0.1),
+                SamplingParams(temperature=0.0),
+            ],
+            [0, 2],
+        ),
+    ],
+    ids=["drawing", "greedy-chain"],
+)
+def test_the_candidates_output_shows_typical_ps_kept_set_for_greedy_slots_too(
+    chain, slots, flagged
+):
+    """The candidates output is the kept set, typical-p's cut included, greedy slots' too: a static
+    chain that shows it hands the host every slot with typical-p on, drawing or not."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(0, 2, (5, 300)).astype(np.float32)
+    feeds = sampler_feeds(chain, logits, slots, uniform=[0.3, 0.6, 0.1, 0.9])
+    out = _assert_same(chain, feeds, 4, output_candidates=8)
+    assert out["flagged"] == flagged
 
 
 def test_a_callers_own_top_k_past_the_vocabulary_is_drawn_on_the_host():
