@@ -60,8 +60,9 @@ class Source:
             return Fingerprint(str(recorded["sha256"]), stamp)
         started = time.time_ns()
         h = hashlib.sha256()
+        named = self.path.is_dir()  # an HF folder's files are hashed with their names
         for file in files:
-            if self.path.is_dir():
+            if named:
                 h.update(file.name.encode() + b"\0")
             _hash_file(h, file)
         # Windows' ctime is the creation time, which a rewrite leaves as it was: trust no stamp
