@@ -24,6 +24,6 @@ def redraw(fallback: HostFallback, outputs: dict, feeds: dict) -> list[int]:
     place, counts included, as the engine does; the slots redrawn."""
     flagged = [int(s) for s in np.flatnonzero(outputs[FALLBACK_FLAGS])]
     for s in flagged:
-        for name, value in fallback.redraw(outputs[FALLBACK_ROWS], feeds, s).items():
+        for name, value in fallback.redraw(outputs[FALLBACK_ROWS][s : s + 1], feeds, s).items():
             outputs[name][s] = value[0]
     return flagged

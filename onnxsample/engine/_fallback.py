@@ -6,7 +6,7 @@ whose set reaches past them, and each drawing slot with typical-p on (its set fo
 than the logits'). For such a slot the host runs the branching chain — the
 same functions, with its wider and whole-row paths, a small model the composed file carries in
 its metadata — over the row the graph read
-(``sampler.fallback_logits``) with the slot's parameters, penalty state, allowed tokens and
+(``sampler.fallback_logits``; only the flagged rows' span comes back to the host) with the slot's parameters, penalty state, allowed tokens and
 uniform, on the CPU, and its outputs replace the slot's: the token, its logprob and whatever else
 depends on the kept set. So a flagged slot gets the token the branching chain gives it, and the
 others never wait for it.
@@ -52,10 +52,10 @@ class HostFallback:
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def redraw(
-        self, rows: np.ndarray, feeds: Mapping[str, np.ndarray], slot: int
+        self, row: np.ndarray, feeds: Mapping[str, np.ndarray], slot: int
     ) -> dict[str, np.ndarray]:
-        """The branching chain's outputs for `slot` ([1, ...] each): `rows` the logits the graph
-        read [S, V], `feeds` (at least) every ``sampler.*`` input it read, each [S, ...]."""
-        inputs = {"logits": np.ascontiguousarray(rows[slot : slot + 1], np.float32)}
+        """The branching chain's outputs for `slot` ([1, ...] each): `row` the logits the graph
+        read for it [1, V], `feeds` (at least) every ``sampler.*`` input it read, each [S, ...]."""
+        inputs = {"logits": np.ascontiguousarray(row, np.float32)}
         inputs.update({name: feeds[name][slot : slot + 1] for name in self.inputs})
         return dict(zip(self.outputs, self.session.run(None, inputs), strict=True))

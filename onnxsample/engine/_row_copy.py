@@ -1,11 +1,13 @@
-"""Copies of one row of a buffer into another row of it, where the buffer lives.
+"""Copies of one row of a buffer into another row of it, where the buffer lives, and of a span of
+rows between the buffer and the host.
 
 Moving a running sequence to a lower slot (see :meth:`~onnxsample.engine._scheduler.Scheduler`'s
 compaction) copies its rows of the KV buffers and of the penalty counts. On the CPU that is a
 numpy assignment on the buffer's own memory. On a device ONNX Runtime's Python API copies no
 part of a tensor, so a one-node ``Identity`` session per element type does it: the source row
 bound as its input and the destination row as its output, each at its address inside the
-buffer, the copy made on the device by the provider's own kernel.
+buffer, the copy made on the device by the provider's own kernel. The same session, one side
+bound to host memory, moves a span of rows to or from the host without the rest of the buffer.
 """
 
 from __future__ import annotations
@@ -43,6 +45,41 @@ class RowCopy:
         binding.bind_input("row", self.device, 0, dtype, shape, value.data_ptr() + src * row)
         binding.bind_output("copy", self.device, 0, dtype, shape, value.data_ptr() + dst * row)
         session.run_with_iobinding(binding)
+
+    def to_host(self, value, lo: int, hi: int) -> np.ndarray:
+        """Rows [lo, hi) of `value` as a numpy array of their own: only those rows' bytes cross
+        to the host."""
+        if self.device == "cpu":
+            return np.array(value.numpy()[lo:hi], copy=True)
+        out = np.empty([hi - lo, *value.shape()[1:]], NUMPY_TYPES[value.element_type()])
+        self._span(value, lo, out, to_host=True)
+        return out
+
+    def from_host(self, value, lo: int, rows: np.ndarray) -> None:
+        """Write `rows` ([n, ...] of `value`'s element type) into rows [lo, lo + n) of `value`:
+        only those rows' bytes cross to the device."""
+        if self.device == "cpu":
+            value.numpy()[lo : lo + len(rows)] = rows  # a view of the tensor's memory
+            return
+        self._span(value, lo, np.ascontiguousarray(rows), to_host=False)
+
+    def _span(self, value, lo: int, array: np.ndarray, *, to_host: bool) -> None:
+        """Copy between `array` (host) and rows [lo, lo + len(array)) of `value` (device)."""
+        kind = value.element_type()
+        dtype = NUMPY_TYPES[kind]
+        if array.dtype != dtype or list(array.shape[1:]) != list(value.shape()[1:]):
+            raise ValueError(f"rows {array.dtype}{list(array.shape)} do not fit {value.shape()}")
+        row = math.prod(array.shape[1:]) * np.dtype(dtype).itemsize
+        at = value.data_ptr() + lo * row
+        shape = list(array.shape)
+        binding = self._session(kind, len(shape)).io_binding()
+        if to_host:
+            binding.bind_input("row", self.device, 0, dtype, shape, at)
+            binding.bind_output("copy", "cpu", 0, dtype, shape, array.ctypes.data)
+        else:
+            binding.bind_input("row", "cpu", 0, dtype, shape, array.ctypes.data)
+            binding.bind_output("copy", self.device, 0, dtype, shape, at)
+        self._session(kind, len(shape)).run_with_iobinding(binding)
 
     def _session(self, kind: int, rank: int):
         if (kind, rank) not in self._sessions:

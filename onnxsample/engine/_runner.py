@@ -25,6 +25,7 @@ from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
+from onnxsample.engine._row_copy import RowCopy
 from onnxsample.engine._slots import COUNTS_OUT, SlotState, bind_rows, host_copy
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Runner:
             import onnxruntime as ort
 
             self.fallback = HostFallback(session.get_modelmeta().custom_metadata_map)
+            self._rows = RowCopy(device)  # the flagged rows' span, to the host
             shape = [meta.max_slots, meta.vocab_size]
             rows = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, 0)
             self.device_outputs[FALLBACK_ROWS] = rows
@@ -180,13 +182,14 @@ class Runner:
         feeds = self.slots.host_inputs(counted)
         feeds["sampler.row_index"] = call.row_index
         feeds["sampler.uniform"] = uniform
-        if allowed is not None:
-            feeds[ALLOWED] = host_copy(allowed)
-        rows = host_copy(self.device_outputs[FALLBACK_ROWS])
+        if allowed is not None:  # the host's copy of the masks bound
+            feeds[ALLOWED] = self.allowed.rows
+        lo = min(flagged)
+        rows = self._rows.to_host(self.device_outputs[FALLBACK_ROWS], lo, max(flagged) + 1)
         moves = []
         for s in flagged:
             taken = int(host["sampler.next_token"][s])
-            for name, value in self.fallback.redraw(rows, feeds, s).items():
+            for name, value in self.fallback.redraw(rows[s - lo : s - lo + 1], feeds, s).items():
                 if name in host:
                     host[name][s] = value[0]
             moves.append((s, taken, int(host["sampler.next_token"][s])))

@@ -162,9 +162,7 @@ class SlotState:
         if self.penalties:
             self._mask[slot] = False
             self._mask[slot, prompt] = True
-            counts = host_copy(self.counts)
-            counts[slot] = 0
-            self.counts.update_inplace(counts)
+            self._copy.from_host(self.counts, slot, np.zeros((1, self.meta.vocab_size), np.int32))
 
     def update(self, slot: int, params: SamplingParams) -> None:
         """New parameters for the sequence in `slot`; its prompt mask and counts stay."""
@@ -229,16 +227,19 @@ class SlotState:
         """Host copies of what the last call read: the parameter inputs, the prompt mask and,
         after :meth:`advance`, the counts (the host's fallback runs the chain on them again).
         `counted`: slot -> the token the call counted for it; the counts of those slots are the
-        ones the call read (in place, the call's own token is taken off again)."""
+        ones the call read (in place, the call's own token is taken off again). Only the rows
+        from the lowest of them to the highest come back from the device; the others read 0."""
         arrays = pack_slots(self.meta, self.params)
         if self.penalties:
             arrays[PROMPT_MASK] = self._mask
+            read = self.counts if self.in_place else self._spare
+            counts = np.zeros(read.shape(), np.int32)  # [S, V]: only `counted`'s span is read
+            if counted:
+                lo, hi = min(counted), max(counted) + 1
+                counts[lo:hi] = self._copy.to_host(read, lo, hi)
             if self.in_place:
-                counts = host_copy(self.counts)
                 for slot, token in counted.items():
                     counts[slot, token] -= 1
-            else:
-                counts = host_copy(self._spare)
             arrays[COUNTS] = counts
         return arrays
 
@@ -258,13 +259,12 @@ class SlotState:
         moves = [m for m in moves if m[1] != m[2]]
         if not self.penalties or not moves:
             return
-        # numpy() of a CPU tensor is a view of it: two numbers a move change in place
-        counts = self.counts.numpy() if self.device == "cpu" else host_copy(self.counts)
+        lo, hi = min(m[0] for m in moves), max(m[0] for m in moves) + 1
+        counts = self._copy.to_host(self.counts, lo, hi)  # the moved slots' span, both ways
         for slot, taken, instead in moves:
-            counts[slot, taken] -= 1
-            counts[slot, instead] += 1
-        if self.device != "cpu":
-            self.counts.update_inplace(counts)
+            counts[slot - lo, taken] -= 1
+            counts[slot - lo, instead] += 1
+        self._copy.from_host(self.counts, lo, counts)
 
     def advance(self) -> None:
         """After a successful call: the written counts become the state."""

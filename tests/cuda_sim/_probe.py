@@ -42,6 +42,15 @@ def counters() -> dict[str, int]:
     return {k: found[k] for k in (*_STATS, "library", "blocks", "d2d")}
 
 
+def copied_bytes() -> dict[str, int]:
+    """The bytes copied so far each way between the host and the device."""
+    lib = ctypes.CDLL("libcudart.so.13")
+    out = (ctypes.c_long * len(_COUNTERS))()
+    lib.fakecuda_stats(out)
+    found = dict(zip(_COUNTERS, out, strict=True))
+    return {"d2h": found["d2h_bytes"], "h2d": found["h2d_bytes"]}
+
+
 def placement(model: str, cuda_graph: bool) -> dict:
     """ORT's node → provider assignment, the Memcpy nodes it inserted (with what they feed), and
     whether the session accepted CUDA-graph capture."""
@@ -129,7 +138,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
     options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
     if cuda_graph is None:  # the engine's default
         del options["cuda_graph"]
-    if scenario == "copies":
+    if scenario in ("copies", "fallback"):
         options["prefix_reuse"] = False  # both requests prefill the same way
         from onnxsample import composed_metadata
 
@@ -177,6 +186,8 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             )  # the counts move too
             result.update(_queued_at_once(eng, prompt, penalised, (3, 10, 40)))
             result["moved"] = eng.stats().moved
+        elif scenario == "fallback":
+            result.update(_forced_fallback(eng, prompt, params))
         elif scenario == "copies":
             # Per decode step, in a steady state: the difference between two requests that differ
             # only in length, after a first one has warmed up (and captured) the decode step.
@@ -234,6 +245,47 @@ def _queued_at_once(eng, prompt, params, lengths) -> dict:
         "buckets": sorted({key[0] for key in graphs}),
         "graphs": len(graphs),
         "tokens": [len(c.token_ids) for c in done],
+    }
+
+
+def _forced_fallback(eng, prompt, params) -> dict:
+    """The bytes a static chain's host fallback moves: the device computes nothing, so no slot
+    flags itself; here every sampling slot is flagged. Two requests of the same length, the
+    second flagged, after a warm-up: the difference in bytes each way, the tokens redrawn, and
+    the penalty-count moves (a redrawn token that differs from the graph's)."""
+    from onnxsample.engine._fallback import FALLBACK_FLAGS
+
+    runner, state = eng._scheduler.runner, eng._scheduler.state
+    redraw, retake = runner._redraw, state.retake
+    moved: list = []
+
+    def flagged(call, uniform, allowed, host):
+        for seq in call.sampling:
+            host[FALLBACK_FLAGS][seq.slot] = True
+        redraw(call, uniform, allowed, host)
+
+    def counted(moves):
+        moved.extend(m for m in moves if m[1] != m[2])
+        retake(moves)
+
+    _complete(eng, prompt, params, 4)
+    before = copied_bytes()
+    _complete(eng, prompt, params, 12)
+    plain = {k: v - before[k] for k, v in copied_bytes().items()}
+    runner._redraw, state.retake = flagged, counted
+    _complete(eng, prompt, params, 4)  # the fallback's own first run
+    moved.clear()
+    redrawn = runner.redrawn
+    before = copied_bytes()
+    _complete(eng, prompt, params, 12)
+    after = copied_bytes()
+    return {
+        "extra_bytes": {k: after[k] - before[k] - plain[k] for k in plain},
+        "redrawn": runner.redrawn - redrawn,
+        "moved": len(moved),
+        "vocab": eng.meta.vocab_size,
+        "slots": eng.meta.max_slots,
+        "penalties": state.penalties,
     }
 
 
