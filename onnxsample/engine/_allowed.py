@@ -4,8 +4,9 @@ A call whose sampling sequences have no constraint binds one column of trues (``
 the branching chain skips; otherwise every row is bound (``[S, V]``): a constrained sequence's row
 is filled by its grammar matcher just before the call, every other row is all true. A static
 chain (CUDA graphs) always binds ``[S, V]``. The masks live on the device, each at one address,
-and are rewritten in place only when a row changed: a step without constrained sequences copies
-nothing, one with them copies the [S, V] mask, and the per-position masks only when a constrained
+and only the rows that changed are written, in place: a step without constrained sequences copies
+nothing, one with them the span of rows from the lowest changed slot to the highest (a constrained
+sequence's own row when it decodes alone), and the per-position masks only when a constrained
 sequence drafts.
 
 A graph that verifies drafts also takes ``sampler.draft_allowed`` ``[S, K, V]``: a constrained
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.engine._row_copy import RowCopy
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import ortvalue
 
@@ -45,6 +47,8 @@ class AllowedTokens:
         self._draft_none = ortvalue(np.ones((slots, draft_width, 1), bool), device)
         self._filled: set[int] = set()
         self._drafted: set[int] = set()
+        self._draft_stale: set[int] = set()  # rows reset on the host, not yet on the device
+        self._copy = RowCopy(device)
 
     def for_call(
         self, sampling: Iterable[Sequence], drafts: Mapping[int, list[int]]
@@ -52,7 +56,8 @@ class AllowedTokens:
         """The masks (device OrtValues) to bind for a call in which `sampling` sequences take a
         token (and verify their `drafts`, by slot): ``sampler.allowed``, and
         ``sampler.draft_allowed`` where the graph takes it."""
-        changed = bool(self._filled)
+        changed = set(self._filled)
+        self._draft_stale |= self._drafted  # reset below, written with the next drafts
         for slot in self._filled:
             self.rows[slot] = True
         for slot in self._drafted:
@@ -69,13 +74,20 @@ class AllowedTokens:
                 seq.matcher.fill_along(draft, self.draft_rows[seq.slot])
                 self._drafted.add(seq.slot)
         constrained = bool(self._filled)
-        if changed or constrained:
-            self.rows_value.update_inplace(self.rows)
+        self._write(self.rows_value, self.rows, changed | self._filled)
         if self._drafted:
-            self._draft_value.update_inplace(self.draft_rows)
+            self._write(self._draft_value, self.draft_rows, self._draft_stale | self._drafted)
+            self._draft_stale = set()
         allowed = self.rows_value if constrained or self.static else self._none
         if not self.draft_width:
             return allowed, None
         if not constrained:
             return allowed, self._draft_none
         return allowed, self._draft_value if self._drafted else self._draft_true
+
+    def _write(self, value, rows: np.ndarray, slots: set[int]) -> None:
+        """Rows `slots` of the host's `rows` into the device's `value`: one copy of the span
+        from the lowest to the highest, none when no row changed."""
+        if slots:
+            lo, hi = min(slots), max(slots) + 1
+            self._copy.from_host(value, lo, rows[lo:hi])

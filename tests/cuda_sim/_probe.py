@@ -138,7 +138,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
     options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
     if cuda_graph is None:  # the engine's default
         del options["cuda_graph"]
-    if scenario in ("copies", "fallback"):
+    if scenario in ("copies", "fallback", "mask-copies"):
         options["prefix_reuse"] = False  # both requests prefill the same way
         from onnxsample import composed_metadata
 
@@ -188,6 +188,18 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             result["moved"] = eng.stats().moved
         elif scenario == "fallback":
             result.update(_forced_fallback(eng, prompt, params))
+        elif scenario == "mask-copies":
+            # A constrained request's mask rows against a plain request's, both after a
+            # constrained one (whose row the next call resets): the bytes to the device.
+            constrained = SamplingParams(seed=3, constraint=Constraint.regex("[a-z ]{1,60}"))
+            _complete(eng, prompt, constrained, 4)
+            sent = {}
+            for label, asked in (("plain", params), ("constrained", constrained)):
+                before = copied_bytes()
+                done = _complete(eng, prompt, asked, 10)
+                sent[label] = copied_bytes()["h2d"] - before["h2d"]
+                result[f"{label}_tokens"] = len(done.token_ids)
+            result.update(h2d=sent, vocab=eng.meta.vocab_size)
         elif scenario == "copies":
             # Per decode step, in a steady state: the difference between two requests that differ
             # only in length, after a first one has warmed up (and captured) the decode step.

@@ -233,3 +233,22 @@ def test_the_host_fallback_moves_only_the_flagged_rows(device, gpu_models):
         "d2h": report["redrawn"] * 2 * row + report["moved"] * row,
         "h2d": report["moved"] * row,
     }, report
+
+
+def test_a_constrained_request_writes_its_own_mask_row(device, gpu_models):
+    """Each call of a constrained request writes its own row of ``sampler.allowed`` (V bools),
+    and the next request's first call resets that row: a constrained request of n tokens sends
+    n - 1 rows more than a plain one after it, never the [S, V] mask."""
+    report = device.probe(
+        "engine",
+        gpu_models["static"],
+        "mask-copies",
+        "--cuda-graph",
+        "--tokenizer",
+        gpu_models["folder"],
+    )
+    assert report["failure"] is None
+    tokens = report["constrained_tokens"]
+    assert tokens == report["plain_tokens"] == 10, report
+    sent = report["h2d"]
+    assert sent["constrained"] - sent["plain"] == (tokens - 1) * report["vocab"], report
