@@ -154,6 +154,7 @@ class SlotState:
             self._spare = ortvalue(np.zeros((S, V), np.int32), device)
         self.parity = 0
         self._copy = RowCopy(device)
+        self._mask_rows: set[int] = set()  # prompt-mask rows changed since last written
 
     def assign(self, slot: int, params: SamplingParams, prompt: list[int]) -> None:
         """A new sequence takes `slot`: its parameters, its prompt's tokens, zero output counts."""
@@ -162,6 +163,7 @@ class SlotState:
         if self.penalties:
             self._mask[slot] = False
             self._mask[slot, prompt] = True
+            self._mask_rows.add(slot)
             self._copy.from_host(self.counts, slot, np.zeros((1, self.meta.vocab_size), np.int32))
 
     def update(self, slot: int, params: SamplingParams) -> None:
@@ -181,6 +183,7 @@ class SlotState:
         self._stale = True
         if self.penalties:
             self._mask[dst] = self._mask[src]
+            self._mask_rows.add(dst)
 
     def release(self, slot: int) -> None:
         """The slot's sequence left; its inputs stay as they are until the slot is assigned again
@@ -208,7 +211,8 @@ class SlotState:
 
     def static(self) -> dict[str, Any]:
         """The parameter inputs (and the prompt mask) as device OrtValues: allocated once, then
-        rewritten in place after a slot changed (the same objects, at the same addresses)."""
+        rewritten in place after a slot changed (the same objects, at the same addresses; of the
+        prompt mask, only the rows of the slots assigned or moved into)."""
         if self._stale:
             arrays = pack_slots(self.meta, self.params)
             if self.penalties:
@@ -219,7 +223,12 @@ class SlotState:
                 self._static = {k: ortvalue(v, self.device) for k, v in arrays.items()}
             else:
                 for name, value in arrays.items():
-                    self._static[name].update_inplace(np.ascontiguousarray(value))
+                    if name != PROMPT_MASK:  # [S] vectors, rewritten whole
+                        self._static[name].update_inplace(np.ascontiguousarray(value))
+                    elif self._mask_rows:  # [S, V]: the span of the rows that changed
+                        lo, hi = min(self._mask_rows), max(self._mask_rows) + 1
+                        self._copy.from_host(self._static[name], lo, value[lo:hi])
+            self._mask_rows.clear()
             self._stale = False
         return self._static
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
+import onnxsample.engine._allowed as allowed_module
 import onnxsample.engine._session as session_module
-from onnxsample import Generator, InvalidParameter, SamplingParams
+import onnxsample.engine._slots as slots_module
+from onnxsample import Constraint, Generator, InvalidParameter, SamplingParams
 from onnxsample.composer import compose
 from onnxsample.engine._graphs import CapturedDecode
 
@@ -194,3 +197,45 @@ def test_fixed_rows_without_buckets_need_cuda_graphs(graphs, cuda_graph):
         Generator(
             graphs["static"], tokenizer=graphs["source"], cuda_graph=cuda_graph, row_buckets=False
         )
+
+
+def _unshared(array: np.ndarray, device: str):
+    """An OrtValue of its own memory: a CPU OrtValue made from a numpy array shares the array's,
+    so there a buffer the engine forgot to write would still read the host's rows."""
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy(np.array(array, copy=True), device, 0)
+
+
+def _mixed(graphs, source, cuda_graph: bool) -> list:
+    """Requests that touch every buffer the engine writes by rows (penalty counts and prompt
+    masks, host-fallback redraws, allowed-token masks), queued together so some move down."""
+    params = [dataclasses.replace(p, ignore_eos=True) for p in PARAMS]
+    params[0] = SamplingParams(seed=8, constraint=Constraint.regex("[a-z ]{1,40}"))
+    params[3] = dataclasses.replace(params[2], constraint=Constraint.regex("[0-9 ]{1,40}"))
+    lengths = [3, 4, 24, 12, 16, 20]
+    with Generator(graphs, tokenizer=source, threads=1, cuda_graph=cuda_graph) as generator:
+        done = _queued_at_once(generator.engine, PROMPTS, params, lengths)
+        assert generator.engine.stats().fallback_tokens > 0
+        assert generator.engine.stats().moved > 0
+    return done
+
+
+def test_buffers_of_their_own_memory_give_the_same_tokens(graphs, tmp_path, monkeypatch):
+    """On a device the penalty counts, prompt masks and allowed-token masks are buffers of their
+    own, and the engine writes only the rows that change: here, with buffers that do not share
+    the host arrays (as on a GPU), a mix of constrained, penalised, fallback-drawn and moving
+    requests gets the tokens it gets when every buffer is the host's own array."""
+    monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
+    static = compose(
+        graphs["source"],
+        None,
+        tmp_path / "allowed.onnx",
+        static=True,
+        allowed_tokens=True,
+        **OPTIONS,
+    )
+    shared = _mixed(static, graphs["source"], cuda_graph=True)
+    monkeypatch.setattr(slots_module, "ortvalue", _unshared)
+    monkeypatch.setattr(allowed_module, "ortvalue", _unshared)
+    assert _mixed(static, graphs["source"], cuda_graph=True) == shared
