@@ -49,8 +49,6 @@ class RowCopy:
     def to_host(self, value, lo: int, hi: int) -> np.ndarray:
         """Rows [lo, hi) of `value` as a numpy array of their own: only those rows' bytes cross
         to the host."""
-        if self.device == "cpu":
-            return np.array(value.numpy()[lo:hi], copy=True)
         out = np.empty([hi - lo, *value.shape()[1:]], NUMPY_TYPES[value.element_type()])
         self._span(value, lo, out, to_host=True)
         return out
@@ -58,28 +56,40 @@ class RowCopy:
     def from_host(self, value, lo: int, rows: np.ndarray) -> None:
         """Write `rows` ([n, ...] of `value`'s element type) into rows [lo, lo + n) of `value`:
         only those rows' bytes cross to the device."""
-        if self.device == "cpu":
-            value.numpy()[lo : lo + len(rows)] = rows  # a view of the tensor's memory
-            return
         self._span(value, lo, np.ascontiguousarray(rows), to_host=False)
 
     def _span(self, value, lo: int, array: np.ndarray, *, to_host: bool) -> None:
-        """Copy between `array` (host) and rows [lo, lo + len(array)) of `value` (device)."""
+        """Copy between `array` (host) and rows [lo, lo + len(array)) of `value` (where it lives),
+        after checking that they fit: on a device a wrong span would write past the buffer."""
         kind = value.element_type()
         dtype = NUMPY_TYPES[kind]
-        if array.dtype != dtype or list(array.shape[1:]) != list(value.shape()[1:]):
-            raise ValueError(f"rows {array.dtype}{list(array.shape)} do not fit {value.shape()}")
+        shape = value.shape()
+        if (
+            array.dtype != dtype
+            or list(array.shape[1:]) != list(shape[1:])
+            or not 0 <= lo <= lo + len(array) <= shape[0]
+        ):
+            raise ValueError(
+                f"rows {array.dtype}{list(array.shape)} at row {lo} do not fit "
+                f"{np.dtype(dtype)}{list(shape)}"
+            )
+        if self.device == "cpu":
+            view = value.numpy()  # a view of the tensor's memory
+            if to_host:
+                array[...] = view[lo : lo + len(array)]
+            else:
+                view[lo : lo + len(array)] = array
+            return
         row = math.prod(array.shape[1:]) * np.dtype(dtype).itemsize
         at = value.data_ptr() + lo * row
-        shape = list(array.shape)
-        binding = self._session(kind, len(shape)).io_binding()
+        binding = self._session(kind, array.ndim).io_binding()
         if to_host:
-            binding.bind_input("row", self.device, 0, dtype, shape, at)
-            binding.bind_output("copy", "cpu", 0, dtype, shape, array.ctypes.data)
+            binding.bind_input("row", self.device, 0, dtype, list(array.shape), at)
+            binding.bind_output("copy", "cpu", 0, dtype, list(array.shape), array.ctypes.data)
         else:
-            binding.bind_input("row", "cpu", 0, dtype, shape, array.ctypes.data)
-            binding.bind_output("copy", self.device, 0, dtype, shape, at)
-        self._session(kind, len(shape)).run_with_iobinding(binding)
+            binding.bind_input("row", "cpu", 0, dtype, list(array.shape), array.ctypes.data)
+            binding.bind_output("copy", self.device, 0, dtype, list(array.shape), at)
+        self._session(kind, array.ndim).run_with_iobinding(binding)
 
     def _session(self, kind: int, rank: int):
         if (kind, rank) not in self._sessions:

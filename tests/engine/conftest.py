@@ -4,8 +4,11 @@ settings."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+import onnxsample.engine._allowed as allowed_module
+import onnxsample.engine._slots as slots_module
 from onnxsample.composer import compose
 from onnxsample.engine import Engine
 
@@ -60,3 +63,24 @@ def fresh(models, layout):
     yield make
     for e in made:
         e.close(cancel=True)
+
+
+def _own_memory(array: np.ndarray, device: str):
+    """An OrtValue of its own memory (a copy of `array`)."""
+    import onnxruntime as ort
+
+    return ort.OrtValue.ortvalue_from_numpy(np.array(array, copy=True), device, 0)
+
+
+@pytest.fixture
+def own_memory_buffers(monkeypatch):
+    """Call it to give the engines made after the call device buffers of their own memory, as on
+    a GPU. A CPU OrtValue made from a numpy array shares the array's memory, so there a buffer
+    row the engine forgot to write (penalty counts, prompt masks, allowed-token and draft masks)
+    would still read the host's."""
+
+    def apply() -> None:
+        monkeypatch.setattr(slots_module, "ortvalue", _own_memory)
+        monkeypatch.setattr(allowed_module, "ortvalue", _own_memory)
+
+    return apply

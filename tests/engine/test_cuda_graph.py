@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
-import onnxsample.engine._allowed as allowed_module
 import onnxsample.engine._session as session_module
-import onnxsample.engine._slots as slots_module
 from onnxsample import Constraint, Generator, InvalidParameter, SamplingParams
 from onnxsample.composer import compose
 from onnxsample.engine._graphs import CapturedDecode
@@ -199,20 +196,13 @@ def test_fixed_rows_without_buckets_need_cuda_graphs(graphs, cuda_graph):
         )
 
 
-def _unshared(array: np.ndarray, device: str):
-    """An OrtValue of its own memory: a CPU OrtValue made from a numpy array shares the array's,
-    so there a buffer the engine forgot to write would still read the host's rows."""
-    import onnxruntime as ort
-
-    return ort.OrtValue.ortvalue_from_numpy(np.array(array, copy=True), device, 0)
-
-
 def _mixed(graphs, source, cuda_graph: bool) -> list:
     """Requests that touch every buffer the engine writes by rows (penalty counts and prompt
     masks, host-fallback redraws, allowed-token masks), queued together so some move down."""
     params = [dataclasses.replace(p, ignore_eos=True) for p in PARAMS]
     params[0] = SamplingParams(seed=8, constraint=Constraint.regex("[a-z ]{1,40}"))
     params[3] = dataclasses.replace(params[2], constraint=Constraint.regex("[0-9 ]{1,40}"))
+    params[4] = dataclasses.replace(params[2], seed=9)  # penalised, admitted once others run
     lengths = [3, 4, 24, 12, 16, 20]
     with Generator(graphs, tokenizer=source, threads=1, cuda_graph=cuda_graph) as generator:
         done = _queued_at_once(generator.engine, PROMPTS, params, lengths)
@@ -221,7 +211,9 @@ def _mixed(graphs, source, cuda_graph: bool) -> list:
     return done
 
 
-def test_buffers_of_their_own_memory_give_the_same_tokens(graphs, tmp_path, monkeypatch):
+def test_buffers_of_their_own_memory_give_the_same_tokens(
+    graphs, tmp_path, monkeypatch, own_memory_buffers
+):
     """On a device the penalty counts, prompt masks and allowed-token masks are buffers of their
     own, and the engine writes only the rows that change: here, with buffers that do not share
     the host arrays (as on a GPU), a mix of constrained, penalised, fallback-drawn and moving
@@ -236,6 +228,5 @@ def test_buffers_of_their_own_memory_give_the_same_tokens(graphs, tmp_path, monk
         **OPTIONS,
     )
     shared = _mixed(static, graphs["source"], cuda_graph=True)
-    monkeypatch.setattr(slots_module, "ortvalue", _unshared)
-    monkeypatch.setattr(allowed_module, "ortvalue", _unshared)
+    own_memory_buffers()
     assert _mixed(static, graphs["source"], cuda_graph=True) == shared

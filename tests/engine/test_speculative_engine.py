@@ -372,6 +372,41 @@ def test_tiny_constrained_drafts_are_verified_under_their_masks(tiny_pair, param
     assert alone.timings.draft_tokens > 0 and alone.timings.accepted_tokens > 0
 
 
+def test_constrained_drafts_with_buffers_of_their_own_memory(
+    tiny_pair, tiny_gqa_export, own_memory_buffers
+):
+    """Constrained sequences drafting beside each other and a free one: with device buffers of
+    their own memory (as on a GPU: each call writes only the mask rows that changed, a reset
+    draft row waits for the next drafting call) the tokens are those of buffers that share the
+    host's arrays."""
+    _, fast = tiny_pair
+    cases = [
+        ("one two three one two three one two three", Constraint.regex("(one two three ){2,6}")),
+        ("a b c a b c a b c", None),
+        ("two three one two three one", Constraint.json_schema(SCHEMA)),
+        ("one one one one one", Constraint.regex("(one ){1,9}[a-z]{1,5}")),
+    ]
+
+    def tokens(engine) -> list[list[int]]:
+        done = []
+        for first in (cases, cases[1:], cases[::-1]):  # slots freed and taken again
+            requests = [
+                engine.submit(
+                    p, SamplingParams(temperature=0, constraint=c), max_new_tokens=24, chat=False
+                )
+                for p, c in first
+            ]
+            done += [r.result(timeout=300).token_ids for r in requests]
+        return done
+
+    shared = tokens(fast)
+    assert fast.stats().drafted_tokens > 0
+    own_memory_buffers()
+    source = tiny_gqa_export.output
+    with Engine(fast.path, tokenizer=source, threads=1, speculative="ngram") as own:
+        assert tokens(own) == shared
+
+
 def test_embedded_constrained_greedy_is_unchanged_with_speculation(embedded_pair):
     """On the real model (exact attention): a JSON schema's forced keys are drafted and verified
     in one call, and the text is token for token plain decoding's."""
