@@ -30,10 +30,18 @@ ALLOWED, DRAFT_ALLOWED = "sampler.allowed", "sampler.draft_allowed"
 
 class AllowedTokens:
     """Masks for a graph with `slots` slots and `vocab` tokens on `device` and, where it takes
-    per-position masks, `draft_width` draft positions per slot."""
+    per-position masks, `draft_width` draft positions per slot; their changed rows are written
+    through `copy` (the engine's :class:`RowCopy` on that device)."""
 
     def __init__(
-        self, slots: int, vocab: int, device: str, *, static: bool, draft_width: int = 0
+        self,
+        slots: int,
+        vocab: int,
+        device: str,
+        copy: RowCopy,
+        *,
+        static: bool,
+        draft_width: int = 0,
     ) -> None:
         self.static, self.draft_width = static, draft_width
         self.rows = np.ones((slots, vocab), bool)
@@ -48,7 +56,7 @@ class AllowedTokens:
         self._filled: set[int] = set()
         self._drafted: set[int] = set()
         self._draft_stale: set[int] = set()  # rows reset on the host, not yet on the device
-        self._copy = RowCopy(device)
+        self._copy = copy
 
     def for_call(
         self, sampling: Iterable[Sequence], drafts: Mapping[int, list[int]]

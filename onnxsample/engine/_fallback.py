@@ -5,8 +5,8 @@ among the ``STATIC_CANDIDATES`` largest logits and flags (``sampler.fallback``) 
 whose set reaches past them, and each drawing slot with typical-p on (its set follows another order
 than the logits'). For such a slot the host runs the branching chain — the
 same functions, with its wider and whole-row paths, a small model the composed file carries in
-its metadata — over the row the graph read
-(``sampler.fallback_logits``; only the flagged rows' span comes back to the host) with the slot's parameters, penalty state, allowed tokens and
+its metadata — over the row the graph read (``sampler.fallback_logits``; only the flagged rows'
+span comes back to the host) with the slot's parameters, penalty state, allowed tokens and
 uniform, on the CPU, and its outputs replace the slot's: the token, its logprob and whatever else
 depends on the kept set. So a flagged slot gets the token the branching chain gives it, and the
 others never wait for it.

@@ -25,7 +25,6 @@ from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
-from onnxsample.engine._row_copy import RowCopy
 from onnxsample.engine._slots import COUNTS_OUT, SlotState, bind_rows, host_copy
 
 log = logging.getLogger(__name__)
@@ -75,7 +74,12 @@ class Runner:
         if ALLOWED in inputs:
             width = self.draft_width if DRAFT_ALLOWED in inputs else 0
             self.allowed = AllowedTokens(
-                meta.max_slots, meta.vocab_size, device, static=meta.static, draft_width=width
+                meta.max_slots,
+                meta.vocab_size,
+                device,
+                slots.rows_copy,
+                static=meta.static,
+                draft_width=width,
             )
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
@@ -95,7 +99,6 @@ class Runner:
             import onnxruntime as ort
 
             self.fallback = HostFallback(session.get_modelmeta().custom_metadata_map)
-            self._rows = RowCopy(device)  # the flagged rows' span, to the host
             shape = [meta.max_slots, meta.vocab_size]
             rows = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, 0)
             self.device_outputs[FALLBACK_ROWS] = rows
@@ -185,7 +188,9 @@ class Runner:
         if allowed is not None:  # the host's copy of the masks bound
             feeds[ALLOWED] = self.allowed.rows
         lo = min(flagged)
-        rows = self._rows.to_host(self.device_outputs[FALLBACK_ROWS], lo, max(flagged) + 1)
+        rows = self.slots.rows_copy.to_host(
+            self.device_outputs[FALLBACK_ROWS], lo, max(flagged) + 1
+        )
         moves = []
         for s in flagged:
             taken = int(host["sampler.next_token"][s])

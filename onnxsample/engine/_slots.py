@@ -153,7 +153,7 @@ class SlotState:
         if self.penalties and not self.in_place:
             self._spare = ortvalue(np.zeros((S, V), np.int32), device)
         self.parity = 0
-        self._copy = RowCopy(device)
+        self.rows_copy = RowCopy(device)  # row copies on the device, shared by the engine's buffers
         self._mask_rows: set[int] = set()  # prompt-mask rows changed since last written
 
     def assign(self, slot: int, params: SamplingParams, prompt: list[int]) -> None:
@@ -164,7 +164,9 @@ class SlotState:
             self._mask[slot] = False
             self._mask[slot, prompt] = True
             self._mask_rows.add(slot)
-            self._copy.from_host(self.counts, slot, np.zeros((1, self.meta.vocab_size), np.int32))
+            self.rows_copy.from_host(
+                self.counts, slot, np.zeros((1, self.meta.vocab_size), np.int32)
+            )
 
     def update(self, slot: int, params: SamplingParams) -> None:
         """New parameters for the sequence in `slot`; its prompt mask and counts stay."""
@@ -174,7 +176,7 @@ class SlotState:
     def copy(self, src: int, dst: int) -> None:
         """Copy slot `src`'s penalty counts into the free slot `dst` (on the device)."""
         if self.penalties:
-            self._copy(self.counts, src, dst)
+            self.rows_copy(self.counts, src, dst)
 
     def move(self, src: int, dst: int) -> None:
         """The sequence in slot `src` continues in `dst`, where :meth:`copy` put its counts: its
@@ -227,7 +229,7 @@ class SlotState:
                         self._static[name].update_inplace(np.ascontiguousarray(value))
                     elif self._mask_rows:  # [S, V]: the span of the rows that changed
                         lo, hi = min(self._mask_rows), max(self._mask_rows) + 1
-                        self._copy.from_host(self._static[name], lo, value[lo:hi])
+                        self.rows_copy.from_host(self._static[name], lo, value[lo:hi])
             self._mask_rows.clear()
             self._stale = False
         return self._static
@@ -245,7 +247,7 @@ class SlotState:
             counts = np.zeros(read.shape(), np.int32)  # [S, V]: only `counted`'s span is read
             if counted:
                 lo, hi = min(counted), max(counted) + 1
-                counts[lo:hi] = self._copy.to_host(read, lo, hi)
+                counts[lo:hi] = self.rows_copy.to_host(read, lo, hi)
             if self.in_place:
                 for slot, token in counted.items():
                     counts[slot, token] -= 1
@@ -269,11 +271,11 @@ class SlotState:
         if not self.penalties or not moves:
             return
         lo, hi = min(m[0] for m in moves), max(m[0] for m in moves) + 1
-        counts = self._copy.to_host(self.counts, lo, hi)  # the moved slots' span, both ways
+        counts = self.rows_copy.to_host(self.counts, lo, hi)  # the moved slots' span, both ways
         for slot, taken, instead in moves:
             counts[slot - lo, taken] -= 1
             counts[slot - lo, instead] += 1
-        self._copy.from_host(self.counts, lo, counts)
+        self.rows_copy.from_host(self.counts, lo, counts)
 
     def advance(self) -> None:
         """After a successful call: the written counts become the state."""

@@ -35,20 +35,22 @@ def counters() -> dict[str, int]:
     from device to device), the calls into cuBLAS, cuBLASLt and cuDNN that launch work on a real
     device (`library`), and the thread blocks the launched kernels' grids asked for (`blocks`:
     how much work)."""
-    lib = ctypes.CDLL("libcudart.so.13")
-    out = (ctypes.c_long * len(_COUNTERS))()
-    lib.fakecuda_stats(out)
-    found = dict(zip(_COUNTERS, out, strict=True))
+    found = _stats()
     return {k: found[k] for k in (*_STATS, "library", "blocks", "d2d")}
 
 
 def copied_bytes() -> dict[str, int]:
     """The bytes copied so far each way between the host and the device."""
+    found = _stats()
+    return {"d2h": found["d2h_bytes"], "h2d": found["h2d_bytes"]}
+
+
+def _stats() -> dict[str, int]:
+    """Every counter of the stand-in libcudart, by name."""
     lib = ctypes.CDLL("libcudart.so.13")
     out = (ctypes.c_long * len(_COUNTERS))()
     lib.fakecuda_stats(out)
-    found = dict(zip(_COUNTERS, out, strict=True))
-    return {"d2h": found["d2h_bytes"], "h2d": found["h2d_bytes"]}
+    return dict(zip(_COUNTERS, out, strict=True))
 
 
 def placement(model: str, cuda_graph: bool) -> dict:
