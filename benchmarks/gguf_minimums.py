@@ -15,6 +15,11 @@ read from memory, as in a decode step), one token:
 - ``gemm_2d``: 2-D activations, Reshape + ReduceSum, one Gemm with the MatMulNBits output as C;
 - ``nbits_block_sums``: the block sums as extra MatMulNBits columns (sums of the int8 activations,
   as llama.cpp's q8_1 blocks carry them), Split, MatMul, Add;
+- ``duplicated_k``: one MatMulNBits over ``[x, x]`` (a Concat), the second half's codes all 1 with
+  the minimums as its scales: exact in two nodes, at twice the int8 work and twice the codes read;
+- ``cached_minimums``: ``reduce_sum`` with one minimums matrix per projection shape, shared by every
+  layer so that it stays in cache (not the file's weights): the same nodes without reading the
+  minimums from memory, which splits the correction's cost into its bytes and its nodes;
 - ``float_zero_points``: one MatMulNBits with float zero points ``-m / s`` (not bit-exact either:
   ONNX Runtime takes its dequantise-then-sgemm path), timed over its own ``--slow-layers``.
 
@@ -44,6 +49,8 @@ FORMS = (
     "indicator_matmul",
     "gemm_2d",
     "nbits_block_sums",
+    "duplicated_k",
+    "cached_minimums",
     "float_zero_points",
 )
 
@@ -55,6 +62,13 @@ class _Graph:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
+        self._shared: dict[tuple, str] = {}
+
+    def shared(self, key: tuple, array: np.ndarray) -> str:
+        """One initializer per `key`: every later call with that key gets the first one's."""
+        if key not in self._shared:
+            self._shared[key] = self.const(array)
+        return self._shared[key]
 
     def const(self, array: np.ndarray) -> str:
         self._n += 1
@@ -79,6 +93,8 @@ def _projection(
     codes = rng.integers(0, 256, (n, nb, BLOCK // 2), dtype=np.uint8)
     scales = (rng.random((n, nb), dtype=np.float32) * 0.01).astype(np.float32)
     mins = (rng.random((nb, n), dtype=np.float32) - 0.5).astype(np.float32) * 0.1
+    if form == "cached_minimums":  # the same minimums for every layer's projection of this shape
+        mins = (np.random.default_rng([k, n]).random((nb, n), np.float32) - 0.5) * 0.1
     attrs = {"K": k, "N": n, "bits": 4, "block_size": BLOCK, "accuracy_level": accuracy}
     unpacked = np.stack([codes & 15, codes >> 4], axis=-1).reshape(n, nb, BLOCK).astype(np.float32)
     weight = (scales[..., None] * (unpacked - 8) + mins.T[..., None]).reshape(n, k)
@@ -107,6 +123,19 @@ def _projection(
         )
         y, sums = g.op("Split", [both, g.const(np.array([n, nb], np.int64))], 2, axis=-1)
         return g.op("Add", [y, g.op("MatMul", [sums, g.const(mins)])[0]])[0], weight
+    if form == "duplicated_k":  # [x, x] @ [s * (code - 8); m * (9 - 8)]: both halves' blocks
+        twice = g.op("Concat", [x, x], axis=-1)[0]
+        ones = np.full_like(codes, 0x99)  # code 9 - zero 8 = 1, both nibbles
+        both = g.op(
+            "MatMulNBits",
+            [
+                twice,
+                g.const(np.concatenate([codes, ones], axis=1)),
+                g.const(np.concatenate([scales, mins.T], axis=1).ravel()),
+            ],
+            **(attrs | {"K": 2 * k}),
+        )[0]
+        return both, weight
     y = nbits([g.const(codes), g.const(scales.ravel())])
     if form == "none":
         return y, weight
@@ -118,7 +147,8 @@ def _projection(
         sums = g.op("MatMul", [x, g.const(indicator)])[0]
     else:
         sums = block_sums()
-    return g.op("Add", [y, g.op("MatMul", [sums, g.const(mins)])[0]])[0], weight
+    m = g.shared((k, n), mins) if form == "cached_minimums" else g.const(mins)
+    return g.op("Add", [y, g.op("MatMul", [sums, m])[0]])[0], weight
 
 
 def _model_bytes(g: _Graph, form: str, rank: int, out: str) -> bytes:

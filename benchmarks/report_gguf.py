@@ -122,6 +122,8 @@ _FORMS = {
     "indicator_matmul": "x @ 0/1 block indicator, MatMul, Add",
     "gemm_2d": "2-D: Reshape + ReduceSum, Gemm onto the MatMulNBits output",
     "nbits_block_sums": "block sums as extra MatMulNBits columns (int8 sums), Split, MatMul, Add",
+    "duplicated_k": "one MatMulNBits over [x, x], the minimums as the second half's scales",
+    "cached_minimums": "`reduce_sum` with minimums shared by the layers, in cache (not the file's)",
     "float_zero_points": "one MatMulNBits with float zero points (ORT dequantises every call)",
 }
 
@@ -163,22 +165,32 @@ def minimums_section(data: dict | None) -> list[str]:
             )
     lines += [*table(head, "rlrrr", rows), ""]
     for r in data.get("results", []):
-        exact = {f: v for f, v in r.get("vs_reduce_sum", {}).items() if f != "float_zero_points"}
+        inexact = ("float_zero_points", "cached_minimums")
+        exact = {f: v for f, v in r.get("vs_reduce_sum", {}).items() if f not in inexact}
         if exact:
             best = min(exact, key=exact.get)
             cost = r["correction_us_per_layer"]["reduce_sum"]
             share = cost / r["us_per_layer"]["reduce_sum"]["median"]
             threads = f"{r['threads']} thread" + ("s" if r["threads"] != 1 else "")
-            lines.append(
+            line = (
                 f"- {threads}: the correction is {num(100 * share)}% of a layer's projections; "
                 f"the fastest exact form is `{best}` ({times(exact[best])} the export's)."
             )
+            cached = r["correction_us_per_layer"].get("cached_minimums")
+            if cached is not None:
+                line += (
+                    f" Of its {num(cost, 1)} µs, reading the minimums from memory is "
+                    f"{num(cost - cached, 1)} (`reduce_sum` − `cached_minimums`) and its nodes "
+                    f"(four a projection) the other {num(cached, 1)}."
+                )
+            lines.append(line)
     lines += [
         "",
         "`gemm_2d` assumes 2-D activations; the export's decoder is 3-D (batch, tokens, hidden), "
         "so a Gemm inside one projection takes a Shape and two Reshapes around it. The float "
         "zero points are `8 - m / s`: not bit-exact either (`s * (code - zero)` rounds "
-        "differently from `s * q + m`).",
+        "differently from `s * q + m`). `duplicated_k` is exact (the minimums are the scales "
+        "of codes that are all 1) but does the int8 work twice.",
     ]
     run = data.get("run") or {}
     line = load_line(

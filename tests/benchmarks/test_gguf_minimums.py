@@ -18,6 +18,8 @@ _FORMS = (
     "indicator_matmul",
     "gemm_2d",
     "nbits_block_sums",
+    "duplicated_k",
+    "cached_minimums",
     "float_zero_points",
 )
 
