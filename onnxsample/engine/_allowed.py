@@ -5,9 +5,9 @@ the branching chain skips; otherwise every row is bound (``[S, V]``): a constrai
 is filled by its grammar matcher just before the call, every other row is all true. A static
 chain (CUDA graphs) always binds ``[S, V]``. The masks live on the device, each at one address,
 and only the rows that changed are written, in place: a step without constrained sequences copies
-nothing, one with them the span of rows from the lowest changed slot to the highest (a constrained
-sequence's own row when it decodes alone), and the per-position masks only when a constrained
-sequence drafts.
+nothing, one with them the rows that changed (a run of consecutive slots in one copy; a
+constrained sequence's own row when it decodes alone), and the per-position masks only when a
+constrained sequence drafts.
 
 A graph that verifies drafts also takes ``sampler.draft_allowed`` ``[S, K, V]``: a constrained
 drafting sequence's mask at each draft position, as its grammar stands after the drafts before it
@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample.engine._row_copy import RowCopy
+from onnxsample.engine._row_copy import RowCopy, runs
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import ortvalue
 
@@ -94,8 +94,7 @@ class AllowedTokens:
         return allowed, self._draft_value if self._drafted else self._draft_true
 
     def _write(self, value, rows: np.ndarray, slots: set[int]) -> None:
-        """Rows `slots` of the host's `rows` into the device's `value`: one copy of the span
-        from the lowest to the highest, none when no row changed."""
-        if slots:
-            lo, hi = min(slots), max(slots) + 1
+        """Rows `slots` of the host's `rows` into the device's `value`: one copy per run of
+        consecutive slots, none when no row changed."""
+        for lo, hi in runs(slots):
             self._copy.from_host(value, lo, rows[lo:hi])

@@ -8,17 +8,31 @@ part of a tensor, so a one-node ``Identity`` session per element type does it: t
 bound as its input and the destination row as its output, each at its address inside the
 buffer, the copy made on the device by the provider's own kernel. The same session, one side
 bound to host memory, moves a span of rows to or from the host without the rest of the buffer.
+Scattered slots move as their :func:`runs` of consecutive slots, one span each, so the rows between
+them do not cross.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 # ONNX element types of the buffers copied -> numpy
 NUMPY_TYPES = {1: np.float32, 6: np.int32, 7: np.int64, 9: np.bool_, 10: np.float16, 16: np.uint16}
+
+
+def runs(slots: Iterable[int]) -> list[tuple[int, int]]:
+    """The runs ``[lo, hi)`` of consecutive slots in `slots`, in order: {0, 1, 5} -> [(0, 2), (5, 6)]."""
+    found: list[tuple[int, int]] = []
+    for slot in sorted(set(slots)):
+        if found and found[-1][1] == slot:
+            found[-1] = (found[-1][0], slot + 1)
+        else:
+            found.append((slot, slot + 1))
+    return found
 
 
 class RowCopy:

@@ -25,6 +25,7 @@ from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
+from onnxsample.engine._row_copy import runs
 from onnxsample.engine._slots import COUNTS_OUT, SlotState, bind_rows, host_copy
 
 log = logging.getLogger(__name__)
@@ -187,14 +188,14 @@ class Runner:
         feeds["sampler.uniform"] = uniform
         if allowed is not None:  # the host's copy of the masks bound
             feeds[ALLOWED] = self.allowed.rows
-        lo = min(flagged)
-        rows = self.slots.rows_copy.to_host(
-            self.device_outputs[FALLBACK_ROWS], lo, max(flagged) + 1
-        )
+        rows = {}  # slot -> its row [1, V] of the logits, each run of slots one copy
+        for lo, hi in runs(flagged):
+            span = self.slots.rows_copy.to_host(self.device_outputs[FALLBACK_ROWS], lo, hi)
+            rows.update({s: span[s - lo : s - lo + 1] for s in range(lo, hi)})
         moves = []
         for s in flagged:
             taken = int(host["sampler.next_token"][s])
-            for name, value in self.fallback.redraw(rows[s - lo : s - lo + 1], feeds, s).items():
+            for name, value in self.fallback.redraw(rows[s], feeds, s).items():
                 if name in host:
                     host[name][s] = value[0]
             moves.append((s, taken, int(host["sampler.next_token"][s])))

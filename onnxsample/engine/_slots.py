@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample.engine._row_copy import NUMPY_TYPES, RowCopy
+from onnxsample.engine._row_copy import NUMPY_TYPES, RowCopy, runs
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams, pack_sampling_params
@@ -227,9 +227,9 @@ class SlotState:
                 for name, value in arrays.items():
                     if name != PROMPT_MASK:  # [S] vectors, rewritten whole
                         self._static[name].update_inplace(np.ascontiguousarray(value))
-                    elif self._mask_rows:  # [S, V]: the span of the rows that changed
-                        lo, hi = min(self._mask_rows), max(self._mask_rows) + 1
-                        self.rows_copy.from_host(self._static[name], lo, value[lo:hi])
+                    else:  # [S, V]: the rows that changed, a run of slots in one copy
+                        for lo, hi in runs(self._mask_rows):
+                            self.rows_copy.from_host(self._static[name], lo, value[lo:hi])
             self._mask_rows.clear()
             self._stale = False
         return self._static
@@ -238,15 +238,14 @@ class SlotState:
         """Host copies of what the last call read: the parameter inputs, the prompt mask and,
         after :meth:`advance`, the counts (the host's fallback runs the chain on them again).
         `counted`: slot -> the token the call counted for it; the counts of those slots are the
-        ones the call read (in place, the call's own token is taken off again). Only the rows
-        from the lowest of them to the highest come back from the device; the others read 0."""
+        ones the call read (in place, the call's own token is taken off again). Only their rows
+        come back from the device, a run of consecutive slots in one copy; the others read 0."""
         arrays = pack_slots(self.meta, self.params)
         if self.penalties:
             arrays[PROMPT_MASK] = self._mask
             read = self.counts if self.in_place else self._spare
-            counts = np.zeros(read.shape(), np.int32)  # [S, V]: only `counted`'s span is read
-            if counted:
-                lo, hi = min(counted), max(counted) + 1
+            counts = np.zeros(read.shape(), np.int32)  # [S, V]: only `counted`'s rows are read
+            for lo, hi in runs(counted):
                 counts[lo:hi] = self.rows_copy.to_host(read, lo, hi)
             if self.in_place:
                 for slot, token in counted.items():
@@ -270,12 +269,13 @@ class SlotState:
         moves = [m for m in moves if m[1] != m[2]]
         if not self.penalties or not moves:
             return
-        lo, hi = min(m[0] for m in moves), max(m[0] for m in moves) + 1
-        counts = self.rows_copy.to_host(self.counts, lo, hi)  # the moved slots' span, both ways
-        for slot, taken, instead in moves:
-            counts[slot - lo, taken] -= 1
-            counts[slot - lo, instead] += 1
-        self.rows_copy.from_host(self.counts, lo, counts)
+        for lo, hi in runs(m[0] for m in moves):  # the moved slots' rows, both ways
+            counts = self.rows_copy.to_host(self.counts, lo, hi)
+            for slot, taken, instead in moves:
+                if lo <= slot < hi:
+                    counts[slot - lo, taken] -= 1
+                    counts[slot - lo, instead] += 1
+            self.rows_copy.from_host(self.counts, lo, counts)
 
     def advance(self) -> None:
         """After a successful call: the written counts become the state."""

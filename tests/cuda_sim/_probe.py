@@ -140,7 +140,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
     options: dict = {"provider": "cuda", "tokenizer": tokenizer, "cuda_graph": cuda_graph}
     if cuda_graph is None:  # the engine's default
         del options["cuda_graph"]
-    if scenario in ("copies", "fallback", "mask-copies"):
+    if scenario in ("copies", "fallback", "fallback-gap", "mask-copies"):
         options["prefix_reuse"] = False  # both requests prefill the same way
         from onnxsample import composed_metadata
 
@@ -190,6 +190,10 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
             result["moved"] = eng.stats().moved
         elif scenario == "fallback":
             result.update(_forced_fallback(eng, prompt, params))
+        elif scenario == "fallback-gap":
+            # Three requests at once in slots 0, 1 and 2, the even slots flagged: slot 1's rows
+            # lie between the flagged ones and stay on the device.
+            result.update(_forced_fallback(eng, prompt, params, together=3, even=True))
         elif scenario == "mask-copies":
             # A constrained request's mask rows against a plain request's, both after a
             # constrained one (whose row the next call resets): the bytes to the device.
@@ -262,41 +266,51 @@ def _queued_at_once(eng, prompt, params, lengths) -> dict:
     }
 
 
-def _forced_fallback(eng, prompt, params) -> dict:
+def _forced_fallback(eng, prompt, params, together: int = 1, even: bool = False) -> dict:
     """The bytes a static chain's host fallback moves: the device computes nothing, so no slot
-    flags itself; here every sampling slot is flagged. Two requests of the same length, the
-    second flagged, after a warm-up: the difference in bytes each way, the tokens redrawn, and
-    the penalty-count moves (a redrawn token that differs from the graph's)."""
+    flags itself; here every sampling slot is flagged (`even`: the even slots only). Requests of
+    the same length (`together` at once), the second run's flagged, after a warm-up: the
+    difference in bytes each way, the tokens redrawn, the penalty-count moves (a redrawn token
+    that differs from the graph's) and the calls whose flagged slots were not consecutive."""
     from onnxsample.engine._fallback import FALLBACK_FLAGS
 
     runner, state = eng._scheduler.runner, eng._scheduler.state
     redraw, retake = runner._redraw, state.retake
     moved: list = []
+    gaps = [0]
 
     def flagged(call, uniform, allowed, host):
-        for seq in call.sampling:
-            host[FALLBACK_FLAGS][seq.slot] = True
+        slots = [seq.slot for seq in call.sampling if not even or seq.slot % 2 == 0]
+        for slot in slots:
+            host[FALLBACK_FLAGS][slot] = True
+        gaps[0] += bool(slots) and max(slots) - min(slots) + 1 > len(slots)
         redraw(call, uniform, allowed, host)
 
     def counted(moves):
         moved.extend(m for m in moves if m[1] != m[2])
         retake(moves)
 
-    _complete(eng, prompt, params, 4)
+    def run(n):
+        prepared = [eng.prepare(prompt, params, n, None, False, None, i) for i in range(together)]
+        return [r.result(timeout=120) for r in eng.enqueue(prepared)]
+
+    run(4)
     before = copied_bytes()
-    _complete(eng, prompt, params, 12)
+    run(12)
     plain = {k: v - before[k] for k, v in copied_bytes().items()}
     runner._redraw, state.retake = flagged, counted
-    _complete(eng, prompt, params, 4)  # the fallback's own first run
+    run(4)  # the fallback's own first run
     moved.clear()
+    gaps[0] = 0
     redrawn = runner.redrawn
     before = copied_bytes()
-    _complete(eng, prompt, params, 12)
+    run(12)
     after = copied_bytes()
     return {
         "extra_bytes": {k: after[k] - before[k] - plain[k] for k in plain},
         "redrawn": runner.redrawn - redrawn,
         "moved": len(moved),
+        "gaps": gaps[0],
         "vocab": eng.meta.vocab_size,
         "slots": eng.meta.max_slots,
         "penalties": state.penalties,

@@ -214,20 +214,24 @@ def test_run_provider_cuda_prints_only_its_json(device, tiny_gpu_export, tmp_pat
     assert sorted(p.name for p in folder.glob("composed*.onnx")) == [expected]
 
 
-def test_the_host_fallback_moves_only_the_flagged_rows(device, gpu_models):
+@pytest.mark.parametrize("scenario", ["fallback", "fallback-gap"])
+def test_the_host_fallback_moves_only_the_flagged_rows(device, gpu_models, scenario):
     """A static chain's flagged slot brings back its own row of the logits and of the penalty
     counts, and a redrawn token's count moves in that row alone: per redrawn token V floats and
-    V counts to the host, and a count row each way per move; never the [S, V] buffers."""
+    V counts to the host, and a count row each way per move; never the [S, V] buffers, nor the
+    rows of an unflagged slot between flagged ones (``fallback-gap``: slots 0 and 2 of 0-2)."""
     report = device.probe(
         "engine",
         gpu_models["static"],
-        "fallback",
+        scenario,
         "--cuda-graph",
         "--tokenizer",
         gpu_models["folder"],
     )
     assert report["failure"] is None
     assert report["penalties"] and report["redrawn"] >= 12, report
+    if scenario == "fallback-gap":
+        assert report["gaps"] > 0, report  # calls with slot 1 between flagged slots
     row = 4 * report["vocab"]  # float32 logits, int32 counts
     assert report["extra_bytes"] == {
         "d2h": report["redrawn"] * 2 * row + report["moved"] * row,
