@@ -254,16 +254,22 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
 def _queued_at_once(eng, prompt, params, lengths) -> dict:
     """Requests of `lengths` tokens queued in one go (slots 0, 1, 2…): their token counts, and
     the row buckets and graphs the decode steps were captured in."""
-    prepared = [
-        eng.prepare(prompt[: 8 + i], params, n, None, False, None, i) for i, n in enumerate(lengths)
-    ]
-    done = [r.result(timeout=120) for r in eng.enqueue(prepared)]
+    done = _at_once(eng, [prompt[: 8 + i] for i in range(len(lengths))], params, lengths)
     graphs = eng._scheduler.runner.graphs._graphs
     return {
         "buckets": sorted({key[0] for key in graphs}),
         "graphs": len(graphs),
         "tokens": [len(c.token_ids) for c in done],
     }
+
+
+def _at_once(eng, prompts, params, lengths) -> list:
+    """Requests of `prompts` and `lengths` tokens queued in one go (slots 0, 1, 2…), completed."""
+    prepared = [
+        eng.prepare(prompt, params, n, None, False, None, i)
+        for i, (prompt, n) in enumerate(zip(prompts, lengths, strict=True))
+    ]
+    return [r.result(timeout=120) for r in eng.enqueue(prepared)]
 
 
 def _forced_fallback(eng, prompt, params, together: int = 1, even: bool = False) -> dict:
@@ -291,8 +297,7 @@ def _forced_fallback(eng, prompt, params, together: int = 1, even: bool = False)
         retake(moves)
 
     def run(n):
-        prepared = [eng.prepare(prompt, params, n, None, False, None, i) for i in range(together)]
-        return [r.result(timeout=120) for r in eng.enqueue(prepared)]
+        return _at_once(eng, [prompt] * together, params, [n] * together)
 
     run(4)
     before = copied_bytes()
