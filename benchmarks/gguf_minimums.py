@@ -31,18 +31,21 @@ correction's cost over ``none`` and each form's time over ``reduce_sum``'s, plus
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
-import onnx
 from _harness.machine import emit, load_average, run_record
 from _harness.measure import summary
-from _harness.script import RESULTS, ints, logger, parser
-from _harness.workload import ort_session
-from onnx import TensorProto, helper, numpy_helper
+from _harness.projections import (
+    BLOCK,
+    PROJECTIONS,
+    Graph,
+    Timed,
+    forms_parser,
+    layers_model,
+    time_forms,
+)
+from _harness.script import ints, logger
 
-BLOCK = 32
-PROJECTIONS = (("qkv", 576, 960), ("o", 576, 576), ("gate_up", 576, 3072), ("down", 1536, 576))
 FORMS = (
     "none",
     "reduce_sum",
@@ -55,37 +58,8 @@ FORMS = (
 )
 
 
-class _Graph:
-    """Nodes and initializers of one benchmark model."""
-
-    def __init__(self) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self._n = 0
-        self._shared: dict[tuple, str] = {}
-
-    def shared(self, key: tuple, array: np.ndarray) -> str:
-        """One initializer per `key`: every later call with that key gets the first one's."""
-        if key not in self._shared:
-            self._shared[key] = self.const(array)
-        return self._shared[key]
-
-    def const(self, array: np.ndarray) -> str:
-        self._n += 1
-        name = f"c{self._n}"
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs) -> list[str]:
-        self._n += 1
-        outs = [f"v{self._n}_{i}" for i in range(outputs)]
-        domain = "com.microsoft" if op_type == "MatMulNBits" else ""
-        self.nodes.append(helper.make_node(op_type, inputs, outs, domain=domain, **attrs))
-        return outs
-
-
 def _projection(
-    g: _Graph, x: str, k: int, n: int, form: str, rank: int, rng, accuracy: int = 4
+    g: Graph, x: str, k: int, n: int, form: str, rank: int, rng, accuracy: int = 4
 ) -> tuple[str, np.ndarray]:
     """y = x @ w.T, ``w = s * (code - 8) + m`` for random codes, scales and minimums, in `form`;
     returns y's name and w (float32 [N, K])."""
@@ -151,76 +125,37 @@ def _projection(
     return g.op("Add", [y, g.op("MatMul", [sums, m])[0]])[0], weight
 
 
-def _model_bytes(g: _Graph, form: str, rank: int, out: str) -> bytes:
-    shape = [1, 1, PROJECTIONS[0][1]][-rank:]
-    graph = helper.make_graph(
-        g.nodes,
-        form,
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
-        g.inits,
-    )
-    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, ir_version=10, opset_imports=opsets).SerializeToString()
-
-
 def projection_model(form: str, accuracy: int = 4, seed: int = 0) -> tuple[bytes, np.ndarray]:
     """One Q/K/V projection (576 -> 960) in `form` and the weight it multiplies by, [N, K]."""
-    g = _Graph()
+    g = Graph()
     rank = 2 if form == "gemm_2d" else 3
     _, k, n = PROJECTIONS[0]
     y, weight = _projection(g, "x", k, n, form, rank, np.random.default_rng(seed), accuracy)
-    return _model_bytes(g, form, rank, y), weight
+    return g.serialize(form, k, y, rank), weight
 
 
-def _model(form: str, layers: int, seed: int = 0) -> bytes:
-    """`layers` layers of the four projections; each output's leading columns feed the next."""
-    rng = np.random.default_rng(seed)
-    g = _Graph()
+def _model(form: str, layers: int) -> bytes:
     rank = 2 if form == "gemm_2d" else 3
-    x = "x"
-    axis = g.const(np.array([-1], np.int64))
-    start = g.const(np.array([0], np.int64))
-    for _ in range(layers):
-        for i, (_name, k, n) in enumerate(PROJECTIONS):
-            y, _weight = _projection(g, x, k, n, form, rank, rng)
-            nxt = PROJECTIONS[(i + 1) % len(PROJECTIONS)][1]  # the next projection's K
-            x = g.op("Slice", [y, start, g.const(np.array([nxt], np.int64)), axis])[0]
-    return _model_bytes(g, form, rank, x)
+    return layers_model(
+        lambda g, x, k, n, rng: _projection(g, x, k, n, form, rank, rng)[0], layers, rank
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = parser(__doc__)
-    p.add_argument("--layers", type=int, default=30)
+    p = forms_parser(__doc__, "gguf_minimums")
     p.add_argument("--slow-layers", type=int, default=2, help="layers for float_zero_points")
-    p.add_argument("--threads", default="1,2")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--calls", type=int, default=20, help="calls per repetition")
-    p.add_argument("--output", default=str(RESULTS / "gguf_minimums.json"))
     args = p.parse_args(argv)
     log = logger("gguf_minimums")
     load_before = load_average()
     rows = []
     for threads in ints(args.threads, "threads"):
-        sessions, feeds, layers = {}, {}, {}
+        forms = {}
         for form in FORMS:
-            layers[form] = args.slow_layers if form == "float_zero_points" else args.layers
-            sessions[form] = ort_session(_model(form, layers[form]), threads)
+            slow = form == "float_zero_points"
+            layers = args.slow_layers if slow else args.layers
             rank = 2 if form == "gemm_2d" else 3
-            shape = [1, 1, PROJECTIONS[0][1]][-rank:]
-            feeds[form] = {"x": np.random.default_rng(1).random(shape, dtype=np.float32)}
-            for _ in range(3):
-                sessions[form].run(None, feeds[form])
-        times: dict[str, list[float]] = {form: [] for form in FORMS}
-        for _ in range(args.repeats):
-            for form in FORMS:
-                calls = 2 if form == "float_zero_points" else args.calls
-                time.sleep(0.05)  # the previous session's threads stop spinning
-                start = time.perf_counter()
-                for _ in range(calls):
-                    sessions[form].run(None, feeds[form])
-                elapsed = time.perf_counter() - start
-                times[form].append(elapsed / calls / layers[form] * 1e6)
+            forms[form] = Timed(_model(form, layers), layers, 2 if slow else args.calls, rank)
+        times = time_forms(forms, threads, args.repeats)
         row = {"threads": threads, "us_per_layer": {f: summary(t, 1) for f, t in times.items()}}
         floor = row["us_per_layer"]["none"]["median"]
         ours = row["us_per_layer"]["reduce_sum"]["median"]
