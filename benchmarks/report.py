@@ -18,7 +18,7 @@ from _harness.script import RESULTS, ROOT, parser, read_json
 from report_chart import chart
 from report_e2e import e2e_section, normalise
 from report_engine import engine_section, load_results
-from report_gguf import gguf_section, minimums_section, mixes_section
+from report_gguf import codes_section, gguf_section, minimums_section, mixes_section
 from report_overhead import overhead_section
 from report_speculative import speculative_section
 from report_structured import structured_section
@@ -86,6 +86,7 @@ def render(
         "$ .venv/bin/python benchmarks/structured.py          # llama-server, as serve.py",
         "$ .venv/bin/python benchmarks/gguf_files.py --profile  # the same GGUF files in llama-server",
         "$ .venv/bin/python benchmarks/gguf_minimums.py       # the minimums' correction, form by form",
+        "$ .venv/bin/python benchmarks/gguf_codes.py          # 5- and 8-bit codes, form by form",
         "$ .venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -117,6 +118,7 @@ def render(
     lines += gguf_section((engine or {}).get("gguf_files"))
     lines += mixes_section((engine or {}).get("gguf_mixes"))
     lines += minimums_section((engine or {}).get("gguf_minimums"))
+    lines += codes_section((engine or {}).get("gguf_codes"))
     return "\n".join(lines).rstrip() + "\n"
 
 

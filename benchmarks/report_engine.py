@@ -24,6 +24,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "gguf_files",
         "gguf_mixes",
         "gguf_minimums",
+        "gguf_codes",
     ]
     found = {name: read_json(folder / f"{name}.json") for name in names}
     return {name.removeprefix("engine_"): data for name, data in found.items()}

@@ -1,5 +1,5 @@
-"""The GGUF-files section of docs/benchmarks.md, from benchmarks/results/gguf_files.json and
-gguf_mixes.json (written by benchmarks/gguf_files.py). Standard library only."""
+"""The GGUF sections of docs/benchmarks.md: files and mixes against llama-server (gguf_files.json,
+gguf_mixes.json from benchmarks/gguf_files.py) and the forms of a weight (gguf_minimums.py, gguf_codes.py). Standard library only."""
 
 from __future__ import annotations
 
@@ -197,3 +197,76 @@ def minimums_section(data: dict | None) -> list[str]:
         [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
     )
     return lines + [""] + ([line, ""] if line else [])
+
+
+_CODE_FORMS = {
+    "Q4_0/four_bit": "4-bit codes (a reference: not a 5- or 8-bit type's weights)",
+    "Q5_0/eight_bit": "8-bit codes `q + 128` (what the export emits)",
+    "Q5_0/nibble_and_bit": "4-bit low nibble + 2-bit high bit, Add",
+    "Q8_0/eight_bit": "8-bit codes `q + 128` (what the export emits)",
+    "Q8_0/two_nibbles": "two 4-bit nibbles, one MatMulNBits over [x, x]",
+}
+
+
+def codes_section(data: dict | None) -> list[str]:
+    """benchmarks/gguf_codes.py's forms of 5- and 8-bit codes, per layer (nothing without
+    results)."""
+    if not data:
+        return []
+    shapes = ", ".join(f"{k}→{n}" for _, k, n in data.get("projections", []))
+    llama = data.get("llama_cpp_bits_per_weight", {})
+    lines = [
+        "### Codes wider than 4 bits, form by form",
+        "",
+        "`python benchmarks/gguf_codes.py`: MatMulNBits has fast int8-activation kernels for "
+        "4- and 8-bit codes, so the export stores Q5_0's and Q5_1's 5-bit codes (and Q6_K's) "
+        "as 8-bit ones. Each form multiplies by the file's weight `d * q` (dequantised bit for "
+        "bit, tested) for one token through "
+        f"{data.get('layers')} layers of the embedded model's four projections ({shapes}), "
+        "weights of their own (read from memory, as in a decode step), int8 activations; µs per "
+        "layer (median), the bits each form reads per weight (codes, fp32 scales and zero "
+        "points) beside llama.cpp's, and the form's time over the export's.",
+        "",
+    ]
+    head = ["threads", "type", "form", "bits read (llama.cpp)", "µs per layer", "vs the export's"]
+    rows = []
+    bits = data.get("bits_per_weight", {})
+    for r in data.get("results", []):
+        for name, label in _CODE_FORMS.items():
+            t = r["us_per_layer"].get(name)
+            if t is None:
+                continue
+            kind = name.split("/")[0]
+            rows.append(
+                [
+                    r["threads"],
+                    kind,
+                    f"`{name.split('/')[1]}`: {label}",
+                    f"{num(bits.get(name), 2)} ({num(llama.get(kind), 1)})",
+                    f"{num(t['median'], 1)} ({num(t['min'], 1)}–{num(t['max'], 1)})",
+                    times(r.get("vs_export", {}).get(name)),
+                ]
+            )
+    lines += [*table(head, "rllrrr", rows), ""]
+    for r in data.get("results", []):
+        us = {name: t["median"] for name, t in r["us_per_layer"].items()}
+        if "Q4_0/four_bit" not in us or "Q5_0/eight_bit" not in us:
+            continue
+        threads = f"{r['threads']} thread" + ("s" if r["threads"] != 1 else "")
+        fastest = {
+            kind: min((n for n in us if n.startswith(f"{kind}/")), key=us.get)
+            for kind in ("Q5_0", "Q8_0")
+        }
+        lines.append(
+            f"- {threads}: the fastest exact form is `{fastest['Q5_0'].split('/')[1]}` for Q5_0 "
+            f"and `{fastest['Q8_0'].split('/')[1]}` for Q8_0; a Q5_0 layer takes "
+            f"{times(us['Q5_0/eight_bit'] / us['Q4_0/four_bit'])} a 4-bit one's time, reading "
+            f"{times(bits['Q5_0/eight_bit'] / bits['Q4_0/four_bit'])} its bits (llama.cpp's Q5_0 "
+            f"reads {times(llama['Q5_0'] / llama['Q4_0'])} its Q4_0's)."
+        )
+    lines.append("")
+    run = data.get("run") or {}
+    line = load_line(
+        [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
+    )
+    return lines + ([line, ""] if line else [])
