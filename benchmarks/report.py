@@ -18,7 +18,13 @@ from _harness.script import RESULTS, ROOT, parser, read_json
 from report_chart import chart
 from report_e2e import e2e_section, normalise
 from report_engine import engine_section, load_results
-from report_gguf import codes_section, gguf_section, minimums_section, mixes_section
+from report_gguf import (
+    codes_section,
+    gguf_section,
+    k_quants_section,
+    minimums_section,
+    mixes_section,
+)
 from report_overhead import overhead_section
 from report_speculative import speculative_section
 from report_structured import structured_section
@@ -117,6 +123,7 @@ def render(
     lines += structured_section((engine or {}).get("structured"))
     lines += gguf_section((engine or {}).get("gguf_files"))
     lines += mixes_section((engine or {}).get("gguf_mixes"))
+    lines += k_quants_section((engine or {}).get("gguf_k_quants"))
     lines += minimums_section((engine or {}).get("gguf_minimums"))
     lines += codes_section((engine or {}).get("gguf_codes"))
     return "\n".join(lines).rstrip() + "\n"

@@ -23,6 +23,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "structured",
         "gguf_files",
         "gguf_mixes",
+        "gguf_k_quants",
         "gguf_minimums",
         "gguf_codes",
     ]

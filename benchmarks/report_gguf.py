@@ -46,6 +46,31 @@ def mixes_section(data: dict | None) -> list[str]:
     return lines + _models(data, "####")
 
 
+def k_quants_section(data: dict | None) -> list[str]:
+    """The same table for a model whose rows are multiples of 256, in each K-quant mix (nothing
+    without results)."""
+    if not data:
+        return []
+    lines = [
+        "### K-quants as the 1B-and-up models have them",
+        "",
+        "`python benchmarks/gguf_files.py --models llama256:Q4_K_M,llama256:Q4_0,... --output "
+        "benchmarks/results/gguf_k_quants.json`: the two files above have 576- and 640-wide rows, "
+        "which llama-quantize cannot split into 256-weight super-blocks, so their K-quant mixes "
+        "are mostly Q5_0, Q5_1 and Q8_0. `llama256` is a Llama-shaped model of 0.19B parameters "
+        "whose rows are multiples of 256 (hidden 1024, intermediate 2816, 12 layers, 16 query and "
+        "4 KV heads, tied embeddings, SmolLM2's tokenizer) with random weights, written by "
+        "llama.cpp's own converter and quantised by `llama-quantize` into each mix: the tensor "
+        "types of a 1B-and-up model's file (Q4_K_M: Q4_K, with Q6_K for half the `attn_v` and "
+        "`ffn_down` and for the tied embedding). Random weights make the text meaningless, not "
+        f"the speed; then as above, {data.get('new_tokens')} new tokens. (The export on disk "
+        "keeps 5- and 6-bit codes in their bits; a session widens them to the 8-bit codes "
+        "`MatMulNBits` reads.)",
+        "",
+    ]
+    return lines + _models(data, "####")
+
+
 def _models(data: dict, heading: str) -> list[str]:
     """Each model's table (and profile), under a `heading`-level title."""
     lines: list[str] = []

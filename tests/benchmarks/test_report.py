@@ -349,6 +349,70 @@ def test_report_renders_the_minimums_forms(bench) -> None:
     assert gguf.minimums_section(None) == []
 
 
+def test_report_renders_the_code_forms(bench) -> None:
+    gguf = bench("report_gguf")
+    per_layer = {
+        "Q4_0/four_bit": 200.0,
+        "Q5_0/eight_bit": 320.0,
+        "Q5_0/nibble_and_bit": 400.0,
+        "Q8_0/eight_bit": 330.0,
+        "Q8_0/two_nibbles": 300.0,
+    }
+    exported = {"Q4_0": 200.0, "Q5_0": 320.0, "Q8_0": 330.0}
+    data = {
+        "layers": 30,
+        "projections": [["qkv", 576, 960]],
+        "bits_per_weight": {
+            "Q4_0/four_bit": 5.0,
+            "Q5_0/eight_bit": 9.0,
+            "Q5_0/nibble_and_bit": 8.0,
+            "Q8_0/eight_bit": 9.0,
+            "Q8_0/two_nibbles": 10.25,
+        },
+        "llama_cpp_bits_per_weight": {"Q4_0": 4.5, "Q5_0": 5.5, "Q8_0": 8.5},
+        "results": [
+            {
+                "threads": 1,
+                "us_per_layer": {
+                    f: {"median": v, "min": v - 1, "max": v + 1} for f, v in per_layer.items()
+                },
+                "vs_export": {f: v / exported[f.split("/")[0]] for f, v in per_layer.items()},
+            }
+        ],
+        "run": {"load_average_before": [0.5], "load_average_after": [0.7]},
+    }
+    text = "\n".join(gguf.codes_section(data))
+    assert "30 layers of the embedded model's four projections (576→960)" in text
+    assert "| 1 | Q5_0 | `nibble_and_bit`: 4-bit low nibble + 2-bit high bit, Add " in text
+    assert "| 8.00 (5.5) | 400.0 (399.0–401.0) | 1.25× |" in text
+    # the fastest form of each type, whatever the export emits; a 5-bit layer against a 4-bit one
+    assert "the fastest exact form is `eight_bit` for Q5_0 and `two_nibbles` for Q8_0" in text
+    assert "a Q5_0 layer takes 1.60× a 4-bit one's time, reading 1.80× its bits" in text
+    assert "(llama.cpp's Q5_0 reads 1.22× its Q4_0's)" in text
+    assert "during the runs: 0.5–0.7" in text
+    assert gguf.codes_section(None) == []
+
+
+def test_report_renders_the_k_quant_mixes(bench) -> None:
+    gguf = bench("report_gguf")
+    speeds = {"onnxsample": {"median": 70.0}, "llama-server": {"median": 100.0}, "ratio": 0.7}
+    cell = {"threads": 1, "batch": 1, "decode_tok_s": speeds, "prompt_tok_s": speeds}
+    entry = {"gguf": "llama256-Q4_K_M.gguf", "gguf_mb": 118.0, "export_mb": 151.0}
+    data = {
+        "new_tokens": 128,
+        "models": {
+            "llama256-Q4_K_M": entry
+            | {"prompt_tokens": 16, "same_prompt_ids": True, "cells": [cell]},
+        },
+    }
+    text = "\n".join(gguf.k_quants_section(data))
+    assert "### K-quants as the 1B-and-up models have them" in text
+    assert "#### llama256-Q4_K_M: `llama256-Q4_K_M.gguf`" in text
+    assert "File 118.0 MB, export 151.0 MB (1.28×)" in text
+    assert "| 1 | 1 | 70.0 | 100.0 | 0.70× |" in text
+    assert gguf.k_quants_section(None) == []
+
+
 def test_report_names_the_machine_of_the_gguf_files_run(bench) -> None:
     gguf = bench("report_gguf")
     speeds = {"onnxsample": {"median": 50.0}, "llama-server": {"median": 40.0}, "ratio": 1.25}
