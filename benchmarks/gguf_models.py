@@ -85,9 +85,10 @@ def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:
 def requantized(source: Path, base: str, mix: str) -> Path:
     """`source` re-quantised to `mix` (Q4_0, Q4_K_M, Q5_K_M, Q6_K, Q8_0...) by llama-quantize,
     made once into artifacts/gguf-mixes (``--allow-requantize``: the blocks are the source's, so
-    the model is no better than it; the file's types and layout are what llama.cpp writes)."""
+    the model is no better than it; the file's types and layout are what llama.cpp writes).
+    Made again when the source is newer (``llama256`` made anew by a changed recipe)."""
     out = MIXES / f"{base}-{mix}.gguf"
-    if out.is_file():
+    if out.is_file() and out.stat().st_mtime >= source.stat().st_mtime:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_suffix(".part")
