@@ -2,9 +2,10 @@
 
     python benchmarks/gguf_codes.py [--layers 30] [--threads 1,2] [--repeats 7]
 
-MatMulNBits has fast int8-activation kernels for 4-bit and 8-bit codes in blocks of 32 (2-bit too,
-at accuracy level 4). llama.cpp's Q5_0 (and Q5_1, whose minimums ride beside it as in
-``gguf_minimums.py``) has 5-bit codes, which ``onnxsample export`` stores as 8-bit codes. Each form
+MatMulNBits has fast int8-activation kernels (accuracy level 4) for 4- and 8-bit codes, and for
+2-bit codes in blocks of 32 (blocks of 16 take its de-quantise-every-call path). llama.cpp's Q5_0
+(and Q5_1, whose minimums ride beside it as in ``gguf_minimums.py``) has 5-bit codes, which a
+session of ``onnxsample export``'s graph reads as 8-bit codes. Each form
 below multiplies by the file's weight ``w = d * q`` bit for bit (in float compute) for the embedded
 SmolLM2's four projections a layer (576→960, 576→576, 576→3072, 1536→576), ``--layers`` layers
 with weights of their own (read from memory, as in a decode step), one token, int8 activations:
