@@ -44,7 +44,7 @@ from pathlib import Path
 
 from _harness.machine import emit, load_average, run_record
 from _harness.script import RESULTS, ROOT, ints, logger, parser
-from gguf_models import gguf_path
+from gguf_models import built_llama_cpp, gguf_path
 
 sys.path.insert(0, str(ROOT / "tests"))  # _llama_cpp.py: where llama.cpp is built, llama-server
 
@@ -184,9 +184,7 @@ def main() -> None:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--output", default=str(RESULTS / "gguf_files.json"))
     args = p.parse_args()
-    built = _llama_cpp.find()
-    if built is None:
-        raise SystemExit("llama.cpp is not built: run `make llama-cpp`")
+    built = built_llama_cpp()
     import onnxsample
 
     load_before = load_average()

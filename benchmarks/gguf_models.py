@@ -69,7 +69,8 @@ def gguf_path(name: str) -> Path:
     raise SystemExit(f"unknown model {name!r}: smollm2, gemma3, llama256, NAME:MIX or a .gguf file")
 
 
-def _built() -> _llama_cpp.LlamaCpp:
+def built_llama_cpp() -> _llama_cpp.LlamaCpp:
+    """llama.cpp's build (``make llama-cpp``), or exit saying how to make it."""
     built = _llama_cpp.find()
     if built is None:
         raise SystemExit("llama.cpp is not built: run `make llama-cpp`")
@@ -92,7 +93,13 @@ def requantized(source: Path, base: str, mix: str) -> Path:
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     part = out.with_suffix(".part")
-    cmd = [str(_built().tool("llama-quantize")), "--allow-requantize", str(source), str(part), mix]
+    cmd = [
+        str(built_llama_cpp().tool("llama-quantize")),
+        "--allow-requantize",
+        str(source),
+        str(part),
+        mix,
+    ]
     _run(cmd, f"llama-quantize {mix}")
     part.replace(out)
     return out
@@ -106,7 +113,7 @@ def _llama256() -> Path:
     import torch
     import transformers
 
-    built = _built()
+    built = built_llama_cpp()
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         hf = Path(tmp) / "llama256"
