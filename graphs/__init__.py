@@ -13,11 +13,10 @@ from onnxsample.graphs.candidates import (
     Candidates,
     Truncate,
 )
-from onnxsample.graphs.chain import (
+from onnxsample.graphs.chain import CHAIN_FUNCTION, build_chain_function
+from onnxsample.graphs.chain_config import (
     CANONICAL_ORDER,
-    CHAIN_FUNCTION,
     ChainConfig,
-    build_chain_function,
     chain_inputs,
     chain_outputs,
 )

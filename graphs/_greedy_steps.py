@@ -17,7 +17,7 @@ from onnxsample.graphs._common import GREEDY_BELOW, T_FLOAT, T_INT64
 from onnxsample.graphs.library import FunctionBody
 
 if TYPE_CHECKING:
-    from onnxsample.graphs.chain import ChainConfig
+    from onnxsample.graphs.chain_config import ChainConfig
 
 __all__ = [
     "drawn_filters",

@@ -6,7 +6,7 @@ import onnx
 from onnx import helper
 
 from onnxsample.graphs._common import DOMAIN, T_FLOAT, T_INT64
-from onnxsample.graphs.chain import PREFIX
+from onnxsample.graphs.chain_config import PREFIX
 from onnxsample.graphs.library import FunctionBody, opsets
 
 __all__ = ["PROMPT_FUNCTION", "PROMPT_INPUTS", "build_prompt_function", "prompt_outputs"]

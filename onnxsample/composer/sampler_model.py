@@ -24,13 +24,8 @@ from onnx import helper
 from onnxsample.chain import SamplerChain
 from onnxsample.errors import InvalidParameter
 from onnxsample.graphs._common import DOMAIN
-from onnxsample.graphs.chain import (
-    CHAIN_FUNCTION,
-    ChainConfig,
-    build_chain_function,
-    chain_inputs,
-    chain_outputs,
-)
+from onnxsample.graphs.chain import CHAIN_FUNCTION, build_chain_function
+from onnxsample.graphs.chain_config import ChainConfig, chain_inputs, chain_outputs
 from onnxsample.graphs.library import for_vocabulary, merge_functions, used_functions
 from onnxsample.graphs.prompt_logprobs import (
     PROMPT_FUNCTION,
