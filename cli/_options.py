@@ -68,13 +68,24 @@ Attention = Annotated[
         "0.64-0.98x as fast).",
     ),
 ]
+RunModel = Annotated[
+    Path | None,
+    typer.Argument(
+        help="A .gguf file or a Hugging Face model folder (exported on first use into the user "
+        "cache, as `onnxsample export` does by default, and reused while its files are "
+        "unchanged), an export folder (composed on first use), a composed .onnx file, or nothing "
+        "for the embedded SmolLM2-135M-Instruct.",
+        show_default=False,
+    ),
+]
 EmbeddedAttention = Annotated[
     str,
     typer.Option(
         "--attention",
-        help="The embedded model's export: gqa (fastest) or exact, whose speculative decoding "
-        "(--speculative) and echo give token for token what plain decoding gives (plain "
-        "decoding measured 0.64-0.98x as fast). For your own model, export it with --attention.",
+        help="The export made on first use (of the embedded model, a .gguf file or a Hugging "
+        "Face folder): gqa (fastest) or exact, whose speculative decoding (--speculative) and "
+        "echo give token for token what plain decoding gives (plain decoding measured "
+        "0.64-0.98x as fast). For an export folder, export it with --attention.",
     ),
 ]
 VerifyTokens = Annotated[

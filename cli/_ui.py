@@ -13,6 +13,26 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
+# The stages' labels: an export's (exporters.STAGES) and a composition's (composer.STAGES), as
+# `export` and `compose` show them; `run` and `serve`, which may take both first, prefix the
+# composition's.
+EXPORT_LABELS = {
+    "check": "Checking the source",
+    "load": "Loading the tokenizer and weights",
+    "export": "Writing the ONNX graph with a KV cache",
+    "verify": "Verifying greedy tokens against transformers",
+}
+COMPOSE_LABELS = {
+    "read": "Loading and checking the model",
+    "splice": "Splicing the sampler chain after the logits",
+    "check-gather": "Checking the gather before the LM head",
+    "save": "Saving and checking the composed model",
+}
+PREPARE_LABELS = EXPORT_LABELS | {
+    k: f"Composing: {v[0].lower()}{v[1:]}" for k, v in COMPOSE_LABELS.items()
+}
+
+
 def human_bytes(n: int | float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000 or unit == "GB":

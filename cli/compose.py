@@ -9,15 +9,8 @@ from typing import Annotated
 import typer
 
 from onnxsample.cli import _options as opt
-from onnxsample.cli._ui import out, stages
+from onnxsample.cli._ui import COMPOSE_LABELS, out, stages
 from onnxsample.cli.inspect import render_summary
-
-_LABELS = {
-    "read": "Loading and checking the model",
-    "splice": "Splicing the sampler chain after the logits",
-    "check-gather": "Checking the gather before the LM head against the full logits",
-    "save": "Saving and checking the composed model",
-}
 
 
 def compose(
@@ -58,7 +51,7 @@ def compose(
     from onnxsample.composer.inspection import inspect_model
 
     start = time.perf_counter()
-    with stages(_LABELS) as progress:
+    with stages(COMPOSE_LABELS) as progress:
         path = run_compose(
             model,
             chain,

@@ -9,14 +9,7 @@ import typer
 from rich.table import Table
 
 from onnxsample.cli import _options as opt
-from onnxsample.cli._ui import human_bytes, out, stages
-
-_LABELS = {
-    "check": "Checking the source",
-    "load": "Loading the tokenizer and weights",
-    "export": "Writing the ONNX graph with a KV cache",
-    "verify": "Verifying greedy tokens against transformers",
-}
+from onnxsample.cli._ui import EXPORT_LABELS, human_bytes, out, stages
 
 
 def export(
@@ -49,7 +42,7 @@ def export(
     """
     from onnxsample.exporters import export as run_export
 
-    with stages(_LABELS) as progress:
+    with stages(EXPORT_LABELS) as progress:
         result = run_export(
             source,
             output,

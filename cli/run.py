@@ -9,21 +9,11 @@ from typing import Annotated
 import typer
 
 from onnxsample.cli import _options as opt
-from onnxsample.cli._ui import err, out, stages
+from onnxsample.cli._ui import PREPARE_LABELS, err, out, stages
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter
 
-_LABELS = {
-    "check": "Checking the embedded model",
-    "load": "Loading weights (GGUF sources are de-quantised to fp32)",
-    "export": "Exporting to ONNX with a KV cache (optimum)",
-    "verify": "Verifying greedy tokens against transformers",
-    "read": "Composing: loading and checking the model",
-    "splice": "Composing: splicing the sampler chain after the logits",
-    "check-gather": "Composing: checking the gather before the LM head",
-    "save": "Composing: saving and checking the composed model",
-    "session": "Loading the model into ONNX Runtime",
-}
+_LABELS = PREPARE_LABELS | {"session": "Loading the model into ONNX Runtime"}
 _SAMPLING = "Sampling (defaults as llama.cpp's; 0 or 1 turns a filter off)"
 
 
@@ -43,14 +33,7 @@ def _bias(values: list[str]) -> dict[int, float]:
 
 
 def run(
-    model: Annotated[
-        Path | None,
-        typer.Argument(
-            help="A composed .onnx file, an export folder (composed on first use), or nothing for the "
-            "embedded SmolLM2-135M-Instruct (exported and composed on first use, then cached).",
-            show_default=False,
-        ),
-    ] = None,
+    model: opt.RunModel = None,
     prompt: Annotated[
         list[str],
         typer.Option("--prompt", "-p", help="A prompt; repeat -p to run several as one batch."),

@@ -11,32 +11,15 @@ from typing import Annotated
 import typer
 
 from onnxsample.cli import _options as opt
-from onnxsample.cli._ui import err, stages
+from onnxsample.cli._ui import PREPARE_LABELS, err, stages
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import OnnxSampleError, RuntimeUnavailable
 
 _RAY = "Ray Serve replicas"
-_LABELS = {
-    "check": "Checking the embedded model",
-    "load": "Loading weights",
-    "export": "Exporting to ONNX",
-    "verify": "Verifying greedy tokens against transformers",
-    "read": "Composing: loading and checking the model",
-    "splice": "Composing: splicing the sampler chain after the logits",
-    "check-gather": "Composing: checking the gather before the LM head",
-    "save": "Composing: saving and checking the composed model",
-}
 
 
 def serve(
-    model: Annotated[
-        Path | None,
-        typer.Argument(
-            help="A composed .onnx file, an export folder (composed on first use), or nothing for "
-            "the embedded SmolLM2-135M-Instruct.",
-            show_default=False,
-        ),
-    ] = None,
+    model: opt.RunModel = None,
     host: Annotated[
         str,
         typer.Option(help="Address to listen on (0.0.0.0: every interface; then set --api-key)."),
@@ -293,7 +276,7 @@ def _prepared(
     from onnxsample.prepare import prepare
 
     how = opt.preparation(provider, spec, attention)
-    with stages(_LABELS) as progress:
+    with stages(PREPARE_LABELS) as progress:
         composed = prepare(model, progress=progress, max_slots=max_slots, **how).resolve()
     return composed, served_name or composed.parent.name
 

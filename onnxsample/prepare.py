@@ -1,14 +1,20 @@
-"""From what a user names (nothing, an export folder, an .onnx file) to a composed model to run.
+"""From what a user names (nothing, a .gguf file, a Hugging Face folder, an export folder, an .onnx
+file) to a composed model to run.
 
 Nothing means the embedded SmolLM2: exported into the user cache on first use (for the GPU with
-``device="cuda"``: the fp16 GQA export). An export folder or a plain model is composed on the fly
-with the full chain and room for every run option (top logprobs, logit bias); an existing,
-up-to-date `composed.onnx` beside the model is used as it is. ``static`` composes the chain without
-control flow (CUDA graphs) beside it, as `composed-static.onnx`.
+``device="cuda"``: the fp16 GQA export). A .gguf file or a Hugging Face model folder is exported
+there too on first use, as ``onnxsample export`` exports it by default, into a folder of its own
+per source path and device (``exports/<digest of the path>[-cuda][-exact]/<name>``); the export is
+reused while the source's files are unchanged, and made again when they change. An export folder
+or a plain model is composed on the fly with the full chain and room for every run option (top
+logprobs, logit bias); an existing, up-to-date `composed.onnx` beside the model is used as it is.
+``static`` composes the chain without control flow (CUDA graphs) beside it, as
+`composed-static.onnx`.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable
@@ -77,12 +83,14 @@ def prepare(
 ) -> Path:
     """The composed model to run for `model`, exporting and composing it first when needed.
 
-    A composed file is used as it is (its slots included). An export folder or a plain model is
-    composed with :data:`RUN_COMPOSE_OPTIONS`, and `max_slots` slots when given (kept apart:
-    ``composed-s16.onnx``); `static` composes the chain without control flow and without draft
-    verification (``composed-static.onnx``). `device` ``cuda`` exports the embedded model for the
-    GPU (fp16); `attention` ``exact`` exports it with exact attention (speculative decoding and
-    echo then give exactly what one-token steps give; see ``onnxsample export --attention``)."""
+    A composed file is used as it is (its slots included). A .gguf file or a Hugging Face folder
+    is exported first (into the user cache, once; see the module). An export folder or a plain
+    model is composed with :data:`RUN_COMPOSE_OPTIONS`, and `max_slots` slots when given (kept
+    apart: ``composed-s16.onnx``); `static` composes the chain without control flow and without
+    draft verification (``composed-static.onnx``). `device` ``cuda`` exports the embedded model, a
+    .gguf file or a Hugging Face folder for the GPU (fp16); `attention` ``exact`` exports them with
+    exact attention (speculative decoding and echo then give exactly what one-token steps give;
+    see ``onnxsample export --attention``)."""
     slots = max_slots or RUN_COMPOSE_OPTIONS["max_slots"]
     if not isinstance(slots, int) or slots < 1:
         raise InvalidParameter(f"max_slots must be an integer >= 1, got {max_slots!r}")
@@ -90,17 +98,17 @@ def prepare(
         raise InvalidParameter(f"device must be cpu or cuda, got {device!r}")
     if attention not in ("gqa", "exact"):
         raise InvalidParameter(f"attention must be gqa or exact, got {attention!r}")
-    if attention == "exact" and model is not None:
+    source = model is not None and _is_source(Path(model).expanduser())
+    if attention == "exact" and model is not None and not source:
         raise InvalidParameter(
-            "--attention exact chooses the embedded model's export: export your model with "
-            "`onnxsample export --attention exact` and run that folder"
+            "--attention exact chooses the export of the embedded model, a .gguf file or a "
+            "Hugging Face folder: export your model with `onnxsample export --attention exact` "
+            "and run that folder"
         )
     suffix = ("-static" if static else "") + (
         "" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}"
     )
     if model is None:
-        from onnxsample.exporters import export
-        from onnxsample.exporters._export import DifferentExport
         from onnxsample.exporters._options import export_name
         from onnxsample.exporters.embedded import EMBEDDED_NAME
 
@@ -112,16 +120,14 @@ def prepare(
         if attention == "exact":
             options["attention"] = attention
         folder = cache_dir() / export_name(EMBEDDED_NAME, **options)
-        try:
-            export(None, folder, progress=progress, **options)
-        except DifferentExport:  # our own cache, written by other exporter versions
-            log.info("%s was exported by other versions: exporting it again", folder)
-            export(None, folder, progress=progress, force=True, **options)
+        _export_cached(None, folder, progress, options)
+    elif source:
+        folder = _export_source(Path(model).expanduser(), progress, device, attention)
     else:
         path = Path(model)
         if path.is_file():
             if path.suffix != ".onnx":
-                raise ModelError(f"{path} is not an .onnx file or an export folder")
+                raise ModelError(f"{path} is not an .onnx file, a .gguf file or an export folder")
             if _composed(path) is not None:
                 return path
             folder = path.parent
@@ -139,6 +145,40 @@ def prepare(
         log.info("using %s", target)
         return target
     return _compose(folder, target, progress, slots, static)
+
+
+def _is_source(path: Path) -> bool:
+    """Whether `path` is what ``onnxsample export`` reads rather than an export: a .gguf file, or a
+    Hugging Face folder (its config.json without a model.onnx beside it)."""
+    if path.is_file():
+        return path.suffix.lower() == ".gguf"
+    return path.is_dir() and (path / "config.json").is_file() and not (path / "model.onnx").exists()
+
+
+def _export_source(path: Path, progress, device: str, attention: str) -> Path:
+    """The export folder of a .gguf file or Hugging Face folder, exported on first use with
+    `onnxsample export`'s defaults (and `device`, `attention`) into the user cache."""
+    resolved = path.resolve()
+    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    digest += ("-cuda" if device == "cuda" else "") + ("-exact" if attention == "exact" else "")
+    name = resolved.stem if resolved.is_file() else resolved.name  # `serve`'s model name
+    options = {"device": device} | ({"attention": attention} if attention == "exact" else {})
+    folder = cache_dir() / "exports" / digest / name
+    _export_cached(resolved, folder, progress, options)
+    return folder
+
+
+def _export_cached(source: Path | None, folder: Path, progress, options: dict) -> None:
+    """Export `source` into `folder`, our cache: an export of other files or exporter versions
+    there is made again."""
+    from onnxsample.exporters import export
+    from onnxsample.exporters._export import DifferentExport
+
+    try:
+        export(source, folder, progress=progress, **options)
+    except DifferentExport:
+        log.info("%s holds an export of other files or exporter versions: exporting again", folder)
+        export(source, folder, progress=progress, force=True, **options)
 
 
 def _compose(source: Path, target: Path, progress, slots: int, static: bool = False) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -435,3 +436,77 @@ def test_run_constrains_the_answer(argv, check, run_folder, tmp_path, capsys):
 def test_run_needs_a_prompt(run_folder, capsys):
     code, _out, err = run_cli(capsys, "run", str(run_folder))
     assert code == 1 and "give at least one prompt" in err
+
+
+# ---- run and serve take what `export` takes ----------------------------------------------------
+
+
+def _greedy_json(capsys, model: str) -> dict:
+    code, out, err = run_cli(
+        capsys, "run", model, "-p", "The capital of France is", "-n", "6", "--temperature", "0",
+        "--no-chat", "--json", "--threads", "1",
+    )  # fmt: skip
+    assert code == 0, err
+    [line] = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return line
+
+
+@pytest.mark.integration
+def test_run_exports_a_gguf_file_on_first_use_as_export_does(
+    llama_cpp, tmp_path, monkeypatch, capsys
+):
+    """`onnxsample run FILE.gguf`, as `llama-cli -m FILE.gguf`: exported once into the user cache
+    with `export`'s defaults (the same greedy tokens as `export FILE` and `run FOLDER`), reused
+    while the file is unchanged, made again when another file takes its path."""
+    import _llama_cpp_models as fixtures
+
+    monkeypatch.setenv("ONNXSAMPLE_CACHE", str(tmp_path / "cache"))
+    file = tmp_path / "tiny.gguf"
+    shutil.copyfile(fixtures.gguf("llama3", "Q4_K_M", llama_cpp), file)
+    first = _greedy_json(capsys, str(file))
+    [cached] = (tmp_path / "cache" / "exports").glob("*/tiny/model.onnx")
+    made = cached.stat().st_mtime_ns
+
+    code, _out, err = run_cli(capsys, "export", str(file), "-o", str(tmp_path / "exported"))
+    assert code == 0, err
+    assert _greedy_json(capsys, str(tmp_path / "exported"))["token_ids"] == first["token_ids"]
+    assert _greedy_json(capsys, str(file))["token_ids"] == first["token_ids"]
+    assert cached.stat().st_mtime_ns == made, "an unchanged file was exported again"
+
+    shutil.copyfile(fixtures.gguf("llama3", "Q8_0", llama_cpp), file)
+    _greedy_json(capsys, str(file))
+    manifest = json.loads((cached.parent / "onnxsample.json").read_text())
+    assert cached.stat().st_mtime_ns != made
+    assert manifest["source"]["sha256"] == hashlib.sha256(file.read_bytes()).hexdigest()
+
+
+@pytest.mark.integration
+def test_run_exports_a_hugging_face_folder_on_first_use(tiny_hf, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("ONNXSAMPLE_CACHE", str(tmp_path))
+    line = _greedy_json(capsys, str(tiny_hf))
+    assert line["token_ids"] and line["finish_reason"] in ("length", "eos")
+    [cached] = (tmp_path / "exports").glob(f"*/{tiny_hf.name}/composed.onnx")
+    assert json.loads((cached.parent / "onnxsample.json").read_text())["layout"] == "gqa"
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("model.txt", b"hello", "is not an .onnx file, a .gguf file or an export folder"),
+        ("model.gguf", b"hello", "is not a GGUF file"),
+        ("cut.gguf", b"GGUF\x03\x00", "cut.gguf is truncated or damaged"),
+    ],
+)
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_run_and_serve_refuse_a_bad_file_in_one_line(
+    command, name, content, message, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setenv("ONNXSAMPLE_CACHE", str(tmp_path / "cache"))
+    argv = [command, _case_file(tmp_path, name, content)] + (
+        ["-p", "hi"] if command == "run" else []
+    )
+    code, out, err = run_cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("✓")]
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0] and "Traceback" not in err + out
+    assert not list((tmp_path / "cache").glob("exports/*/*/model.onnx"))

@@ -206,6 +206,23 @@ def test_speculative_serving_gives_the_same_answers(models, client):
     assert 0 < kept <= drafted
 
 
+@pytest.mark.integration
+def test_a_gguf_file_is_served_under_its_name(llama_cpp, tmp_path, monkeypatch):
+    """`onnxsample serve FILE.gguf`, as `llama-server -m FILE.gguf`: exported into the user cache
+    on first use and served under the file's name."""
+    import _llama_cpp_models as fixtures
+
+    monkeypatch.setenv("ONNXSAMPLE_CACHE", str(tmp_path))
+    file = fixtures.gguf("llama3", "Q4_K_M", llama_cpp)
+    with served(file, "--threads", "1", startup_s=300) as server:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
+        assert [m.id for m in c.models.list().data] == [file.stem]
+        answer = c.completions.create(model=file.stem, prompt="Hi", max_tokens=8, temperature=0)
+    assert answer.usage.completion_tokens > 0 and answer.model == file.stem
+    [folder] = (tmp_path / "exports").glob(f"*/{file.stem}")
+    assert (folder / "composed.onnx").is_file()
+
+
 def test_the_chat_page_streams_an_answer_in_chromium(port, chromium, tmp_path):
     """Type a question, watch streamed text appear, change the temperature, read the timings."""
     from PIL import Image
