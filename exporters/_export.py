@@ -24,7 +24,7 @@ from onnxsample.exporters._options import (
     resolve_options,
 )
 from onnxsample.exporters._source import Fingerprint, Source, resolve_source
-from onnxsample.exporters._verify import VerifyResult, verify_export
+from onnxsample.exporters._verify import VerifyResult, reference_out_of_reach, verify_export
 
 log = logging.getLogger(__name__)
 
@@ -157,21 +157,22 @@ def export(
     else:
         hf.check_model_type(model_type, f"model type {model_type!r}")
     _fs.check_disk(out, _disk_needed(src, info, precision, keep_hf))
+    skip_verify = _verify_skipped(src, info, layout) if verify_tokens else ""
 
     with _fs.staged_folder(out) as tmp:
         if layout == "gqa":
+            reference = 0 if skip_verify else verify_tokens
             config, generation, tokenizer, vocab, model = _export_gqa(
-                src, info, tmp, precision, accuracy_level, device, attention, verify_tokens, stage
+                src, info, tmp, precision, accuracy_level, device, attention, reference, stage
             )
         else:
             config, generation, tokenizer, vocab, model = _export_optimum(
                 src, info, tmp, precision, keep_hf, stage
             )
         stage("verify")
-        unverified = families.gguf_unverified(info.architecture) if layout == "gqa" and info else ""
-        if verify_tokens and unverified:
-            log.warning("%s: verify step skipped: %s", src.name, unverified)
-            checked = VerifyResult(0, None, note=f"skipped ({unverified})")
+        if skip_verify:
+            log.warning("%s: verify step skipped: %s", src.name, skip_verify)
+            checked = VerifyResult(0, None, note=f"skipped ({skip_verify})")
         elif verify_tokens:
             checked = verify_export(
                 tmp / "model.onnx",
@@ -260,7 +261,7 @@ def _export_gqa(
     )
     del weights
     model = None
-    if verify_tokens and not (info is not None and families.gguf_unverified(info.architecture)):
+    if verify_tokens:
         model = (
             gguf.gguf_model(src.path, info, vocab.eog_token_ids)
             if info is not None
@@ -316,9 +317,21 @@ def _disk_needed(src: Source, info: gguf.GGUFInfo | None, precision: str, keep_h
         n_params = info.n_params
         hf_bytes = 4 * n_params  # de-quantised safetensors, staged then removed unless kept
     else:
-        n_params = _fs.folder_size(src.path) // 2  # bf16/fp16 checkpoints; fp32 ones overestimate
+        n_params = hf.approximate_params(src.path)
         hf_bytes = 0
     return int(1.1 * (n_params * out_bytes + hf_bytes)) + (1 << 26)
+
+
+def _verify_skipped(src: Source, info: gguf.GGUFInfo | None, layout: str) -> str:
+    """Why the verify step will not run ('' when it will): a family whose GGUF transformers
+    reads otherwise than llama.cpp, or an fp32 reference too large for this machine's memory
+    (optimum's layout loads that model to export it, so it is checked there by the export)."""
+    if layout != "gqa":
+        return ""
+    if info is not None and (unverified := families.gguf_unverified(info.architecture)):
+        return unverified
+    n_params = info.n_params if info is not None else hf.approximate_params(src.path)
+    return reference_out_of_reach(n_params)
 
 
 def _peak_rss() -> int:

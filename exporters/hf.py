@@ -62,6 +62,17 @@ def check_hf_folder(path: Path) -> dict:
     return config
 
 
+def approximate_params(path: Path) -> int:
+    """A Hugging Face folder's parameter count from its weight files' bytes and its config's
+    dtype (2 bytes a parameter unless it says float32)."""
+    files = [p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file()]
+    config = (
+        json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    )
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    return sum(p.stat().st_size for p in files) // (4 if dtype == "float32" else 2)
+
+
 def load_hf(path: Path):
     """Load the fp32 model and its tokenizer from a local folder (never from a hub)."""
     import torch

@@ -309,6 +309,32 @@ def test_not_enough_disk_is_refused_before_writing(tmp_path, tiny_hf, monkeypatc
     assert not (tmp_path / "out").exists()
 
 
+def test_a_reference_too_large_for_memory_skips_the_verify_step_and_says_why(
+    tmp_path, tiny_hf, monkeypatch, caplog
+):
+    """A 7B GGUF's fp32 transformers reference takes some 40 GB: where that is not available the
+    export is still written, and its verify step says why it did not run instead of the kernel
+    killing the process."""
+    from onnxsample.exporters import _verify, hf
+
+    monkeypatch.setattr(_verify, "available_memory", lambda: 10**6)
+    monkeypatch.setattr(hf, "load_hf", _must_not_load)
+    result = export(tiny_hf, tmp_path / "out", layout="gqa", precision="fp32")
+    verify = result.manifest["verify"]
+    need = _verify.REFERENCE_BYTES_PER_PARAM * hf.approximate_params(tiny_hf) / 1e9
+    assert verify["ok"] is None and verify["tokens"] == 0
+    assert verify["note"] == (
+        f"skipped (transformers' fp32 reference needs about {need:.1f} GB of memory, "
+        "0.0 GB are available)"
+    )
+    assert "verify step skipped" in caplog.text
+    assert (tmp_path / "out" / "model.onnx").is_file()
+
+
+def _must_not_load(*_args, **_kwargs):
+    raise AssertionError("the reference model was loaded")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
