@@ -9,7 +9,6 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from onnxsample.exporters._options import (
     lossy,
     resolve_options,
 )
-from onnxsample.exporters._source import Fingerprint, Source, resolve_source
+from onnxsample.exporters._source import Source, resolve_source
 from onnxsample.exporters._verify import VerifyResult, reference_out_of_reach, verify_export
 
 log = logging.getLogger(__name__)
@@ -185,14 +184,14 @@ def export(
             checked = VerifyResult(0, None, note="skipped (verify_tokens=0)")
         if info is not None and not keep_hf:
             shutil.rmtree(tmp / "hf", ignore_errors=True)
-        manifest = _build_manifest(
+        manifest = _manifest.build_manifest(
             key,
             src,
             fingerprint,
             tmp,
             config,
             generation,
-            _tokens(tokenizer, vocab),
+            _manifest.tokenizer_facts(tokenizer, vocab),
             info,
             checked,
             start,
@@ -336,92 +335,6 @@ def _verify_skipped(src: Source, info: gguf.GGUFInfo | None, layout: str) -> str
 
 def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def _tokens(tokenizer, vocab) -> dict[str, Any]:
-    """The tokenizer's facts for the manifest: a GGUF's as llama.cpp reads its vocabulary (BOS
-    may be an ordinary token there, which a tokenizer does not name), else the tokenizer's."""
-    if vocab is not None:
-        return {
-            "bos_token_id": vocab.bos_token_id,
-            "eos_token_id": vocab.eos_token_id,
-            "pad_token_id": vocab.pad_token_id,
-            "chat_template": bool(vocab.chat_template),
-            "add_bos_token": bool(vocab.add_bos_token),
-        }
-    return {
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-        "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
-    }
-
-
-def _eos_ids(config, generation, tokens: dict[str, Any], info: gguf.GGUFInfo | None) -> list[int]:
-    ids: set[int] = set(info.eog_ids()) if info is not None else set()
-    for value in (
-        generation.eos_token_id,
-        config.eos_token_id,
-        tokens["eos_token_id"],
-    ):
-        if isinstance(value, int):
-            ids.add(value)
-        elif value:
-            ids.update(int(v) for v in value)
-    return sorted(ids)
-
-
-def _build_manifest(
-    key,
-    src: Source,
-    fingerprint: Fingerprint,
-    folder,
-    config,
-    generation,
-    tokens,
-    info,
-    checked,
-    start,
-) -> dict[str, Any]:
-    files = sorted(
-        p.name
-        for p in folder.iterdir()
-        if p.name.startswith("model.onnx") and p.name != "model.onnx"
-    )
-    return {
-        **key,
-        "source": {
-            **src.to_json(),
-            "sha256": fingerprint.sha256,
-            "stamp": fingerprint.stamp,
-            "bytes": _fs.folder_size(src.path) if src.path.is_dir() else src.path.stat().st_size,
-        },
-        "model": {
-            "architecture": info.architecture if info is not None else config.model_type,
-            "model_type": config.model_type,
-            "vocab_size": int(config.vocab_size),
-            "num_layers": int(config.num_hidden_layers),
-            "hidden_size": int(config.hidden_size),
-            "num_attention_heads": int(config.num_attention_heads),
-            "num_key_value_heads": int(
-                getattr(config, "num_key_value_heads", config.num_attention_heads)
-            ),
-            "max_position_embeddings": int(getattr(config, "max_position_embeddings", 0) or 0),
-        },
-        "tokens": {
-            "bos_token_id": tokens["bos_token_id"],
-            "eos_token_ids": _eos_ids(config, generation, tokens, info),
-            "pad_token_id": tokens["pad_token_id"],
-            "chat_template": tokens["chat_template"],
-            "add_bos_token": tokens["add_bos_token"],
-        },
-        "files": {"model": "model.onnx", "external_data": files, "bytes": _fs.folder_size(folder)},
-        "io": _manifest.describe_io(folder / "model.onnx"),
-        "verify": checked.to_json(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "export_seconds": round(time.perf_counter() - start, 2),
-    }
 
 
 def _warn_cpu_checked(spec, name: str) -> None:

@@ -8,12 +8,18 @@ import json
 import logging
 import os
 import shutil
+import time
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from onnxsample.errors import ExportError
+from onnxsample.exporters import _fs
+
+if TYPE_CHECKING:
+    from onnxsample.exporters._source import Fingerprint, Source
 
 log = logging.getLogger(__name__)
 
@@ -141,3 +147,92 @@ def write_manifest(folder: Path, manifest: dict[str, Any], name: str = MANIFEST_
     path = folder / name
     path.write_text(json.dumps(manifest, indent=2) + "\n")
     return path
+
+
+def tokenizer_facts(tokenizer, vocab) -> dict[str, Any]:
+    """The tokenizer's facts for the manifest: a GGUF's as llama.cpp reads its vocabulary (BOS
+    may be an ordinary token there, which a tokenizer does not name), else the tokenizer's."""
+    if vocab is not None:
+        return {
+            "bos_token_id": vocab.bos_token_id,
+            "eos_token_id": vocab.eos_token_id,
+            "pad_token_id": vocab.pad_token_id,
+            "chat_template": bool(vocab.chat_template),
+            "add_bos_token": bool(vocab.add_bos_token),
+        }
+    return {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "add_bos_token": bool(getattr(tokenizer, "add_bos_token", False)),
+    }
+
+
+def _eos_ids(config, generation, tokens: dict[str, Any], info) -> list[int]:
+    ids: set[int] = set(info.eog_ids()) if info is not None else set()
+    for value in (
+        generation.eos_token_id,
+        config.eos_token_id,
+        tokens["eos_token_id"],
+    ):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+def build_manifest(
+    key,
+    src: Source,
+    fingerprint: Fingerprint,
+    folder,
+    config,
+    generation,
+    tokens,
+    info,
+    checked,
+    start,
+) -> dict[str, Any]:
+    """The manifest of an export staged in `folder`: the request `key`, the source and its
+    fingerprint, the model's and tokenizer's facts (`tokens`: :func:`tokenizer_facts`), the files,
+    the inputs and outputs, the verify result `checked`, and the time since `start`."""
+    files = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name.startswith("model.onnx") and p.name != "model.onnx"
+    )
+    return {
+        **key,
+        "source": {
+            **src.to_json(),
+            "sha256": fingerprint.sha256,
+            "stamp": fingerprint.stamp,
+            "bytes": _fs.folder_size(src.path) if src.path.is_dir() else src.path.stat().st_size,
+        },
+        "model": {
+            "architecture": info.architecture if info is not None else config.model_type,
+            "model_type": config.model_type,
+            "vocab_size": int(config.vocab_size),
+            "num_layers": int(config.num_hidden_layers),
+            "hidden_size": int(config.hidden_size),
+            "num_attention_heads": int(config.num_attention_heads),
+            "num_key_value_heads": int(
+                getattr(config, "num_key_value_heads", config.num_attention_heads)
+            ),
+            "max_position_embeddings": int(getattr(config, "max_position_embeddings", 0) or 0),
+        },
+        "tokens": {
+            "bos_token_id": tokens["bos_token_id"],
+            "eos_token_ids": _eos_ids(config, generation, tokens, info),
+            "pad_token_id": tokens["pad_token_id"],
+            "chat_template": tokens["chat_template"],
+            "add_bos_token": tokens["add_bos_token"],
+        },
+        "files": {"model": "model.onnx", "external_data": files, "bytes": _fs.folder_size(folder)},
+        "io": describe_io(folder / "model.onnx"),
+        "verify": checked.to_json(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "export_seconds": round(time.perf_counter() - start, 2),
+    }
