@@ -125,6 +125,11 @@ def export(
         info.architecture if info is not None else hf.check_hf_folder(src.path)["model_type"]
     )
     layout, precision = resolve_options(src, info, model_type, layout, precision, device)
+    if src.parts and layout != "gqa":
+        raise ExportError(
+            f"{src.path.name}: the optimum layout reads a GGUF through transformers, which takes "
+            f"one file, not the {len(src.parts)} parts of a split GGUF (the gqa layout reads them)"
+        )
     if attention == "exact" and layout != "gqa":
         raise ExportError("--attention exact is an attention of the gqa layout: use --layout gqa")
     if precision not in QUANTISED or device == "cuda":
@@ -329,6 +334,8 @@ def _verify_skipped(src: Source, info: gguf.GGUFInfo | None, layout: str) -> str
         return ""
     if info is not None and (unverified := families.gguf_unverified(info.architecture)):
         return unverified
+    if src.parts:
+        return "transformers' GGUF loader, the reference, reads one file, not a split GGUF's parts"
     n_params = info.n_params if info is not None else hf.approximate_params(src.path)
     return reference_out_of_reach(n_params)
 

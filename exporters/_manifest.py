@@ -209,7 +209,7 @@ def build_manifest(
             **src.to_json(),
             "sha256": fingerprint.sha256,
             "stamp": fingerprint.stamp,
-            "bytes": _fs.folder_size(src.path) if src.path.is_dir() else src.path.stat().st_size,
+            "bytes": src.size(),
         },
         "model": {
             "architecture": info.architecture if info is not None else config.model_type,

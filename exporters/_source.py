@@ -19,6 +19,9 @@ SourceKind = Literal["embedded", "gguf", "hf"]
 # Something like "HuggingFaceTB/SmolLM2-135M-Instruct": a hub id, not a path on this machine.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _GGUF_MAGIC = b"GGUF"
+# A part of a split GGUF as llama.cpp names them (gguf-split, convert_hf_to_gguf.py --split-max-*):
+# PREFIX-00001-of-00003.gguf; llama.cpp opens the first and finds the others by name.
+_SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
 # Files that make up a Hugging Face model folder's content (weights, config, tokenizer).
 _HF_CONTENT = ("*.json", "*.safetensors", "*.bin", "*.model", "*.txt", "*.jinja", "*.py")
 # How long a file's timestamps must have stood still before the hash is taken for them to tell a
@@ -45,6 +48,7 @@ class Source:
     kind: SourceKind
     path: Path
     name: str
+    parts: tuple[Path, ...] = ()  # a split GGUF's files, `path` first; () for one file or a folder
 
     def digest(self, recorded: Mapping[str, Any] | None = None) -> Fingerprint:
         """The sha256 of the source: the GGUF file, or the sorted content files of an HF folder.
@@ -76,9 +80,15 @@ class Source:
         )
         return Fingerprint(h.hexdigest(), stamp if settled else None)
 
+    def size(self) -> int:
+        """Bytes of the source's files: the GGUF's (all its parts), or the whole folder's."""
+        if self.path.is_dir():
+            return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+        return sum(p.stat().st_size for p in self.parts or (self.path,))
+
     def _files(self) -> list[Path]:
         if self.path.is_file():
-            return [self.path]
+            return list(self.parts or (self.path,))
         return sorted({p for pattern in _HF_CONTENT for p in self.path.glob(pattern)})
 
     def _stamp(self, files: list[Path]) -> list[Any]:
@@ -132,4 +142,31 @@ def resolve_source(source: str | Path | None) -> Source:
         raise ExportError(
             f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)"
         )
-    return Source("gguf", path, path.stem)
+    parts = split_parts(path)
+    return Source("gguf", path, _SPLIT.match(path.name)["prefix"] if parts else path.stem, parts)
+
+
+def split_parts(path: Path) -> tuple[Path, ...]:
+    """The files of a split GGUF named by its first part (``PREFIX-00001-of-00003.gguf``), first
+    to last; () for a GGUF that is one file. Naming another part, or a part that is missing, is a
+    one-line :class:`ExportError`."""
+    match = _SPLIT.match(path.name)
+    if match is None or int(match["count"]) < 2:
+        return ()
+    number, count = int(match["no"]), int(match["count"])
+    parts = tuple(
+        path.with_name(f"{match['prefix']}-{i:05d}-of-{match['count']}.gguf")
+        for i in range(1, count + 1)
+    )
+    if number != 1:
+        raise ExportError(
+            f"{path.name} is part {number} of {count} of a split GGUF: name its first part, "
+            f"{parts[0].name}"
+        )
+    missing = [p.name for p in parts if not p.is_file()]
+    if missing:
+        raise ExportError(
+            f"{path.name} is the first of {count} parts of a split GGUF, and "
+            f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing beside it"
+        )
+    return parts

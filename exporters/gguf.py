@@ -100,7 +100,34 @@ def inspect_gguf(path: Path) -> GGUFInfo:
 
 def open_gguf(path: Path):
     """`gguf.GGUFReader` over `path`, with one clear line for a file that is not a GGUF, is
-    truncated, or holds a tensor type this gguf package does not know."""
+    truncated, or holds a tensor type this gguf package does not know. The first part of a split
+    GGUF reads as the whole model: its header (where llama.cpp writes the metadata) and the
+    tensors of every part, as llama.cpp loads it."""
+    from onnxsample.exporters._source import split_parts
+
+    reader = _open_one(path)
+    field = reader.fields.get("split.count")
+    count = int(field.contents()) if field is not None else 1
+    if count < 2:
+        return reader
+    parts = split_parts(path)
+    if len(parts) != count:
+        raise ExportError(
+            f"{path.name} is the first of {count} parts of a split GGUF, but is not named as "
+            "llama.cpp names them (PREFIX-00001-of-0000N.gguf), so the others cannot be found"
+        )
+    return _SplitReader(reader, [_open_one(p) for p in parts[1:]])
+
+
+class _SplitReader:
+    """A split GGUF's first part's header, and the tensors of all its parts in order."""
+
+    def __init__(self, first, rest: list) -> None:
+        self.fields = first.fields
+        self.tensors = [t for r in (first, *rest) for t in r.tensors]
+
+
+def _open_one(path: Path):
     from onnxsample.exporters._gguf_reader import FastGGUFReader
 
     with open(path, "rb") as f:

@@ -158,10 +158,13 @@ def _is_source(path: Path) -> bool:
 def _export_source(path: Path, progress, device: str, attention: str) -> Path:
     """The export folder of a .gguf file or Hugging Face folder, exported on first use with
     `onnxsample export`'s defaults (and `device`, `attention`) into the user cache."""
+    from onnxsample.exporters._source import resolve_source
+
     resolved = path.resolve()
     digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
     digest += ("-cuda" if device == "cuda" else "") + ("-exact" if attention == "exact" else "")
-    name = resolved.stem if resolved.is_file() else resolved.name  # `serve`'s model name
+    # `serve`'s model name: the file's or folder's (a split GGUF's without its -00001-of-0000N)
+    name = resolve_source(resolved).name
     options = {"device": device} | ({"attention": attention} if attention == "exact" else {})
     folder = cache_dir() / "exports" / digest / name
     _export_cached(resolved, folder, progress, options)

@@ -893,6 +893,35 @@ def gguf(family: str, mix: str, llama: LlamaCpp, seed: int = SEED) -> Path:
     return path
 
 
+def split_gguf(family: str, llama: LlamaCpp, seed: int = SEED) -> Path:
+    """`family`'s F16 GGUF written by convert_hf_to_gguf.py in parts of at most 10 tensors
+    (``<family>-F16-split-00001-of-0000N.gguf``, as llama.cpp splits large files); the first part.
+    Built once."""
+    root = folder(family, llama, seed)
+    first = f"{family}-F16-split-00001-of-*.gguf"
+    if found := sorted(root.glob(first)):
+        return found[0]
+    staging = root / "split.partial"
+    with _locked(staging):
+        if found := sorted(root.glob(first)):
+            return found[0]
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        cmd = [
+            sys.executable,
+            str(llama.src / "convert_hf_to_gguf.py"),
+            str(hf_folder(family, llama)),
+        ]
+        cmd += ["--outfile", str(staging / f"{family}-F16-split.gguf"), "--outtype", "f16"]
+        cmd += ["--model-name", f"tiny-{family}", "--split-max-tensors", "10"]
+        _run(cmd, env=llama.converter_env())
+        parts = sorted(staging.glob("*.gguf"))
+        for part in parts[1:] + parts[:1]:  # the first part last: it names a complete set
+            part.rename(root / part.name)
+        shutil.rmtree(staging)
+    return sorted(root.glob(first))[0]
+
+
 def build_all(llama: LlamaCpp, families: tuple[str, ...] = FAMILIES) -> dict[str, list[Path]]:
     """Every fixture of `families` (what a fresh machine builds on first use)."""
     return {f: [gguf(f, m, llama) for m in FLOATS + MIXES] for f in families}
