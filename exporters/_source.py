@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from onnxsample.errors import ExportError
+from onnxsample.exporters import _fs
 from onnxsample.exporters.embedded import EMBEDDED_NAME, embedded_gguf
 
 SourceKind = Literal["embedded", "gguf", "hf"]
@@ -83,7 +84,7 @@ class Source:
     def size(self) -> int:
         """Bytes of the source's files: the GGUF's (all its parts), or the whole folder's."""
         if self.path.is_dir():
-            return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+            return _fs.folder_size(self.path)
         return sum(p.stat().st_size for p in self.parts or (self.path,))
 
     def _files(self) -> list[Path]:
@@ -102,7 +103,8 @@ class Source:
         ]
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "path": str(self.path), "name": self.name}
+        parts = {"parts": [p.name for p in self.parts]} if self.parts else {}
+        return {"kind": self.kind, "path": str(self.path), "name": self.name, **parts}
 
 
 def _settling(*times_ns: int) -> int:
