@@ -157,7 +157,7 @@ def split_parts(path: Path) -> tuple[Path, ...]:
         return ()
     number, count = int(match["no"]), int(match["count"])
     parts = tuple(
-        path.with_name(f"{match['prefix']}-{i:05d}-of-{match['count']}.gguf")
+        path.with_name(f"{match['prefix']}-{i:05d}-of-{match['count']}{path.suffix}")
         for i in range(1, count + 1)
     )
     if number != 1:
