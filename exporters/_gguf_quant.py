@@ -41,6 +41,7 @@ from onnxsample.errors import ExportError
 from onnxsample.exporters import _gguf_blocks
 
 __all__ = [
+    "FLOATS",
     "SUPPORTED",
     "TRANSPLANTABLE",
     "QuantizedWeight",
@@ -53,7 +54,10 @@ __all__ = [
 TRANSPLANTABLE = tuple(_gguf_blocks.FORMATS)
 """GGUF types that become a :class:`QuantizedWeight` (and a `MatMulNBits`)."""
 
-SUPPORTED = (*TRANSPLANTABLE, "BF16", "F16", "F32")
+FLOATS = ("BF16", "F16", "F32")
+"""GGUF float types: :func:`from_gguf` gives their rows as float arrays."""
+
+SUPPORTED = (*TRANSPLANTABLE, *FLOATS)
 """Every GGUF type :func:`from_gguf` accepts."""
 
 _FLOAT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
@@ -143,8 +147,8 @@ def from_gguf(
         name: the tensor's name, for error messages.
 
     Returns:
-        A :class:`QuantizedWeight` for the types of :data:`TRANSPLANTABLE`; float32 ``[N, K]`` for
-        F32, F16 and BF16.
+        A :class:`QuantizedWeight` for the types of :data:`TRANSPLANTABLE`; ``[N, K]`` float rows
+        for F32 (float32), F16 (float16, the file's own values) and BF16 (float32).
 
     Raises:
         ExportError: the type is not supported, or the data does not fit ``k``.
@@ -307,7 +311,7 @@ def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
 def _float_rows(
     data: np.ndarray, dtype: np.dtype, k: int, label: str, type_name: str
 ) -> np.ndarray:
-    """An F32 / F16 tensor as float32 ``[N, K]``; `data` may be typed or raw uint8 bytes."""
+    """An F32 / F16 tensor as ``[N, K]`` of its own type; `data` may be typed or raw uint8 bytes."""
     data = np.asarray(data)
     if data.dtype == np.uint8:
         data = np.ascontiguousarray(data).reshape(-1).view(dtype)
@@ -315,7 +319,7 @@ def _float_rows(
         raise ExportError(f"{label} is {type_name} but its data is {data.dtype}")
     if k <= 0 or data.size % k:
         raise ExportError(f"{label} has {data.size} elements, not a multiple of K={k}")
-    return data.astype(np.float32).reshape(-1, k)
+    return data.reshape(-1, k)
 
 
 def _blocks(data: np.ndarray, fmt: _gguf_blocks.BlockFormat, k: int, label: str) -> np.ndarray:

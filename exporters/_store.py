@@ -37,7 +37,7 @@ import onnx_ir.tape
 
 from onnxsample.exporters._gguf_quant import QuantizedWeight
 
-__all__ = ["float_matrix", "stored_inputs", "transposed"]
+__all__ = ["float_matrix", "narrowed", "stored_inputs", "transposed"]
 
 Initializer = Callable[[str, np.ndarray], ir.Value]
 
@@ -90,10 +90,21 @@ def transposed(tape: onnx_ir.tape.Tape, matrix: ir.Value, name: str) -> ir.Value
     return out
 
 
+def narrowed(array: np.ndarray) -> np.ndarray:
+    """`array` as fp16 where every value is an fp16 number, else `array` itself.
+
+    The readers keep weights so (an F16 GGUF's rows, fp16 checkpoints), which halves an export's
+    memory against float32 copies: the values are the same, and stored the same way."""
+    if array.dtype == np.float16:
+        return array
+    half = array.astype(np.float16)
+    return half if np.array_equal(half.astype(array.dtype), array) else array
+
+
 def _floats(tape, array: np.ndarray, name: str, initializer, dtype, compact: bool) -> ir.Value:
     """`array` in `dtype`: from an fp16 initializer where every value is an fp16 number."""
-    half = array.astype(np.float16)
-    if not compact or not np.array_equal(half.astype(array.dtype), array):
+    half = narrowed(array) if compact else None
+    if half is None or half.dtype != np.float16:
         return initializer(name, np.asarray(array, dtype))
     stored = initializer(f"{name}.fp16", half)
     out = tape.op("Cast", [stored], {"to": ir.DataType.FLOAT}, name=f"{name}/Cast")

@@ -2,8 +2,10 @@
 
 Both readers give the same thing: a :class:`~onnxsample.exporters.families.DecoderSpec` and a
 mapping from our tensor names (``embed``, ``layers.{i}.q`` ... ``norm``, ``lm_head``; the family's
-extra ones such as ``layers.{i}.q_bias`` or ``layers.{i}.q_norm``) to float32 ``[N, K]`` arrays
-(output channels first, as in torch; vectors for norms and biases) or, from a GGUF with
+extra ones such as ``layers.{i}.q_bias`` or ``layers.{i}.q_norm``) to float ``[N, K]`` arrays
+(output channels first, as in torch; float32 vectors for norms and biases; matrices in fp16 where
+every value is an fp16 number, as an F16 GGUF's or an fp16 checkpoint's are, which halves the
+export's memory against float32 copies, else float32) or, from a GGUF with
 ``precision="gguf"``, the file's own quantised blocks
 (:class:`~onnxsample.exporters._gguf_quant.QuantizedWeight`).
 
@@ -24,6 +26,7 @@ import numpy as np
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters import _gguf_quant
+from onnxsample.exporters._store import narrowed
 from onnxsample.exporters.families import DecoderSpec, Family, gguf_family, hf_family
 from onnxsample.exporters.families._family import FUSED, LINEAR
 
@@ -36,7 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def read_hf(folder: Path) -> tuple[DecoderSpec, dict[str, np.ndarray]]:
-    """Spec and float32 weights of an HF folder of a supported family (safetensors)."""
+    """Spec and float weights of an HF folder of a supported family (safetensors)."""
     from safetensors import safe_open
 
     config = json.loads((folder / "config.json").read_text())
@@ -50,7 +53,7 @@ def read_hf(folder: Path) -> tuple[DecoderSpec, dict[str, np.ndarray]]:
         try:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118  (safe_open is not a mapping)
-                    raw[name] = f.get_tensor(name).float().numpy()
+                    raw[name] = _hf_array(f.get_tensor(name))
         except Exception as exc:  # safetensors raises its own error types
             raise ExportError(f"cannot load {file.name}: {exc}") from exc
     weights = {"embed": raw.pop("model.embed_tokens.weight"), "norm": raw.pop("model.norm.weight")}
@@ -69,6 +72,18 @@ def read_hf(folder: Path) -> tuple[DecoderSpec, dict[str, np.ndarray]]:
     weights["lm_head"] = weights["embed"] if head is None else head
     _refuse_leftovers(raw, folder.name)
     return spec, weights
+
+
+def _hf_array(tensor) -> np.ndarray:
+    """A checkpoint tensor as numpy: matrices in fp16 where every value is one (an fp16
+    checkpoint as it is, a bf16 one where it fits), else float32; vectors (norms, biases) float32."""
+    import torch
+
+    if tensor.dim() != 2:
+        return tensor.float().numpy()
+    if tensor.dtype == torch.float16:
+        return tensor.numpy()
+    return narrowed(tensor.float().numpy())
 
 
 def _refuse_leftovers(raw: dict[str, np.ndarray], what: str) -> None:
@@ -98,7 +113,7 @@ def read_gguf(
 
     Norm weights and biases are always float32; with `quantized` every linear weight, the LM
     head and the token embedding keep their GGUF blocks (which must be transplantable), else
-    they are de-quantised to float32.
+    they are de-quantised to float32. Float tensors (F16, BF16 in fp16's range) stay fp16.
     """
     from onnxsample.exporters.gguf import open_gguf
 
@@ -117,10 +132,10 @@ def read_gguf(
             raise ExportError(f"{path.name}: tensor {name} is missing")
         t = tensors[name]
         data, type_name = np.asarray(t.data), t.tensor_type.name
-        k = int(t.shape[0])
-        if linear and quantized:
-            return _gguf_quant.from_gguf(data, type_name, k, name=name)
-        return _float(data, t.tensor_type, name)
+        if not linear or not (quantized or type_name in _gguf_quant.FLOATS):
+            return _float(data, t.tensor_type, name)
+        w = _gguf_quant.from_gguf(data, type_name, int(t.shape[0]), name=name)
+        return w if isinstance(w, _gguf_quant.QuantizedWeight) else narrowed(w)
 
     embed = load("token_embd.weight", linear=True)  # gathered from its blocks when quantized
     if spec.vocab_size == 0:

@@ -14,6 +14,7 @@ from onnxsample.composer.loading import check_model
 from onnxsample.errors import ExportError, InvalidParameter
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import mean_logprob, ort_greedy, torch_greedy
+from onnxsample.exporters._weights import read_hf
 
 PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
 
@@ -109,6 +110,38 @@ def test_quality_score_is_recorded(other_precision):
     ids = prompt_ids(AutoTokenizer.from_pretrained(result.output))
     score = mean_logprob(result.model_path, ids, verify["reference"])
     assert verify["onnx_logprob"] == pytest.approx(score, abs=1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_checkpoint_exports_as_its_values_in_float32(dtype, tiny_hf, tmp_path):
+    """An fp16 or bf16 checkpoint's matrices are read without float32 copies where fp16 holds
+    every value (half the memory), and the export is a float32 checkpoint's of the same values,
+    byte for byte."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    half_type = getattr(torch, dtype)
+    tensors = {k: v.to(half_type) for k, v in load_file(tiny_hf / "model.safetensors").items()}
+    for name, values in (("half", tensors), ("wide", {k: v.float() for k, v in tensors.items()})):
+        shutil.copytree(tiny_hf, tmp_path / name)
+        save_file(values, tmp_path / name / "model.safetensors", metadata={"format": "pt"})
+    _, weights = read_hf(tmp_path / "half")
+    for key, w in weights.items():
+        if w.ndim == 1:
+            assert w.dtype == np.float32, key
+        else:
+            wide = np.asarray(w, np.float32)
+            fits = np.array_equal(wide.astype(np.float16).astype(np.float32), wide)
+            assert w.dtype == (np.float16 if fits else np.float32), key
+            assert dtype == "bfloat16" or fits, key
+    outputs = [
+        export(tmp_path / name, tmp_path / f"{name}-onnx", layout="gqa", verify_tokens=0).output
+        for name in ("half", "wide")
+    ]
+    assert len({(out / "model.onnx.data").read_bytes() for out in outputs}) == 1
+    assert len({(out / "model.onnx").read_bytes() for out in outputs}) == 1
 
 
 def test_request_is_part_of_the_reuse_key(tiny_gqa_export, tiny_hf):

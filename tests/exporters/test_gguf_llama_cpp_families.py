@@ -31,6 +31,8 @@ from _llama_cpp import TOL, LlamaServer, compare_with_llama_cpp
 
 from onnxsample.exporters._gguf_quant import QuantizedWeight, from_gguf
 from onnxsample.exporters._gguf_reader import FastGGUFReader
+from onnxsample.exporters._weights import read_gguf
+from onnxsample.exporters.gguf import inspect_gguf
 from onnxsample.text import Tokenizer
 
 pytestmark = pytest.mark.slow
@@ -79,6 +81,17 @@ def test_every_tensor_dequantizes_as_gguf(made):
     assert types
     if mix in models.MORE_MIXES:  # the type the mix stands for is among them
         assert models.MORE_MIXES[mix] in types, (mix, types)
+
+
+@pytest.mark.parametrize("family", ["llama3", "phi3"])
+def test_an_f16_files_matrices_are_read_as_the_file_holds_them(family, llama_cpp):
+    """fp16, not float32 copies (half an export's memory); Phi-3's fused tensors split apart
+    and Llama's Q/K rows put back stay fp16. Norms are float32."""
+    path = models.gguf(family, "F16", llama_cpp)
+    _, weights = read_gguf(path, inspect_gguf(path).metadata, quantized=True)
+    dtypes = {k: (np.ndim(w), np.asarray(w).dtype) for k, w in weights.items()}
+    assert {d for n, d in dtypes.values() if n == 2} == {np.dtype(np.float16)}, dtypes
+    assert {d for n, d in dtypes.values() if n == 1} == {np.dtype(np.float32)}, dtypes
 
 
 def _weight_bytes(model: Path) -> int:

@@ -365,12 +365,13 @@ def test_concat_rows_rejects_weights_that_do_not_stack(a, b):
 
 
 @pytest.mark.parametrize(("qtype", "dtype"), [("F32", np.float32), ("F16", np.float16)])
-def test_float_tensors_become_float32_rows(qtype, dtype):
+def test_float_tensors_are_their_own_rows(qtype, dtype):
+    """The file's values in their own type, not copied: an F16 tensor costs its bytes once."""
     w = np.random.default_rng(4).standard_normal((6, 40)).astype(dtype)
     for data in (w, w.view(np.uint8)):
         out = from_gguf(data, qtype, 40)
-        assert out.dtype == np.float32 and out.shape == (6, 40)
-        assert np.array_equal(out, w.astype(np.float32))
+        assert out.dtype == dtype and out.shape == (6, 40)
+        assert np.array_equal(out, w) and np.shares_memory(out, w)
 
 
 def test_bf16_tensors_become_float32_rows():
