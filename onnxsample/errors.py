@@ -53,3 +53,9 @@ class GenerationError(OnnxSampleError):
 
 class OutOfMemory(GenerationError, MemoryError):
     """The KV cache (or another buffer) for a request could not be allocated."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of `exc`'s message (its type's name where it has none): how another
+    library's error is quoted in one of ours. For the package's own modules, not the API."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

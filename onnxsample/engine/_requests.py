@@ -20,10 +20,10 @@ from onnxsample.engine.request import Request
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
+from onnxsample.text import TextStream, Tokenizer
 from onnxsample.text._grammar import GrammarVocabulary
 from onnxsample.text._prompt import Prompt, prompt_tokens, stop_strings
 from onnxsample.text._stops import StopMatcher
-from onnxsample.text.tokenizer import TextStream, Tokenizer
 
 _ids = itertools.count()
 

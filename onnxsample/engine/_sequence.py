@@ -16,9 +16,9 @@ import numpy as np
 from onnxsample.engine._drafter import DraftStats
 from onnxsample.engine.request import Completion, Request, StreamEvent, Timings, TopLogprobs
 from onnxsample.params import SamplingParams
+from onnxsample.text import TextStream
 from onnxsample.text._grammar import Matcher
 from onnxsample.text._stops import StopMatcher
-from onnxsample.text.tokenizer import TextStream
 
 _U_MAX = np.nextafter(np.float32(1), np.float32(0))
 

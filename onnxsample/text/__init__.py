@@ -8,6 +8,7 @@ strings, and turning a prompt (text, ids or chat messages) into token ids. It ma
 
 from onnxsample.text._prompt import Prompt, prompt_tokens, stop_strings
 from onnxsample.text._stops import StopMatcher
-from onnxsample.text.tokenizer import TextStream, Tokenizer
+from onnxsample.text._stream import TextStream
+from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["Prompt", "StopMatcher", "TextStream", "Tokenizer", "prompt_tokens", "stop_strings"]

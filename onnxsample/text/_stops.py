@@ -1,6 +1,6 @@
 """Stop strings in streamed text: :class:`StopMatcher` holds back any tail that could still become a
 stop string, so a stop string is never emitted, not even in part. (Turning ids into text as they
-arrive is :class:`onnxsample.text.tokenizer.TextStream`.)"""
+arrive is :class:`onnxsample.text.TextStream`.)"""
 
 from __future__ import annotations
 

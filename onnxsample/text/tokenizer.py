@@ -10,7 +10,6 @@ its ``tojson`` filter, ``raise_exception``, ``strftime_now`` and the ``{% genera
 All that is set up once, when the folder is read: no call changes shared state, so one
 :class:`Tokenizer` serves any number of threads (transformers' fast tokenizer resets truncation
 and padding on every call, which fails with "Already borrowed" under threads).
-:class:`TextStream` turns one sequence's ids into text as they arrive, never half a character.
 """
 
 from __future__ import annotations
@@ -22,10 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.errors import InvalidParameter, ModelError, first_line
 from onnxsample.text._chat_template import chat_template_of, compile_template
+from onnxsample.text._stream import clean_up
 
-__all__ = ["TextStream", "Tokenizer"]
+__all__ = ["Tokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +44,6 @@ _FAMILIES: dict[str, tuple[bool, dict[str, str]]] = {
 _MODEL_TYPES = {"llama": "LlamaTokenizer", "mistral": "LlamaTokenizer", "mixtral": "LlamaTokenizer",
                 "gemma": "GemmaTokenizer", "gemma2": "GemmaTokenizer", "gemma3_text": "GemmaTokenizer",
                 "cohere": "CohereTokenizer", "gpt_neox": "GPTNeoXTokenizer", "olmo": "GPTNeoXTokenizer"}  # fmt: skip
-# transformers' clean_up_tokenization, replaced in this order; every pattern starts with a space.
-_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))  # fmt: skip
-_CONTEXT = 6  # ids a stream keeps before its pending ones: a prefix space, a 4-byte character
 
 
 class Tokenizer:
@@ -80,7 +76,7 @@ class Tokenizer:
         try:  # a broken template leaves plain prompts usable; chat raises
             self._template = compile_template(chat_template) if chat_template else None
         except Exception as exc:
-            self._template_error = f"the chat template does not parse: {_line(exc)}"
+            self._template_error = f"the chat template does not parse: {first_line(exc)}"
             log.warning("%s", self._template_error)
 
     @classmethod
@@ -124,7 +120,7 @@ class Tokenizer:
         try:
             backend = Backend.from_str(json.dumps(data))
         except Exception as exc:
-            raise ModelError(f"cannot read {folder / 'tokenizer.json'}: {_line(exc)}") from exc
+            raise ModelError(f"cannot read {folder / 'tokenizer.json'}: {first_line(exc)}") from exc
         backend.no_truncation()
         backend.no_padding()
         backend.encode_special_tokens = bool(init.get("split_special_tokens", False))
@@ -188,9 +184,9 @@ class Tokenizer:
             )
         except (OverflowError, TypeError, ValueError) as exc:
             raise InvalidParameter(
-                f"token ids must be non-negative integers: {_line(exc)}"
+                f"token ids must be non-negative integers: {first_line(exc)}"
             ) from exc
-        return _cleaned(text) if self._clean_up else text
+        return clean_up(text) if self._clean_up else text
 
     @property
     def special_ids(self) -> frozenset[int]:
@@ -238,7 +234,9 @@ class Tokenizer:
                 **self._special,
             )
         except Exception as exc:  # raise_exception(), a missing key, None + str: the messages'
-            raise InvalidParameter(f"the chat template refused the messages: {_line(exc)}") from exc
+            raise InvalidParameter(
+                f"the chat template refused the messages: {first_line(exc)}"
+            ) from exc
 
     def apply_chat_template(
         self,
@@ -250,81 +248,6 @@ class Tokenizer:
         """Token ids of the rendered chat; as in transformers, no special tokens are added to it."""
         text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
         return self.encode(text, add_special_tokens=False)
-
-
-class TextStream:
-    """One sequence's text as its ids arrive. :meth:`add` returns what each id completes and
-    :meth:`flush` what is left: together ``decode(ids)``, read after `prompt_ids` when given (the
-    context of a leading space). Text never ends inside a UTF-8 character: such ids wait for the
-    rest. It runs on ``tokenizers``' DecodeStream, which lacks clean-up and a flush and gives up on
-    some invalid UTF-8 (windows of decode take over then). One per sequence: not for sharing."""
-
-    def __init__(
-        self,
-        tokenizer: Tokenizer,
-        *,
-        skip_special_tokens: bool = True,
-        prompt_ids: Sequence[int] = (),
-    ) -> None:
-        self._tok, self._skip = tokenizer, skip_special_tokens
-        self._context = [int(i) for i in prompt_ids][-_CONTEXT:]  # ids whose text is out
-        self._pending: list[int] = []  # ids whose text is not out yet
-        self._held = ""  # text out of the decoder that clean-up may still change
-        self._stream = _decode_stream(self._context, skip_special_tokens)
-
-    def add(self, token_id: int) -> str:
-        """Take the next id; return the text now complete (often "")."""
-        if (token_id := int(token_id)) < 0:
-            raise InvalidParameter(f"token ids must be non-negative, got {token_id}")
-        self._pending.append(token_id)
-        piece = None
-        if self._stream is not None:
-            try:
-                piece = self._stream.step(self._tok._backend, token_id)
-            except Exception as exc:  # "Invalid prefix encountered" (huggingface/tokenizers#1705)
-                log.debug("DecodeStream gave up (%s); decoding windows from here", _line(exc))
-                self._stream = None
-        if self._stream is None:
-            piece = self._window(final=False)
-        if piece is not None:
-            self._context, self._pending = (self._context + self._pending)[-_CONTEXT:], []
-        return self._cleaned(piece or "", final=False)
-
-    def flush(self) -> str:
-        """The text held back (an unfinished character as U+FFFD, as decode gives it)."""
-        piece = self._window(final=True) or ""
-        self._context, self._pending = (self._context + self._pending)[-_CONTEXT:], []
-        if self._stream is not None:
-            self._stream = _decode_stream(self._context, self._skip)
-        return self._cleaned(piece, final=True)
-
-    def _window(self, *, final: bool) -> str | None:
-        """The pending ids' text: decoded after the context, less the context's own text."""
-        decode = self._tok._backend.decode
-        before = decode(self._context, skip_special_tokens=self._skip)
-        after = decode(self._context + self._pending, skip_special_tokens=self._skip)
-        if final or (len(after) > len(before) and not after.endswith("\ufffd")):
-            return after[len(before) :]
-        return None
-
-    def _cleaned(self, piece: str, *, final: bool) -> str:
-        """Clean-up as decode's. Patterns start with a space and are at most 4 long: only a tail
-        that what follows could complete into one (a space and at most 2 more characters that
-        begin a pattern: " ", " n", " '", ...) waits; the rest cleans up now as it would later."""
-        if not self._tok._clean_up:
-            return piece
-        self._held += piece
-        cut = len(self._held)
-        if not final:
-            for start in range(max(0, cut - 3), cut):
-                tail = self._held[start:]
-                if tail[0] == " " and any(
-                    len(p) > len(tail) and p.startswith(tail) for p, _ in _CLEAN_UP
-                ):
-                    cut = start
-                    break
-        out, self._held = self._held[:cut], self._held[cut:]
-        return _cleaned(out)
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -341,16 +264,6 @@ def _byte_alphabet() -> dict[str, int]:
 
 
 _BYTE_OF = _byte_alphabet()
-
-
-def _decode_stream(ids: list[int], skip_special_tokens: bool) -> Any:
-    """tokenizers' DecodeStream primed with `ids`; None before tokenizers 0.22 (no priming)."""
-    try:
-        from tokenizers.decoders import DecodeStream
-
-        return DecodeStream(ids=ids, skip_special_tokens=skip_special_tokens)
-    except (ImportError, TypeError):
-        return None
 
 
 def _add_tokens(backend: Any, saved: dict, specials: list) -> None:
@@ -398,16 +311,6 @@ def _added(token: Any, added_token: type) -> Any:
 def _text(token: Any) -> str | None:
     token = token.get("content") if isinstance(token, dict) else token
     return token if isinstance(token, str) and token else None
-
-
-def _cleaned(text: str) -> str:
-    for old, new in _CLEAN_UP:
-        text = text.replace(old, new)
-    return text
-
-
-def _line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _json(path: Path) -> dict:

@@ -12,8 +12,8 @@ from onnxsample.composer import compose
 from onnxsample.engine.generator import Generator
 from onnxsample.errors import InvalidParameter, RuntimeUnavailable
 from onnxsample.params import SamplingParams
+from onnxsample.text import TextStream
 from onnxsample.text._stops import StopMatcher
-from onnxsample.text.tokenizer import TextStream
 
 PROMPTS = [
     "Once upon a time",

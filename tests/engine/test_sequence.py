@@ -8,8 +8,8 @@ import pytest
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine.request import Request
 from onnxsample.params import SamplingParams
+from onnxsample.text import TextStream, Tokenizer
 from onnxsample.text._stops import StopMatcher
-from onnxsample.text.tokenizer import TextStream, Tokenizer
 
 EOS = 2
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from onnxsample.errors import InvalidParameter, ModelError
-from onnxsample.text.tokenizer import TextStream, Tokenizer
+from onnxsample.text import TextStream, Tokenizer
 
 TEXTS = [
     "Hello world",
@@ -350,11 +350,14 @@ _PROBE = """
 import importlib.util, json, sys
 import onnxsample.errors
 before = set(sys.modules)
-spec = importlib.util.spec_from_file_location("probe_tokenizer", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-tok = module.Tokenizer.from_folder(sys.argv[2])
-stream = module.TextStream(tok)
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+tokenizer, stream = load("probe_tokenizer", sys.argv[1]), load("probe_stream", sys.argv[2])
+tok = tokenizer.Tokenizer.from_folder(sys.argv[3])
+stream = stream.TextStream(tok)
 [stream.add(i) for i in tok.apply_chat_template([{"role": "user", "content": "hi"}])]
 tok.decode(tok.encode("hi"))
 print(json.dumps(sorted(m.split(".")[0] for m in set(sys.modules) - before)))
@@ -362,10 +365,12 @@ print(json.dumps(sorted(m.split(".")[0] for m in set(sys.modules) - before)))
 
 
 def test_the_tokenizer_never_imports_the_exporter_stack(tiny_export):
-    """tokenizer.py's own imports, lazy ones included, measured after importing the package (so
-    that what other modules import does not count), and the plain import in a fresh process."""
-    path = Path(__file__).resolve().parents[2] / "onnxsample" / "text" / "tokenizer.py"
-    probe = [sys.executable, "-c", _PROBE, str(path), str(tiny_export.output)]
+    """tokenizer.py's and _stream.py's own imports, lazy ones included, measured after importing
+    the package (so that what other modules import does not count), and the plain import in a
+    fresh process."""
+    text = Path(__file__).resolve().parents[2] / "onnxsample" / "text"
+    paths = [str(text / "tokenizer.py"), str(text / "_stream.py")]
+    probe = [sys.executable, "-c", _PROBE, *paths, str(tiny_export.output)]
     new = set(json.loads(subprocess.run(probe, capture_output=True, text=True, check=True).stdout))
     assert {"tokenizers", "jinja2"} <= new
     assert not new & {"torch", "transformers", "optimum"}
