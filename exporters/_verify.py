@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from onnxsample.errors import first_line
+
 log = logging.getLogger(__name__)
 
 _ORT_DTYPES = {
@@ -186,7 +188,7 @@ def verify_export(model_path: Path, model, tokenizer, n: int, *, lossy: str = ""
     try:
         onnx_tokens = ort_greedy(model_path, ids, n)
     except Exception as exc:  # e.g. fp16 kernels the CPU provider lacks
-        note = f"ONNX Runtime could not run the export on the CPU: {str(exc).splitlines()[0]}"
+        note = f"ONNX Runtime could not run the export on the CPU: {first_line(exc)}"
         log.warning("verify skipped: %s", note)
         return VerifyResult(n, None, reference=reference, note=note)
     matched = next(

@@ -14,7 +14,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from onnxsample.errors import ExportError
+from onnxsample.errors import ExportError, first_line
 
 __all__ = [
     "check_hf_folder",
@@ -128,9 +128,7 @@ def optimum_export(hf_dir: Path, out_dir: Path, precision: str) -> None:
         except ExportError:
             raise
         except Exception as exc:
-            raise ExportError(
-                f"optimum could not export {hf_dir.name}: {_first_line(exc)}"
-            ) from exc
+            raise ExportError(f"optimum could not export {hf_dir.name}: {first_line(exc)}") from exc
     if not (out_dir / "model.onnx").is_file():
         raise ExportError(f"optimum wrote no model.onnx for {hf_dir.name}")
 
@@ -159,8 +157,3 @@ def quiet() -> Iterator[None]:
             hf_logging.enable_progress_bar()
         if out.getvalue().strip():
             log.debug("exporter output:\n%s", out.getvalue())
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from onnxsample.composer._model_facts import shared_kv
 from onnxsample.composer._splice import reconcile_versions
-from onnxsample.errors import ModelError
+from onnxsample.errors import ModelError, first_line
 from onnxsample.params import pack_sampling_params
 
 _PREFIX = "sampler."
@@ -74,7 +74,7 @@ def verify_lm_head(
         )
         found = dict(zip(names, session.run(names, feeds), strict=True))
     except Exception as exc:  # an unexpected graph: keep the safe layout
-        return f"the check run failed: {str(exc).splitlines()[0]}"
+        return f"the check run failed: {first_line(exc)}"
     flat = found["logits"].reshape(-1, vocab).astype(np.float64)
     checks = [
         (f"slot {slot}", row, found["sampler.next_token"][slot], found["sampler.logprob"][slot])

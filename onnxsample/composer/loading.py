@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnxsample.errors import ModelError
+from onnxsample.errors import ModelError, first_line
 
 __all__ = ["check_external_data", "check_model", "load_model", "read_proto"]
 
@@ -158,8 +158,7 @@ def check_model(path: Path, model: onnx.ModelProto | None = None) -> None:
     try:
         onnx.checker.check_model(_checkable(model), full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ModelError(f"{path.name} fails the ONNX checker: {first}") from exc
+        raise ModelError(f"{path.name} fails the ONNX checker: {first_line(exc)}") from exc
 
 
 def load_model(path: Path, *, check: bool = True):

@@ -46,7 +46,7 @@ import numpy as np
 from onnxsample.engine._layout import Call, prompt_positions, slot_rows
 from onnxsample.engine._row_copy import RowCopy
 from onnxsample.engine._sequence import Sequence
-from onnxsample.errors import ModelError, OutOfMemory
+from onnxsample.errors import ModelError, OutOfMemory, first_line
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class SharedKV:
             need = self.nbytes(rows, length) / 2**20
             raise OutOfMemory(
                 f"cannot allocate the KV cache: {rows} rows x {length} positions need "
-                f"{need:.0f} MiB on {self.device} ({str(exc).splitlines()[0] or type(exc).__name__})"
+                f"{need:.0f} MiB on {self.device} ({first_line(exc)})"
             ) from exc
         self.buffers = fresh
         self.rows, self.length = rows, length

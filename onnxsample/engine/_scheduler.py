@@ -32,7 +32,7 @@ from onnxsample.engine._placement import Placement
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import SlotState
-from onnxsample.errors import GenerationError, OnnxSampleError
+from onnxsample.errors import GenerationError, OnnxSampleError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ class Scheduler:
             self.layout.commit(call, presents)
         except Exception as exc:
             self.runner.invalidate()
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            reason = first_line(exc)
             error = (
                 exc
                 if isinstance(exc, OnnxSampleError)

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from onnxsample.errors import InvalidParameter, ModelError, RuntimeUnavailable
+from onnxsample.errors import InvalidParameter, ModelError, RuntimeUnavailable, first_line
 from onnxsample.metadata import ComposedMetadata, composed_metadata
 
 __all__ = [
@@ -114,9 +114,7 @@ def create_session(
     try:
         session = ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:
-        raise ModelError(
-            f"ONNX Runtime cannot load {Path(path).name}: {str(exc).splitlines()[0]}"
-        ) from exc
+        raise ModelError(f"ONNX Runtime cannot load {Path(path).name}: {first_line(exc)}") from exc
     used = session.get_providers()
     if want_cuda and used[0] != _CUDA:
         reason = _cuda_load_error()
