@@ -31,6 +31,7 @@ as the mask.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,7 @@ def build_gqa_model(
     accuracy_level: int = 0,
     attention: str = "gqa",
     compact: bool = True,
+    consume: bool = False,
 ) -> ir.Model:
     """The decoder as an onnx-ir model (weights as in-memory initializers; save it with ir.save).
 
@@ -70,8 +72,11 @@ def build_gqa_model(
     `attention` is ``gqa`` (com.microsoft.GroupQueryAttention) or ``exact`` (see the module).
     `compact` stores float matrices in as few bytes as they need, rebuilt when the session loads
     (:mod:`._store`); off, every matrix is an initializer of its own (for a quantiser to find).
+    `consume` takes each matrix out of `weights` as the graph stores it, so a source whose matrices
+    the graph copies (float32 ones, transposed) is not held twice.
     """
     g = GraphBuilder(precision, accuracy_level, compact)
+    take = weights.pop if consume else weights.__getitem__
     T = g.dtype
     batch, seq, total = "batch_size", "sequence_length", "total_sequence_length"
     input_ids = ir.Value(
@@ -123,7 +128,7 @@ def build_gqa_model(
     exact = None
     if attention == "exact":
         exact = ExactAttention(g, spec, input_ids, lengths, width)
-    hidden = g.embedding(input_ids, weights["embed"], "embed", "model.embed_tokens")
+    hidden = g.embedding(input_ids, take("embed"), "embed", "model.embed_tokens")
     if spec.embed_scale is not None:  # transformers multiplies in the embedding's own type
         scale = g.const("embed.scale", np.array(spec.embed_scale, g.np_dtype))
         hidden = g.op("Mul", [hidden, scale], "embed_scaled")
@@ -144,7 +149,7 @@ def build_gqa_model(
     )
     for i in range(spec.num_layers):
         p = f"layers.{i}"
-        qkv = _attention_inputs(g, spec, weights, x, p)
+        qkv = _attention_inputs(g, spec, weights, take, x, p)
         window = spec.window(i)
         cos_cache, sin_cache = caches[spec.layer_rope(i)]
         if exact is not None:
@@ -183,12 +188,12 @@ def build_gqa_model(
             value.name = f"present.{i}.{kind}"
             value.type, value.shape = ir.TensorType(T), ir.Shape(present_shape)
             outputs.append(value)
-        o = g.linear(attn, weights[f"{p}.o"], f"{p}.o_proj")
+        o = g.linear(attn, take(f"{p}.o"), f"{p}.o_proj")
         if spec.post_norms:
             o = _rms_norm(g, spec, o, weights, f"{p}.post_attn_norm", wide)
         x, residual = _add_and_norm(g, o, residual, weights, f"{p}.ffn_norm", eps, wide)
         gate_up = g.linear(
-            x, concat_weights([weights[f"{p}.gate"], weights[f"{p}.up"]]), f"{p}.gate_up_proj"
+            x, concat_weights([take(f"{p}.gate"), take(f"{p}.up")]), f"{p}.gate_up_proj"
         )
         gate, up = g.ops(
             "Split",
@@ -198,7 +203,7 @@ def build_gqa_model(
             axis=-1,
         )
         act = g.op("Mul", [_ACTIVATIONS[spec.activation](g, gate, p), up], f"{p}/act")
-        down = g.linear(act, weights[f"{p}.down"], f"{p}.down_proj")
+        down = g.linear(act, take(f"{p}.down"), f"{p}.down_proj")
         if spec.post_norms:
             down = _rms_norm(g, spec, down, weights, f"{p}.post_ffn_norm", wide)
         last = i == spec.num_layers - 1
@@ -209,7 +214,7 @@ def build_gqa_model(
     # Shape inference does not know the contrib ops: annotate what the composer looks for.
     rows = seq if exact is None else "padded_sequence_length"
     x.type, x.shape = ir.TensorType(T), ir.Shape([batch, rows, spec.hidden_size])
-    logits = g.linear(x, weights["lm_head"], "lm_head")
+    logits = g.linear(x, take("lm_head"), "lm_head")
     if exact is not None:  # the head also sees two rows or more; the zero position goes after it
         logits = exact.unpadded(logits, "lm_head_rows")
     if T != ir.DataType.FLOAT:
@@ -237,13 +242,17 @@ def build_gqa_model(
 
 
 def _attention_inputs(
-    g: GraphBuilder, spec: DecoderSpec, weights: dict[str, Any], x: ir.Value, p: str
+    g: GraphBuilder,
+    spec: DecoderSpec,
+    weights: dict[str, Any],
+    take: Callable[[str], Any],
+    x: ir.Value,
+    p: str,
 ) -> ir.Value | tuple[ir.Value, ir.Value, ir.Value]:
     """The attention's input: the packed QKV projection (plus its bias, for families with one),
-    or q, k, v apart when each head of q and k is RMS-normalised first (Qwen3)."""
-    qkv = g.linear(
-        x, concat_weights([weights[f"{p}.{k}"] for k in ("q", "k", "v")]), f"{p}.qkv_proj"
-    )
+    or q, k, v apart when each head of q and k is RMS-normalised first (Qwen3). Matrices come from
+    `take`, vectors from `weights`."""
+    qkv = g.linear(x, concat_weights([take(f"{p}.{k}") for k in ("q", "k", "v")]), f"{p}.qkv_proj")
     if spec.qkv_bias:
         bias = np.concatenate([np.reshape(weights[f"{p}.{k}_bias"], -1) for k in ("q", "k", "v")])
         qkv = g.op(
@@ -351,7 +360,8 @@ def write_gqa(
     activations: str = "fp32",
     attention: str = "gqa",
 ) -> None:
-    """Build the decoder and save it as `path` with its weights in `path`.data.
+    """Build the decoder and save it as `path` with its weights in `path`.data; `weights` is
+    consumed (see `build_gqa_model`'s `consume`).
 
     `activations` (``fp32``/``fp16``) is the float type of activations, KV cache and float weights.
     ``int8``/``int4`` build the float graph, then ORT's MatMulNBits quantiser turns every MatMul with
@@ -366,6 +376,7 @@ def write_gqa(
         accuracy_level=accuracy_level,
         attention=attention,
         compact=not quantised,
+        consume=True,
     )
     if quantised:
         model = _ort_quantise(model, 8 if precision == "int8" else 4, accuracy_level)

@@ -15,6 +15,7 @@ from onnxsample.errors import ExportError, InvalidParameter
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import mean_logprob, ort_greedy, torch_greedy
 from onnxsample.exporters._weights import read_hf
+from onnxsample.exporters.gqa import build_gqa_model
 
 PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
 
@@ -142,6 +143,18 @@ def test_a_half_checkpoint_exports_as_its_values_in_float32(dtype, tiny_hf, tmp_
     ]
     assert len({(out / "model.onnx.data").read_bytes() for out in outputs}) == 1
     assert len({(out / "model.onnx").read_bytes() for out in outputs}) == 1
+
+
+def test_building_can_consume_the_matrices(tiny_hf):
+    """`consume` (the exporter's way: a float32 source is then not held twice) gives the same
+    model and leaves only the vectors (norms) in the mapping."""
+    import onnx_ir as ir
+
+    spec, weights = read_hf(tiny_hf)
+    kept = build_gqa_model(spec, dict(weights))
+    consumed = build_gqa_model(spec, weights, consume=True)
+    assert ir.to_proto(kept).SerializeToString() == ir.to_proto(consumed).SerializeToString()
+    assert weights and all(np.ndim(w) == 1 for w in weights.values()), sorted(weights)
 
 
 def test_request_is_part_of_the_reuse_key(tiny_gqa_export, tiny_hf):
