@@ -49,8 +49,7 @@ def test_transformers_decodes_the_gguf_it_is_given(bench) -> None:
     exactly the tokens asked for (EOS suppressed), timed as generate(N) less generate(1)."""
     from onnxsample.exporters.embedded import embedded_gguf
 
-    gpu = bench("gpu")
-    peer = gpu.Transformers(embedded_gguf(), "cpu")
+    peer = bench("gpu_engines").Transformers(embedded_gguf(), "cpu")
     row = peer.run([1, 504, 3458, 282], batch=2, new_tokens=3, seed=0)
     assert row["decoded_tokens"] == 4 and row["decode_steps"] == 2
     assert row["decode_tokens_per_s"] > 0 and row["ttft_ms"] > 0
@@ -58,7 +57,7 @@ def test_transformers_decodes_the_gguf_it_is_given(bench) -> None:
 
 
 def test_host_sampling_keeps_to_its_filters(bench) -> None:
-    gpu = bench("gpu")
+    engines = bench("gpu_engines")
     rng = np.random.default_rng(0)
     logits = np.full((3, 1000), -10.0, np.float32)
     logits[0, 7] = 10.0  # one token holds nearly all the mass: top-p and min-p keep it alone
@@ -67,7 +66,7 @@ def test_host_sampling_keeps_to_its_filters(bench) -> None:
     # each is under min-p (0.05 of the best)
     logits[2, 3] = 5.0
     logits[2, 10:30] = 5.0 - 0.8 * np.log(30)
-    drawn = np.stack([gpu.host_sample(logits, rng) for _ in range(200)])
+    drawn = np.stack([engines.host_sample(logits, rng) for _ in range(200)])
     assert (drawn[:, 0] == 7).all() and (drawn[:, 2] == 3).all()
     assert drawn[:, 1].min() >= 10 and drawn[:, 1].max() <= 49
     assert len(set(drawn[:, 1])) > 20
@@ -86,7 +85,7 @@ def test_the_plain_loop_decodes_what_the_engine_decodes(bench, tiny_gqa_export, 
         ids = engine.tokenizer.encode("The weather in the mountains")
         greedy = osx.SamplingParams(temperature=0, ignore_eos=True)
         want = [engine.submit(ids, greedy, max_new_tokens=8).result().token_ids for _ in range(2)]
-    plain = gpu.PlainHost(folder, "cpu")
+    plain = bench("gpu_engines").PlainHost(folder, "cpu")
     monkeypatch.setitem(gpu.SAMPLED, "top_k", 1)
     plain.run(ids, 2, 8, seed=0)
     assert plain.generated.tolist() == [list(t) for t in want]
