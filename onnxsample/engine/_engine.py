@@ -22,7 +22,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from onnxsample.engine import _session
 from onnxsample.engine._drafter import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_NGRAM,
@@ -32,21 +31,14 @@ from onnxsample.engine._drafter import (
 )
 from onnxsample.engine._kv_concat import ConcatLayout
 from onnxsample.engine._kv_shared import SharedKV, SharedLayout, kv_specs
-from onnxsample.engine._model_info import ModelInfo
+from onnxsample.engine._loaded import load_model
 from onnxsample.engine._requests import Requests
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._scheduler import Scheduler, Stats
 from onnxsample.engine._sequence import Sequence
-from onnxsample.engine._session import (
-    captured_by_default,
-    check_cuda_graph,
-    create_session,
-    warn_if_cpu_shaped,
-)
 from onnxsample.engine._slots import SlotState, slots_symbolic
 from onnxsample.engine.request import Request
-from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, ModelError, QueueFull
-from onnxsample.metadata import ComposedMetadata, composed_metadata
+from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, QueueFull
 from onnxsample.params import SamplingParams
 from onnxsample.text._grammar import GrammarVocabulary
 from onnxsample.text._prompt import Prompt
@@ -67,7 +59,6 @@ log = logging.getLogger(__name__)
 # streams' longest gap during a 2,000-token admission is 0.10 s with 32 against 0.28 s with 128,
 # for an admission of 6.0 s against 3.9 s.
 DEFAULT_PREFILL_CHUNK = 32
-_PAST = "past_key_values."
 _CLOSE, _WAKE = object(), object()
 
 
@@ -128,53 +119,26 @@ class Engine:
             ):
                 raise InvalidParameter(f"{name} must be None or an integer >= {low}, got {value!r}")
         check_method(speculative)  # before the model loads
-        self.path = Path(model)
-        if not self.path.is_file():
-            raise ModelError(f"no such composed model: {self.path}")
+        loaded = load_model(
+            Path(model),
+            provider=provider,
+            threads=threads,
+            optimization=optimization,
+            cuda_graph=cuda_graph,
+            row_buckets=row_buckets,
+            speculative=speculative,
+            tokenizer=Path(tokenizer) if tokenizer is not None else None,
+        )
+        self.path, self.session, self.device = loaded.path, loaded.session, loaded.device
+        self.meta, self.info, self.cuda_graph = loaded.meta, loaded.info, loaded.cuda_graph
+        self.concurrency = loaded.concurrency
+        self._pasts, self._inputs = loaded.pasts, loaded.inputs
         self.threads, self.max_len, self.max_queue = threads, max_len, max_queue
         self.prefill_chunk, self.prefix_reuse = prefill_chunk, bool(prefix_reuse)
-        if cuda_graph is None:
-            cuda_graph = captured_by_default(self.path, provider, speculative)
-        if cuda_graph:
-            if provider == "cpu":
-                raise InvalidParameter("cuda_graph needs the CUDA provider (provider='cuda')")
-            check_cuda_graph(composed_metadata(self.path), self.path.name)
-        elif not row_buckets:
-            raise InvalidParameter(
-                "row_buckets=False needs cuda_graph: an uncaptured step runs the model over the "
-                "running sequences only"
-            )
         self.row_buckets = bool(row_buckets)
-        self.session, self.device = create_session(
-            self.path, provider, threads=threads, optimization=optimization, cuda_graph=cuda_graph
-        )
-        meta = ComposedMetadata.from_session(self.session)
-        if meta is None:
-            raise ModelError(
-                f"{self.path.name} is not a composed model: run `onnxsample compose` on it first"
-            )
-        self.meta = meta
-        self.cuda_graph = bool(cuda_graph)
-        if cuda_graph and self.device not in _session.GRAPH_DEVICES:
-            raise InvalidParameter(
-                f"cuda_graph needs the CUDA provider; the session runs on {self.device}"
-            )
-        self.info = ModelInfo.read(Path(tokenizer) if tokenizer is not None else self.path.parent)
         self.tokenizer = self.info.tokenizer
         self.limit = min(x for x in (self.info.context_length, max_len, 2**62) if x)
-        inputs = {i.name: i for i in self.session.get_inputs()}
-        self._pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
-        if self.device == "cuda":
-            warn_if_cpu_shaped(meta, self._pasts, self.path)
-        if meta.kv_layout == "gqa":
-            self.concurrency = meta.max_slots
-        else:
-            # Left-padded batches need explicit positions (optimum's layout).
-            self.concurrency = meta.max_slots if "position_ids" in inputs else 1
-            if self.concurrency == 1 and meta.max_slots > 1:
-                log.info("%s has no position_ids input: one sequence at a time", self.path.name)
-        # with the inputs that have a default (sampler.logprobs: a branching chain's)
-        self._inputs = set(inputs) | {i.name for i in self.session.get_overridable_initializers()}
+        meta = self.meta
         grammars = GrammarVocabulary(self.tokenizer, meta.vocab_size, self.info.eos_ids)
         self._requests = Requests(
             meta, self.tokenizer, self.info.eos_ids, self.limit, max_len, self._wake, grammars

@@ -1,0 +1,107 @@
+"""A composed model opened for the engine: its session on a device, the sampler contract it was
+composed with, what its folder says (tokenizer, stop ids, context length), and how many
+sequences it runs together. Every check of the model and of the options that depend on it
+(``cuda_graph``, ``row_buckets``) is made here, before the engine starts a thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from onnxsample.engine import _session
+from onnxsample.engine._model_info import ModelInfo
+from onnxsample.engine._session import (
+    captured_by_default,
+    check_cuda_graph,
+    create_session,
+    warn_if_cpu_shaped,
+)
+from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.metadata import ComposedMetadata, composed_metadata
+
+__all__ = ["LoadedModel", "load_model"]
+
+log = logging.getLogger(__name__)
+
+_PAST = "past_key_values."
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A composed model's session and what the engine reads beside it."""
+
+    path: Path
+    session: Any  # onnxruntime.InferenceSession
+    device: str
+    meta: ComposedMetadata
+    info: ModelInfo
+    cuda_graph: bool  # decode steps replayed as captured CUDA graphs
+    pasts: dict[str, Any]  # the past_key_values inputs, by name
+    inputs: set[str]  # every input name, with the initializers a feed may override
+    concurrency: int  # sequences that can run together
+
+
+def load_model(
+    path: Path,
+    *,
+    provider: str,
+    threads: int | None,
+    optimization: str,
+    cuda_graph: bool | None,
+    row_buckets: bool,
+    speculative: str | None,
+    tokenizer: Path | None,
+) -> LoadedModel:
+    """Open `path` as :class:`~onnxsample.Engine` documents its arguments (`tokenizer` None: the
+    model's folder); a bad model or a combination it cannot run raises a typed error."""
+    if not path.is_file():
+        raise ModelError(f"no such composed model: {path}")
+    if cuda_graph is None:
+        cuda_graph = captured_by_default(path, provider, speculative)
+    if cuda_graph:
+        if provider == "cpu":
+            raise InvalidParameter("cuda_graph needs the CUDA provider (provider='cuda')")
+        check_cuda_graph(composed_metadata(path), path.name)
+    elif not row_buckets:
+        raise InvalidParameter(
+            "row_buckets=False needs cuda_graph: an uncaptured step runs the model over the "
+            "running sequences only"
+        )
+    session, device = create_session(
+        path, provider, threads=threads, optimization=optimization, cuda_graph=cuda_graph
+    )
+    meta = ComposedMetadata.from_session(session)
+    if meta is None:
+        raise ModelError(
+            f"{path.name} is not a composed model: run `onnxsample compose` on it first"
+        )
+    if cuda_graph and device not in _session.GRAPH_DEVICES:
+        raise InvalidParameter(f"cuda_graph needs the CUDA provider; the session runs on {device}")
+    info = ModelInfo.read(tokenizer if tokenizer is not None else path.parent)
+    inputs = {i.name: i for i in session.get_inputs()}
+    pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
+    if device == "cuda":
+        warn_if_cpu_shaped(meta, pasts, path)
+    if meta.kv_layout == "gqa":
+        concurrency = meta.max_slots
+    else:
+        # Left-padded batches need explicit positions (optimum's layout).
+        concurrency = meta.max_slots if "position_ids" in inputs else 1
+        if concurrency == 1 and meta.max_slots > 1:
+            log.info("%s has no position_ids input: one sequence at a time", path.name)
+    # with the inputs that have a default (sampler.logprobs: a branching chain's)
+    overridable = {i.name for i in session.get_overridable_initializers()}
+    return LoadedModel(
+        path,
+        session,
+        device,
+        meta,
+        info,
+        bool(cuda_graph),
+        pasts,
+        set(inputs) | overridable,
+        concurrency,
+    )
