@@ -1,25 +1,21 @@
 """One sequence's text as its ids arrive (:class:`TextStream`), never half a character, with
-transformers' decoding clean-up (:func:`clean_up`) applied as :meth:`Tokenizer.decode` applies it.
+transformers' decoding clean-up applied as :meth:`Tokenizer.decode` applies it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from onnxsample.errors import InvalidParameter, first_line
+from onnxsample.text._clean_up import PATTERNS, clean_up
+from onnxsample.text.tokenizer import Tokenizer
 
-if TYPE_CHECKING:
-    from onnxsample.text.tokenizer import Tokenizer
-
-__all__ = ["TextStream", "clean_up"]
+__all__ = ["TextStream"]
 
 log = logging.getLogger(__name__)
 
-# transformers' clean_up_tokenization, replaced in this order; every pattern starts with a space.
-_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))  # fmt: skip
 _CONTEXT = 6  # ids a stream keeps before its pending ones: a prefix space, a 4-byte character
 
 
@@ -90,7 +86,7 @@ class TextStream:
             for start in range(max(0, cut - 3), cut):
                 tail = self._held[start:]
                 if tail[0] == " " and any(
-                    len(p) > len(tail) and p.startswith(tail) for p, _ in _CLEAN_UP
+                    len(p) > len(tail) and p.startswith(tail) for p, _ in PATTERNS
                 ):
                     cut = start
                     break
@@ -106,10 +102,3 @@ def _decode_stream(ids: list[int], skip_special_tokens: bool) -> Any:
         return DecodeStream(ids=ids, skip_special_tokens=skip_special_tokens)
     except (ImportError, TypeError):
         return None
-
-
-def clean_up(text: str) -> str:
-    """transformers' ``clean_up_tokenization``: spaces before punctuation and contractions go."""
-    for old, new in _CLEAN_UP:
-        text = text.replace(old, new)
-    return text

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from onnxsample.errors import InvalidParameter, ModelError, first_line
+from onnxsample.text import _clean_up
 from onnxsample.text._chat_template import chat_template_of, compile_template
-from onnxsample.text._stream import clean_up
 
 __all__ = ["Tokenizer"]
 
@@ -186,7 +186,7 @@ class Tokenizer:
             raise InvalidParameter(
                 f"token ids must be non-negative integers: {first_line(exc)}"
             ) from exc
-        return clean_up(text) if self._clean_up else text
+        return _clean_up.clean_up(text) if self._clean_up else text
 
     @property
     def special_ids(self) -> frozenset[int]:
