@@ -148,12 +148,20 @@ def resolve_source(source: str | Path | None) -> Source:
     return Source("gguf", path, _SPLIT.match(path.name)["prefix"] if parts else path.stem, parts)
 
 
-def split_parts(path: Path) -> tuple[Path, ...]:
+def split_parts(path: Path, count: int | None = None) -> tuple[Path, ...]:
     """The files of a split GGUF named by its first part (``PREFIX-00001-of-00003.gguf``), first
-    to last; () for a GGUF that is one file. Naming another part, or a part that is missing, is a
-    one-line :class:`ExportError`."""
+    to last; () for a GGUF that is one file. As for llama.cpp, a file is split when its header
+    says so (``split.count``, read here unless `count` gives it) and its parts are found by name:
+    a whole file named like a part is one file. Naming another part, or a part that is missing,
+    is a one-line :class:`ExportError`."""
     match = _SPLIT.match(path.name)
     if match is None or int(match["count"]) < 2:
+        return ()
+    if count is None:
+        from onnxsample.exporters.gguf import split_count
+
+        count = split_count(path)
+    if count < 2:
         return ()
     number, count = int(match["no"]), int(match["count"])
     parts = tuple(

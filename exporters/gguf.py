@@ -29,6 +29,7 @@ __all__ = [
     "gguf_tokenizer",
     "inspect_gguf",
     "open_gguf",
+    "split_count",
 ]
 
 log = logging.getLogger(__name__)
@@ -106,17 +107,27 @@ def open_gguf(path: Path):
     from onnxsample.exporters._source import split_parts
 
     reader = _open_one(path)
-    field = reader.fields.get("split.count")
-    count = int(field.contents()) if field is not None else 1
+    count = _split_count(reader)
     if count < 2:
         return reader
-    parts = split_parts(path)
+    parts = split_parts(path, count)
     if len(parts) != count:
         raise ExportError(
             f"{path.name} is the first of {count} parts of a split GGUF, but is not named as "
             "llama.cpp names them (PREFIX-00001-of-0000N.gguf), so the others cannot be found"
         )
     return _SplitReader(reader, [_open_one(p) for p in parts[1:]])
+
+
+def split_count(path: Path) -> int:
+    """How many files the GGUF `path` says it is in (its header's ``split.count``; 1 when the
+    header says nothing), with :func:`open_gguf`'s line for a file it cannot read."""
+    return _split_count(_open_one(path))
+
+
+def _split_count(reader) -> int:
+    field = reader.fields.get("split.count")
+    return int(field.contents()) if field is not None else 1
 
 
 class _SplitReader:

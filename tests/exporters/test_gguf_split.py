@@ -84,3 +84,20 @@ def test_a_split_it_cannot_read_is_one_line(split, tmp_path, case, message):
     with pytest.raises(ExportError, match=re.escape(expected)):
         export(named, tmp_path / "out", verify_tokens=0, **options)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_whole_file_named_like_a_part_is_one_file_as_for_llama_cpp(llama_cpp, tmp_path):
+    """The header decides (split.count), not the name: llama.cpp loads such a file alone, and so
+    does the exporter."""
+    whole = fixtures.gguf("llama3", "Q8_0", llama_cpp)
+    named = tmp_path / "llama3-00001-of-00003.gguf"
+    shutil.copyfile(whole, named)
+    text = "Hello world"
+    assert llama_cpp.tokenize(named, text) == llama_cpp.tokenize(whole, text)
+    ours = export(named, tmp_path / "named", verify_tokens=0)
+    theirs = export(whole, tmp_path / "whole", verify_tokens=0)
+    assert ours.manifest["source"]["name"] == "llama3-00001-of-00003"
+    assert "parts" not in ours.manifest["source"]
+    mine, reference = _initializers(ours.output), _initializers(theirs.output)
+    assert mine.keys() == reference.keys()
+    assert all(np.array_equal(mine[k], reference[k]) for k in mine)
