@@ -164,7 +164,8 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
         elif scenario == "grow":
             # A request that reserves more positions arrives while another decodes: the KV buffers
             # are replaced (a new decode bucket) and, once it has gone, shrink back (another).
-            running = eng.submit(prompt, params, max_new_tokens=40, chat=False)
+            # The running one is long enough to outlast this thread's cancel on a loaded machine.
+            running = eng.submit(prompt, params, max_new_tokens=200, chat=False)
             next(iter(running))
             lengths = [_kv_length(eng)]
             grown = eng.submit(prompt[:5], params, max_new_tokens=2000, chat=False)
