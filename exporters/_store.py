@@ -2,8 +2,9 @@
 arrays the kernels take when ONNX Runtime loads the model.
 
 Float matrices (:func:`float_matrix`) whose values are all fp16 numbers (an F16 GGUF, fp16 or
-bf16 checkpoints in range) are stored as fp16 in a float32 graph, with a Cast; a tied LM head is the
-embedding's table transposed in the graph, so the table is stored once.
+bf16 checkpoints in range) are stored as fp16 in a float32 graph, with a Cast; those whose values
+are all bfloat16 numbers (a bf16 checkpoint, a BF16 GGUF) as bfloat16, with a Cast; a tied LM
+head is the embedding's table transposed in the graph, so the table is stored once.
 
 A transplanted GGUF weight (:func:`stored_inputs`):
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 
+import ml_dtypes  # onnx and onnx-ir depend on it: their bfloat16 arrays
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.tape
@@ -75,7 +77,7 @@ def float_matrix(
     tape: onnx_ir.tape.Tape, array: np.ndarray, name: str, initializer: Initializer, dtype
 ) -> ir.Value:
     """`array` as the value `name` of numpy float type `dtype` and `array`'s shape: from an fp16
-    initializer (and a Cast) where `dtype` is float32 and every value is an fp16 number."""
+    or bfloat16 initializer (and a Cast) where `dtype` is float32 and every value is one."""
     out = _floats(tape, np.asarray(array), name, initializer, dtype, np.dtype(dtype) == np.float32)
     out.dtype = ir.DataType.FLOAT if np.dtype(dtype) == np.float32 else ir.DataType.FLOAT16
     out.shape = ir.Shape(array.shape)
@@ -101,12 +103,31 @@ def narrowed(array: np.ndarray) -> np.ndarray:
     return half if np.array_equal(half.astype(array.dtype), array) else array
 
 
+def _bf16(array: np.ndarray) -> np.ndarray | None:
+    """float32 `array` as bfloat16 where every value is a bfloat16 number (the low 16 bits of each
+    are zero: a bf16 checkpoint's or a BF16 GGUF's values), else None."""
+    if array.dtype != np.float32:
+        return None
+    bits = array.view(np.uint32)
+    low = np.uint32(0xFFFF)
+    rows = max(1, (1 << 20) // max(1, bits[:1].size))  # about a million values a look
+    if any(np.any(bits[i : i + rows] & low) for i in range(0, len(bits), rows)):
+        return None  # found in the first rows, for most float32 matrices
+    return (bits >> np.uint32(16)).astype(np.uint16).view(ml_dtypes.bfloat16)
+
+
 def _floats(tape, array: np.ndarray, name: str, initializer, dtype, compact: bool) -> ir.Value:
-    """`array` in `dtype`: from an fp16 initializer where every value is an fp16 number."""
+    """`array` in `dtype`: from an fp16 initializer where every value is an fp16 number, else
+    from a bfloat16 one where every value is a bfloat16 number."""
     half = narrowed(array) if compact else None
-    if half is None or half.dtype != np.float16:
+    if half is None:
         return initializer(name, np.asarray(array, dtype))
-    stored = initializer(f"{name}.fp16", half)
+    if half.dtype == np.float16:
+        stored = initializer(f"{name}.fp16", half)
+    elif (brain := _bf16(array)) is not None:
+        stored = initializer(f"{name}.bf16", brain)
+    else:
+        return initializer(name, np.asarray(array, dtype))
     out = tape.op("Cast", [stored], {"to": ir.DataType.FLOAT}, name=f"{name}/Cast")
     out.name = name
     return out

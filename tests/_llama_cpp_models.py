@@ -3,7 +3,7 @@ project exports, each with that family's real tokenizer: the oracle fixtures for
 
 Files our own code writes (tests/_family_models.py) can only agree with our reader. These are made
 the way people make the GGUFs they download: llama.cpp's ``convert_hf_to_gguf.py`` turns the HF
-folder into an F32 and an F16 file, and ``llama-quantize`` turns the F32 file into the usual mixes
+folder into F32, F16 and BF16 files, and ``llama-quantize`` turns the F32 file into the usual mixes
 (Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0; and for two families Q3_K_M, Q2_K, IQ4_XS, IQ4_NL, Q4_1 and
 Q5_1, the other types we transplant). Every weight's input dimension is a multiple of 256 (hidden
 256, intermediate 512, heads x head_dim 256 or 512), so the K-quant mixes are real K-quants and not
@@ -79,7 +79,7 @@ from _llama_cpp import LlamaCpp
 RECIPE = 4  # bump when a change here changes what is built
 SEED = 0
 FAMILIES = ("llama", "llama3", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
-FLOATS = ("F32", "F16")  # convert_hf_to_gguf.py --outtype f32 / f16
+FLOATS = ("F32", "F16", "BF16")  # convert_hf_to_gguf.py --outtype f32 / f16 / bf16
 MIXES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")  # llama-quantize, from the F32 file
 # The rest of the weight types we transplant, as llama-quantize writes them (from the F32 file) for
 # MORE_FAMILIES (a SentencePiece and a BPE vocabulary): mix -> the type it stands for.

@@ -120,6 +120,7 @@ def test_a_half_checkpoint_exports_as_its_values_in_float32(dtype, tiny_hf, tmp_
     byte for byte."""
     import shutil
 
+    import onnx_ir as ir
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -143,6 +144,19 @@ def test_a_half_checkpoint_exports_as_its_values_in_float32(dtype, tiny_hf, tmp_
     ]
     assert len({(out / "model.onnx.data").read_bytes() for out in outputs}) == 1
     assert len({(out / "model.onnx").read_bytes() for out in outputs}) == 1
+    # matrices in the checkpoint's own two bytes a value (fp16 where that holds them, else
+    # bfloat16), cast when the session loads: the float32 graph's numbers, bit for bit
+    stored = onnx.load(str(outputs[0] / "model.onnx"), load_external_data=False)
+    matrices = {t.name: t.data_type for t in stored.graph.initializer if len(t.dims) == 2}
+    halves = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+    assert {n: t for n, t in matrices.items() if "rotary" not in n and t not in halves} == {}
+    plain = tmp_path / "plain" / "model.onnx"
+    plain.parent.mkdir()
+    ir.save(build_gqa_model(*read_hf(tmp_path / "half"), compact=False), plain,
+            external_data="model.onnx.data")  # fmt: skip
+    np.testing.assert_array_equal(
+        _logits(outputs[0] / "model.onnx", PROMPT), _logits(plain, PROMPT)
+    )
 
 
 def test_building_can_consume_the_matrices(tiny_hf):

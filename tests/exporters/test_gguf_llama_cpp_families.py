@@ -3,7 +3,8 @@
 The files (tests/_llama_cpp_models.py): tiny random models of every family we export, with their
 real tokenizers, converted by llama.cpp's convert_hf_to_gguf.py and quantised by llama-quantize to
 F16, Q8_0, Q6_K, Q5_K_M, Q4_K_M and Q4_0, and for Llama 2 and Qwen2 also to Q3_K_M, Q2_K,
-IQ4_XS, IQ4_NL, Q4_1 and Q5_1 (the other types we transplant). For each file:
+IQ4_XS, IQ4_NL, Q4_1 and Q5_1 (the other types we transplant), and for Llama 3 and Phi-3 to BF16.
+For each file:
 
 - every tensor we transplant de-quantises to `gguf.quants.dequantize`'s numbers, bit for bit;
 - `onnxsample export FILE` (every option default) keeps the file's own blocks, within the size
@@ -39,13 +40,22 @@ pytestmark = pytest.mark.slow
 MIXES = ("F16", *models.MIXES)
 CASES = [(f, m) for f in models.FAMILIES for m in MIXES]
 CASES += [(f, m) for f in models.MORE_FAMILIES for m in models.MORE_MIXES]
+CASES += [("llama3", "BF16"), ("phi3", "BF16")]  # bfloat16 values, stored as bfloat16
 # The weights' bytes on disk over the GGUF's tensor bytes, at most, as measured: 5- and 6-bit codes
 # as bit planes and fp16 scales as fp16, rebuilt when the session loads (exporters/_store.py); K-quant
-# scales (d * sc) and minimums float32 (exact: fp16 would round them); F16 weights as fp16 and a tied
-# float LM head over its embedding's table. The rotary tables (positions x rotary dims, float32: 33
+# scales (d * sc) and minimums float32 (exact: fp16 would round them); F16 weights as fp16, BF16
+# ones as bfloat16, and a tied float LM head over its embedding's table. The rotary tables (positions x rotary dims, float32: 33
 # MB for Llama 3's 131k positions, most of a tiny model, a few percent of a real one) are left out:
 # the GGUF has none.
-SIZE = {"F16": 1.01, "Q8_0": 1.01, "Q6_K": 1.23, "Q5_K_M": 1.26, "Q4_K_M": 1.28, "Q4_0": 1.23}
+SIZE = {
+    "F16": 1.01,
+    "BF16": 1.01,
+    "Q8_0": 1.01,
+    "Q6_K": 1.23,
+    "Q5_K_M": 1.26,
+    "Q4_K_M": 1.28,
+    "Q4_0": 1.23,
+}
 # The other types cost more: Q2_K and Q3_K take 4-bit codes in blocks of 16 with float32 scales
 # (and Q2_K's minimums), IQ4_NL and IQ4_XS 8-bit codes (a 16-value table); Llama's 32k vocabulary
 # makes them most of its file, Qwen2's Q6_K embedding most of its.

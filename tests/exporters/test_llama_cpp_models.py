@@ -26,6 +26,7 @@ ALL_MIXES = fixtures.FLOATS + fixtures.MIXES
 TYPES = {
     "F32": ("F32", set()),
     "F16": ("F16", set()),
+    "BF16": ("BF16", set()),
     "Q8_0": ("Q8_0", set()),
     "Q6_K": ("Q6_K", set()),
     "Q5_K_M": ("Q5_K", {"Q6_K"}),
