@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
+import ml_dtypes  # onnx and onnx-ir depend on it: their bfloat16 arrays
 import numpy as np
 
 from onnxsample.errors import ExportError
@@ -60,7 +61,11 @@ FLOATS = ("BF16", "F16", "F32")
 SUPPORTED = (*TRANSPLANTABLE, *FLOATS)
 """Every GGUF type :func:`from_gguf` accepts."""
 
-_FLOAT_DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2")}
+_FLOAT_DTYPES = {
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+}
 
 
 @dataclass(frozen=True)
@@ -141,14 +146,15 @@ def from_gguf(
     Args:
         data: the tensor as `GGUFReader` gives it: uint8 ``[N, row_bytes]`` for a quantised type
             (any shape whose size is ``N * row_bytes`` is accepted), float32 / float16 ``[N, K]``
-            (or the raw little-endian bytes as uint8) for F32 / F16.
+            (or the raw little-endian bytes as uint8) for F32 / F16 / BF16.
         type_name: the GGUF type's name (`GGMLQuantizationType.name`), e.g. "Q4_K".
         k: inputs per output channel (``tensor.shape[0]`` in ggml order).
         name: the tensor's name, for error messages.
 
     Returns:
         A :class:`QuantizedWeight` for the types of :data:`TRANSPLANTABLE`; ``[N, K]`` float rows
-        for F32 (float32), F16 (float16, the file's own values) and BF16 (float32).
+        of the file's own values and type (float32, float16, ml_dtypes' bfloat16) for F32, F16
+        and BF16.
 
     Raises:
         ExportError: the type is not supported, or the data does not fit ``k``.
@@ -157,12 +163,6 @@ def from_gguf(
     label = f"tensor {name!r}" if name else "tensor"
     if type_name in _FLOAT_DTYPES:
         return _float_rows(data, _FLOAT_DTYPES[type_name], k, label, type_name)
-    if type_name == "BF16":
-        import gguf.quants
-
-        return gguf.quants.dequantize(np.asarray(data), gguf.GGMLQuantizationType.BF16).reshape(
-            -1, k
-        )
     fmt = _gguf_blocks.FORMATS.get(type_name)
     if fmt is None:
         raise ExportError(
@@ -311,7 +311,8 @@ def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
 def _float_rows(
     data: np.ndarray, dtype: np.dtype, k: int, label: str, type_name: str
 ) -> np.ndarray:
-    """An F32 / F16 tensor as ``[N, K]`` of its own type; `data` may be typed or raw uint8 bytes."""
+    """An F32 / F16 / BF16 tensor as ``[N, K]`` of its own type; `data` may be typed or raw uint8
+    bytes."""
     data = np.asarray(data)
     if data.dtype == np.uint8:
         data = np.ascontiguousarray(data).reshape(-1).view(dtype)

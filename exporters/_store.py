@@ -39,7 +39,7 @@ import onnx_ir.tape
 
 from onnxsample.exporters._gguf_quant import QuantizedWeight
 
-__all__ = ["float_matrix", "narrowed", "stored_inputs", "transposed"]
+__all__ = ["float_matrix", "stored_inputs", "transposed"]
 
 Initializer = Callable[[str, np.ndarray], ir.Value]
 
@@ -92,37 +92,42 @@ def transposed(tape: onnx_ir.tape.Tape, matrix: ir.Value, name: str) -> ir.Value
     return out
 
 
-def narrowed(array: np.ndarray) -> np.ndarray:
-    """`array` as fp16 where every value is an fp16 number, else `array` itself.
-
-    The readers keep weights so (an F16 GGUF's rows, fp16 checkpoints), which halves an export's
-    memory against float32 copies: the values are the same, and stored the same way."""
+def _fp16(array: np.ndarray) -> np.ndarray | None:
+    """`array` as fp16 where every value is an fp16 number, else None."""
     if array.dtype == np.float16:
         return array
-    half = array.astype(np.float16)
-    return half if np.array_equal(half.astype(array.dtype), array) else array
+    for part in _row_chunks(array):  # a miss is found in the first rows, for most matrices
+        wide = part.astype(np.float32)  # exact from bfloat16 too
+        if not np.array_equal(wide.astype(np.float16).astype(np.float32), wide):
+            return None
+    return np.ascontiguousarray(array, dtype=np.float16)  # one copy, of a transposed view too
 
 
 def _bf16(array: np.ndarray) -> np.ndarray | None:
-    """float32 `array` as bfloat16 where every value is a bfloat16 number (the low 16 bits of each
-    are zero: a bf16 checkpoint's or a BF16 GGUF's values), else None."""
+    """`array` as bfloat16 where every value is a bfloat16 number (float32 values whose low 16
+    bits are zero), else None."""
+    if array.dtype == ml_dtypes.bfloat16:
+        return array
     if array.dtype != np.float32:
         return None
-    bits = array.view(np.uint32)
     low = np.uint32(0xFFFF)
-    rows = max(1, (1 << 20) // max(1, bits[:1].size))  # about a million values a look
-    if any(np.any(bits[i : i + rows] & low) for i in range(0, len(bits), rows)):
-        return None  # found in the first rows, for most float32 matrices
-    return (bits >> np.uint32(16)).astype(np.uint16).view(ml_dtypes.bfloat16)
+    if any(np.any(part.view(np.uint32) & low) for part in _row_chunks(array)):
+        return None
+    return (array.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(ml_dtypes.bfloat16)
+
+
+def _row_chunks(array: np.ndarray):
+    """`array`'s rows, about a million values at a time."""
+    rows = max(1, (1 << 20) // max(1, array[:1].size))
+    return (array[i : i + rows] for i in range(0, len(array), rows))
 
 
 def _floats(tape, array: np.ndarray, name: str, initializer, dtype, compact: bool) -> ir.Value:
-    """`array` in `dtype`: from an fp16 initializer where every value is an fp16 number, else
-    from a bfloat16 one where every value is a bfloat16 number."""
-    half = narrowed(array) if compact else None
-    if half is None:
+    """`array` in `dtype`; with `compact`, from an fp16 initializer where every value is an fp16
+    number, else from a bfloat16 one where every value is a bfloat16 number, and a Cast."""
+    if not compact:
         return initializer(name, np.asarray(array, dtype))
-    if half.dtype == np.float16:
+    if (half := _fp16(array)) is not None:
         stored = initializer(f"{name}.fp16", half)
     elif (brain := _bf16(array)) is not None:
         stored = initializer(f"{name}.bf16", brain)

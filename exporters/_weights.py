@@ -3,9 +3,9 @@
 Both readers give the same thing: a :class:`~onnxsample.exporters.families.DecoderSpec` and a
 mapping from our tensor names (``embed``, ``layers.{i}.q`` ... ``norm``, ``lm_head``; the family's
 extra ones such as ``layers.{i}.q_bias`` or ``layers.{i}.q_norm``) to float ``[N, K]`` arrays
-(output channels first, as in torch; float32 vectors for norms and biases; matrices in fp16 where
-every value is an fp16 number, as an F16 GGUF's or an fp16 checkpoint's are, which halves the
-export's memory against float32 copies, else float32) or, from a GGUF with
+(output channels first, as in torch; float32 vectors for norms and biases; matrices in the
+source's own float type: fp16, bfloat16 (ml_dtypes') or float32, so an export holds a half-precision
+source's matrices in their own two bytes a value, not as float32 copies) or, from a GGUF with
 ``precision="gguf"``, the file's own quantised blocks
 (:class:`~onnxsample.exporters._gguf_quant.QuantizedWeight`).
 
@@ -22,11 +22,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes  # onnx and onnx-ir depend on it: their bfloat16 arrays
 import numpy as np
 
 from onnxsample.errors import ExportError
 from onnxsample.exporters import _gguf_quant
-from onnxsample.exporters._store import narrowed
 from onnxsample.exporters.families import DecoderSpec, Family, gguf_family, hf_family
 from onnxsample.exporters.families._family import FUSED, LINEAR
 
@@ -75,15 +75,17 @@ def read_hf(folder: Path) -> tuple[DecoderSpec, dict[str, np.ndarray]]:
 
 
 def _hf_array(tensor) -> np.ndarray:
-    """A checkpoint tensor as numpy: matrices in fp16 where every value is one (an fp16
-    checkpoint as it is, a bf16 one where it fits), else float32; vectors (norms, biases) float32."""
+    """A checkpoint tensor as numpy: matrices in their own type (fp16, bfloat16, float32; other
+    types as float32), vectors (norms, biases) in float32."""
     import torch
 
     if tensor.dim() != 2:
         return tensor.float().numpy()
-    if tensor.dtype == torch.float16:
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: the same bits, as ml_dtypes'
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    if tensor.dtype in (torch.float16, torch.float32):
         return tensor.numpy()
-    return narrowed(tensor.float().numpy())
+    return tensor.float().numpy()
 
 
 def _refuse_leftovers(raw: dict[str, np.ndarray], what: str) -> None:
@@ -113,7 +115,7 @@ def read_gguf(
 
     Norm weights and biases are always float32; with `quantized` every linear weight, the LM
     head and the token embedding keep their GGUF blocks (which must be transplantable), else
-    they are de-quantised to float32. Float tensors (F16, BF16 in fp16's range) stay fp16.
+    they are de-quantised to float32. Float tensors (F32, F16, BF16) are the file's own rows.
     """
     from onnxsample.exporters.gguf import open_gguf
 
@@ -134,8 +136,7 @@ def read_gguf(
         data, type_name = np.asarray(t.data), t.tensor_type.name
         if not linear or not (quantized or type_name in _gguf_quant.FLOATS):
             return _float(data, t.tensor_type, name)
-        w = _gguf_quant.from_gguf(data, type_name, int(t.shape[0]), name=name)
-        return w if isinstance(w, _gguf_quant.QuantizedWeight) else narrowed(w)
+        return _gguf_quant.from_gguf(data, type_name, int(t.shape[0]), name=name)
 
     embed = load("token_embd.weight", linear=True)  # gathered from its blocks when quantized
     if spec.vocab_size == 0:

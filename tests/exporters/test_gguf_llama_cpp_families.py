@@ -23,6 +23,7 @@ from pathlib import Path
 
 import _llama_cpp_models as models
 import gguf
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -93,15 +94,15 @@ def test_every_tensor_dequantizes_as_gguf(made):
         assert models.MORE_MIXES[mix] in types, (mix, types)
 
 
+@pytest.mark.parametrize(("mix", "half"), [("F16", np.float16), ("BF16", ml_dtypes.bfloat16)])
 @pytest.mark.parametrize("family", ["llama3", "phi3"])
-def test_an_f16_files_matrices_are_read_as_the_file_holds_them(family, llama_cpp):
-    """fp16, not float32 copies (half an export's memory); Phi-3's fused tensors split apart
-    and Llama's Q/K rows put back stay fp16. Norms are float32."""
-    path = models.gguf(family, "F16", llama_cpp)
+def test_a_half_files_matrices_are_read_as_the_file_holds_them(family, mix, half, llama_cpp):
+    """fp16 or bfloat16, not float32 copies (half an export's memory); Phi-3's fused tensors split
+    apart and Llama's Q/K rows put back keep the file's type. Norms are float32."""
+    path = models.gguf(family, mix, llama_cpp)
     _, weights = read_gguf(path, inspect_gguf(path).metadata, quantized=True)
-    dtypes = {k: (np.ndim(w), np.asarray(w).dtype) for k, w in weights.items()}
-    assert {d for n, d in dtypes.values() if n == 2} == {np.dtype(np.float16)}, dtypes
-    assert {d for n, d in dtypes.values() if n == 1} == {np.dtype(np.float32)}, dtypes
+    read = {(np.ndim(w), np.asarray(w).dtype) for w in weights.values()}
+    assert read == {(1, np.dtype(np.float32)), (2, np.dtype(half))}, read
 
 
 def _weight_bytes(model: Path) -> int:

@@ -4,6 +4,7 @@ type de-quantises to `gguf.quants.dequantize` bit for bit, and ONNX Runtime comp
 from __future__ import annotations
 
 import gguf
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -364,21 +365,20 @@ def test_concat_rows_rejects_weights_that_do_not_stack(a, b):
         concat_rows([])
 
 
-@pytest.mark.parametrize(("qtype", "dtype"), [("F32", np.float32), ("F16", np.float16)])
+@pytest.mark.parametrize(
+    ("qtype", "dtype"),
+    [("F32", np.float32), ("F16", np.float16), ("BF16", ml_dtypes.bfloat16)],
+)
 def test_float_tensors_are_their_own_rows(qtype, dtype):
-    """The file's values in their own type, not copied: an F16 tensor costs its bytes once."""
+    """The file's values in their own type, not copied: an F16 or BF16 tensor costs its bytes
+    once."""
     w = np.random.default_rng(4).standard_normal((6, 40)).astype(dtype)
     for data in (w, w.view(np.uint8)):
         out = from_gguf(data, qtype, 40)
         assert out.dtype == dtype and out.shape == (6, 40)
-        assert np.array_equal(out, w) and np.shares_memory(out, w)
-
-
-def test_bf16_tensors_become_float32_rows():
-    w = np.random.default_rng(4).standard_normal((6, 40)).astype(np.float32)
-    bf16 = (w.view(np.uint32) >> 16).astype(np.uint16)
-    out = from_gguf(bf16.view(np.uint8), "BF16", 40)
-    assert np.array_equal(out, (bf16.astype(np.uint32) << 16).view(np.float32))
+        assert np.array_equal(out.view(np.uint8), w.view(np.uint8)) and np.shares_memory(out, w)
+    theirs = gguf.quants.dequantize(w.view(np.uint8), QT[qtype]).reshape(6, 40)
+    assert np.array_equal(out.astype(np.float32), theirs)
 
 
 @pytest.mark.parametrize("qtype", ["IQ2_XXS", "TQ1_0", "IQ3_S", "MXFP4"])
