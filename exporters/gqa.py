@@ -31,7 +31,6 @@ as the mask.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,14 @@ import onnx_ir as ir
 
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
 from onnxsample.exporters._gqa_graph import GraphBuilder, concat_weights
+from onnxsample.exporters._gqa_layer import (
+    ACTIVATIONS,
+    MS,
+    add_and_norm,
+    attention_inputs,
+    norm_weight,
+    rms_norm,
+)
 from onnxsample.exporters.families import DecoderSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
@@ -48,7 +55,6 @@ log = logging.getLogger(__name__)
 
 OPSET = 21
 IR_VERSION = 10
-MS = "com.microsoft"
 
 
 def build_gqa_model(
@@ -142,14 +148,17 @@ def build_gqa_model(
     residual = g.op("Cast", [hidden], "embed_fp32", to=ir.DataType.FLOAT) if wide else hidden
     x = g.op(
         "SimplifiedLayerNormalization",
-        [residual, g.const("layers.0.attn_norm.weight", _norm(weights, "layers.0.attn_norm", g))],
+        [
+            residual,
+            g.const("layers.0.attn_norm.weight", norm_weight(weights, "layers.0.attn_norm", g)),
+        ],
         "layers.0/attn_norm",
         axis=-1,
         epsilon=eps,
     )
     for i in range(spec.num_layers):
         p = f"layers.{i}"
-        qkv = _attention_inputs(g, spec, weights, take, x, p)
+        qkv = attention_inputs(g, spec, weights, take, x, p)
         window = spec.window(i)
         cos_cache, sin_cache = caches[spec.layer_rope(i)]
         if exact is not None:
@@ -190,8 +199,8 @@ def build_gqa_model(
             outputs.append(value)
         o = g.linear(attn, take(f"{p}.o"), f"{p}.o_proj")
         if spec.post_norms:
-            o = _rms_norm(g, spec, o, weights, f"{p}.post_attn_norm", wide)
-        x, residual = _add_and_norm(g, o, residual, weights, f"{p}.ffn_norm", eps, wide)
+            o = rms_norm(g, spec, o, weights, f"{p}.post_attn_norm", wide)
+        x, residual = add_and_norm(g, o, residual, weights, f"{p}.ffn_norm", eps, wide)
         gate_up = g.linear(
             x, concat_weights([take(f"{p}.gate"), take(f"{p}.up")]), f"{p}.gate_up_proj"
         )
@@ -202,13 +211,13 @@ def build_gqa_model(
             2,
             axis=-1,
         )
-        act = g.op("Mul", [_ACTIVATIONS[spec.activation](g, gate, p), up], f"{p}/act")
+        act = g.op("Mul", [ACTIVATIONS[spec.activation](g, gate, p), up], f"{p}/act")
         down = g.linear(act, take(f"{p}.down"), f"{p}.down_proj")
         if spec.post_norms:
-            down = _rms_norm(g, spec, down, weights, f"{p}.post_ffn_norm", wide)
+            down = rms_norm(g, spec, down, weights, f"{p}.post_ffn_norm", wide)
         last = i == spec.num_layers - 1
         norm_name = "norm" if last else f"layers.{i + 1}.attn_norm"
-        x, residual = _add_and_norm(
+        x, residual = add_and_norm(
             g, down, residual, weights, norm_name, eps, wide, "final_norm" if last else None
         )
     # Shape inference does not know the contrib ops: annotate what the composer looks for.
@@ -239,116 +248,6 @@ def build_gqa_model(
     if exact is not None:
         model.metadata_props[ATTENTION_KEY] = "exact"
     return model
-
-
-def _attention_inputs(
-    g: GraphBuilder,
-    spec: DecoderSpec,
-    weights: dict[str, Any],
-    take: Callable[[str], Any],
-    x: ir.Value,
-    p: str,
-) -> ir.Value | tuple[ir.Value, ir.Value, ir.Value]:
-    """The attention's input: the packed QKV projection (plus its bias, for families with one),
-    or q, k, v apart when each head of q and k is RMS-normalised first (Qwen3). Matrices come from
-    `take`, vectors from `weights`."""
-    qkv = g.linear(x, concat_weights([take(f"{p}.{k}") for k in ("q", "k", "v")]), f"{p}.qkv_proj")
-    if spec.qkv_bias:
-        bias = np.concatenate([np.reshape(weights[f"{p}.{k}_bias"], -1) for k in ("q", "k", "v")])
-        qkv = g.op(
-            "Add", [qkv, g.const(f"{p}.qkv_proj.bias", bias.astype(g.np_dtype))], f"{p}/qkv_bias"
-        )
-    if not spec.qk_norm:
-        return qkv
-    d, heads, kv_heads = spec.head_dim, spec.num_heads, spec.num_kv_heads
-    split = g.const(f"{p}.qkv_split", np.array([heads * d, kv_heads * d, kv_heads * d], np.int64))
-    q, k, v = g.ops("Split", [qkv, split], f"{p}/qkv_split", 3, axis=-1)
-    return (
-        _head_norm(g, spec, q, heads, _norm(weights, f"{p}.q_norm", g), f"{p}.q_norm"),
-        _head_norm(g, spec, k, kv_heads, _norm(weights, f"{p}.k_norm", g), f"{p}.k_norm"),
-        v,
-    )
-
-
-def _silu(g: GraphBuilder, gate: ir.Value, p: str) -> ir.Value:
-    return g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}/sigmoid")], f"{p}/silu")
-
-
-def _gelu_tanh(g: GraphBuilder, gate: ir.Value, p: str) -> ir.Value:
-    """transformers' gelu_pytorch_tanh (Gemma's GeGLU)."""
-    return g.op("Gelu", [gate], f"{p}/gelu", approximate="tanh")
-
-
-_ACTIVATIONS = {"silu": _silu, "gelu_tanh": _gelu_tanh}
-
-
-def _rms_norm(
-    g: GraphBuilder,
-    spec: DecoderSpec,
-    x: ir.Value,
-    weights: dict[str, Any],
-    key: str,
-    wide: bool = False,
-) -> ir.Value:
-    """A plain RMSNorm (Gemma's post-attention and post-MLP norms, before the residual add); with
-    `wide` its output (and weight) is float32, for a float32 residual stream."""
-    weight = _norm(weights, key, g)
-    return g.op(
-        "SimplifiedLayerNormalization",
-        [x, g.const(f"{key}.weight", weight.astype(np.float32) if wide else weight)],
-        "/".join(key.rsplit(".", 1)),
-        axis=-1,
-        epsilon=float(spec.rms_norm_eps),
-    )
-
-
-def _add_and_norm(
-    g: GraphBuilder,
-    x: ir.Value,
-    residual: ir.Value,
-    weights: dict[str, Any],
-    key: str,
-    eps: float,
-    wide: bool,
-    name: str | None = None,
-) -> tuple[ir.Value, ir.Value]:
-    """``residual += x``, then the RMSNorm `key` of it: (normalised, residual), the node named
-    `name` (default `key` with its last dot a slash). One SkipSimplifiedLayerNormalization; with
-    `wide` (a float32 residual, x already float32) an Add and a SimplifiedLayerNormalization whose
-    output takes the weight's type."""
-    name = name or "/".join(key.rsplit(".", 1))
-    w = g.const(f"{key}.weight", _norm(weights, key, g))
-    if not wide:
-        normed, _, _, total = g.ops(
-            "SkipSimplifiedLayerNormalization", [x, residual, w], name, 4, domain=MS, epsilon=eps
-        )
-        return normed, total
-    total = g.op("Add", [x, residual], f"{name}/residual")
-    return g.op("SimplifiedLayerNormalization", [total, w], name, axis=-1, epsilon=eps), total
-
-
-def _head_norm(
-    g: GraphBuilder, spec: DecoderSpec, x: ir.Value, heads: int, weight: np.ndarray, name: str
-) -> ir.Value:
-    """RMSNorm over each head's head_dim values of x [B, S, heads * head_dim]."""
-    by_head = g.op(
-        "Reshape",
-        [x, g.const(f"{name}.heads", np.array([0, 0, heads, spec.head_dim], np.int64))],
-        name,
-    )
-    normed = g.op(
-        "SimplifiedLayerNormalization",
-        [by_head, g.const(f"{name}.weight", weight)],
-        f"{name}/norm",
-        axis=-1,
-        epsilon=float(spec.rms_norm_eps),
-    )
-    flat = np.array([0, 0, heads * spec.head_dim], np.int64)
-    return g.op("Reshape", [normed, g.const(f"{name}.flat", flat)], f"{name}/flat")
-
-
-def _norm(weights: dict[str, Any], key: str, g: GraphBuilder) -> np.ndarray:
-    return np.asarray(weights[key], g.np_dtype).reshape(-1)
 
 
 def write_gqa(
