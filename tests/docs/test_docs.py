@@ -37,7 +37,7 @@ def _id(page: Path) -> str:
 @pytest.fixture(scope="session")
 def scratch_parts(tiny_hf: Path) -> dict[str, Path]:
     """What every page's scratch directory links to (made once): the embedded model's default
-    export is there, as `onnxsample export` writes it."""
+    export is there, as `onnxsample export` writes it, and the scripts."""
     default = ROOT / "artifacts" / "smollm2-135m-instruct-gqa-gguf-a4"
     export_cached(None, default, layout="gqa", precision="gguf", accuracy_level=4, verify_tokens=0)
     gguf = tiny_hf.parent / "docs-model.gguf"
@@ -45,7 +45,12 @@ def scratch_parts(tiny_hf: Path) -> dict[str, Path]:
         partial = gguf.with_suffix(".partial")
         write_gguf(tiny_hf, partial, "llama", TYPES)
         partial.rename(gguf)
-    return {"hf-model": tiny_hf, "model.gguf": gguf, "artifacts": ROOT / "artifacts"}
+    return {
+        "hf-model": tiny_hf,
+        "model.gguf": gguf,
+        "artifacts": ROOT / "artifacts",
+        "scripts": ROOT / "scripts",
+    }
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_id)
