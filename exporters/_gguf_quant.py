@@ -61,6 +61,8 @@ FLOATS = ("BF16", "F16", "F32")
 SUPPORTED = (*TRANSPLANTABLE, *FLOATS)
 """Every GGUF type :func:`from_gguf` accepts."""
 
+_CHUNK_WEIGHTS = 1 << 22  # weights unpacked at a time: blocks never span rows
+
 _FLOAT_DTYPES = {
     "F32": np.dtype("<f4"),
     "F16": np.dtype("<f2"),
@@ -169,7 +171,13 @@ def from_gguf(
             f"{label} has GGUF type {type_name}, which cannot be exported: "
             f"supported types are {', '.join(SUPPORTED)}"
         )
-    return _pack(_gguf_blocks.unpack(_blocks(data, fmt, k, label), fmt))
+    blocks = _blocks(data, fmt, k, label)
+    # a few million weights at a time: unpacking takes several bytes a weight in passing
+    rows = max(1, _CHUNK_WEIGHTS // k)
+    parts = [
+        _pack(_gguf_blocks.unpack(blocks[i : i + rows], fmt)) for i in range(0, len(blocks), rows)
+    ]
+    return parts[0] if len(parts) == 1 else concat_rows(parts)
 
 
 def _pack(u: _gguf_blocks.Unpacked) -> QuantizedWeight:

@@ -4,6 +4,7 @@ layers and embeddings over float matrices or GGUF blocks (:mod:`._gguf_nodes`), 
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,9 @@ class GraphBuilder:
         self.accuracy_level = accuracy_level
         self._consts: dict[str, ir.Value] = {}
         self._block_sums: dict = {}  # one block sum per input of the GGUF minimums' corrections
-        self._weight_names: dict[int, tuple[QuantizedWeight, str]] = {}
-        self._tables: dict[int, tuple[Any, ir.Value]] = {}  # float embeddings, by id
+        # by weight: a tied LM head is its embedding's object; a weight leaves memory once stored
+        self._weight_names = _ByObject()  # GGUF blocks: their initializers' prefix
+        self._tables = _ByObject()  # float embeddings: their table
 
     def const(self, name: str, array: np.ndarray) -> ir.Value:
         """The initializer `name`; asked again (a tied LM head's blocks), the same value."""
@@ -40,7 +42,10 @@ class GraphBuilder:
 
     def _weight_name(self, weight: QuantizedWeight, name: str) -> str:
         """The initializers' prefix of `weight`: the first name it was used under."""
-        return self._weight_names.setdefault(id(weight), (weight, name))[1]
+        first = self._weight_names.get(weight)
+        if first is None:
+            self._weight_names.put(weight, name)
+        return name if first is None else first
 
     def embedding(self, ids: ir.Value, weight: Any, name: str, weight_name: str) -> ir.Value:
         """weight[ids]: a float table, or a GGUF's blocks gathered and de-quantised exactly;
@@ -56,7 +61,7 @@ class GraphBuilder:
                 weight_name=self._weight_name(weight, weight_name),
             )
         table = self._matrix(np.asarray(weight), f"{weight_name}.weight")
-        self._tables[id(weight)] = (weight, table)
+        self._tables.put(weight, table)
         return self.op("Gather", [table, ids], name, axis=0)
 
     def _matrix(self, array: np.ndarray, name: str) -> ir.Value:
@@ -102,13 +107,26 @@ class GraphBuilder:
             # (fp32 activations); the float matrix holds the same values. CUDA's fp16 kernel has
             # a fused 8-bit path, so fp16 graphs keep the blocks.
             weight = weight.dequantize()
-        if (
-            self.compact and id(weight) in self._tables
-        ):  # a tied LM head: its embedding's table, transposed
-            w = _store.transposed(self.tape, self._tables[id(weight)][1], f"{name}.weight")
+        table = self._tables.get(weight) if self.compact else None
+        if table is not None:  # a tied LM head: its embedding's table, transposed
+            w = _store.transposed(self.tape, table, f"{name}.weight")
         else:
             w = self._matrix(np.asarray(weight).T, f"{name}.weight")
         return self.op("MatMul", [x, w], f"{name}/MatMul")
+
+
+class _ByObject:
+    """Values kept for objects by identity, without keeping the objects alive."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def get(self, obj: Any) -> Any:
+        found = self._items.get(id(obj))
+        return found[1] if found is not None and found[0]() is obj else None
+
+    def put(self, obj: Any, value: Any) -> None:
+        self._items[id(obj)] = (weakref.ref(obj), value)
 
 
 def concat_weights(weights: list[Any]) -> Any:

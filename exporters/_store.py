@@ -43,6 +43,8 @@ __all__ = ["float_matrix", "stored_inputs", "transposed"]
 
 Initializer = Callable[[str, np.ndarray], ir.Value]
 
+_CHUNK_CODES = 1 << 22  # codes split into planes at a time
+
 # The arrays already built on a tape, by initializer prefix and float type: a tied LM head and its
 # embedding ask for the same ones.
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -146,7 +148,7 @@ def _codes(tape, w: QuantizedWeight, name: str, initializer) -> ir.Value:
     base, high_bits = _base(codes)
     if high_bits is None:
         return initializer(name, codes)
-    low, high = _planes(codes - base, high_bits)
+    low, high = _planes_by_rows(codes, base, high_bits)
 
     def op(op_type: str, inputs: list, suffix: str, **attributes) -> ir.Value:
         return tape.op(op_type, inputs, attributes or None, name=f"{name}/{suffix}")
@@ -207,6 +209,21 @@ def _base(codes: np.ndarray) -> tuple[np.ndarray, int | None]:
 def _high_bits(largest: int) -> int:
     """Bits above a nibble that values 0..largest need: 1, 2, or 0 when more than 2."""
     return 1 if largest < 32 else 2 if largest < 64 else 0
+
+
+def _planes_by_rows(
+    codes: np.ndarray, base: np.ndarray, high_bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_planes` of ``codes - base``, a few million codes at a time (each takes several
+    bytes in passing)."""
+    rows = max(1, _CHUNK_CODES // max(1, codes[:1].size))
+    parts = [
+        _planes(codes[i : i + rows] - (base[i : i + rows] if base.ndim else base), high_bits)
+        for i in range(0, len(codes), rows)
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate([low for low, _ in parts]), np.concatenate([high for _, high in parts])
 
 
 def _planes(values: np.ndarray, high_bits: int) -> tuple[np.ndarray, np.ndarray]:

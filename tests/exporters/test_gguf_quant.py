@@ -13,6 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as QT
 
 from onnxsample.errors import ExportError
+from onnxsample.exporters import _gguf_quant, _store
 from onnxsample.exporters._gguf_blocks import FORMATS
 from onnxsample.exporters._gguf_nodes import gather_nodes, linear_nodes
 from onnxsample.exporters._gguf_quant import (
@@ -133,6 +134,39 @@ def test_dequantize_is_bit_exact(qtype, bits, block, mins, n, k):
     out = w.dequantize()
     assert out.dtype == np.float32
     assert _same(out, _reference(data, qtype))
+
+
+@pytest.mark.parametrize("qtype", TRANSPLANTABLE)
+def test_a_tensor_unpacks_the_same_a_few_rows_at_a_time(qtype, monkeypatch):
+    """Unpacking goes a few million weights at a time (it takes several bytes a weight in
+    passing); the weight is the same as in one go, a block without an exact moved minimum
+    (a zero point of its own) in a middle chunk included."""
+    data = _quantized(qtype, 16, 256)
+    if qtype == "Q4_K":  # row 7: d = 1, dmin * 6-bit minimum = -2**-24 (see the test below)
+        blocks = data.reshape(16, -1, FORMATS[qtype].nbytes).copy()
+        blocks[7, 0, 0:2] = np.array([1.0], np.float16).view(np.uint8)
+        blocks[7, 0, 2:4] = np.array([-(2.0**-24)], np.float16).view(np.uint8)
+        blocks[7, 0, 4], blocks[7, 0, 8] = 1, 1
+        data = blocks.reshape(16, -1)
+    whole = from_gguf(data, qtype, 256)
+    monkeypatch.setattr(_gguf_quant, "_CHUNK_WEIGHTS", 3 * 256)  # 3 rows, then 1
+    rows = from_gguf(data, qtype, 256)
+    assert (qtype == "Q4_K") == (whole.zeros is not None)
+    for field in ("bits", "block_size", "k", "n", "qtype"):
+        assert getattr(rows, field) == getattr(whole, field), field
+    for field in ("packed", "scales", "zeros", "mins"):
+        a, b = getattr(rows, field), getattr(whole, field)
+        assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), field
+
+
+@pytest.mark.parametrize("per_block", [False, True])
+def test_bit_planes_are_the_same_a_few_rows_at_a_time(per_block, monkeypatch):
+    codes = np.random.default_rng(5).integers(100, 164, (10, 4, 32), dtype=np.uint8)
+    base = codes.min(axis=-1, keepdims=True) if per_block else np.uint8(codes.min())
+    whole = _store._planes(codes - base, 2)
+    monkeypatch.setattr(_store, "_CHUNK_CODES", 3 * 4 * 32)
+    rows = _store._planes_by_rows(codes, np.asarray(base), 2)
+    assert all(np.array_equal(a, b) for a, b in zip(rows, whole, strict=True))
 
 
 def test_every_transplantable_type_has_a_layout():
