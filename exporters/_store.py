@@ -98,8 +98,9 @@ def _fp16(array: np.ndarray) -> np.ndarray | None:
     """`array` as fp16 where every value is an fp16 number, else None."""
     if array.dtype == np.float16:
         return array
-    for part in _row_chunks(array):  # a miss is found in the first rows, for most matrices
-        wide = part.astype(np.float32)  # exact from bfloat16 too
+    # a million values at a time: most matrices that do not fit show it in their first rows
+    for rows in _row_slices(array, 1 << 20):
+        wide = array[rows].astype(np.float32)  # exact from bfloat16 too
         if not np.array_equal(wide.astype(np.float16).astype(np.float32), wide):
             return None
     return np.ascontiguousarray(array, dtype=np.float16)  # one copy, of a transposed view too
@@ -113,15 +114,15 @@ def _bf16(array: np.ndarray) -> np.ndarray | None:
     if array.dtype != np.float32:
         return None
     low = np.uint32(0xFFFF)
-    if any(np.any(part.view(np.uint32) & low) for part in _row_chunks(array)):
+    if any(np.any(array[rows].view(np.uint32) & low) for rows in _row_slices(array, 1 << 20)):
         return None
     return (array.view(np.uint32) >> np.uint32(16)).astype(np.uint16).view(ml_dtypes.bfloat16)
 
 
-def _row_chunks(array: np.ndarray):
-    """`array`'s rows, about a million values at a time."""
-    rows = max(1, (1 << 20) // max(1, array[:1].size))
-    return (array[i : i + rows] for i in range(0, len(array), rows))
+def _row_slices(array: np.ndarray, values: int) -> list[slice]:
+    """`array`'s rows in slices of about `values` values."""
+    rows = max(1, values // max(1, array[:1].size))
+    return [slice(i, i + rows) for i in range(0, len(array), rows)]
 
 
 def _floats(tape, array: np.ndarray, name: str, initializer, dtype, compact: bool) -> ir.Value:
@@ -216,10 +217,9 @@ def _planes_by_rows(
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_planes` of ``codes - base``, a few million codes at a time (each takes several
     bytes in passing)."""
-    rows = max(1, _CHUNK_CODES // max(1, codes[:1].size))
     parts = [
-        _planes(codes[i : i + rows] - (base[i : i + rows] if base.ndim else base), high_bits)
-        for i in range(0, len(codes), rows)
+        _planes(codes[rows] - (base[rows] if base.ndim else base), high_bits)
+        for rows in _row_slices(codes, _CHUNK_CODES)
     ]
     if len(parts) == 1:
         return parts[0]
