@@ -5,6 +5,7 @@ layers and embeddings over float matrices or GGUF blocks (:mod:`._gguf_nodes`), 
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from onnx_ir import tape as ir_tape
 from onnxsample.exporters import _gguf_nodes, _store
 from onnxsample.exporters._gguf_quant import QuantizedWeight, concat_rows
 
-__all__ = ["GraphBuilder", "concat_weights"]
+__all__ = ["ExternalData", "GraphBuilder", "concat_weights"]
 
 _DTYPES = {"fp32": (ir.DataType.FLOAT, np.float32), "fp16": (ir.DataType.FLOAT16, np.float16)}
 
@@ -22,8 +23,15 @@ _DTYPES = {"fp32": (ir.DataType.FLOAT, np.float32), "fp16": (ir.DataType.FLOAT16
 class GraphBuilder:
     """A tape with named initializers and one float type for activations and weights."""
 
-    def __init__(self, precision: str, accuracy_level: int, compact: bool = True) -> None:
+    def __init__(
+        self,
+        precision: str,
+        accuracy_level: int,
+        compact: bool = True,
+        external: ExternalData | None = None,
+    ) -> None:
         self.tape = ir_tape.Tape()
+        self.external = external  # where initializers go as they are made (else: in memory)
         self.compact = compact  # float matrices as few bytes as they need (:mod:`._store`)
         self.dtype, self.np_dtype = _DTYPES[precision]
         self.accuracy_level = accuracy_level
@@ -36,7 +44,9 @@ class GraphBuilder:
     def const(self, name: str, array: np.ndarray) -> ir.Value:
         """The initializer `name`; asked again (a tied LM head's blocks), the same value."""
         if name not in self._consts:
-            tensor = ir.tensor(np.ascontiguousarray(array), name=name)
+            array = np.ascontiguousarray(array)
+            out = self.external is not None and array.nbytes > ExternalData.MIN_BYTES
+            tensor = self.external.tensor(array, name) if out else ir.tensor(array, name=name)
             self._consts[name] = self.tape.initializer(tensor, name=name)
         return self._consts[name]
 
@@ -113,6 +123,45 @@ class GraphBuilder:
         else:
             w = self._matrix(np.asarray(weight).T, f"{name}.weight")
         return self.op("MatMul", [x, w], f"{name}/MatMul")
+
+
+class ExternalData:
+    """A model's external data written as the graph makes its initializers, not at the save: the
+    builder then holds one layer's weights at a time, not all of them.
+
+    Every initializer of more than :attr:`MIN_BYTES` is appended to the data file at once and
+    kept as an external tensor; smaller ones stay in the model. That is the layout ``ir.save``
+    writes from tensors in memory (packed densely, in the graph's order, past 256 bytes), so the
+    model saved with ``ir.save(model, path)`` (no `external_data`: the tensors are already
+    external) is the same, byte for byte. Use it as a context manager around the build and the
+    save.
+    """
+
+    MIN_BYTES = 256  # ir.save's own threshold for external data
+
+    def __init__(self, data: Path) -> None:
+        self.data = data
+        self._file = open(data, "wb")  # noqa: SIM115  (closed by __exit__)
+
+    def __enter__(self) -> ExternalData:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
+
+    def tensor(self, array: np.ndarray, name: str) -> ir.ExternalTensor:
+        """`array`, appended to the data file, as the external tensor that refers to it."""
+        offset = self._file.tell()
+        self._file.write(array.reshape(-1).view(np.uint8))
+        return ir.ExternalTensor(
+            self.data.name,
+            offset,
+            array.nbytes,
+            ir.DataType.from_numpy(array.dtype),
+            shape=ir.Shape(array.shape),
+            name=name,
+            base_dir=self.data.parent,
+        )
 
 
 class _ByObject:

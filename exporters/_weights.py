@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,13 @@ def read_gguf(
     Norm weights and biases are always float32; with `quantized` every linear weight, the LM
     head and the token embedding keep their GGUF blocks (which must be transplantable), else
     they are de-quantised to float32. Float tensors (F32, F16, BF16) are the file's own rows.
+
+    The linear weights and an untied LM head are read from the file when taken from the mapping
+    (``weights[key]``, ``pop``), each time anew, so a graph that takes them one at a time holds
+    one layer's, not the model's; their shapes are known without reading them
+    (``weights.rows_cols(key)``). The embedding is read at once (its rows give the vocabulary
+    size, and a tied LM head is the same object), and so are a family's fused tensors, which
+    are split apart as they are read (Phi-3's).
     """
     from onnxsample.exporters.gguf import open_gguf
 
@@ -129,41 +137,93 @@ def read_gguf(
 
     spec = family.gguf_spec(metadata, set(tensors), path.name, read)
 
-    def load(name: str, *, linear: bool):
+    def load(name: str, *, linear: bool, order: np.ndarray | None = None):
         if name not in tensors:
             raise ExportError(f"{path.name}: tensor {name} is missing")
         t = tensors[name]
         data, type_name = np.asarray(t.data), t.tensor_type.name
         if not linear or not (quantized or type_name in _gguf_quant.FLOATS):
-            return _float(data, t.tensor_type, name)
-        return _gguf_quant.from_gguf(data, type_name, int(t.shape[0]), name=name)
+            w = _float(data, t.tensor_type, name)
+        else:
+            w = _gguf_quant.from_gguf(data, type_name, int(t.shape[0]), name=name)
+        return w if order is None else _gguf_quant.permute_rows(w, order)
+
+    def later(name: str, order: np.ndarray | None = None) -> _Later:
+        if name not in tensors:
+            raise ExportError(f"{path.name}: tensor {name} is missing")
+        cols, *rest = (int(n) for n in tensors[name].shape)
+        rows = int(np.prod(rest, dtype=np.int64))
+        return _Later(lambda: load(name, linear=True, order=order), (rows, cols))
 
     embed = load("token_embd.weight", linear=True)  # gathered from its blocks when quantized
     if spec.vocab_size == 0:
         rows = embed.n if isinstance(embed, _gguf_quant.QuantizedWeight) else embed.shape[0]
         spec = DecoderSpec(**{**spec.__dict__, "vocab_size": int(rows)})
-    weights: dict[str, Any] = {"embed": embed, "norm": load("output_norm.weight", linear=False)}
+    weights = _Weights({"embed": embed, "norm": load("output_norm.weight", linear=False)})
     orders = _qk_orders(family, spec)
     linear = (*LINEAR, *FUSED)
     for i in range(spec.num_layers):
         for key, names in family.tensors.items():
-            w = load(f"blk.{i}.{names.gguf}", linear=key in linear)
-            if key in orders:
-                w = _gguf_quant.permute_rows(w, orders[key])
-            weights[f"layers.{i}.{key}"] = w.reshape(-1) if key not in linear else w
+            name = f"blk.{i}.{names.gguf}"
+            if key in linear:
+                weights[f"layers.{i}.{key}"] = later(name, orders.get(key))
+            else:
+                weights[f"layers.{i}.{key}"] = load(name, linear=False).reshape(-1)
         if family.unpack is not None:  # Phi-3's attn_qkv and ffn_up (gate, up) apart
             family.unpack(weights, spec, f"layers.{i}")
     # a tied LM head is the embedding's own object: the graph stores its blocks once
-    weights["lm_head"] = embed if spec.tied else load("output.weight", linear=True)
+    weights["lm_head"] = embed if spec.tied else later("output.weight")
     _check_shapes(weights, spec, path.name)
     return spec, weights
+
+
+class _Later:
+    """A GGUF tensor read from the file when the graph takes it, and its [rows, columns]."""
+
+    __slots__ = ("read", "shape")
+
+    def __init__(self, read: Callable[[], Any], shape: tuple[int, int]) -> None:
+        self.read, self.shape = read, shape
+
+
+class _Weights(MutableMapping):
+    """A GGUF decoder's weights by our names, each linear weight read from the file only when
+    taken (``weights[key]``, ``pop``), so a graph that takes them one at a time
+    (:func:`~onnxsample.exporters.gqa.build_gqa_model`'s `consume`) never holds them all."""
+
+    def __init__(self, items: dict[str, Any]) -> None:
+        self._items = items
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._items[key]
+        return value.read() if isinstance(value, _Later) else value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._items[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._items[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def rows_cols(self, key: str) -> tuple[int, int]:
+        """[rows, columns] of `key` without reading it."""
+        value = self._items[key]
+        return value.shape if isinstance(value, _Later) else _rows_cols(value)
 
 
 def _rows_cols(w: Any) -> tuple[int, int]:
     return (w.n, w.k) if isinstance(w, _gguf_quant.QuantizedWeight) else tuple(np.shape(w))
 
 
-def _check_shapes(weights: dict[str, Any], spec: DecoderSpec, name: str) -> None:
+def _check_shapes(weights: _Weights, spec: DecoderSpec, name: str) -> None:
     """Refuse metadata that contradicts the tensors (a wrong embedding_length, head counts or
     feed_forward_length) before a graph is built on it."""
     q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
@@ -174,10 +234,10 @@ def _check_shapes(weights: dict[str, Any], spec: DecoderSpec, name: str) -> None
         expected |= {f"{p}.q": (q, h), f"{p}.k": (kv, h), f"{p}.v": (kv, h), f"{p}.o": (h, q)}
         expected |= {f"{p}.gate": (f, h), f"{p}.up": (f, h), f"{p}.down": (h, f)}
     for key, shape in expected.items():
-        if key in weights and _rows_cols(weights[key]) != shape:
+        if key in weights and weights.rows_cols(key) != shape:
             raise ExportError(
                 f"{name}: the metadata contradicts the tensors: {key} is "
-                f"{list(_rows_cols(weights[key]))} (rows, inputs), the header's sizes make it "
+                f"{list(weights.rows_cols(key))} (rows, inputs), the header's sizes make it "
                 f"{list(shape)}"
             )
 

@@ -38,7 +38,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
-from onnxsample.exporters._gqa_graph import GraphBuilder, concat_weights
+from onnxsample.exporters._gqa_graph import ExternalData, GraphBuilder, concat_weights
 from onnxsample.exporters._gqa_layer import (
     ACTIVATIONS,
     MS,
@@ -66,6 +66,7 @@ def build_gqa_model(
     attention: str = "gqa",
     compact: bool = True,
     consume: bool = False,
+    external: ExternalData | None = None,
 ) -> ir.Model:
     """The decoder as an onnx-ir model (weights as in-memory initializers; save it with ir.save).
 
@@ -80,8 +81,10 @@ def build_gqa_model(
     (:mod:`._store`); off, every matrix is an initializer of its own (for a quantiser to find).
     `consume` takes each matrix out of `weights` as the graph stores it, so a source whose matrices
     the graph copies (float32 ones, transposed) is not held twice.
+    `external` writes the initializers to the model's external data file as they are made (see
+    :class:`~._gqa_graph.ExternalData`); save the model with ``ir.save(model, path)``.
     """
-    g = GraphBuilder(precision, accuracy_level, compact)
+    g = GraphBuilder(precision, accuracy_level, compact, external)
     take = weights.pop if consume else weights.__getitem__
     T = g.dtype
     batch, seq, total = "batch_size", "sequence_length", "total_sequence_length"
@@ -267,20 +270,17 @@ def write_gqa(
     a constant weight into 4- or 8-bit blocks of 32 (symmetric), the LM head included (it is a
     materialised matrix here, also for tied embeddings).
     """
-    quantised = precision in ("int8", "int4")
-    model = build_gqa_model(
-        spec,
-        weights,
-        precision=activations,
-        accuracy_level=accuracy_level,
-        attention=attention,
-        compact=not quantised,
-        consume=True,
-    )
-    if quantised:
-        model = _ort_quantise(model, 8 if precision == "int8" else 4, accuracy_level)
     path.parent.mkdir(parents=True, exist_ok=True)
-    ir.save(model, path, external_data=f"{path.name}.data")
+    data = path.with_name(f"{path.name}.data")
+    options = {"precision": activations, "accuracy_level": accuracy_level, "attention": attention}
+    if precision in ("int8", "int4"):  # ORT's quantiser takes the float graph in memory
+        model = build_gqa_model(spec, weights, compact=False, consume=True, **options)
+        model = _ort_quantise(model, 8 if precision == "int8" else 4, accuracy_level)
+        ir.save(model, path, external_data=data.name)
+    else:  # the weights go to the data file as the graph makes them
+        with ExternalData(data) as external:
+            model = build_gqa_model(spec, weights, consume=True, external=external, **options)
+        ir.save(model, path)
     log.info("wrote %s (%d nodes, %s)", path, len(model.graph), precision)
 
 

@@ -19,6 +19,7 @@ the metadata, which every mix of a family shares: test_llama_cpp_models.py check
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import _llama_cpp_models as models
@@ -26,15 +27,19 @@ import gguf
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from _exports import export_cached
 from _hard_texts import hard_corpus
 from _llama_cpp import TOL, LlamaServer, compare_with_llama_cpp
 
+from onnxsample.exporters import export
 from onnxsample.exporters._gguf_quant import QuantizedWeight, from_gguf
 from onnxsample.exporters._gguf_reader import FastGGUFReader
+from onnxsample.exporters._gqa_graph import ExternalData
 from onnxsample.exporters._weights import read_gguf
 from onnxsample.exporters.gguf import inspect_gguf
+from onnxsample.exporters.gqa import build_gqa_model, write_gqa
 from onnxsample.text import Tokenizer
 
 pytestmark = pytest.mark.slow
@@ -148,3 +153,43 @@ def test_the_export_tokenizes_as_llama_cpp(family, llama_cpp):
             != (want := server.tokenize(text, bos=bos))
         ]
     assert not wrong, f"{len(wrong)} of {2 * len(corpus)} differ, first: {wrong[0]}"
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "gemma3"])
+def test_an_export_holds_a_layers_blocks_at_a_time(family, llama_cpp, tmp_path, monkeypatch):
+    """A linear weight is read from the file when the graph takes it, and what the graph stores
+    goes to the external data file at once (exporters/_gqa_graph.py's ExternalData): the export
+    never holds every tensor's blocks, only the embedding's and one layer's (the live
+    QuantizedWeight objects, counted at each stored initializer). Phi-3's fused tensors are
+    split apart as they are read, so its are read up front."""
+    path = models.gguf(family, "Q4_K_M", llama_cpp)
+    matrices = sum(len(t.shape) == 2 for t in FastGGUFReader(str(path)).tensors)
+    live, store = [], ExternalData.tensor
+
+    def counted(self, array, name):
+        live.append(sum(isinstance(o, QuantizedWeight) for o in gc.get_objects()))
+        return store(self, array, name)
+
+    monkeypatch.setattr(ExternalData, "tensor", counted)
+    export(path, tmp_path / "out", verify_tokens=0)
+    assert matrices > 10 and live and max(live) <= 6, (matrices, live)
+    assert sorted(p.name for p in (tmp_path / "out").glob("model.*")) == [
+        "model.onnx",
+        "model.onnx.data",
+    ]
+
+
+def test_weights_written_as_made_save_as_weights_held_in_memory(llama_cpp, tmp_path):
+    """The same bytes, model and external data, whether the weights went to the data file as the
+    graph made them (write_gqa) or were held in memory until ir.save wrote them."""
+    path = models.gguf("llama3", "Q4_K_M", llama_cpp)
+    metadata = inspect_gguf(path).metadata
+    held, written = tmp_path / "held", tmp_path / "written"
+    held.mkdir()
+    spec, weights = read_gguf(path, metadata, quantized=True)
+    ir.save(build_gqa_model(spec, weights), held / "model.onnx", external_data="model.onnx.data")
+    spec, weights = read_gguf(path, metadata, quantized=True)
+    write_gqa(spec, weights, written / "model.onnx")
+    for name in ("model.onnx", "model.onnx.data"):
+        assert (held / name).read_bytes() == (written / name).read_bytes(), name
+    assert sorted(p.name for p in written.iterdir()) == ["model.onnx", "model.onnx.data"]
