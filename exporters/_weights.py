@@ -17,6 +17,7 @@ rotary is NeoX's (Qwen2, Qwen3) are stored unpermuted.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterator, MutableMapping
@@ -29,7 +30,7 @@ import numpy as np
 from onnxsample.errors import ExportError
 from onnxsample.exporters import _gguf_quant
 from onnxsample.exporters.families import DecoderSpec, Family, gguf_family, hf_family
-from onnxsample.exporters.families._family import FUSED, LINEAR
+from onnxsample.exporters.families._family import FUSED, FUSED_PARTS, LINEAR
 
 __all__ = ["read_gguf", "read_hf"]
 
@@ -121,9 +122,9 @@ def read_gguf(
     The linear weights and an untied LM head are read from the file when taken from the mapping
     (``weights[key]``, ``pop``), each time anew, so a graph that takes them one at a time holds
     one layer's, not the model's; their shapes are known without reading them
-    (``weights.rows_cols(key)``). The embedding is read at once (its rows give the vocabulary
-    size, and a tied LM head is the same object), and so are a family's fused tensors, which
-    are split apart as they are read (Phi-3's).
+    (``weights.rows_cols(key)``). A family's fused tensors (Phi-3's) are read and split apart
+    when the first of their parts is taken, and let go once the last is. The embedding is read
+    at once: its rows give the vocabulary size, and a tied LM head is the same object.
     """
     from onnxsample.exporters.gguf import open_gguf
 
@@ -170,11 +171,49 @@ def read_gguf(
             else:
                 weights[f"layers.{i}.{key}"] = load(name, linear=False).reshape(-1)
         if family.unpack is not None:  # Phi-3's attn_qkv and ffn_up (gate, up) apart
-            family.unpack(weights, spec, f"layers.{i}")
+            _unpack_when_taken(weights, family, spec, f"layers.{i}")
     # a tied LM head is the embedding's own object: the graph stores its blocks once
     weights["lm_head"] = embed if spec.tied else later("output.weight")
     _check_shapes(weights, spec, path.name)
     return spec, weights
+
+
+def _unpack_when_taken(weights: _Weights, family: Family, spec: DecoderSpec, p: str) -> None:
+    """Put the parts of layer `p`'s fused tensors in their place, each read when taken: the
+    fused tensors are read and split apart (the family's `unpack`, which checks their rows) when
+    the first part is taken. Until then a part's shape is the one the header gives it."""
+    fused = {f"{p}.{k}": weights.deferred(f"{p}.{k}") for k in FUSED if f"{p}.{k}" in weights}
+    for key in fused:
+        del weights[key]
+
+    def read() -> dict[str, Any]:
+        parts = {key: later.read() for key, later in fused.items()}
+        family.unpack(parts, spec, p)
+        return parts
+
+    keys = [f"{p}.{part}" for key in fused for part in FUSED_PARTS[key.rsplit(".", 1)[1]]]
+    parts, shapes = _Parts(read, keys), _shapes(spec)
+    for key in keys:
+        weights[key] = _Later(functools.partial(parts.take, key), shapes[key])
+
+
+class _Parts:
+    """A layer's fused tensors split apart when the first part is taken, held until the last
+    of `keys` is (and read again if one is asked for after that)."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]], keys: list[str]) -> None:
+        self._read, self._keys = read, frozenset(keys)
+        self._parts: dict[str, Any] | None = None
+        self._left: set[str] = set()
+
+    def take(self, key: str) -> Any:
+        if self._parts is None:
+            self._parts, self._left = self._read(), set(self._keys)
+        part = self._parts[key]
+        self._left.discard(key)
+        if not self._left:
+            self._parts = None
+        return part
 
 
 class _Later:
@@ -213,6 +252,10 @@ class _Weights(MutableMapping):
     def __len__(self) -> int:
         return len(self._items)
 
+    def deferred(self, key: str) -> Any:
+        """`key`'s entry as it is held: a weight, or the :class:`_Later` that reads it."""
+        return self._items[key]
+
     def rows_cols(self, key: str) -> tuple[int, int]:
         """[rows, columns] of `key` without reading it."""
         value = self._items[key]
@@ -226,20 +269,25 @@ def _rows_cols(w: Any) -> tuple[int, int]:
 def _check_shapes(weights: _Weights, spec: DecoderSpec, name: str) -> None:
     """Refuse metadata that contradicts the tensors (a wrong embedding_length, head counts or
     feed_forward_length) before a graph is built on it."""
-    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    h, f = spec.hidden_size, spec.intermediate_size
-    expected = {"embed": (spec.vocab_size, h), "lm_head": (spec.vocab_size, h)}
-    for i in range(spec.num_layers):
-        p = f"layers.{i}"
-        expected |= {f"{p}.q": (q, h), f"{p}.k": (kv, h), f"{p}.v": (kv, h), f"{p}.o": (h, q)}
-        expected |= {f"{p}.gate": (f, h), f"{p}.up": (f, h), f"{p}.down": (h, f)}
-    for key, shape in expected.items():
+    for key, shape in _shapes(spec).items():
         if key in weights and weights.rows_cols(key) != shape:
             raise ExportError(
                 f"{name}: the metadata contradicts the tensors: {key} is "
                 f"{list(weights.rows_cols(key))} (rows, inputs), the header's sizes make it "
                 f"{list(shape)}"
             )
+
+
+def _shapes(spec: DecoderSpec) -> dict[str, tuple[int, int]]:
+    """[rows, columns] of every matrix, as the header's sizes give them."""
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    h, f = spec.hidden_size, spec.intermediate_size
+    shapes = {"embed": (spec.vocab_size, h), "lm_head": (spec.vocab_size, h)}
+    for i in range(spec.num_layers):
+        p = f"layers.{i}"
+        shapes |= {f"{p}.q": (q, h), f"{p}.k": (kv, h), f"{p}.v": (kv, h), f"{p}.o": (h, q)}
+        shapes |= {f"{p}.gate": (f, h), f"{p}.up": (f, h), f"{p}.down": (h, f)}
+    return shapes
 
 
 def _qk_orders(family: Family, spec: DecoderSpec) -> dict[str, np.ndarray]:

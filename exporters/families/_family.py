@@ -17,6 +17,7 @@ from onnxsample.exporters.families._spec import DecoderSpec, check_spec
 
 __all__ = [
     "FUSED",
+    "FUSED_PARTS",
     "LINEAR",
     "LLAMA_TENSORS",
     "QKV_BIAS_TENSORS",
@@ -41,8 +42,9 @@ class TensorName:
 
 # Our keys of a Llama layer; the linear ones are [N, K] matrices (quantisable), the rest vectors.
 LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
-# Fused linear weights a family's unpack splits into LINEAR ones (Phi-3's).
+# Fused linear weights a family's unpack splits into LINEAR ones (Phi-3's), and their parts.
 FUSED = ("qkv", "gate_up")
+FUSED_PARTS: Mapping[str, tuple[str, ...]] = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
 LLAMA_TENSORS: Mapping[str, TensorName] = {
     "q": TensorName("self_attn.q_proj.weight", "attn_q.weight"),
     "k": TensorName("self_attn.k_proj.weight", "attn_k.weight"),

@@ -155,13 +155,13 @@ def test_the_export_tokenizes_as_llama_cpp(family, llama_cpp):
     assert not wrong, f"{len(wrong)} of {2 * len(corpus)} differ, first: {wrong[0]}"
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen2", "gemma3"])
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "gemma3", "phi3"])
 def test_an_export_holds_a_layers_blocks_at_a_time(family, llama_cpp, tmp_path, monkeypatch):
     """A linear weight is read from the file when the graph takes it, and what the graph stores
     goes to the external data file at once (exporters/_gqa_graph.py's ExternalData): the export
     never holds every tensor's blocks, only the embedding's and one layer's (the live
-    QuantizedWeight objects, counted at each stored initializer). Phi-3's fused tensors are
-    split apart as they are read, so its are read up front."""
+    QuantizedWeight objects, counted at each stored initializer); Phi-3's fused tensors are
+    read and split apart when the graph takes the first of their parts."""
     path = models.gguf(family, "Q4_K_M", llama_cpp)
     matrices = sum(len(t.shape) == 2 for t in FastGGUFReader(str(path)).tensors)
     live, store = [], ExternalData.tensor
@@ -172,7 +172,7 @@ def test_an_export_holds_a_layers_blocks_at_a_time(family, llama_cpp, tmp_path, 
 
     monkeypatch.setattr(ExternalData, "tensor", counted)
     export(path, tmp_path / "out", verify_tokens=0)
-    assert matrices > 10 and live and max(live) <= 6, (matrices, live)
+    assert matrices > 6 and live and max(live) <= 6, (matrices, live)  # can fail
     assert sorted(p.name for p in (tmp_path / "out").glob("model.*")) == [
         "model.onnx",
         "model.onnx.data",
