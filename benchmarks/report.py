@@ -4,7 +4,7 @@
 
 Either file may be missing; its section then says how to produce it. Nothing here measures anything.
 This script puts the page together; its sections are report_targets.py, report_e2e.py,
-report_overhead.py, report_engine.py (serving), report_speculative.py, report_structured.py and report_gguf.py,
+report_overhead.py, report_engine.py (serving), report_speculative.py, report_structured.py, report_gguf.py and report_export.py,
 the chart
 report_chart.py, all over the harness's tables (benchmarks/_harness/tables.py).
 """
@@ -18,6 +18,7 @@ from _harness.script import RESULTS, ROOT, parser, read_json
 from report_chart import chart
 from report_e2e import e2e_section, normalise
 from report_engine import engine_section, load_results
+from report_export import export_section
 from report_gguf import (
     codes_section,
     gguf_section,
@@ -93,6 +94,7 @@ def render(
         "$ .venv/bin/python benchmarks/gguf_files.py --profile  # the same GGUF files in llama-server",
         "$ .venv/bin/python benchmarks/gguf_minimums.py       # the minimums' correction, form by form",
         "$ .venv/bin/python benchmarks/gguf_codes.py          # 5- and 8-bit codes, form by form",
+        "$ .venv/bin/python benchmarks/export_memory.py FILE ...  # an export's peak memory and time",
         "$ .venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -126,6 +128,9 @@ def render(
     lines += k_quants_section((engine or {}).get("gguf_k_quants"))
     lines += minimums_section((engine or {}).get("gguf_minimums"))
     lines += codes_section((engine or {}).get("gguf_codes"))
+    lines += export_section(
+        [(engine or {}).get(k) for k in ("export_memory", "export_memory_cuda")]
+    )
     return "\n".join(lines).rstrip() + "\n"
 
 

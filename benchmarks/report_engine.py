@@ -26,6 +26,8 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "gguf_k_quants",
         "gguf_minimums",
         "gguf_codes",
+        "export_memory",
+        "export_memory_cuda",
     ]
     found = {name: read_json(folder / f"{name}.json") for name in names}
     return {name.removeprefix("engine_"): data for name, data in found.items()}

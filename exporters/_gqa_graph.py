@@ -133,8 +133,8 @@ class ExternalData:
     kept as an external tensor; smaller ones stay in the model. That is the layout ``ir.save``
     writes from tensors in memory (packed densely, in the graph's order, past 256 bytes), so the
     model saved with ``ir.save(model, path)`` (no `external_data`: the tensors are already
-    external) is the same, byte for byte. Use it as a context manager around the build and the
-    save.
+    external) is the same, byte for byte. Use it as a context manager around the build, and save
+    the model after leaving it (the file is complete once closed).
     """
 
     MIN_BYTES = 256  # ir.save's own threshold for external data

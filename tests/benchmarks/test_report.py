@@ -433,3 +433,35 @@ def test_report_names_the_machine_of_the_gguf_files_run(bench) -> None:
     assert "during the runs: 1.0–1.2" in text
     del data["run"]["machine"]
     assert "Machine:" not in "\n".join(gguf.gguf_section(data))
+
+
+def test_report_renders_an_exports_peak_beside_the_old_ones(bench) -> None:
+    export = bench("report_export")
+
+    def side(peak: float, seconds: float) -> dict:
+        return {
+            "peak_mb": {"median": peak, "min": peak - 1, "max": peak + 1},
+            "seconds": {"median": seconds, "min": seconds, "max": seconds},
+            "export_bytes": 186_368_357,
+            "peak_over_source": round(peak * 2**20 / 154_126_112, 2),
+        }
+
+    row = {"source": "q6.gguf", "options": [], "source_bytes": 154_126_112}
+    row |= {"ours": side(642.0, 13.3), "old": side(856.0, 13.4)}
+    row["vs_old"] = {"peak_mb": 0.75, "seconds": 0.993}
+    run = {"machine": {"cpu": "AMD EPYC", "cpus": 2}}
+    run |= {"load_average_before": [1.1, 1.0, 1.0], "load_average_after": [1.6, 1.2, 1.0]}
+    data = {
+        "repeats": 2,
+        "old_site": "/x",
+        "old_label": "0.1.0 before",
+        "results": [row],
+        "run": run,
+    }
+    text = "\n".join(export.export_section([data, None]))
+    assert "## Exporting: peak memory and time" in text
+    assert "*Before*: 0.1.0 before" in text
+    assert "| `q6.gguf` | — | 154 | 186 | 673 (672–674) | 4.37× | 13.3 (13.3–13.3) |" in text
+    assert "| 898 (897–899) | 13.4 (13.4–13.4) | 0.75× | 0.99× |" in text
+    assert "before and after the runs: 1.1–1.6" in text
+    assert export.export_section([None]) == []

@@ -1,0 +1,131 @@
+"""What an export costs: its peak memory and time beside the source's size, JSON.
+
+    python benchmarks/export_memory.py [SOURCE ...] [--option ARG ...] [--repeats 3]
+        [--old-site DIR [--old-label TEXT]] [--output FILE]
+
+Each SOURCE (a GGUF file or an HF folder; default: the embedded SmolLM2 GGUF) is exported by
+``onnxsample export SOURCE -o TMP -f --verify-tokens 0`` plus the ``--option`` arguments (for
+instance ``--option=--device --option=cuda``) in a process of its own, ``--repeats`` times: the
+process's peak resident set (its ``ru_maxrss``, which counts the mapped source's pages it
+touched) and its wall time, median, min and max; the source's bytes and the export's
+(``model.onnx`` and ``model.onnx.data``), and the peak over the source's bytes.
+
+With ``--old-site DIR`` (another onnxsample installed there, e.g. a previous release:
+``pip install --no-deps --target DIR onnxsample==X``) each source is exported by that package
+too, alternated with this checkout's, and each row gets ``vs_old``: this checkout's median peak
+and time over the other's.
+
+JSON to stdout and ``--output`` (default ``benchmarks/results/export_memory.json``), with the
+machine, the versions and the load average.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _harness.machine import emit, load_average, run_record
+from _harness.script import RESULTS, logger, parser
+
+from onnxsample.exporters.embedded import embedded_gguf
+
+
+def _bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def export_once(source: Path, options: list[str], site: str | None) -> dict:
+    """One export in a new process: its peak RSS (MB), wall seconds and the export's bytes."""
+    out = Path(tempfile.mkdtemp(prefix="export-memory-"))
+    argv = [sys.executable, *(["-P"] if site else []), "-m", "onnxsample", "export", str(source)]
+    argv += ["-o", str(out / "model"), "-f", "--verify-tokens", "0", *options]
+    env = {**os.environ, "PYTHONPATH": site} if site else None
+    try:
+        with open(out / "log", "wb") as said:
+            start = time.perf_counter()
+            child = subprocess.Popen(argv, env=env, stdout=said, stderr=subprocess.STDOUT)
+            _, status, usage = os.wait4(child.pid, 0)
+            wall = time.perf_counter() - start
+            child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        if child.returncode != 0:
+            tail = (out / "log").read_text(errors="replace")[-2000:]
+            raise SystemExit(f"the export of {source} failed:\n{tail}")
+        weights = [out / "model" / name for name in ("model.onnx", "model.onnx.data")]
+        return {
+            "peak_mb": round(usage.ru_maxrss / 1024, 1),
+            "seconds": round(wall, 2),
+            "export_bytes": sum(p.stat().st_size for p in weights if p.is_file()),
+        }
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure(source: Path, options: list[str], repeats: int, old_site: str | None, log) -> dict:
+    """`repeats` exports of `source` by this checkout (and by `old_site`'s package, alternated)."""
+    sides = {"ours": None, **({"old": old_site} if old_site else {})}
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for i in range(repeats):
+        for side, site in sides.items():
+            runs[side].append(export_once(source, options, site))
+            log(f"{source.name} {' '.join(options)} {side} #{i + 1}: {runs[side][-1]}")
+    size = _bytes(source)
+    row: dict = {"source": source.name, "options": options, "source_bytes": size}
+    for side, done in runs.items():
+        peak = _summary([r["peak_mb"] for r in done])
+        row[side] = {
+            "peak_mb": peak,
+            "seconds": _summary([r["seconds"] for r in done]),
+            "export_bytes": done[-1]["export_bytes"],
+            "peak_over_source": round(peak["median"] * 2**20 / size, 2),
+        }
+    if old_site:
+        row["vs_old"] = {
+            key: round(row["ours"][key]["median"] / row["old"][key]["median"], 3)
+            for key in ("peak_mb", "seconds")
+        }
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = parser(__doc__)
+    p.add_argument("sources", nargs="*", type=Path, help="GGUF files or HF folders")
+    p.add_argument("--option", action="append", default=[], help="an argument of export")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--old-site", help="a folder holding another onnxsample to compare with")
+    p.add_argument("--old-label", help="what --old-site holds, for the report (default: its path)")
+    p.add_argument("--output", type=Path, default=RESULTS / "export_memory.json")
+    args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error("--repeats takes at least 1")
+    log = logger("export_memory")
+    load_before = load_average()
+    sources = args.sources or [embedded_gguf()]
+    rows = [measure(s, args.option, args.repeats, args.old_site, log) for s in sources]
+    emit(
+        {
+            "benchmark": "export_memory",
+            "repeats": args.repeats,
+            "old_site": args.old_site,
+            "old_label": args.old_label or args.old_site,
+            "results": rows,
+            "run": run_record(load_before, "onnxsample", "onnx-ir", "onnxruntime", "numpy"),
+        },
+        args.output,
+        "export_memory",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The export section of docs/benchmarks.md: the peak memory and time of `onnxsample export`
+(export_memory*.json from benchmarks/export_memory.py). Standard library only."""
+
+from __future__ import annotations
+
+from _harness.tables import num, table, times
+
+_MB = 1e6
+
+
+def export_section(reports: list[dict | None]) -> list[str]:
+    """One row per source and options, this checkout's export beside `--old-site`'s where the
+    report has it (nothing without results)."""
+    reports = [r for r in reports if r]
+    if not reports:
+        return []
+    old = next(
+        (r.get("old_label") or r.get("old_site") for r in reports if r.get("old_site")), None
+    )
+    lines = [
+        "## Exporting: peak memory and time",
+        "",
+        "`python benchmarks/export_memory.py SOURCE ... [--option ARG] --old-site DIR`: each "
+        "source exported by `onnxsample export SOURCE --verify-tokens 0` (and the options) in a "
+        "process of its own, median (min–max) of "
+        f"{reports[0].get('repeats')} runs; the peak resident set counts the interpreter, its "
+        "libraries and the pages of the mapped source it touched; MB are 10⁶ bytes."
+        + (f" *Before*: {old}, alternated with this version's runs." if old else ""),
+        "",
+    ]
+    head = ["source", "options", "source MB", "export MB", "peak MB", "peak ÷ source", "seconds"]
+    if old:
+        head += ["peak before", "seconds before", "peak ratio", "time ratio"]
+    rows = []
+    for report in reports:
+        for r in report.get("results", []):
+            ours, before = r["ours"], r.get("old")
+            cells = [
+                f"`{r['source']}`",
+                " ".join(r["options"]) or "—",
+                num(r["source_bytes"] / _MB),
+                num(ours["export_bytes"] / _MB),
+                _spread(ours["peak_mb"], 1.048576),
+                times(ours["peak_over_source"]),
+                _spread(ours["seconds"], 1, 1),
+            ]
+            if old:
+                cells += [
+                    _spread(before["peak_mb"], 1.048576) if before else "—",
+                    _spread(before["seconds"], 1, 1) if before else "—",
+                    times(r.get("vs_old", {}).get("peak_mb")),
+                    times(r.get("vs_old", {}).get("seconds")),
+                ]
+            rows.append(cells)
+    lines += [*table(head, "llrrrrr" + "rrrr" * bool(old), rows), ""]
+    loads = [
+        x
+        for r in reports
+        for x in (r["run"]["load_average_before"][0], r["run"]["load_average_after"][0])
+    ]
+    m = reports[0]["run"]["machine"]
+    lines += [
+        f"Machine: {m['cpu']}, {m['cpus']} cores. Load average (1 min) before and after the runs: "
+        f"{min(loads)}–{max(loads)}.",
+        "",
+    ]
+    return lines
+
+
+def _spread(values: dict, scale: float, digits: int = 0) -> str:
+    """``median (min–max)``, each times `scale`."""
+    median, low, high = (num(values[k] * scale, digits) for k in ("median", "min", "max"))
+    return f"{median} ({low}–{high})"
