@@ -138,10 +138,13 @@ def read_gguf(
 
     spec = family.gguf_spec(metadata, set(tensors), path.name, read)
 
-    def load(name: str, *, linear: bool, order: np.ndarray | None = None):
+    def tensor(name: str):
         if name not in tensors:
             raise ExportError(f"{path.name}: tensor {name} is missing")
-        t = tensors[name]
+        return tensors[name]
+
+    def load(name: str, *, linear: bool, order: np.ndarray | None = None):
+        t = tensor(name)
         data, type_name = np.asarray(t.data), t.tensor_type.name
         if not linear or not (quantized or type_name in _gguf_quant.FLOATS):
             w = _float(data, t.tensor_type, name)
@@ -150,9 +153,7 @@ def read_gguf(
         return w if order is None else _gguf_quant.permute_rows(w, order)
 
     def later(name: str, order: np.ndarray | None = None) -> _Later:
-        if name not in tensors:
-            raise ExportError(f"{path.name}: tensor {name} is missing")
-        cols, *rest = (int(n) for n in tensors[name].shape)
+        cols, *rest = (int(n) for n in tensor(name).shape)
         rows = int(np.prod(rest, dtype=np.int64))
         return _Later(lambda: load(name, linear=True, order=order), (rows, cols))
 
@@ -161,7 +162,7 @@ def read_gguf(
         rows = embed.n if isinstance(embed, _gguf_quant.QuantizedWeight) else embed.shape[0]
         spec = DecoderSpec(**{**spec.__dict__, "vocab_size": int(rows)})
     weights = _Weights({"embed": embed, "norm": load("output_norm.weight", linear=False)})
-    orders = _qk_orders(family, spec)
+    shapes, orders = _shapes(spec), _qk_orders(family, spec)
     linear = (*LINEAR, *FUSED)
     for i in range(spec.num_layers):
         for key, names in family.tensors.items():
@@ -171,17 +172,19 @@ def read_gguf(
             else:
                 weights[f"layers.{i}.{key}"] = load(name, linear=False).reshape(-1)
         if family.unpack is not None:  # Phi-3's attn_qkv and ffn_up (gate, up) apart
-            _unpack_when_taken(weights, family, spec, f"layers.{i}")
+            _unpack_when_taken(weights, family, spec, shapes, f"layers.{i}")
     # a tied LM head is the embedding's own object: the graph stores its blocks once
     weights["lm_head"] = embed if spec.tied else later("output.weight")
-    _check_shapes(weights, spec, path.name)
+    _check_shapes(weights, shapes, path.name)
     return spec, weights
 
 
-def _unpack_when_taken(weights: _Weights, family: Family, spec: DecoderSpec, p: str) -> None:
+def _unpack_when_taken(
+    weights: _Weights, family: Family, spec: DecoderSpec, shapes: dict[str, tuple[int, int]], p: str
+) -> None:
     """Put the parts of layer `p`'s fused tensors in their place, each read when taken: the
     fused tensors are read and split apart (the family's `unpack`, which checks their rows) when
-    the first part is taken. Until then a part's shape is the one the header gives it."""
+    the first part is taken. Until then a part's shape is the header's (`shapes`)."""
     fused = {f"{p}.{k}": weights.deferred(f"{p}.{k}") for k in FUSED if f"{p}.{k}" in weights}
     for key in fused:
         del weights[key]
@@ -192,7 +195,7 @@ def _unpack_when_taken(weights: _Weights, family: Family, spec: DecoderSpec, p: 
         return parts
 
     keys = [f"{p}.{part}" for key in fused for part in FUSED_PARTS[key.rsplit(".", 1)[1]]]
-    parts, shapes = _Parts(read, keys), _shapes(spec)
+    parts = _Parts(read, keys)
     for key in keys:
         weights[key] = _Later(functools.partial(parts.take, key), shapes[key])
 
@@ -266,10 +269,10 @@ def _rows_cols(w: Any) -> tuple[int, int]:
     return (w.n, w.k) if isinstance(w, _gguf_quant.QuantizedWeight) else tuple(np.shape(w))
 
 
-def _check_shapes(weights: _Weights, spec: DecoderSpec, name: str) -> None:
+def _check_shapes(weights: _Weights, shapes: dict[str, tuple[int, int]], name: str) -> None:
     """Refuse metadata that contradicts the tensors (a wrong embedding_length, head counts or
-    feed_forward_length) before a graph is built on it."""
-    for key, shape in _shapes(spec).items():
+    feed_forward_length: the header's `shapes`) before a graph is built on it."""
+    for key, shape in shapes.items():
         if key in weights and weights.rows_cols(key) != shape:
             raise ExportError(
                 f"{name}: the metadata contradicts the tensors: {key} is "
