@@ -154,11 +154,12 @@ def export(
             # next reuse need not read them.
             reused = _manifest.restamp_source(out, reused, fingerprint.stamp)
         return ExportResult(out, reused, True, time.perf_counter() - start, _peak_rss())
-    # After the reuse: these import transformers and optimum (seconds), and an export of this very
-    # request by these exporter versions passed them when it was made.
+    # After the reuse: these import transformers (and for the optimum layout optimum: seconds),
+    # and an export of this very request by these exporter versions passed them when it was made.
+    # The gqa layout's families were checked by resolve_options; it never imports optimum.
     if info is not None:
-        gguf.check_architecture(info)
-    else:
+        gguf.check_architecture(info, optimum=layout == "optimum")
+    elif layout == "optimum":
         hf.check_model_type(model_type, f"model type {model_type!r}")
     _fs.check_disk(out, _disk_needed(src, info, precision, keep_hf))
     skip_verify = _verify_skipped(src, info, layout) if verify_tokens else ""

@@ -176,9 +176,9 @@ def _check(info: GGUFInfo, path: Path) -> None:
         )
 
 
-def check_architecture(info: GGUFInfo) -> None:
-    """Refuse an architecture transformers cannot read from a GGUF, or optimum cannot export as a
-    decoder with a KV cache."""
+def check_architecture(info: GGUFInfo, *, optimum: bool = True) -> None:
+    """Refuse an architecture transformers cannot read from a GGUF, or (with `optimum`, the
+    optimum layout's question) optimum cannot export as a decoder with a KV cache."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     from onnxsample.exporters.hf import check_model_type
@@ -190,7 +190,8 @@ def check_architecture(info: GGUFInfo) -> None:
                 sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
             )
         )
-    check_model_type(info.architecture, f"GGUF architecture {info.architecture!r}")
+    if optimum:
+        check_model_type(info.architecture, f"GGUF architecture {info.architecture!r}")
 
 
 def gguf_tokenizer(path: Path, folder: Path):

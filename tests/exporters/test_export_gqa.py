@@ -223,3 +223,23 @@ def test_composer_moves_the_gather_before_other_lm_heads(other_precision, tmp_pa
     """MatMulNBits heads (int8, int4) and fp16's MatMul + Cast take the gathered rows only."""
     meta = _composed_meta(other_precision[1], tmp_path)
     assert (meta.gather, meta.kv_layout) == ("lm_head", "gqa")
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+def test_the_gqa_layout_never_imports_optimum(source, tiny_hf, tmp_path):
+    """optimum (seconds to import) answers the optimum layout's questions only: a gqa export of
+    a checkpoint or a GGUF, its verify step included, runs without importing it."""
+    import subprocess
+    import sys
+
+    from onnxsample.exporters import embedded_gguf
+
+    path = tiny_hf if source == "hf" else embedded_gguf()
+    code = (
+        "import sys\nfrom onnxsample.exporters import export\n"
+        f"r = export({str(path)!r}, {str(tmp_path / 'out')!r}, layout='gqa', verify_tokens=2)\n"
+        "print(r.verify['tokens'], sorted(m for m in sys.modules if m.startswith('optimum')))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[-2] == "2 []", run.stdout[-2000:]
