@@ -5,13 +5,14 @@ every view of its `np.memmap` runs Python-level hooks: Llama 3's 128k tokens and
 ~10 s, Gemma's 262k tokens longer, and transformers' GGUF config reads the whole header once more.
 :class:`FastGGUFReader` builds the same fields (the same parts, data indices and types) from a plain
 ndarray view of the same map and walks string arrays with `struct`: a second or less.
-:func:`fast_gguf_reader` lends it to code that constructs `gguf.GGUFReader` itself
-(transformers' `load_gguf_checkpoint`).
+:func:`fast_gguf_reader` lends it, and tensor-name maps made once, to code that constructs
+`gguf.GGUFReader` itself (transformers' `load_gguf_checkpoint`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import struct
 import sys
 from collections.abc import Iterator
@@ -77,11 +78,15 @@ class FastGGUFReader(gguf.GGUFReader):
 
 @contextlib.contextmanager
 def fast_gguf_reader() -> Iterator[None]:
-    """`gguf.GGUFReader` is :class:`FastGGUFReader` inside the block (for libraries that import
-    it at call time, as transformers' GGUF loader does)."""
-    original = gguf.GGUFReader
+    """`gguf.GGUFReader` is :class:`FastGGUFReader` inside the block, and
+    `gguf.get_tensor_name_map` gives one map per (architecture, layers), made once (for libraries
+    that import them at call time, as transformers' GGUF loader does: it asks for the map once per
+    module of the model, each a new map of every tensor name of every layer: 397 of them for the
+    135M SmolLM2, most of its load's time)."""
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
     gguf.GGUFReader = FastGGUFReader
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map

@@ -78,7 +78,31 @@ def test_truncated_string_array(tmp_path):
 
 
 def test_lent_to_libraries():
-    """Inside fast_gguf_reader(), code that constructs gguf.GGUFReader gets the fast one."""
+    """Inside fast_gguf_reader(), code that constructs gguf.GGUFReader gets the fast one, and
+    gguf.get_tensor_name_map one map per (architecture, layers); both are restored after."""
+    name_map = gguf.get_tensor_name_map
     with fast_gguf_reader():
         assert gguf.GGUFReader is FastGGUFReader
+        first = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is first
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 3) is not first
     assert gguf.GGUFReader is not FastGGUFReader
+    assert gguf.get_tensor_name_map is name_map
+
+
+def test_transformers_gguf_load_makes_one_tensor_name_map(monkeypatch):
+    """transformers' GGUF loader (the verify step's reference) asks for gguf's tensor-name map
+    once per module of the model, each a new map naming every tensor of every layer (397 for the
+    embedded SmolLM2: most of the load's time); the exporter's load makes it once."""
+    from onnxsample.exporters.gguf import gguf_model, inspect_gguf
+
+    made, init = [], gguf.TensorNameMap.__init__
+
+    def counted(self, *args, **kwargs):
+        made.append(args)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.TensorNameMap, "__init__", counted)
+    path = embedded_gguf()
+    model = gguf_model(path, inspect_gguf(path))
+    assert len(list(model.modules())) > 100 and len(made) == 1, len(made)  # can fail: 397 before
