@@ -129,7 +129,10 @@ def render(
     lines += minimums_section((engine or {}).get("gguf_minimums"))
     lines += codes_section((engine or {}).get("gguf_codes"))
     lines += export_section(
-        [(engine or {}).get(k) for k in ("export_memory", "export_memory_cuda")]
+        [
+            (engine or {}).get(k)
+            for k in ("export_memory", "export_memory_cuda", "export_time", "export_time_verify")
+        ]
     )
     return "\n".join(lines).rstrip() + "\n"
 

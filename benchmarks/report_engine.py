@@ -28,6 +28,8 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "gguf_codes",
         "export_memory",
         "export_memory_cuda",
+        "export_time",
+        "export_time_verify",
     ]
     found = {name: read_json(folder / f"{name}.json") for name in names}
     return {name.removeprefix("engine_"): data for name, data in found.items()}

@@ -10,13 +10,10 @@ _MB = 1e6
 
 def export_section(reports: list[dict | None]) -> list[str]:
     """One row per source and options, this checkout's export beside `--old-site`'s where the
-    report has it (nothing without results)."""
+    report has it: one table per older package compared with (nothing without results)."""
     reports = [r for r in reports if r]
     if not reports:
         return []
-    old = next(
-        (r.get("old_label") or r.get("old_site") for r in reports if r.get("old_site")), None
-    )
     lines = [
         "## Exporting: peak memory and time",
         "",
@@ -24,10 +21,34 @@ def export_section(reports: list[dict | None]) -> list[str]:
         "source exported by `onnxsample export SOURCE --verify-tokens 0` (and the options) in a "
         "process of its own, median (min–max) of "
         f"{reports[0].get('repeats')} runs; the peak resident set counts the interpreter, its "
-        "libraries and the pages of the mapped source it touched; MB are 10⁶ bytes."
-        + (f" *Before*: {old}, alternated with this version's runs." if old else ""),
+        "libraries and the pages of the mapped source it touched; MB are 10⁶ bytes.",
         "",
     ]
+    groups: dict[str | None, list[dict]] = {}
+    for report in reports:
+        old = (
+            (report.get("old_label") or report.get("old_site")) if report.get("old_site") else None
+        )
+        groups.setdefault(old, []).append(report)
+    for old, group in groups.items():
+        if old:
+            lines += [f"*Before*: {old}, alternated with this version's runs.", ""]
+        lines += [*_table(group, bool(old)), ""]
+    loads = [
+        x
+        for r in reports
+        for x in (r["run"]["load_average_before"][0], r["run"]["load_average_after"][0])
+    ]
+    m = reports[0]["run"]["machine"]
+    lines += [
+        f"Machine: {m['cpu']}, {m['cpus']} cores. Load average (1 min) before and after the runs: "
+        f"{min(loads)}–{max(loads)}.",
+        "",
+    ]
+    return lines
+
+
+def _table(reports: list[dict], old: bool) -> list[str]:
     head = ["source", "options", "source MB", "export MB", "peak MB", "peak ÷ source", "seconds"]
     if old:
         head += ["peak before", "seconds before", "peak ratio", "time ratio"]
@@ -52,19 +73,7 @@ def export_section(reports: list[dict | None]) -> list[str]:
                     times(r.get("vs_old", {}).get("seconds")),
                 ]
             rows.append(cells)
-    lines += [*table(head, "llrrrrr" + "rrrr" * bool(old), rows), ""]
-    loads = [
-        x
-        for r in reports
-        for x in (r["run"]["load_average_before"][0], r["run"]["load_average_after"][0])
-    ]
-    m = reports[0]["run"]["machine"]
-    lines += [
-        f"Machine: {m['cpu']}, {m['cpus']} cores. Load average (1 min) before and after the runs: "
-        f"{min(loads)}–{max(loads)}.",
-        "",
-    ]
-    return lines
+    return table(head, "llrrrrr" + "rrrr" * old, rows)
 
 
 def _spread(values: dict, scale: float, digits: int = 0) -> str:

@@ -465,3 +465,10 @@ def test_report_renders_an_exports_peak_beside_the_old_ones(bench) -> None:
     assert "| 898 (897–899) | 13.4 (13.4–13.4) | 0.75× | 0.99× |" in text
     assert "before and after the runs: 1.1–1.6" in text
     assert export.export_section([None]) == []
+    # a report beside another older package: a table of its own under its own label
+    later = {**data, "old_label": "0.1.1 before", "results": [{**row, "source": "f16.gguf"}]}
+    text = "\n".join(export.export_section([data, later]))
+    first, second = text.split("*Before*: 0.1.1 before")
+    assert "`q6.gguf`" in first and "`f16.gguf`" not in first
+    assert "`f16.gguf`" in second and "`q6.gguf`" not in second
+    assert text.count("| source | options |") == 2
