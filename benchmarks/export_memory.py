@@ -14,6 +14,9 @@ With ``--old-site DIR`` (another onnxsample installed there, e.g. a previous rel
 ``pip install --no-deps --target DIR onnxsample==X``) each source is exported by that package
 too, alternated with this checkout's, and each row gets ``vs_old``: this checkout's median peak
 and time over the other's.
+An editable install (``pip install -e``) puts an import hook before every import, which
+slows the exporter's thousands of imports: to compare times, run this checkout installed too
+(``PYTHONPATH=DIR2 python benchmarks/export_memory.py ...`` from outside the checkout).
 
 JSON to stdout and ``--output`` (default ``benchmarks/results/export_memory.json``), with the
 machine, the versions and the load average.
