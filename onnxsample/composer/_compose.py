@@ -36,6 +36,7 @@ from onnxsample.composer._model_facts import (
 )
 from onnxsample.composer._splice import reconcile_versions, splice
 from onnxsample.composer._static import fold_static
+from onnxsample.composer._write import write_single_file
 from onnxsample.composer.loading import check_model, load_model
 from onnxsample.composer.sampler_model import fallback_props
 from onnxsample.errors import InvalidParameter, ModelError
@@ -176,7 +177,6 @@ def compose(
 
     stage("save")
     _save(composed, out)
-    check_model(out)
     log.info("composed %s (%s, gather=%s) into %s", source.name, chain, mode, out)
     return out
 
@@ -262,23 +262,25 @@ def _finish(
 
 
 def _save(model: ir.Model, out: Path) -> None:
-    """Write one file; weights over 2 GB go to one `<name>.data` file beside it."""
+    """Write one file and check it; weights over 2 GB go to one `<name>.data` file beside it."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     data_name = f"{out.name}.data"
     try:
-        ir.external_data.load_to_model(model)
         total = sum(
             t.const_value.nbytes for t in model.graph.initializers.values() if t.const_value
         )
         if total > _TWO_GB:
             ir.save(model, tmp, external_data=data_name)
             shutil.move(tmp.with_name(data_name), out.with_name(data_name))
+            proto = None
         else:
-            ir.save(model, tmp)
+            with tmp.open("wb") as file:
+                proto = write_single_file(model, file)
             out.with_name(data_name).unlink(missing_ok=True)
         tmp.replace(out)
     except OSError as exc:
         raise ModelError(f"cannot write {out}: {exc.strerror or exc}") from exc
     finally:
         tmp.unlink(missing_ok=True)
+    check_model(out, proto)

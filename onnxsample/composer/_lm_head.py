@@ -3,6 +3,8 @@ gathering rows before it gives the same logits as gathering them after."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx_ir as ir
 
@@ -53,8 +55,6 @@ def verify_lm_head(
     model: ir.Model, chain, vocab: int, max_slots: int, max_bias: int, head_size: int | None
 ) -> str:
     """Run the composed graph once with `logits` still an output; '' when the moved gather agrees."""
-    import onnxruntime as ort
-
     feeds = _probe_feeds(model, chain, vocab, max_slots, max_bias, head_size)
     if feeds is None:
         return "the model has inputs the check cannot fill"
@@ -67,11 +67,7 @@ def verify_lm_head(
     if drafts:
         names += ["sampler.draft_next_token", "sampler.draft_logprob"]
     try:
-        options = ort.SessionOptions()
-        options.log_severity_level = 3  # errors only: the defaults of sampler.logprobs are meant
-        session = ort.InferenceSession(
-            serialized(model), options, providers=["CPUExecutionProvider"]
-        )
+        session = _check_session(model)
         found = dict(zip(names, session.run(names, feeds), strict=True))
     except Exception as exc:  # an unexpected graph: keep the safe layout
         return f"the check run failed: {first_line(exc)}"
@@ -156,9 +152,31 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
     return feeds
 
 
-def serialized(model: ir.Model) -> bytes:
-    ir.external_data.load_to_model(model)  # a session made from bytes cannot find external files
+def _check_session(model: ir.Model):
+    """A CPU session over `model` whose weights stay where they are: tensors mapped from the
+    source's external data are mapped by ONNX Runtime from the same files (the session is made
+    from the graph's bytes and told their folder), not copied into the graph: the check holds no
+    copy of the weights, and a model over 2 GB can be checked."""
+    import onnxruntime as ort
+
+    folders = {
+        Path(v.const_value.base_dir)
+        for g in model.graphs()
+        for v in g.initializers.values()
+        if isinstance(v.const_value, ir.ExternalTensor)
+    }
+    if len(folders) > 1:  # not one source's files: the graph carries them
+        ir.external_data.load_to_model(model)
+        folders = set()
     proto = ir.to_proto(model)
     if proto.ByteSize() > _TWO_GB:
         raise ModelError("the model is too large to check in memory")
-    return proto.SerializeToString()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # errors only: the defaults of sampler.logprobs are meant
+    if folders:
+        options.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", str(folders.pop())
+        )
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
