@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from onnxsample._wire import LENGTH_DELIMITED, records
 from onnxsample.chain import SamplerChain
 from onnxsample.errors import ModelError, OnnxSampleError
 
@@ -240,36 +241,6 @@ def _entry(chunk: bytes) -> tuple[str, str]:
 def _fields(data, pos: int, end: int, want: set[int]):
     """(field number, bytes) of the length-delimited fields numbered in `want` in data[pos:end];
     every other field is skipped without being copied."""
-    while pos < end:
-        tag, pos = _varint(data, pos)
-        kind = tag & 7
-        if kind == 0:
-            _, pos = _varint(data, pos)
-        elif kind in (1, 5):
-            pos += 8 if kind == 1 else 4
-        elif kind == 2:
-            length, pos = _varint(data, pos)
-            if pos + length > end:
-                raise ValueError("truncated")
-            if tag >> 3 in want:
-                yield tag >> 3, bytes(data[pos : pos + length])
-            pos += length
-        else:
-            raise ValueError(f"unexpected wire type {kind}")
-    if pos != end:
-        raise ValueError("truncated")
-
-
-def _varint(data, pos: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        if pos >= len(data):
-            raise ValueError("truncated")
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("bad varint")
+    for number, kind, _, value, stop in records(data, pos, end):
+        if number in want and kind == LENGTH_DELIMITED:
+            yield number, bytes(data[value:stop])

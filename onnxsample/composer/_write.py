@@ -1,11 +1,11 @@
 """Writing the composed model as one ``.onnx`` file, one weight at a time.
 
 Serialising a whole :class:`onnx.ModelProto` holds every weight twice beside the model (the
-proto's copy and its bytes), so composing a 1 GB export took 3 GB. Here the graph is serialised
-without its weights' bytes, and each initializer is then appended as its own ``TensorProto``
-record: protobuf's wire format lets a message's fields come in any order, so the file is the same
-model, byte-compatible with any reader, and at most one weight is copied at a time. Weights mapped
-from the export's external data are read from their files as they are written.
+proto's copy and its bytes). Here the graph is serialised without its weights' bytes, and each
+initializer is then appended as its own ``TensorProto`` record (:mod:`onnxsample._wire`: a
+message's fields may come in any order), so the file parses to the same model and at most one
+weight is copied at a time. Weights mapped from the export's external data are read from their
+files as they are written.
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ from typing import BinaryIO
 import onnx
 import onnx_ir as ir
 
-__all__ = ["write_single_file"]
+from onnxsample._wire import GRAPH_INITIALIZER, MODEL_GRAPH, TENSOR_RAW_DATA, key, varint
 
-_LENGTH_DELIMITED = 2
-_GRAPH = 7  # ModelProto.graph
-_INITIALIZER = 5  # GraphProto.initializer
-_RAW_DATA = 9  # TensorProto.raw_data
+__all__ = ["write_single_file"]
 
 
 def write_single_file(model: ir.Model, file: BinaryIO) -> onnx.ModelProto:
@@ -38,12 +35,12 @@ def write_single_file(model: ir.Model, file: BinaryIO) -> onnx.ModelProto:
     graph_bytes = header.graph.SerializeToString()
     header.ClearField("graph")
     graph_size = len(graph_bytes) + sum(
-        len(_tag(_INITIALIZER)) + len(_varint(r.size)) + r.size for r in records
+        len(key(GRAPH_INITIALIZER)) + len(varint(r.size)) + r.size for r in records
     )
     file.write(header.SerializeToString())
-    file.write(_tag(_GRAPH) + _varint(graph_size) + graph_bytes)
+    file.write(key(MODEL_GRAPH) + varint(graph_size) + graph_bytes)
     for record in records:
-        file.write(_tag(_INITIALIZER) + _varint(record.size))
+        file.write(key(GRAPH_INITIALIZER) + varint(record.size))
         record.write(file)
     return proto
 
@@ -57,7 +54,7 @@ class _Record:
         self.data_size = tensor.nbytes if tensor is not None else 0
         self.size = len(fields)
         if tensor is not None:
-            self.size += len(_tag(_RAW_DATA)) + len(_varint(self.data_size)) + self.data_size
+            self.size += len(key(TENSOR_RAW_DATA)) + len(varint(self.data_size)) + self.data_size
 
     def write(self, file: BinaryIO) -> None:
         file.write(self.fields)
@@ -67,7 +64,7 @@ class _Record:
                 raise ValueError(
                     f"initializer {self.tensor.name!r}: {len(data)} bytes, expected {self.data_size}"
                 )
-            file.write(_tag(_RAW_DATA) + _varint(len(data)))
+            file.write(key(TENSOR_RAW_DATA) + varint(len(data)))
             file.write(data)
 
 
@@ -87,16 +84,3 @@ def _load_external(graph: ir.Graph) -> None:
             (value.const_value,) = ir.external_data.convert_tensors_from_external(
                 [value.const_value]
             )
-
-
-def _tag(field: int) -> bytes:
-    return _varint(field << 3 | _LENGTH_DELIMITED)
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)

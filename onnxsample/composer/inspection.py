@@ -84,7 +84,7 @@ def inspect_model(path: str | Path) -> ModelSummary:
     if path.is_dir():
         composed = path / "composed.onnx"
         path = composed if composed.is_file() else path / "model.onnx"
-    model = read_proto(path)
+    model = read_proto(path, weights=False)
     external = check_external_data(model, path.parent)
     return ModelSummary(
         path=path,

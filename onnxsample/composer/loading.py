@@ -18,6 +18,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
+from onnxsample._wire import read_without_weights
 from onnxsample.errors import ModelError, first_line
 
 __all__ = ["check_external_data", "check_model", "load_model", "read_proto"]
@@ -27,13 +28,17 @@ log = logging.getLogger(__name__)
 _EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
-def read_proto(path: Path) -> onnx.ModelProto:
-    """The model's protobuf without any external data, or a :class:`ModelError` saying why not."""
+def read_proto(path: Path, *, weights: bool = True) -> onnx.ModelProto:
+    """The model's protobuf without any external data, or a :class:`ModelError` saying why not.
+    Without `weights`, the initializers inside the file are read without their bytes too
+    (:func:`onnxsample._wire.read_without_weights`): a composed file's graph alone."""
     if not path.is_file():
         raise ModelError(f"no such model file: {path}")
     try:
+        if not weights:
+            return read_without_weights(path)
         return onnx.load(str(path), load_external_data=False)
-    except (DecodeError, ValueError, RuntimeError) as exc:
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
         raise ModelError(
             f"{path} is not a readable ONNX model (truncated or not ONNX): {exc}"
         ) from exc

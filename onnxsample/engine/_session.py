@@ -161,7 +161,9 @@ def captured_by_default(path: Path, provider: str, speculative: str | None) -> b
         return False
     import onnx
 
-    graph = onnx.load(str(path), load_external_data=False).graph
+    from onnxsample._wire import read_without_weights
+
+    graph = read_without_weights(path).graph
     pasts = [i for i in graph.input if i.name.startswith("past_key_values.")]
     return not any(i.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for i in pasts)
 

@@ -1,6 +1,6 @@
-"""Writing and checking a composed model without holding its weights twice: the single-file writer
-gives the model protobuf would, one weight at a time, and the LM-head check reads the export's
-own files."""
+"""Writing, checking and reading a composed model without holding its weights again: the
+single-file writer gives the model protobuf would, one weight at a time; the LM-head check reads
+the export's own files; a file's graph is read without its weights' bytes."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
+from onnxsample._wire import read_without_weights
 from onnxsample.composer import compose, composed_metadata
 from onnxsample.composer._lm_head import _check_session
 from onnxsample.composer._write import write_single_file
-from onnxsample.composer.loading import check_model
+from onnxsample.composer.loading import check_model, read_proto
+from onnxsample.errors import ModelError
 
 WEIGHTS, ROWS = 16, 256  # sixteen 256 KB weights
 
@@ -140,3 +142,45 @@ def test_a_composed_export_keeps_the_moved_gather_and_passes_the_checker(tiny_gq
     assert composed_metadata(model).gather == "lm_head"
     assert not (tmp_path / "composed.onnx.data").exists()
     check_model(out)  # the file on disk, read back whole
+
+
+def _without_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    data = ("float_data", "int32_data", "string_data", "int64_data", "raw_data", "double_data")
+    for tensor in model.graph.initializer:
+        for name in (*data, "uint64_data"):
+            tensor.ClearField(name)
+    return model
+
+
+def test_a_files_graph_is_read_without_its_weights(tiny_gqa_export, tmp_path):
+    """The graph, functions, metadata and every initializer's name, type, shape and external
+    reference, as onnx reads them; of the weights inside the file, no byte is copied."""
+    composed = compose(tiny_gqa_export.output, output=tmp_path / "c.onnx", max_slots=2)
+    export = tiny_gqa_export.output / "model.onnx"
+    for path in (composed, export):
+        want = _without_data(onnx.load(str(path), load_external_data=False))
+        assert read_without_weights(path) == want
+    tracemalloc.start()
+    try:
+        read_without_weights(composed)
+        ours = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        onnx.load(str(composed), load_external_data=False)
+        whole = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    size = composed.stat().st_size
+    assert whole > size  # the measure sees the file read whole
+    assert ours < size / 10
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\x08", b"not a model at all", b"\x3a\xff\xff\xff\x0f", b"\x0f\x00"],
+    ids=["empty", "cut-varint", "text", "length-past-end", "wire-type-7"],
+)
+def test_a_damaged_file_read_without_weights_is_a_clear_error(tmp_path, content):
+    path = tmp_path / "bad.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelError, match="not a readable ONNX model"):
+        read_proto(path, weights=False)
