@@ -1,7 +1,7 @@
-"""What an export costs: its peak memory and time beside the source's size, JSON.
+"""What an export (or a composition) costs: its peak memory and time beside the source's size, JSON.
 
-    python benchmarks/export_memory.py [SOURCE ...] [--option ARG ...] [--repeats 3]
-        [--old-site DIR [--old-label TEXT]] [--output FILE]
+    python benchmarks/export_memory.py [SOURCE ...] [--command compose] [--option ARG ...]
+        [--repeats 3] [--old-site DIR [--old-label TEXT]] [--output FILE]
 
 Each SOURCE (a GGUF file or an HF folder; default: the embedded SmolLM2 GGUF) is exported by
 ``onnxsample export SOURCE -o TMP -f --verify-tokens 0`` plus the ``--option`` arguments (for
@@ -9,6 +9,10 @@ instance ``--option=--device --option=cuda``) in a process of its own, ``--repea
 process's peak resident set (its ``ru_maxrss``, which counts the mapped source's pages it
 touched) and its wall time, median, min and max; the source's bytes and the export's
 (``model.onnx`` and ``model.onnx.data``), and the peak over the source's bytes.
+
+With ``--command compose`` each SOURCE is an export folder, composed by ``onnxsample compose
+SOURCE -o TMP/composed.onnx`` plus the options (output ``benchmarks/results/compose_memory.json``);
+the output's bytes are the composed file's.
 
 With ``--old-site DIR`` (another onnxsample installed there, e.g. a previous release:
 ``pip install --no-deps --target DIR onnxsample==X``) each source is exported by that package
@@ -45,11 +49,23 @@ def _bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def export_once(source: Path, options: list[str], site: str | None) -> dict:
-    """One export in a new process: its peak RSS (MB), wall seconds and the export's bytes."""
+_OUTPUTS = {
+    "export": ["model/model.onnx", "model/model.onnx.data"],
+    "compose": ["composed.onnx", "composed.onnx.data"],
+}
+
+
+def export_once(
+    source: Path, options: list[str], site: str | None, command: str = "export"
+) -> dict:
+    """One export (or composition) in a new process: its peak RSS (MB), wall seconds and the
+    output's bytes."""
     out = Path(tempfile.mkdtemp(prefix="export-memory-"))
-    argv = [sys.executable, *(["-P"] if site else []), "-m", "onnxsample", "export", str(source)]
-    argv += ["-o", str(out / "model"), "-f", "--verify-tokens", "0", *options]
+    argv = [sys.executable, *(["-P"] if site else []), "-m", "onnxsample", command, str(source)]
+    if command == "export":
+        argv += ["-o", str(out / "model"), "-f", "--verify-tokens", "0", *options]
+    else:
+        argv += ["-o", str(out / "composed.onnx"), *options]
     env = {**os.environ, "PYTHONPATH": site} if site else None
     try:
         with open(out / "log", "wb") as said:
@@ -60,8 +76,8 @@ def export_once(source: Path, options: list[str], site: str | None) -> dict:
             child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
         if child.returncode != 0:
             tail = (out / "log").read_text(errors="replace")[-2000:]
-            raise SystemExit(f"the export of {source} failed:\n{tail}")
-        weights = [out / "model" / name for name in ("model.onnx", "model.onnx.data")]
+            raise SystemExit(f"the {command} of {source} failed:\n{tail}")
+        weights = [out / name for name in _OUTPUTS[command]]
         return {
             "peak_mb": round(usage.ru_maxrss / 1024, 1),
             "seconds": round(wall, 2),
@@ -75,13 +91,21 @@ def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def measure(source: Path, options: list[str], repeats: int, old_site: str | None, log) -> dict:
-    """`repeats` exports of `source` by this checkout (and by `old_site`'s package, alternated)."""
+def measure(
+    source: Path,
+    options: list[str],
+    repeats: int,
+    old_site: str | None,
+    log,
+    command: str = "export",
+) -> dict:
+    """`repeats` runs of `command` on `source` by this checkout (and by `old_site`'s package,
+    alternated)."""
     sides = {"ours": None, **({"old": old_site} if old_site else {})}
     runs: dict[str, list[dict]] = {side: [] for side in sides}
     for i in range(repeats):
         for side, site in sides.items():
-            runs[side].append(export_once(source, options, site))
+            runs[side].append(export_once(source, options, site, command))
             log(f"{source.name} {' '.join(options)} {side} #{i + 1}: {runs[side][-1]}")
     size = _bytes(source)
     row: dict = {"source": source.name, "options": options, "source_bytes": size}
@@ -103,30 +127,39 @@ def measure(source: Path, options: list[str], repeats: int, old_site: str | None
 
 def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
-    p.add_argument("sources", nargs="*", type=Path, help="GGUF files or HF folders")
+    p.add_argument(
+        "sources", nargs="*", type=Path, help="GGUF files or HF folders (compose: export folders)"
+    )
+    p.add_argument("--command", choices=sorted(_OUTPUTS), default="export")
     p.add_argument("--option", action="append", default=[], help="an argument of export")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--old-site", help="a folder holding another onnxsample to compare with")
     p.add_argument("--old-label", help="what --old-site holds, for the report (default: its path)")
-    p.add_argument("--output", type=Path, default=RESULTS / "export_memory.json")
+    p.add_argument("--output", type=Path, help="default: benchmarks/results/COMMAND_memory.json")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats takes at least 1")
+    if args.command == "compose" and not args.sources:
+        p.error("compose measures export folders: name at least one")
+    output = args.output or RESULTS / f"{args.command}_memory.json"
     log = logger("export_memory")
     load_before = load_average()
     sources = args.sources or [embedded_gguf()]
-    rows = [measure(s, args.option, args.repeats, args.old_site, log) for s in sources]
+    rows = [
+        measure(s, args.option, args.repeats, args.old_site, log, args.command) for s in sources
+    ]
     emit(
         {
-            "benchmark": "export_memory",
+            "benchmark": f"{args.command}_memory",
+            "command": args.command,
             "repeats": args.repeats,
             "old_site": args.old_site,
             "old_label": args.old_label or args.old_site,
             "results": rows,
             "run": run_record(load_before, "onnxsample", "onnx-ir", "onnxruntime", "numpy"),
         },
-        args.output,
-        "export_memory",
+        output,
+        f"{args.command}_memory",
     )
 
 

@@ -95,6 +95,7 @@ def render(
         "$ .venv/bin/python benchmarks/gguf_minimums.py       # the minimums' correction, form by form",
         "$ .venv/bin/python benchmarks/gguf_codes.py          # 5- and 8-bit codes, form by form",
         "$ .venv/bin/python benchmarks/export_memory.py FILE ...  # an export's peak memory and time",
+        "$ .venv/bin/python benchmarks/export_memory.py --command compose FOLDER ...  # a composition's",
         "$ .venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -134,6 +135,7 @@ def render(
             for k in ("export_memory", "export_memory_cuda", "export_time", "export_time_verify")
         ]
     )
+    lines += export_section([(engine or {}).get("compose_memory")], "compose")
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -30,6 +30,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "export_memory_cuda",
         "export_time",
         "export_time_verify",
+        "compose_memory",
     ]
     found = {name: read_json(folder / f"{name}.json") for name in names}
     return {name.removeprefix("engine_"): data for name, data in found.items()}

@@ -1,5 +1,6 @@
-"""The export section of docs/benchmarks.md: the peak memory and time of `onnxsample export`
-(export_memory*.json from benchmarks/export_memory.py). Standard library only."""
+"""The export and compose sections of docs/benchmarks.md: the peak memory and time of
+`onnxsample export` and `onnxsample compose` (export_memory*.json and compose_memory.json from
+benchmarks/export_memory.py). Standard library only."""
 
 from __future__ import annotations
 
@@ -8,20 +9,38 @@ from _harness.tables import num, table, times
 _MB = 1e6
 
 
-def export_section(reports: list[dict | None]) -> list[str]:
-    """One row per source and options, this checkout's export beside `--old-site`'s where the
-    report has it: one table per older package compared with (nothing without results)."""
+_SECTIONS = {
+    "export": (
+        "## Exporting: peak memory and time",
+        "`python benchmarks/export_memory.py SOURCE ... [--option ARG] --old-site DIR`: each "
+        "source exported by `onnxsample export SOURCE --verify-tokens 0` (and the options) in a "
+        "process of its own",
+        ("source", "export"),
+    ),
+    "compose": (
+        "## Composing: peak memory and time",
+        "`python benchmarks/export_memory.py --command compose FOLDER ... --old-site DIR`: each "
+        "export folder composed by `onnxsample compose FOLDER` (the full chain, 8 slots, the "
+        "LM-head check included) into one file, in a process of its own",
+        ("export", "composed"),
+    ),
+}
+
+
+def export_section(reports: list[dict | None], command: str = "export") -> list[str]:
+    """One row per source and options, this checkout's run of `command` beside `--old-site`'s
+    where the report has it: one table per older package compared with (nothing without
+    results)."""
     reports = [r for r in reports if r]
     if not reports:
         return []
+    title, how, names = _SECTIONS[command]
     lines = [
-        "## Exporting: peak memory and time",
+        title,
         "",
-        "`python benchmarks/export_memory.py SOURCE ... [--option ARG] --old-site DIR`: each "
-        "source exported by `onnxsample export SOURCE --verify-tokens 0` (and the options) in a "
-        "process of its own, median (min–max) of "
-        f"{reports[0].get('repeats')} runs; the peak resident set counts the interpreter, its "
-        "libraries and the pages of the mapped source it touched; MB are 10⁶ bytes.",
+        f"{how}, median (min–max) of {reports[0].get('repeats')} runs; the peak resident set "
+        "counts the interpreter, its libraries and the pages of the mapped source it touched; "
+        "MB are 10⁶ bytes.",
         "",
     ]
     groups: dict[str | None, list[dict]] = {}
@@ -33,7 +52,7 @@ def export_section(reports: list[dict | None]) -> list[str]:
     for old, group in groups.items():
         if old:
             lines += [f"*Before*: {old}, alternated with this version's runs.", ""]
-        lines += [*_table(group, bool(old)), ""]
+        lines += [*_table(group, bool(old), names), ""]
     loads = [
         x
         for r in reports
@@ -48,8 +67,10 @@ def export_section(reports: list[dict | None]) -> list[str]:
     return lines
 
 
-def _table(reports: list[dict], old: bool) -> list[str]:
-    head = ["source", "options", "source MB", "export MB", "peak MB", "peak ÷ source", "seconds"]
+def _table(reports: list[dict], old: bool, names: tuple[str, str]) -> list[str]:
+    source, output = names
+    head = [source, "options", f"{source} MB", f"{output} MB", "peak MB", f"peak ÷ {source}"]
+    head.append("seconds")
     if old:
         head += ["peak before", "seconds before", "peak ratio", "time ratio"]
     rows = []

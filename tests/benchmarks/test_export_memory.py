@@ -1,5 +1,6 @@
-"""benchmarks/export_memory.py: each side's export runs in a process of its own and the report
-holds its peak, time and sizes; an export that fails stops the script with its own lines."""
+"""benchmarks/export_memory.py: each side's export (or composition) runs in a process of its own
+and the report holds its peak, time and sizes; an export that fails stops the script with its own
+lines."""
 
 from __future__ import annotations
 
@@ -28,3 +29,13 @@ def test_a_failed_export_stops_with_its_own_lines(bench, tmp_path) -> None:
     junk.write_bytes(b"not a model")
     with pytest.raises(SystemExit, match="not a GGUF file"):
         memory.export_once(junk, [], None)
+
+
+def test_a_composition_row_has_the_composed_files_bytes(bench, tiny_gqa_export) -> None:
+    memory = bench("export_memory")
+    folder = tiny_gqa_export.output
+    row = memory.measure(folder, [], 1, None, lambda _: None, "compose")
+    weights = (folder / "model.onnx").stat().st_size + (folder / "model.onnx.data").stat().st_size
+    ours = row["ours"]
+    assert ours["peak_mb"]["median"] > 50 and ours["seconds"]["median"] > 0
+    assert weights < ours["export_bytes"] < 2 * weights  # one file: the weights and the chain

@@ -472,3 +472,10 @@ def test_report_renders_an_exports_peak_beside_the_old_ones(bench) -> None:
     assert "`q6.gguf`" in first and "`f16.gguf`" not in first
     assert "`f16.gguf`" in second and "`q6.gguf`" not in second
     assert text.count("| source | options |") == 2
+    # a composition: the same table, its source an export folder and its output the composed file
+    text = "\n".join(export.export_section([data], "compose"))
+    assert "## Composing: peak memory and time" in text
+    assert (
+        "| export | options | export MB | composed MB | peak MB | peak ÷ export | seconds |" in text
+    )
+    assert "| `q6.gguf` | — | 154 | 186 | 673 (672–674) | 4.37× | 13.3 (13.3–13.3) |" in text
