@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from onnxsample._memory import give_back_freed_memory
 from onnxsample.engine._drafter import (
     DEFAULT_DRAFT_TOKENS,
     DEFAULT_NGRAM,
@@ -163,6 +164,9 @@ class Engine:
         self._cancel_on_close = False
         self._dead: BaseException | None = None
         self._scheduler = self._build()
+        # What the load freed (graph optimisation's copies of the weights, the tokenizer's
+        # reading) goes back to the system instead of staying in the process's heap.
+        give_back_freed_memory()
         self._thread = threading.Thread(target=self._loop, name="onnxsample-engine", daemon=True)
         self._thread.start()
 

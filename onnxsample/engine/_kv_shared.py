@@ -34,15 +34,13 @@ the same whichever slots of the bucket decode.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from onnxsample._memory import give_back_freed_memory
 from onnxsample.engine._layout import Call, prompt_positions, slot_rows
 from onnxsample.engine._row_copy import RowCopy
 from onnxsample.engine._sequence import Sequence
@@ -68,13 +66,6 @@ def kv_specs(pasts: dict[str, Any], head_size: int | None, model: str) -> dict[s
             )
         specs[name] = (heads, size, ORT_DTYPES.get(arg.type, np.float32))
     return specs
-
-
-def _give_back_freed_memory() -> None:
-    """Return the C heap's free pages to the system (glibc keeps them after a large free: the
-    buffers of the sizes in between came from its heap); nothing where there is no glibc."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
 
 
 def buffer_length(need: int, limit: int | None) -> int:
@@ -116,7 +107,7 @@ class SharedKV:
         """Down to `length` positions per row (the first `length` kept), memory given back."""
         if length < self.length:
             self._reallocate(self.rows, length)
-            _give_back_freed_memory()
+            give_back_freed_memory()
 
     def _reallocate(self, rows: int, length: int) -> None:
         import onnxruntime as ort
