@@ -16,6 +16,7 @@ import onnx
 import onnx_ir as ir
 
 from onnxsample._wire import GRAPH_INITIALIZER, MODEL_GRAPH, TENSOR_RAW_DATA, key, varint
+from onnxsample.errors import ModelError
 
 __all__ = ["write_single_file"]
 
@@ -60,9 +61,10 @@ class _Record:
         file.write(self.fields)
         if self.tensor is not None:
             data = self.tensor.tobytes()
-            if len(data) != self.data_size:
-                raise ValueError(
-                    f"initializer {self.tensor.name!r}: {len(data)} bytes, expected {self.data_size}"
+            if len(data) != self.data_size:  # its file changed under us
+                raise ModelError(
+                    f"weight {self.tensor.name!r} read {len(data)} bytes from its file, "
+                    f"{self.data_size} expected"
                 )
             file.write(key(TENSOR_RAW_DATA) + varint(len(data)))
             file.write(data)
