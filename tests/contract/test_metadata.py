@@ -93,15 +93,24 @@ def test_props_are_read_without_parsing_the_graph(tiny_export, tmp_path):
     assert composed_metadata(composed) == composed_metadata(onnx.load(str(composed)))
 
 
+def _read_graph(path):
+    from onnxsample.composer.loading import read_proto
+
+    return read_proto(path, weights=False)
+
+
 @pytest.mark.parametrize(
     "content",
     [b"", b"\x08", b"not a model at all", b"\x3a\xff\xff\xff\x0f", b"\x0f\x00"],
     ids=["empty", "cut-varint", "text", "length-past-end", "wire-type-7"],
 )
-def test_a_damaged_file_is_a_clear_error(tmp_path, content):
+@pytest.mark.parametrize("reader", ["metadata", "graph"])
+def test_a_damaged_file_is_a_clear_error(tmp_path, content, reader):
+    """Both readers that walk the wire format (the metadata alone; the graph without its
+    weights) name a damaged file."""
     from onnxsample.metadata import read_props
 
     path = tmp_path / "bad.onnx"
     path.write_bytes(content)
     with pytest.raises(ModelError, match="not a readable ONNX model"):
-        read_props(path)
+        (read_props if reader == "metadata" else _read_graph)(path)
