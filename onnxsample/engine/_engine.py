@@ -164,9 +164,7 @@ class Engine:
         self._cancel_on_close = False
         self._dead: BaseException | None = None
         self._scheduler = self._build()
-        # What the load freed (graph optimisation's copies of the weights, the tokenizer's
-        # reading) goes back to the system instead of staying in the process's heap.
-        give_back_freed_memory()
+        give_back_freed_memory()  # the load's frees: ONNX Runtime's weight copies, the tokenizer's
         self._thread = threading.Thread(target=self._loop, name="onnxsample-engine", daemon=True)
         self._thread.start()
 
