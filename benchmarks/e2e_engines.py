@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from _harness.machine import versions
 from _harness.workload import REPETITION_PENALTY
 from _harness.workload import SAMPLED as _SAMPLED
 
@@ -48,6 +49,10 @@ class Engine:
         """What this engine adds to the ready line, beside load time, memory and versions."""
         return {}
 
+    def versions(self) -> dict[str, str]:
+        """The versions of :attr:`packages`, from their installed metadata."""
+        return versions(*self.packages)
+
 
 def _mean_logprob(logits, tokens: list[int]) -> float:
     """Mean log-softmax of `tokens` in `logits` [len(tokens), vocab], in float64 (numpy)."""
@@ -70,8 +75,13 @@ class OnnxsampleEngine(Engine):
         import onnxsample
 
         self.osx = onnxsample
+        # Every request repeats the benchmark prompt: reusing its cached prefix would time a
+        # prefill that does not happen (the peers compute theirs each time).
         self.gen = onnxsample.Generator(
-            onnxsample.prepare(args.model), tokenizer=args.tokenizer, threads=args.threads
+            onnxsample.prepare(args.model),
+            tokenizer=args.tokenizer,
+            threads=args.threads,
+            prefix_reuse=False,
         )
 
     def run(self, req: dict) -> dict:
@@ -297,6 +307,11 @@ class LlamaCppEngine(Engine):
             logits_all=draft is not None,  # its speculative path reads every position's logits
             verbose=False,
         )
+
+    def versions(self) -> dict[str, str]:
+        """.venv-llamacpp holds llama-cpp-python's module without its distribution's metadata
+        (scripts/build_llamacpp_venv.sh copies it beside llama.cpp's own build): its version."""
+        return {"llama_cpp_python": self.llama_cpp.__version__}
 
     def run(self, req: dict) -> dict:
         if req["batch"] != 1:

@@ -42,7 +42,7 @@ import time
 import traceback
 from typing import TextIO
 
-from _harness.machine import peak_rss_mb, rss_mb, versions
+from _harness.machine import peak_rss_mb, rss_mb
 from _harness.process import protocol_stdout, sender
 from _harness.script import parser
 from e2e_engines import ENGINES, Engine
@@ -61,7 +61,7 @@ def serve(engine_name: str, args: argparse.Namespace, reply: TextIO) -> None:
         return
     info = {"ready": True, "load_s": round(time.perf_counter() - start, 2), "rss_mb": rss_mb()}
     info["peak_rss_mb"] = peak_rss_mb()
-    info["versions"] = versions(*engine.packages)
+    info["versions"] = engine.versions()
     send({**info, **engine.ready_info()})
     for line in sys.stdin:
         if not line.strip():
