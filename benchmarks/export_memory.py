@@ -12,7 +12,9 @@ touched) and its wall time, median, min and max; the source's bytes and the expo
 
 With ``--command compose`` each SOURCE is an export folder, composed by ``onnxsample compose
 SOURCE -o TMP/composed.onnx`` plus the options (output ``benchmarks/results/compose_memory.json``);
-the output's bytes are the composed file's.
+the output's bytes are the composed file's. ``--one-file`` first re-saves each export as one
+``model.onnx`` holding every weight (as optimum writes a model under 2 GB; output
+``benchmarks/results/compose_memory_one_file.json``), its row named ``NAME (one file)``.
 
 With ``--old-site DIR`` (another onnxsample installed there, e.g. a previous release:
 ``pip install --no-deps --target DIR onnxsample==X``) each source is exported by that package
@@ -87,6 +89,16 @@ def export_once(
         shutil.rmtree(out, ignore_errors=True)
 
 
+def one_file(folder: Path, into: Path) -> Path:
+    """A copy of the export `folder` in `into` whose model.onnx holds every weight."""
+    import onnx
+
+    copy = into / f"{folder.name} (one file)"
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.data", "composed.onnx*"))
+    onnx.save(onnx.load(str(folder / "model.onnx")), str(copy / "model.onnx"))
+    return copy
+
+
 def _summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -135,19 +147,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--old-site", help="a folder holding another onnxsample to compare with")
     p.add_argument("--old-label", help="what --old-site holds, for the report (default: its path)")
+    p.add_argument("--one-file", action="store_true", help="compose: each export as one file")
     p.add_argument("--output", type=Path, help="default: benchmarks/results/COMMAND_memory.json")
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error("--repeats takes at least 1")
     if args.command == "compose" and not args.sources:
         p.error("compose measures export folders: name at least one")
-    output = args.output or RESULTS / f"{args.command}_memory.json"
+    if args.one_file and args.command != "compose":
+        p.error("--one-file re-saves export folders: it goes with --command compose")
+    suffix = "_one_file" if args.one_file else ""
+    output = args.output or RESULTS / f"{args.command}_memory{suffix}.json"
     log = logger("export_memory")
     load_before = load_average()
     sources = args.sources or [embedded_gguf()]
-    rows = [
-        measure(s, args.option, args.repeats, args.old_site, log, args.command) for s in sources
-    ]
+    with tempfile.TemporaryDirectory(prefix="one-file-") as scratch:
+        if args.one_file:
+            sources = [one_file(s, Path(scratch)) for s in sources]
+        rows = [
+            measure(s, args.option, args.repeats, args.old_site, log, args.command) for s in sources
+        ]
     emit(
         {
             "benchmark": f"{args.command}_memory",

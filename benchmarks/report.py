@@ -135,7 +135,9 @@ def render(
             for k in ("export_memory", "export_memory_cuda", "export_time", "export_time_verify")
         ]
     )
-    lines += export_section([(engine or {}).get("compose_memory")], "compose")
+    lines += export_section(
+        [(engine or {}).get(k) for k in ("compose_memory", "compose_memory_one_file")], "compose"
+    )
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from onnxsample._wire import LENGTH_DELIMITED, records
+from onnxsample._wire import LENGTH_DELIMITED, FileBytes, records
 from onnxsample.chain import SamplerChain
 from onnxsample.errors import ModelError, OnnxSampleError
 
@@ -215,12 +215,11 @@ def composed_metadata(model: Any) -> ComposedMetadata | None:
 
 def read_props(path: Path) -> dict[str, str]:
     """An ONNX file's ``metadata_props`` without parsing its graph: the top-level fields of the
-    ModelProto are walked in the protobuf wire format (memory-mapped) and the graph's bytes
+    ModelProto are walked in the protobuf wire format (read as they are needed) and the graph's bytes
     skipped, so a file holding hundreds of MB of weights is barely read."""
-    import mmap
-
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        with open(path, "rb") as f:
+            data = FileBytes(f)
             return {
                 key: value
                 for _, chunk in _fields(data, 0, len(data), {_METADATA_PROPS})

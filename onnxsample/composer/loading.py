@@ -18,7 +18,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnxsample._wire import read_without_weights
+from onnxsample._wire import read_with_weight_refs, read_without_weights
 from onnxsample.errors import ModelError, first_line
 
 __all__ = ["check_external_data", "check_model", "load_model", "read_proto"]
@@ -78,8 +78,12 @@ def _nbytes(tensor: onnx.TensorProto) -> int | None:
     return count * itemsize
 
 
-def check_external_data(model: onnx.ModelProto, folder: Path) -> list[Path]:
-    """Validate every external-data reference of `model` against `folder`; returns the files used."""
+def check_external_data(
+    model: onnx.ModelProto, folder: Path, *, own: Path | None = None
+) -> list[Path]:
+    """Validate every external-data reference of `model` against `folder`; returns the files used.
+    A reference to `own` (the model's file, as :func:`onnxsample._wire.read_with_weight_refs`
+    makes them) reads the model's own bytes: only its bounds are checked."""
     root = folder.resolve()
     files: dict[str, Path] = {}
     for tensor in _all_tensors(model):
@@ -90,6 +94,9 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> list[Path]:
         what = f"tensor {tensor.name!r} points to external data {location!r}"
         if not location:
             raise ModelError(f"tensor {tensor.name!r} is external but names no file")
+        if own is not None and location == own.name:
+            _check_bounds(tensor, info, own.stat().st_size, what)
+            continue
         if os.path.isabs(location) or location.startswith(("/", "\\")) or ":" in location:
             raise ModelError(f"{what}: absolute paths are refused; it must lie inside {root}")
         parts = Path(location.replace("\\", "/")).parts
@@ -109,18 +116,22 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> list[Path]:
             raise ModelError(
                 f"{what}: {path} is hard-linked ({stat.st_nlink} links), which is refused"
             )
-        try:
-            offset = int(info.get("offset", 0))
-            length = int(info["length"]) if "length" in info else _nbytes(tensor)
-        except ValueError as exc:
-            raise ModelError(f"{what}: bad offset or length ({exc})") from exc
-        if offset < 0 or (length is not None and (length < 0 or offset + length > stat.st_size)):
-            raise ModelError(
-                f"{what}: bytes {offset}..{offset + (length or 0)} lie beyond the file's end "
-                f"({stat.st_size} bytes)"
-            )
+        _check_bounds(tensor, info, stat.st_size, what)
         files[location] = path
     return sorted(set(files.values()))
+
+
+def _check_bounds(tensor: onnx.TensorProto, info: dict[str, str], size: int, what: str) -> None:
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else _nbytes(tensor)
+    except ValueError as exc:
+        raise ModelError(f"{what}: bad offset or length ({exc})") from exc
+    if offset < 0 or (length is not None and (length < 0 or offset + length > size)):
+        raise ModelError(
+            f"{what}: bytes {offset}..{offset + (length or 0)} lie beyond the file's end "
+            f"({size} bytes)"
+        )
 
 
 # Ops ONNX Runtime registers in the default domain although the ONNX standard has no such op;
@@ -167,17 +178,31 @@ def check_model(path: Path, model: onnx.ModelProto | None = None) -> None:
 
 
 def load_model(path: Path, *, check: bool = True):
-    """Load `path` as an onnx-ir model after the external-data and checker gates."""
+    """Load `path` as an onnx-ir model after the external-data and checker gates. Weights held
+    inside the file are mapped from it as external data's are (not parsed into memory), so a
+    single-file model costs its graph until a weight is read. They are read from the file a
+    symbolic link `path` names (a hub cache's layout); external data files must lie beside it."""
     import onnx_ir as ir
 
-    proto = read_proto(path)
-    external = check_external_data(proto, path.parent)
+    own = path.resolve()
+    try:
+        proto = read_with_weight_refs(own)
+    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
+        raise ModelError(
+            f"{path} is not a readable ONNX model (truncated or not ONNX): {exc}"
+        ) from exc
+    external = check_external_data(proto, path.parent, own=own)
     if external:
         log.info("%s keeps its weights in %s", path.name, ", ".join(p.name for p in external))
     if check:
         check_model(path, proto)
-    del proto
     try:
-        return ir.load(path)
+        model = ir.serde.deserialize_model(proto)
     except Exception as exc:
         raise ModelError(f"onnx-ir cannot load {path}: {exc}") from exc
+    ir.external_data.set_base_dir(model.graph, path.parent)
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        if isinstance(tensor, ir.ExternalTensor) and tensor.location == own.name:
+            tensor.base_dir = own.parent
+    return model

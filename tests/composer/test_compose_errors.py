@@ -88,8 +88,12 @@ BAD_MODELS = {
     ),
     "truncated file": (_case_truncated, "not a readable ONNX model"),
     "not a model": (
-        lambda t, c: _write(t, onnx.ModelProto(), "empty.onnx"),
+        lambda t, c: _write(t, onnx.ModelProto(ir_version=10), "bare.onnx"),
         "fails the ONNX checker",
+    ),
+    "empty file": (
+        lambda t, c: _write(t, onnx.ModelProto(), "empty.onnx"),
+        "not a readable ONNX model",
     ),
     "external data with ..": (
         lambda t, c: _write(t, _external(t, "../secret.bin")),

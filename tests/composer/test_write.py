@@ -1,9 +1,12 @@
 """Writing, checking and reading a composed model without holding its weights again: the
 single-file writer gives the model protobuf would, one weight at a time; the LM-head check reads
-the export's own files; a file's graph is read without its weights' bytes."""
+the export's own files; a file's graph is read without its weights' bytes, and a single-file
+model's weights are mapped from it as an export's data file is."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import tracemalloc
 from pathlib import Path
 
@@ -13,11 +16,11 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 
-from onnxsample._wire import read_without_weights
+from onnxsample._wire import read_with_weight_refs, read_without_weights
 from onnxsample.composer import compose, composed_metadata
 from onnxsample.composer._lm_head import _check_session
 from onnxsample.composer._write import write_single_file
-from onnxsample.composer.loading import check_model
+from onnxsample.composer.loading import check_model, load_model
 
 WEIGHTS, ROWS = 16, 256  # sixteen 256 KB weights
 
@@ -171,3 +174,57 @@ def test_a_files_graph_is_read_without_its_weights(tiny_gqa_export, tmp_path):
     size = composed.stat().st_size
     assert whole > size  # the measure sees the file read whole
     assert ours < size / 10
+
+
+def _single_file(export: Path, folder: Path) -> Path:
+    """`export`'s folder with its model saved as one file, every weight inside it."""
+    shutil.copytree(export, folder, ignore=shutil.ignore_patterns("model.onnx.data"))
+    onnx.save(onnx.load(str(export / "model.onnx")), str(folder / "model.onnx"))
+    return folder / "model.onnx"
+
+
+@pytest.mark.parametrize("min_bytes", [1024, 1])
+def test_a_single_files_weights_are_read_as_references_into_it(tmp_path, min_bytes):
+    """Every initializer whose raw bytes reach `min_bytes` becomes a reference to those bytes
+    in the file itself (a subgraph's stay inline); loading the references gives back the model
+    onnx reads whole."""
+    source = _chain_model(tmp_path, subgraph=True)
+    single = tmp_path / "single.onnx"
+    onnx.save(_protobufs_model(source), str(single))
+    read = read_with_weight_refs(single, min_bytes=min_bytes)
+    external = {
+        t.name for t in read.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+    }
+    assert external == {f"w{i}" for i in range(WEIGHTS)} | ({"flag"} if min_bytes == 1 else set())
+    assert {
+        e.value for t in read.graph.initializer for e in t.external_data if e.key == "location"
+    } == {single.name}
+    onnx.external_data_helper.load_external_data_for_model(read, str(tmp_path))
+    for tensor in read.graph.initializer:
+        tensor.ClearField("data_location")
+    assert read == onnx.load(str(single))
+
+
+def test_a_single_file_source_composes_as_its_external_data_twin(tiny_gqa_export, tmp_path):
+    """Composing an export whose weights are inside its model.onnx reads them from that file as
+    it would from model.onnx.data: no weight is parsed into memory when loading, a symbolic link
+    to the file (a hub cache's layout) is followed, and the composed model is the same."""
+    export = tiny_gqa_export.output
+    single = _single_file(export, tmp_path / "single")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    os.symlink(single, linked / "model.onnx")
+    tracemalloc.start()
+    try:
+        model = load_model(linked / "model.onnx")
+        ours = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    big = [v for v in model.graph.initializers.values() if v.const_value.nbytes >= 1024]
+    assert big and all(isinstance(v.const_value, ir.ExternalTensor) for v in big)
+    assert ours < single.stat().st_size / 10
+    twin = onnx.load(str(compose(export, output=tmp_path / "twin.onnx", max_slots=2)))
+    got = onnx.load(str(compose(linked, output=tmp_path / "got.onnx", max_slots=2)))
+    assert composed_metadata(got).gather == "lm_head"
+    assert got.graph == twin.graph
+    assert got.metadata_props == twin.metadata_props
