@@ -90,12 +90,15 @@ def export_once(
 
 
 def one_file(folder: Path, into: Path) -> Path:
-    """A copy of the export `folder` in `into` whose model.onnx holds every weight."""
-    import onnx
-
+    """A copy of the export `folder` in `into` whose model.onnx holds every weight (re-saved by
+    a process of its own: a child's peak counts its parent's resident set at the fork)."""
     copy = into / f"{folder.name} (one file)"
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.data", "composed.onnx*"))
-    onnx.save(onnx.load(str(folder / "model.onnx")), str(copy / "model.onnx"))
+    resave = "import onnx, sys; onnx.save(onnx.load(sys.argv[1]), sys.argv[2])"
+    subprocess.run(
+        [sys.executable, "-c", resave, str(folder / "model.onnx"), str(copy / "model.onnx")],
+        check=True,
+    )
     return copy
 
 
