@@ -17,6 +17,7 @@ from onnxsample.graphs._common import (
     DOMAIN_VERSION,
     T_INT64,
 )
+from onnxsample.graphs._reproducible import in_name_order
 from onnxsample.graphs._rows import (
     RowArgMax,
     RowBlocks,
@@ -204,7 +205,7 @@ _SCRIPTS = (
 def _script_functions() -> tuple[bytes, ...]:
     protos = []
     for fn in _SCRIPTS:
-        proto = fn.to_function_proto()
+        proto = in_name_order(fn.to_function_proto())  # the same bytes in every process
         del proto.opset_import[:]
         proto.opset_import.extend(opsets())
         protos.append(proto.SerializeToString())
