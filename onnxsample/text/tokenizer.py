@@ -89,7 +89,11 @@ class Tokenizer:
         folder = Path(folder)
         if not (folder / "tokenizer.json").is_file():
             raise ModelError(f"no tokenizer.json in {folder}: pass the export folder")
-        data, config = _json(folder / "tokenizer.json"), _json(folder / "tokenizer_config.json")
+        path, config = folder / "tokenizer.json", _json(folder / "tokenizer_config.json")
+        try:  # read by the backend itself: parsing the JSON in Python took longer than the load
+            backend = Backend.from_file(str(path))
+        except Exception as exc:
+            raise ModelError(f"cannot read {path}: {first_line(exc)}") from exc
         family = config.get("tokenizer_class") or _MODEL_TYPES.get(
             _json(folder / "config.json").get("model_type"), ""
         )
@@ -112,15 +116,18 @@ class Tokenizer:
         # The pre-tokenizer's add_prefix_space follows the config, else the class default (Llama's
         # None leaves it; a bool there makes transformers rebuild from the slow tokenizer's files).
         prefix_space = config.get("add_prefix_space", None if family == "LlamaTokenizer" else False)
-        pre = data.get("pre_tokenizer")
         if isinstance(prefix_space, bool) and family == "LlamaTokenizer":
             log.warning("%s: transformers would rebuild this tokenizer from slow files", folder)
-        elif isinstance(prefix_space, bool) and isinstance(pre, dict) and "add_prefix_space" in pre:
-            pre["add_prefix_space"] = prefix_space
-        try:
-            backend = Backend.from_str(json.dumps(data))
-        except Exception as exc:
-            raise ModelError(f"cannot read {folder / 'tokenizer.json'}: {first_line(exc)}") from exc
+        elif isinstance(prefix_space, bool) and b'"add_prefix_space"' in path.read_bytes():
+            data = _json(path)
+            pre = data.get("pre_tokenizer")
+            if isinstance(pre, dict) and pre.get("add_prefix_space", prefix_space) != prefix_space:
+                pre["add_prefix_space"] = prefix_space
+                try:
+                    backend = Backend.from_str(json.dumps(data))
+                except Exception as exc:
+                    raise ModelError(f"cannot read {path}: {first_line(exc)}") from exc
+        pre = _pre_tokenizer(backend)
         backend.no_truncation()
         backend.no_padding()
         backend.encode_special_tokens = bool(init.get("split_special_tokens", False))
@@ -142,7 +149,7 @@ class Tokenizer:
         if additional:
             special["additional_special_tokens"] = [_text(t) for t in additional]
         clean_up = bool(init.get("clean_up_tokenization_spaces", False))
-        byte_level = "ByteLevel" in json.dumps(data.get("pre_tokenizer"))
+        byte_level = "ByteLevel" in json.dumps(pre)
         return cls(
             backend,
             special,
@@ -311,6 +318,12 @@ def _added(token: Any, added_token: type) -> Any:
 def _text(token: Any) -> str | None:
     token = token.get("content") if isinstance(token, dict) else token
     return token if isinstance(token, str) and token else None
+
+
+def _pre_tokenizer(backend) -> dict | None:
+    """The backend's pre-tokenizer as its JSON says (``None`` without one)."""
+    pre = backend.pre_tokenizer
+    return None if pre is None else json.loads(pre.__getstate__())
 
 
 def _json(path: Path) -> dict:
