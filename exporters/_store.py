@@ -23,7 +23,8 @@ arrays from those initializers alone, so ONNX Runtime's constant folding (any op
 but ``disable``) replaces them by the arrays themselves when the session is made: the kernels,
 their prepacking and every bit of the result are the same as with the arrays stored whole. With
 optimisation disabled the ops run every call and MatMulNBits takes a non-constant ``B``: slower,
-and not the same kernel. Only float32 (CPU) exports are stored so; the fp16 GPU export keeps the
+and not the same kernel. Composing runs them once (``onnxsample.composer._fold_codes``), so the
+model an engine loads holds the arrays and no session spends its load on them. Only float32 (CPU) exports are stored so; the fp16 GPU export keeps the
 arrays whole.
 """
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import onnx_ir as ir
 
 from onnxsample.chain import SamplerChain
+from onnxsample.composer._fold_codes import fold_weight_codes
 from onnxsample.composer._in_place import counts_in_place
 from onnxsample.composer._lm_head import find_lm_head, verify_lm_head
 from onnxsample.composer._model_facts import (
@@ -216,6 +217,7 @@ def _finish(
 ) -> None:
     graph = model.graph
     graph.outputs[:] = [v for v in graph.outputs if v.name != "logits"]
+    fold_weight_codes(model)  # widened here once, not at every load
     ir.passes.common.RemoveUnusedNodesPass()(model)
     reconcile_versions(model)
     if inline or options["static"]:  # a static chain: see onnxsample.composer._static
