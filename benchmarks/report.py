@@ -28,6 +28,7 @@ from report_gguf import (
 )
 from report_overhead import overhead_section
 from report_speculative import speculative_section
+from report_startup import startup_section
 from report_structured import structured_section
 from report_targets import targets_section
 
@@ -96,6 +97,7 @@ def render(
         "$ .venv/bin/python benchmarks/gguf_codes.py          # 5- and 8-bit codes, form by form",
         "$ .venv/bin/python benchmarks/export_memory.py FILE ...  # an export's peak memory and time",
         "$ .venv/bin/python benchmarks/export_memory.py --command compose FOLDER ...  # a composition's",
+        "$ .venv/bin/python benchmarks/startup.py  # a cold start to the first token, beside llama-server",
         "$ .venv/bin/python benchmarks/report.py",
         "```",
         "",
@@ -138,6 +140,7 @@ def render(
     lines += export_section(
         [(engine or {}).get(k) for k in ("compose_memory", "compose_memory_one_file")], "compose"
     )
+    lines += startup_section((engine or {}).get("startup"))
     return "\n".join(lines).rstrip() + "\n"
 
 

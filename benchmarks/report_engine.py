@@ -32,6 +32,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "export_time_verify",
         "compose_memory",
         "compose_memory_one_file",
+        "startup",
     ]
     found = {name: read_json(folder / f"{name}.json") for name in names}
     return {name.removeprefix("engine_"): data for name, data in found.items()}
