@@ -62,8 +62,9 @@ CONTRACT_VERSION = "1"
 # draw's search in one comparison and its id by a lookup; fewer ops in top-k's, top-p's,
 # typical-p's flags and the logprob. 26: the static chain flags typical-p's slots for the host
 # (no entropy or key sort on the device), its draw reads top-p's exponentials, and top-k's flag is
-# k > W alone.
-COMPOSER_REVISION = "26"
+# k > W alone. 27: a GGUF export's narrow weight codes are widened in the composed model (not at
+# every load); the sampler functions' multi-output Ifs in their variables' order.
+COMPOSER_REVISION = "27"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.
