@@ -421,11 +421,7 @@ def test_report_names_the_machine_of_the_gguf_files_run(bench) -> None:
     data = {
         "new_tokens": 128,
         "models": {"m": entry | {"same_prompt_ids": True, "cells": [cell]}},
-        "run": {
-            "machine": {"cpu": "AMD EPYC", "cpus": 2},
-            "load_average_before": [1.0],
-            "load_average_after": [1.2],
-        },
+        "run": _run("AMD EPYC", 1.0, 1.2),
     }
     text = "\n".join(gguf.gguf_section(data))
     assert "| 2 | 1 | 50.0 | 40.0 | 1.25× | 50 | 40 | 1.25× |" in text
@@ -479,3 +475,41 @@ def test_report_renders_an_exports_peak_beside_the_old_ones(bench) -> None:
         "| export | options | export MB | composed MB | peak MB | peak ÷ export | seconds |" in text
     )
     assert "| `q6.gguf` | — | 154 | 186 | 673 (672–674) | 4.37× | 13.3 (13.3–13.3) |" in text
+
+
+def _run(cpu: str, before: float, after: float) -> dict:
+    """A report's run record: a 2-core machine and the 1-minute load averages."""
+    return {
+        "machine": {"cpu": cpu, "cpus": 2},
+        "load_average_before": [before],
+        "load_average_after": [after],
+    }
+
+
+def test_report_puts_our_start_beside_llama_servers(bench) -> None:
+    report = bench("report_startup")
+    spread = lambda m: {"median": m, "min": m - 0.1, "max": m + 0.1}  # noqa: E731
+    side = lambda r, f: {"ready": spread(r), "first_token": spread(f)}  # noqa: E731
+    data = {
+        "repeats": 3,
+        "old_site": "/tmp/old",
+        "old_label": "the previous commit",
+        "results": [
+            {
+                "file": "model.gguf",
+                "file_bytes": 241e6,
+                "composed_bytes": 347e6,
+                "threads": 2,
+                "ours": side(3.0, 3.2),
+                "llama-server": side(0.6, 0.8),
+                "old": side(5.0, 5.2),
+            }
+        ],
+        "run": _run("a CPU", 0.5, 0.9),
+    }
+    text = "\n".join(report.startup_section(data))
+    assert "*Before*: the previous commit" in text
+    assert "| `model.gguf` | 241 | 347 | 3.00 (2.90–3.10) | 0.60 (0.50–0.70) | 5.00× |" in text
+    assert "| 5.00 (4.90–5.10) | 5.20 (5.10–5.30) |" in text
+    assert "before and after the runs: 0.5–0.9" in text
+    assert report.startup_section(None) == []
