@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -220,14 +221,18 @@ def gguf_config(path: Path):
     """The transformers config of a GGUF model (no weights read)."""
     from transformers import AutoConfig
 
-    from onnxsample.exporters._gguf_reader import fast_gguf_reader
+    from onnxsample.exporters._gguf_reader import VOCABULARY_SIZES, config_gguf_reader
     from onnxsample.exporters.hf import quiet
 
     try:
-        with quiet(), fast_gguf_reader():
-            return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        with quiet(), config_gguf_reader():
+            config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:
         raise ExportError(f"transformers cannot read the config of {path.name}: {exc}") from exc
+    size = VOCABULARY_SIZES.pop(os.path.realpath(path), None)
+    if size is not None:  # the header names none: the tokens' count, as transformers takes it
+        config.vocab_size = size
+    return config
 
 
 def gguf_model(path: Path, info: GGUFInfo, eog_ids: Sequence[int] = ()):
