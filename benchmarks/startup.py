@@ -11,18 +11,19 @@ greedy token of a short prompt. The peer: a new llama-server process (built from
 llama-cpp-python sdist, one slot) on the same file until ``/health`` answers, then one
 ``/completion`` of one token. Both with ``--threads``; *ready* is the time from the process's
 start to a model that can take a request, *first token* to the first token's answer, as the
-parent process measures them (the system-wide monotonic clock). The runs alternate; medians and
-spreads over ``--repeats``.
+parent process measures them (the system-wide monotonic clock). The runs alternate, each side
+first in turn, a second apart; medians and spreads over ``--repeats``.
 
 ``--old-site DIR`` (another onnxsample installed there, e.g. a previous commit's: ``pip install
---no-deps --target DIR .``) adds that package's engine, on the model it composes itself from the
-same export. Output: stdout and ``--output`` (``benchmarks/results/startup.json``).
+--no-deps --target DIR .``) adds that package's engine, on the model its own ``prepare`` composes
+from a copy of the same export (the same options as ours). Output: stdout and ``--output`` (``benchmarks/results/startup.json``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ from gguf_models import built_llama_cpp, gguf_path
 
 log = logger("startup")
 PROMPT = "The capital of France is"
+_SETTLE = 1.0  # seconds between runs: the previous process's exit (its unmapped pages) settles
 
 # The child: one engine, one greedy token; it prints the monotonic clock at each point.
 _PROBE = """
@@ -114,15 +116,22 @@ def _summary(runs: list[dict], key: str) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def _composed_by(site: str, folder: Path, out: Path) -> Path:
-    """`folder` composed by the onnxsample installed in `site`."""
-    argv = [sys.executable, "-P", "-m", "onnxsample", "compose", str(folder), "-o", str(out)]
+def _composed_by(site: str, folder: Path, scratch: Path) -> Path:
+    """`folder` composed as ``run`` composes it (``prepare``) by the onnxsample installed in
+    `site`, in a copy of the folder (the composed file goes beside the export)."""
+    copy = scratch / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("composed*"))
+    code = "import sys, onnxsample; print(onnxsample.prepare(sys.argv[1]))"
     done = subprocess.run(
-        argv, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": site}
+        [sys.executable, "-P", "-c", code, str(copy)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": site},
+        cwd=tempfile.gettempdir(),
     )
     if done.returncode:
-        raise SystemExit(f"{site}'s compose failed:\n{done.stdout[-1000:]}{done.stderr[-1000:]}")
-    return out
+        raise SystemExit(f"{site}'s prepare failed:\n{done.stderr[-2000:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def measure(name: str, threads: int, repeats: int, old_site: str | None, scratch: Path) -> dict:
@@ -133,13 +142,18 @@ def measure(name: str, threads: int, repeats: int, old_site: str | None, scratch
     folder = composed.parent
     sides = {"ours": (composed, None)}
     if old_site:
-        sides["old"] = (_composed_by(old_site, folder, scratch / f"{name}-old.onnx"), old_site)
+        sides["old"] = (_composed_by(old_site, folder, scratch), old_site)
     built = built_llama_cpp()
     runs: dict[str, list[dict]] = {side: [] for side in [*sides, "llama-server"]}
+    order = [*sides, "llama-server"]
     for i in range(repeats):
-        for side, (model, site) in sides.items():
-            runs[side].append(_ours(model, folder, threads, site))
-        runs["llama-server"].append(_llama(built, path, threads))
+        for side in order[i % len(order) :] + order[: i % len(order)]:  # each goes first in turn
+            time.sleep(_SETTLE)
+            if side == "llama-server":
+                runs[side].append(_llama(built, path, threads))
+            else:
+                model, site = sides[side]
+                runs[side].append(_ours(model, folder, threads, site))
         log(f"{name} #{i + 1}: " + ", ".join(f"{k} {v[-1]}" for k, v in runs.items()))
     row = {
         "model": name,

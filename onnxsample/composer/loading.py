@@ -28,13 +28,17 @@ log = logging.getLogger(__name__)
 _EXTERNAL = onnx.TensorProto.EXTERNAL
 
 
-def read_proto(path: Path, *, weights: bool = True) -> onnx.ModelProto:
+def read_proto(path: Path, *, weights: bool = True, as_refs: bool = False) -> onnx.ModelProto:
     """The model's protobuf without any external data, or a :class:`ModelError` saying why not.
     Without `weights`, the initializers inside the file are read without their bytes too
-    (:func:`onnxsample._wire.read_without_weights`): a composed file's graph alone."""
+    (:func:`onnxsample._wire.read_without_weights`): a composed file's graph alone. With
+    `as_refs`, they are references to their bytes in the file
+    (:func:`onnxsample._wire.read_with_weight_refs`)."""
     if not path.is_file():
         raise ModelError(f"no such model file: {path}")
     try:
+        if as_refs:
+            return read_with_weight_refs(path)
         if not weights:
             return read_without_weights(path)
         return onnx.load(str(path), load_external_data=False)
@@ -185,12 +189,7 @@ def load_model(path: Path, *, check: bool = True):
     import onnx_ir as ir
 
     own = path.resolve()
-    try:
-        proto = read_with_weight_refs(own)
-    except (DecodeError, ValueError, RuntimeError, OSError) as exc:
-        raise ModelError(
-            f"{path} is not a readable ONNX model (truncated or not ONNX): {exc}"
-        ) from exc
+    proto = read_proto(own, as_refs=True)
     external = check_external_data(proto, path.parent, own=own)
     if external:
         log.info("%s keeps its weights in %s", path.name, ", ".join(p.name for p in external))
