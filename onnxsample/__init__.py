@@ -29,6 +29,10 @@ from onnxsample.errors import (  # noqa: E402
 )
 from onnxsample.metadata import ComposedMetadata, composed_metadata  # noqa: E402
 from onnxsample.params import SamplingParams, pack_sampling_params  # noqa: E402
+
+# Eager, not lazy: the function shares its module's name, and importing the module (as
+# `from onnxsample.prepare import ...` does) would set the package's attribute to the module.
+from onnxsample.prepare import prepare  # noqa: E402
 from onnxsample.text.tokenizer import Tokenizer  # noqa: E402
 
 __version__ = "0.1.0"
@@ -37,7 +41,6 @@ __version__ = "0.1.0"
 # composed model never uses. These load on first use.
 _LAZY = {
     "compose": "onnxsample.composer",
-    "prepare": "onnxsample.prepare",
     "inspect_model": "onnxsample.composer.inspection",
     "build_sampler_model": "onnxsample.composer.sampler_model",
     "sampler_feeds": "onnxsample.composer.sampler_model",

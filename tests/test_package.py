@@ -73,6 +73,14 @@ def test_documented_module_paths_import(module, name):
     assert hasattr(__import__(module, fromlist=[name]), name)
 
 
+def test_prepare_stays_the_function_when_its_module_is_imported_first():
+    """`onnxsample.prepare` shares its module's name: importing the module must not leave the
+    package's attribute pointing at the module."""
+    code = "import onnxsample.prepare, onnxsample; print(callable(onnxsample.prepare))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True"], out.stdout + out.stderr
+
+
 def test_public_names_are_curated():
     assert "InvalidParameter" in onnxsample.__all__
     assert all(hasattr(onnxsample, name) for name in onnxsample.__all__)
