@@ -63,8 +63,10 @@ CONTRACT_VERSION = "1"
 # typical-p's flags and the logprob. 26: the static chain flags typical-p's slots for the host
 # (no entropy or key sort on the device), its draw reads top-p's exponentials, and top-k's flag is
 # k > W alone. 27: a GGUF export's narrow weight codes are widened in the composed model (not at
-# every load); the sampler functions' multi-output Ifs in their variables' order.
-COMPOSER_REVISION = "27"
+# every load); the sampler functions' multi-output Ifs in their variables' order. 28: no shape with
+# a dimension ONNX shape inference made up (``unk__N``), which kept ONNX Runtime from reusing any
+# buffer of the model.
+COMPOSER_REVISION = "28"
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

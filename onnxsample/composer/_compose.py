@@ -217,6 +217,7 @@ def _finish(
 ) -> None:
     graph = model.graph
     graph.outputs[:] = [v for v in graph.outputs if v.name != "logits"]
+    _forget_invented_dims(model)
     fold_weight_codes(model)  # widened here once, not at every load
     ir.passes.common.RemoveUnusedNodesPass()(model)
     reconcile_versions(model)
@@ -261,6 +262,28 @@ def _finish(
     graph.doc_string = (
         graph.doc_string or ""
     ) + f"\nonnxsample: sampler chain {chain}, {max_slots} slots"
+
+
+def _forget_invented_dims(model: ir.Model) -> None:
+    """Drop the shape of every value that ONNX shape inference gave a dimension it made up.
+
+    Finding the LM head needs shapes, which exports rarely carry, so ONNX's shape inference runs
+    first. It cannot see through `com.microsoft` ops and names each dimension it cannot follow
+    ``unk__N``. Left in the file, those names win over the ones ONNX Runtime infers
+    (``batch_size``), and the first `Add` of an `unk__0` and a `batch_size` tensor gives a
+    dimension no name: from there on no buffer of the model has a shape its memory planner can
+    match, so none is reused, and the planner, looking through every freed buffer for each new
+    one, spends most of a session's creation on it. Without them ONNX Runtime infers its own.
+    """
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        for value in node.outputs:
+            shape = value.shape
+            if shape is not None and any(_invented(dim) for dim in shape):
+                value.shape = None
+
+
+def _invented(dim) -> bool:
+    return isinstance(dim, ir.SymbolicDim) and (dim.value or "").startswith("unk__")
 
 
 def _save(model: ir.Model, out: Path) -> None:
