@@ -13,11 +13,12 @@ folding them would double their bytes for little time.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common
+
+from onnxsample.composer._cpu_session import cpu_session, data_folders
 
 __all__ = ["fold_weight_codes"]
 
@@ -71,22 +72,10 @@ def fold_weight_codes(model: ir.Model) -> int:
 def _run(model: ir.Model, nodes: list[ir.Node], results: list[ir.Value]) -> list:
     """The values of `results`, by an ONNX Runtime CPU session over `nodes` alone, their
     initializers read from where they are (one folder's data files, mapped, or copied in)."""
-    import onnxruntime as ort
-
     inputs = {v.name: v for node in nodes for v in node.inputs if v.const_value is not None}
-    folders = {
-        Path(v.const_value.base_dir)
-        for v in inputs.values()
-        if isinstance(v.const_value, ir.ExternalTensor)
-    }
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     tensors = [v.const_value for v in inputs.values()]
-    if len(folders) == 1:
-        options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(folders.pop())
-        )
-    elif folders:
+    folders = data_folders(tensors)
+    if len(folders) > 1:
         tensors = [ir.tensor(t.numpy(), name=t.name) for t in tensors]
     proto = onnx.helper.make_model(
         onnx.helper.make_graph(
@@ -99,7 +88,6 @@ def _run(model: ir.Model, nodes: list[ir.Node], results: list[ir.Value]) -> list
         opset_imports=[onnx.helper.make_opsetid("", model.opset_imports.get("", 21))],
         ir_version=10,
     )
-    session = ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    folder = folders.pop() if len(folders) == 1 else None
+    session = cpu_session(proto.SerializeToString(), folder, optimize=False)
     return session.run([v.name for v in results], {})

@@ -3,11 +3,10 @@ gathering rows before it gives the same logits as gathering them after."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import onnx_ir as ir
 
+from onnxsample.composer._cpu_session import cpu_session, data_folders
 from onnxsample.composer._model_facts import shared_kv
 from onnxsample.composer._splice import reconcile_versions
 from onnxsample.errors import ModelError, first_line
@@ -154,29 +153,13 @@ def _probe_feeds(model: ir.Model, chain, vocab, max_slots, max_bias, head_size=N
 
 def _check_session(model: ir.Model):
     """A CPU session over `model` whose weights stay where they are: tensors mapped from the
-    source's external data are mapped by ONNX Runtime from the same files (the session is made
-    from the graph's bytes and told their folder), not copied into the graph: the check holds no
-    copy of the weights, and a model over 2 GB can be checked."""
-    import onnxruntime as ort
-
-    folders = {
-        Path(v.const_value.base_dir)
-        for g in model.graphs()
-        for v in g.initializers.values()
-        if isinstance(v.const_value, ir.ExternalTensor)
-    }
+    source's external data are mapped by ONNX Runtime from the same files, not copied into the
+    graph: the check holds no copy of the weights, and a model over 2 GB can be checked."""
+    folders = data_folders(v.const_value for g in model.graphs() for v in g.initializers.values())
     if len(folders) > 1:  # not one source's files: the graph carries them
         ir.external_data.load_to_model(model)
         folders = set()
     proto = ir.to_proto(model)
     if proto.ByteSize() > _TWO_GB:
         raise ModelError("the model is too large to check in memory")
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: the defaults of sampler.logprobs are meant
-    if folders:
-        options.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", str(folders.pop())
-        )
-    return ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    return cpu_session(proto.SerializeToString(), folders.pop() if folders else None)
