@@ -85,6 +85,7 @@ class Tokenizer:
         the config predates ``added_tokens_decoder``), the chat template and, when the config names
         no tokenizer class, ``config.json``'s model type; set the tokenizer up as transformers does."""
         from tokenizers import Tokenizer as Backend
+        from tokenizers import pre_tokenizers
 
         folder = Path(folder)
         if not (folder / "tokenizer.json").is_file():
@@ -118,13 +119,12 @@ class Tokenizer:
         prefix_space = config.get("add_prefix_space", None if family == "LlamaTokenizer" else False)
         if isinstance(prefix_space, bool) and family == "LlamaTokenizer":
             log.warning("%s: transformers would rebuild this tokenizer from slow files", folder)
-        elif isinstance(prefix_space, bool) and b'"add_prefix_space"' in path.read_bytes():
-            data = _json(path)
-            pre = data.get("pre_tokenizer")
+        elif isinstance(prefix_space, bool):  # as transformers does: the top pre-tokenizer only
+            pre = _pre_tokenizer(backend)
             if isinstance(pre, dict) and pre.get("add_prefix_space", prefix_space) != prefix_space:
-                pre["add_prefix_space"] = prefix_space
                 try:
-                    backend = Backend.from_str(json.dumps(data))
+                    kind = getattr(pre_tokenizers, pre.pop("type"))
+                    backend.pre_tokenizer = kind(**{**pre, "add_prefix_space": prefix_space})
                 except Exception as exc:
                     raise ModelError(f"cannot read {path}: {first_line(exc)}") from exc
         pre = _pre_tokenizer(backend)
