@@ -7,6 +7,7 @@ sequences it runs together. Every check of the model and of the options that dep
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,11 @@ def load_model(
             "row_buckets=False needs cuda_graph: an uncaptured step runs the model over the "
             "running sequences only"
         )
-    session, device = create_session(
-        path, provider, threads=threads, optimization=optimization, cuda_graph=cuda_graph
+    session, device, info = _session_and_info(
+        lambda: create_session(
+            path, provider, threads=threads, optimization=optimization, cuda_graph=cuda_graph
+        ),
+        tokenizer if tokenizer is not None else path.parent,
     )
     meta = ComposedMetadata.from_session(session)
     if meta is None:
@@ -80,7 +84,8 @@ def load_model(
         )
     if cuda_graph and device not in _session.GRAPH_DEVICES:
         raise InvalidParameter(f"cuda_graph needs the CUDA provider; the session runs on {device}")
-    info = ModelInfo.read(tokenizer if tokenizer is not None else path.parent)
+    if isinstance(info, Exception):  # a bad folder, reported after a bad model as before
+        raise info
     inputs = {i.name: i for i in session.get_inputs()}
     pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
     if device == "cuda":
@@ -105,3 +110,37 @@ def load_model(
         set(inputs) | overridable,
         concurrency,
     )
+
+
+def _session_and_info(create, folder: Path) -> tuple[Any, str, ModelInfo | Exception]:
+    """`create()`'s session and device, and the folder's :class:`ModelInfo` (or the error reading
+    it), made at the same time.
+
+    ONNX Runtime lets go of the GIL while it loads and initialises a session; the tokenizer's
+    backend holds it while it reads its file (about a second each for a 262k vocabulary). So the
+    session is made on a thread of its own, and the tokenizer read here once that thread has
+    started: on two cores the load takes the longer of the two, not their sum.
+    """
+    started = threading.Event()
+    made: list = []
+
+    def make() -> None:
+        started.set()
+        try:
+            made.append(create())
+        except BaseException as exc:  # re-raised on the caller's thread
+            made.append(exc)
+
+    worker = threading.Thread(target=make, name="onnxsample-session", daemon=True)
+    worker.start()
+    started.wait()
+    try:
+        info: ModelInfo | Exception = ModelInfo.read(folder)
+    except (ModelError, OSError, ValueError) as exc:
+        info = exc
+    finally:
+        worker.join()
+    if isinstance(made[0], BaseException):
+        raise made[0]
+    session, device = made[0]
+    return session, device, info

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 
 import pytest
 from _engine_cases import GREEDY, LONG, PROMPTS, alone, seeded
 
 from onnxsample.composer import compose
 from onnxsample.engine import Engine
-from onnxsample.errors import EngineClosed, InvalidParameter, OutOfMemory
+from onnxsample.errors import EngineClosed, InvalidParameter, ModelError, OutOfMemory
 from onnxsample.params import SamplingParams
 
 
@@ -149,3 +150,39 @@ def test_without_a_token_limit_generation_runs_to_the_end_of_the_context(fresh):
     done = short.submit(PROMPTS[1], p, max_new_tokens=None, chat=False).result(timeout=120)
     assert done.finish_reason == "length"
     assert len(done.prompt_token_ids) + len(done.token_ids) == 60
+
+
+def _copy_without(folder, tmp_path, missing: str):
+    out = tmp_path / "folder"
+    shutil.copytree(folder, out, ignore=shutil.ignore_patterns(missing, "*.onnx", "*.data"))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("model", "tokenizer", "message"),
+    [
+        ("missing", "folder", "no such composed model"),
+        ("plain", "no tokenizer", "is not a composed model"),  # the model's error comes first
+        ("composed", "no tokenizer", r"no tokenizer\.json"),
+        ("composed", "missing", "no such tokenizer folder"),
+        ("composed", "bad tokenizer", "cannot read"),
+    ],
+)
+def test_a_bad_model_or_tokenizer_folder_is_a_typed_error(
+    models, tiny_export, tmp_path, model, tokenizer, message
+):
+    """The session is made while the tokenizer is read (onnxsample.engine._loaded): each error
+    still reaches the caller, the model's before the folder's, and nothing is left running."""
+    path, folder = models["concat", 4]
+    paths = {"missing": tmp_path / "none.onnx", "plain": tiny_export.output / "model.onnx"}
+    if tokenizer == "folder":
+        where = folder
+    elif tokenizer == "missing":
+        where = tmp_path / "nowhere"
+    else:
+        where = _copy_without(folder, tmp_path, "tokenizer.json")
+        if tokenizer == "bad tokenizer":
+            (where / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ModelError, match=message):
+        Engine(paths.get(model, path), tokenizer=where, threads=1)
+    assert not any(t.name == "onnxsample-session" for t in threading.enumerate())
