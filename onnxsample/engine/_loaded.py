@@ -7,6 +7,7 @@ sequences it runs together. Every check of the model and of the options that dep
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,8 @@ __all__ = ["LoadedModel", "load_model"]
 log = logging.getLogger(__name__)
 
 _PAST = "past_key_values."
+# The call of onnxruntime.InferenceSession that initialises a session once it has read the model.
+_INITIALIZE = "initialize_session"
 
 
 @dataclass(frozen=True)
@@ -116,24 +119,33 @@ def _session_and_info(create, folder: Path) -> tuple[Any, str, ModelInfo | Excep
     """`create()`'s session and device, and the folder's :class:`ModelInfo` (or the error reading
     it), made at the same time.
 
-    ONNX Runtime lets go of the GIL while it loads and initialises a session; the tokenizer's
-    backend holds it while it reads its file (about a second each for a 262k vocabulary). So the
-    session is made on a thread of its own, and the tokenizer read here once that thread has
-    started: on two cores the load takes the longer of the two, not their sum.
+    ONNX Runtime reads the model holding the GIL, then initialises the session (graph
+    optimisation, prepacking) without it; the tokenizer's backend holds the GIL while it reads its
+    file. Gemma 3's 262k-token tokenizer and its session take more than a second each, so the
+    session is made on a thread of its own and the tokenizer read here while it initialises: on
+    two cores the load takes the model's reading and the longer of the other two, not their sum.
+    Read while the model is read, the tokenizer would only make it wait.
     """
-    started = threading.Event()
+    reading_done = threading.Event()
     made: list = []
 
+    def watch(_frame, event: str, arg) -> None:  # this thread's calls, until the session is made
+        if event == "c_call" and getattr(arg, "__name__", "") == _INITIALIZE:
+            reading_done.set()
+
     def make() -> None:
-        started.set()
+        sys.setprofile(watch)
         try:
             made.append(create())
         except BaseException as exc:  # re-raised on the caller's thread
             made.append(exc)
+        finally:
+            sys.setprofile(None)
+            reading_done.set()  # were the call named otherwise: the tokenizer after the session
 
     worker = threading.Thread(target=make, name="onnxsample-session", daemon=True)
     worker.start()
-    started.wait()
+    reading_done.wait()
     try:
         info: ModelInfo | Exception = ModelInfo.read(folder)
     except (ModelError, OSError, ValueError) as exc:

@@ -186,3 +186,22 @@ def test_a_bad_model_or_tokenizer_folder_is_a_typed_error(
     with pytest.raises(ModelError, match=message):
         Engine(paths.get(model, path), tokenizer=where, threads=1)
     assert not any(t.name == "onnxsample-session" for t in threading.enumerate())
+
+
+def test_the_tokenizer_is_read_while_the_session_initialises(models, monkeypatch):
+    """ONNX Runtime initialises a session without the GIL, which the tokenizer holds while it
+    reads its file: the engine reads it then, not after (a second less for a 262k vocabulary)."""
+    from onnxsample.engine import _loaded
+
+    seen = []
+    read = _loaded.ModelInfo.read
+
+    def reading(folder):
+        seen.append([t.name for t in threading.enumerate() if t.name == "onnxsample-session"])
+        return read(folder)
+
+    monkeypatch.setattr(_loaded.ModelInfo, "read", staticmethod(reading))
+    path, folder = models["gqa", 4]
+    with Engine(path, tokenizer=folder, threads=1):
+        pass
+    assert seen == [["onnxsample-session"]]
