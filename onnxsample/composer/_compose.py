@@ -273,7 +273,7 @@ def _forget_invented_dims(model: ir.Model) -> None:
     (``batch_size``), and the first `Add` of an `unk__0` and a `batch_size` tensor gives a
     dimension no name: from there on no buffer of the model has a shape its memory planner can
     match, so none is reused, and the planner, looking through every freed buffer for each new
-    one, spends most of a session's creation on it. Without them ONNX Runtime infers its own.
+    one, spends a third of a session's creation on it. Without them ONNX Runtime infers its own.
     """
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         for value in node.outputs:

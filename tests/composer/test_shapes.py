@@ -4,7 +4,7 @@ inference made up (``unk__N``) is written into it.
 Such a name wins over the one ONNX Runtime infers (``batch_size``); the first node that meets
 both gives a dimension with no name, and every tensor after it has a shape the memory planner
 cannot match, so no buffer of the model is reused and the planner scans all the freed ones for
-each new tensor (most of a session's creation for the embedded model, before this was fixed).
+each new tensor (a third of a session's creation for the embedded model, before this was fixed).
 The check reads the shapes ONNX Runtime itself inferred, from the optimised model it saves.
 """
 
