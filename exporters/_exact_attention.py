@@ -43,9 +43,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-__all__ = ["ATTENTIONS", "ATTENTION_KEY", "ExactAttention"]
+__all__ = ["ATTENTION_KEY", "ExactAttention"]
 
-ATTENTIONS = ("gqa", "exact")  # GroupQueryAttention, or this module's
 ATTENTION_KEY = "onnxsample.attention"
 _MS = "com.microsoft"
 

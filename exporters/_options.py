@@ -9,11 +9,11 @@ from typing import Any
 
 from onnxsample.errors import ExportError, InvalidParameter
 from onnxsample.exporters import _gguf_quant, families, gguf
-from onnxsample.exporters._exact_attention import ATTENTIONS
 from onnxsample.exporters._source import Source
 
 __all__ = [
     "ACCURACY_LEVELS",
+    "ATTENTIONS",
     "DEVICES",
     "LAYOUTS",
     "PRECISIONS",
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 LAYOUTS = ("auto", "gqa", "optimum")
 DEVICES = ("cpu", "cuda")
+ATTENTIONS = ("gqa", "exact")  # GroupQueryAttention, or exporters._exact_attention's plain ops
 PRECISIONS = ("auto", "fp32", "fp16", "int8", "int4", "gguf")
 # Up to this many parameters the GPU export of a GGUF takes fp16 weights by default. On the
 # simulated device the embedded 135M model alone launches 367 kernels a decode step with fp16

@@ -85,11 +85,13 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     """Read a GGUF header and tensor table, and refuse a file without an architecture or with
     tensors that cannot be de-quantised. Whether transformers and optimum know the architecture is
     :func:`check_architecture`'s question (it imports them, which takes seconds)."""
-    reader = open_gguf(path)
+    from gguf import GGUFValueType
+
+    reader = open_gguf(path, arrays=False)  # a scalar's value, an array's type and length
     metadata = {
         name: _scalar(f)
         for name, f in reader.fields.items()
-        if not name.startswith("tokenizer.ggml.t")
+        if f.types[:1] != [GGUFValueType.ARRAY]
     }
     metadata = {k: v for k, v in metadata.items() if v is not None}
     architecture = str(metadata.get("general.architecture", ""))
@@ -100,14 +102,15 @@ def inspect_gguf(path: Path) -> GGUFInfo:
     return info
 
 
-def open_gguf(path: Path):
+def open_gguf(path: Path, *, arrays: bool = True):
     """`gguf.GGUFReader` over `path`, with one clear line for a file that is not a GGUF, is
     truncated, or holds a tensor type this gguf package does not know. The first part of a split
     GGUF reads as the whole model: its header (where llama.cpp writes the metadata) and the
-    tensors of every part, as llama.cpp loads it."""
+    tensors of every part, as llama.cpp loads it. Without `arrays`, an array field keeps its type
+    and length but not its items (the vocabulary's: most of a header's reading)."""
     from onnxsample.exporters._source import split_parts
 
-    reader = _open_one(path)
+    reader = _open_one(path, arrays)
     count = _split_count(reader)
     if count < 2:
         return reader
@@ -117,13 +120,13 @@ def open_gguf(path: Path):
             f"{path.name} is the first of {count} parts of a split GGUF, but is not named as "
             "llama.cpp names them (PREFIX-00001-of-0000N.gguf), so the others cannot be found"
         )
-    return _SplitReader(reader, [_open_one(p) for p in parts[1:]])
+    return _SplitReader(reader, [_open_one(p, arrays) for p in parts[1:]])
 
 
 def split_count(path: Path) -> int:
     """How many files the GGUF `path` says it is in (its header's ``split.count``; 1 when the
     header says nothing), with :func:`open_gguf`'s line for a file it cannot read."""
-    return _split_count(_open_one(path))
+    return _split_count(_open_one(path, arrays=False))
 
 
 def _split_count(reader) -> int:
@@ -139,14 +142,14 @@ class _SplitReader:
         self.tensors = [t for r in (first, *rest) for t in r.tensors]
 
 
-def _open_one(path: Path):
-    from onnxsample.exporters._gguf_reader import FastGGUFReader
+def _open_one(path: Path, arrays: bool = True):
+    from onnxsample.exporters._gguf_reader import FastGGUFReader, HeaderReader
 
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise ExportError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
-    size, reader_of = path.stat().st_size, FastGGUFReader
+    size, reader_of = path.stat().st_size, FastGGUFReader if arrays else HeaderReader
     try:
         reader = reader_of(str(path))
     except ValueError as exc:

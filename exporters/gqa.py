@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from onnxsample.exporters._exact_attention import ATTENTION_KEY, ATTENTIONS, ExactAttention
+from onnxsample.exporters._exact_attention import ATTENTION_KEY, ExactAttention
 from onnxsample.exporters._gqa_graph import ExternalData, GraphBuilder, concat_weights
 from onnxsample.exporters._gqa_layer import (
     ACTIVATIONS,
@@ -47,6 +47,7 @@ from onnxsample.exporters._gqa_layer import (
     norm_weight,
     rms_norm,
 )
+from onnxsample.exporters._options import ATTENTIONS
 from onnxsample.exporters.families import DecoderSpec
 
 __all__ = ["ATTENTIONS", "OPSET", "build_gqa_model", "write_gqa"]
