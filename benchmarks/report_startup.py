@@ -51,6 +51,20 @@ def startup_section(report: dict | None) -> list[str]:
             cells += [_spread(before["ready"]), _spread(before["first_token"])]
         rows.append(cells)
     lines += [*table(head, "lrr" + "rrr" * 2 + "rr" * bool(old), rows), ""]
+    if all("run_command" in r["ours"] for r in report["results"]):
+        lines += [
+            "`onnxsample run FILE -p PROMPT -n 1 --threads N` as a user types it, its export and "
+            "composed model in its cache: seconds from the process's start to its exit (llama-server's "
+            "first token above is the peer's nearest figure).",
+            "",
+        ]
+        head = ["model", "run, ours"] + ["run, before"] * bool(old)
+        rows = [
+            [f"`{r['file']}`", _spread(r["ours"]["run_command"])]
+            + [_spread(r["old"]["run_command"])] * bool(old)
+            for r in report["results"]
+        ]
+        lines += [*table(head, "lr" + "r" * bool(old), rows), ""]
     run = report["run"]
     loads = [run["load_average_before"][0], run["load_average_after"][0]]
     lines += [

@@ -7,7 +7,9 @@ Models as ``gguf_files.py`` names them (``gemma3``, ``smollm2``, ``llama256``, `
 path). Ours: the file exported and composed once beforehand (``onnxsample.prepare``, as ``run``
 and ``serve`` find them in their cache), then a new Python process imports onnxsample, builds an
 ``Engine`` on the composed model (the ONNX Runtime session and the tokenizer) and decodes one
-greedy token of a short prompt. The peer: a new llama-server process (built from the
+greedy token of a short prompt; and ``onnxsample run FILE -p PROMPT -n 1`` is timed from its
+process's start to its exit (the engine's load, the check that the cached export is the file's,
+one token). The peer: a new llama-server process (built from the
 llama-cpp-python sdist, one slot) on the same file until ``/health`` answers, then one
 ``/completion`` of one token. Both with ``--threads``; *ready* is the time from the process's
 start to a model that can take a request, *first token* to the first token's answer, as the
@@ -70,6 +72,26 @@ def _ours(model: Path, folder: Path, threads: int, site: str | None) -> dict:
         raise SystemExit(f"the engine failed:\n{done.stderr[-2000:]}")
     stamps = json.loads(done.stdout.strip().splitlines()[-1])
     return {k: round(stamps[k] - start, 3) for k in ("ready", "first_token")}
+
+
+# `onnxsample run` as a user types it, in a new process; its cache named by ONNXSAMPLE_CACHE.
+_CLI = "import sys; from onnxsample.cli import main; sys.argv[0] = 'onnxsample'; main()"
+
+
+def _run_command(path: Path, threads: int, site: str | None, cache: Path | None) -> float:
+    """Seconds from a new process's start to the exit of ``onnxsample run FILE -p PROMPT -n 1``
+    (the export and composed model already in its cache: the engine's load, the check that the
+    cached export is the file's, the prompt, one token, the exit)."""
+    env = {**os.environ, **({"PYTHONPATH": site} if site else {})}
+    if cache is not None:
+        env["ONNXSAMPLE_CACHE"] = str(cache)
+    argv = [sys.executable, *(["-P"] if site else []), "-c", _CLI, "run", str(path)]
+    argv += ["-p", PROMPT, "-n", "1", "--seed", "1", "--threads", str(threads)]
+    start = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+    if done.returncode:
+        raise SystemExit(f"onnxsample run failed:\n{done.stderr[-2000:]}")
+    return round(time.monotonic() - start, 3)
 
 
 def _llama(built, path: Path, threads: int) -> dict:
@@ -141,8 +163,11 @@ def measure(name: str, threads: int, repeats: int, old_site: str | None, scratch
     composed = onnxsample.prepare(path)
     folder = composed.parent
     sides = {"ours": (composed, None)}
+    caches: dict[str, Path | None] = {"ours": None}  # ours: the user cache prepare() filled
     if old_site:
         sides["old"] = (_composed_by(old_site, folder, scratch), old_site)
+        caches["old"] = scratch / f"{name}-old-cache"
+        _run_command(path, threads, old_site, caches["old"])  # its export and composed model
     built = built_llama_cpp()
     runs: dict[str, list[dict]] = {side: [] for side in [*sides, "llama-server"]}
     order = [*sides, "llama-server"]
@@ -154,6 +179,8 @@ def measure(name: str, threads: int, repeats: int, old_site: str | None, scratch
             else:
                 model, site = sides[side]
                 runs[side].append(_ours(model, folder, threads, site))
+                time.sleep(_SETTLE)
+                runs[side][-1]["run_command"] = _run_command(path, threads, site, caches[side])
         log(f"{name} #{i + 1}: " + ", ".join(f"{k} {v[-1]}" for k, v in runs.items()))
     row = {
         "model": name,
@@ -163,7 +190,8 @@ def measure(name: str, threads: int, repeats: int, old_site: str | None, scratch
         "threads": threads,
     }
     for side, done in runs.items():
-        row[side] = {key: _summary(done, key) for key in ("ready", "first_token")}
+        keys = ("ready", "first_token") + (("run_command",) if side in sides else ())
+        row[side] = {key: _summary(done, key) for key in keys}
     return row
 
 

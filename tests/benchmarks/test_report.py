@@ -500,9 +500,9 @@ def test_report_puts_our_start_beside_llama_servers(bench) -> None:
                 "file_bytes": 241e6,
                 "composed_bytes": 347e6,
                 "threads": 2,
-                "ours": side(3.0, 3.2),
+                "ours": {**side(3.0, 3.2), "run_command": spread(3.5)},
                 "llama-server": side(0.6, 0.8),
-                "old": side(5.0, 5.2),
+                "old": {**side(5.0, 5.2), "run_command": spread(6.0)},
             }
         ],
         "run": _run("a CPU", 0.5, 0.9),
@@ -511,5 +511,6 @@ def test_report_puts_our_start_beside_llama_servers(bench) -> None:
     assert "*Before*: the previous commit" in text
     assert "| `model.gguf` | 241 | 347 | 3.00 (2.90–3.10) | 0.60 (0.50–0.70) | 5.00× |" in text
     assert "| 5.00 (4.90–5.10) | 5.20 (5.10–5.30) |" in text
+    assert "| `model.gguf` | 3.50 (3.40–3.60) | 6.00 (5.90–6.10) |" in text  # `onnxsample run`
     assert "before and after the runs: 0.5–0.9" in text
     assert report.startup_section(None) == []

@@ -15,4 +15,6 @@ def test_a_row_times_both_cold_starts(bench, llama_cpp, tmp_path) -> None:
     for side in ("ours", "llama-server"):
         ready, first = row[side]["ready"]["median"], row[side]["first_token"]["median"]
         assert 0 < ready <= first, side
+    assert row["ours"]["run_command"]["median"] > 0  # `onnxsample run` on the cached export
+    assert "run_command" not in row["llama-server"]
     assert "old" not in row
