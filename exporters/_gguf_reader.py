@@ -115,9 +115,9 @@ class FastGGUFReader(gguf.GGUFReader):
 
 
 def array_length(field) -> int:
-    """How many items an array field holds, read or stepped over (its length is then its last
-    part: the items would follow it)."""
-    return len(field.data) if field.data else int(field.parts[-1][0])
+    """How many items an array field holds, read or stepped over: the count written after its
+    key, the key's type and the items' type (an array of arrays counts its arrays)."""
+    return int(field.parts[4][0])
 
 
 class HeaderReader(FastGGUFReader):

@@ -275,10 +275,11 @@ def _forget_invented_dims(model: ir.Model) -> None:
     match, so none is reused, and the planner, looking through every freed buffer for each new
     one, spends a third of a session's creation on it. Without them ONNX Runtime infers its own.
     """
+    ends = set(model.graph.outputs)  # declared by the export and the composer: kept
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         for value in node.outputs:
             shape = value.shape
-            if shape is not None and any(_invented(dim) for dim in shape):
+            if value not in ends and shape is not None and any(_invented(d) for d in shape):
                 value.shape = None
 
 

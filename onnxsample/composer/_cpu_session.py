@@ -24,7 +24,7 @@ def cpu_session(graph: bytes, folder: Path | None, *, optimize: bool = True):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: the defaults of sampler.logprobs are meant
+    options.log_severity_level = 3  # errors only (the LM-head check's sampler.logprobs default)
     if not optimize:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if folder is not None:

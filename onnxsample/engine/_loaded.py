@@ -124,35 +124,53 @@ def _session_and_info(create, folder: Path) -> tuple[Any, str, ModelInfo | Excep
     file. Gemma 3's 262k-token tokenizer and its session take more than a second each, so the
     session is made on a thread of its own and the tokenizer read here while it initialises: on
     two cores the load takes the model's reading and the longer of the other two, not their sum.
-    Read while the model is read, the tokenizer would only make it wait.
+    Read while the model is read, the tokenizer would only make it wait. The initialising call is
+    seen by the worker's profile hook; where the interpreter reports no such call (CPython
+    3.12.0-3.12.4 report none for extension methods), the tokenizer is read after the session.
+    A session that fails is reported without reading the tokenizer.
     """
     reading_done = threading.Event()
     made: list = []
 
-    def watch(_frame, event: str, arg) -> None:  # this thread's calls, until the session is made
-        if event == "c_call" and getattr(arg, "__name__", "") == _INITIALIZE:
-            reading_done.set()
-
     def make() -> None:
+        before = sys.getprofile()
+
+        def watch(frame, event: str, arg) -> None:  # this thread's calls until the one we wait for
+            if event == "c_call" and getattr(arg, "__name__", "") == _INITIALIZE:
+                sys.setprofile(before)
+                reading_done.set()
+            elif before is not None:
+                before(frame, event, arg)
+
         sys.setprofile(watch)
         try:
             made.append(create())
         except BaseException as exc:  # re-raised on the caller's thread
             made.append(exc)
         finally:
-            sys.setprofile(None)
-            reading_done.set()  # were the call named otherwise: the tokenizer after the session
+            sys.setprofile(before)
+            if not reading_done.is_set():
+                log.debug("the session was made before the tokenizer was read: no overlap")
+                reading_done.set()
 
     worker = threading.Thread(target=make, name="onnxsample-session", daemon=True)
     worker.start()
-    reading_done.wait()
+    info: ModelInfo | Exception | None = None
     try:
-        info: ModelInfo | Exception = ModelInfo.read(folder)
-    except (ModelError, OSError, ValueError) as exc:
-        info = exc
+        reading_done.wait()
+        if not made:  # still initialising: its failure, if any, comes after
+            try:
+                info = ModelInfo.read(folder)
+            except Exception as exc:  # reported after the model's own errors
+                info = exc
     finally:
         worker.join()
     if isinstance(made[0], BaseException):
         raise made[0]
+    if info is None:
+        try:
+            info = ModelInfo.read(folder)
+        except Exception as exc:
+            info = exc
     session, device = made[0]
     return session, device, info

@@ -32,7 +32,7 @@ def _dims(info: onnx.ValueInfoProto) -> list:
 def _invented(model: onnx.ModelProto) -> list[str]:
     return [
         info.name
-        for info in model.graph.value_info
+        for info in (*model.graph.value_info, *model.graph.output)
         if any(str(dim).startswith("unk__") for dim in _dims(info))
     ]
 
