@@ -153,24 +153,20 @@ def _session_and_info(create, folder: Path) -> tuple[Any, str, ModelInfo | Excep
                 log.debug("the session was made before the tokenizer was read: no overlap")
                 reading_done.set()
 
+    def read() -> ModelInfo | Exception:  # an error is reported after the model's own
+        try:
+            return ModelInfo.read(folder)
+        except Exception as exc:
+            return exc
+
     worker = threading.Thread(target=make, name="onnxsample-session", daemon=True)
     worker.start()
-    info: ModelInfo | Exception | None = None
     try:
         reading_done.wait()
-        if not made:  # still initialising: its failure, if any, comes after
-            try:
-                info = ModelInfo.read(folder)
-            except Exception as exc:  # reported after the model's own errors
-                info = exc
+        info = None if made else read()  # still initialising: its failure, if any, comes after
     finally:
         worker.join()
     if isinstance(made[0], BaseException):
         raise made[0]
-    if info is None:
-        try:
-            info = ModelInfo.read(folder)
-        except Exception as exc:
-            info = exc
     session, device = made[0]
-    return session, device, info
+    return session, device, read() if info is None else info
