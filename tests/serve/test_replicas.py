@@ -4,6 +4,7 @@ through Ray Serve's proxy; and nothing of Ray left once the command stops."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import http.client
 import json
@@ -81,7 +82,9 @@ def test_health_models_metrics_and_page_through_the_proxy(replicas):
 
 
 def _slots_busy_everywhere(port: int) -> dict[str, float]:
-    """onnxsample_slots_busy per replica, asking until both have answered."""
+    """onnxsample_slots_busy per replica, asking until both have answered. Serve's router sends
+    each request to the less busy of the two replicas, so a replica is asked only while neither
+    holds more requests than the other."""
     seen: dict[str, float] = {}
     for _ in range(40):
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -95,10 +98,11 @@ def _slots_busy_everywhere(port: int) -> dict[str, float]:
     return seen
 
 
-def test_a_client_that_goes_away_frees_its_replicas_slot(replicas):
+def _long_stream(port: int) -> tuple[socket.socket, str]:
+    """A long streamed completion left open once its first tokens came: (socket, replica)."""
     body = json.dumps({"model": "smol", "prompt": "Once upon a time", "max_tokens": 400,
                        "stream": True, "ignore_eos": True}).encode()  # fmt: skip
-    sock = socket.create_connection(("127.0.0.1", replicas.port), timeout=60)
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
     sock.sendall(
         b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
@@ -106,9 +110,38 @@ def test_a_client_that_goes_away_frees_its_replicas_slot(replicas):
     )
     seen = b""
     while seen.count(b"data:") < 4:
-        seen += sock.recv(4096)
-    assert sum(_slots_busy_everywhere(replicas.port).values()) >= 1
-    sock.close()
+        chunk = sock.recv(4096)
+        assert chunk, f"the stream ended early: {seen!r}"
+        seen += chunk
+    head = seen.split(b"\r\n\r\n", 1)[0].decode().lower().splitlines()
+    replica = next(line.split(":", 1)[1].strip() for line in head
+                   if line.startswith("x-onnxsample-replica:"))  # fmt: skip
+    return sock, replica
+
+
+def test_a_client_that_goes_away_frees_its_replicas_slot(replicas):
+    """Both replicas stream as many requests as each other (so /metrics reaches both); the
+    clients of one go away and its slots free while the other's still stream."""
+    streams: list[tuple[socket.socket, str]] = []
+    while (
+        len(held := collections.Counter(name for _, name in streams)) < 2
+        or len(set(held.values())) > 1
+    ):
+        assert len(streams) < 8, f"Serve put every stream on one replica: {held}"
+        streams.append(_long_stream(replicas.port))
+    try:
+        assert _slots_busy_everywhere(replicas.port) == {n: float(c) for n, c in held.items()}
+        gone = min(held)
+        for sock, name in streams:
+            if name == gone:
+                sock.close()
+        deadline = time.monotonic() + 60
+        while (busy := _slots_busy_everywhere(replicas.port)).get(gone, -1) != 0:
+            assert time.monotonic() < deadline, f"{gone}'s slots stayed busy: {busy}"
+            time.sleep(0.2)
+    finally:
+        for sock, _ in streams:
+            sock.close()
     deadline = time.monotonic() + 60
     while sum((busy := _slots_busy_everywhere(replicas.port)).values()) > 0:
         assert time.monotonic() < deadline, f"a slot stayed busy: {busy}"
