@@ -209,6 +209,15 @@ CudaGraph = Annotated[
         show_default=False,
     ),
 ]
+ChatTemplate = Annotated[
+    str | None,
+    typer.Option(
+        "--chat-template",
+        help="A chat template (jinja) in place of the model's, for a file with none or a wrong "
+        "one: a file holding it, or its text.",
+        show_default=False,
+    ),
+]
 Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)]
 MaxLen = Annotated[
     int | None,
@@ -283,14 +292,19 @@ def engine_options(
     provider: str = "auto",
     cuda_graph: bool | None = None,
     row_buckets: bool = True,
+    chat_template: str | None = None,
 ) -> dict:
-    """The engine's decoding keywords from the options, checked together before any model is
-    prepared: speculative decoding, the CUDA-graph mode (None: on for --provider cuda without
-    --speculative) and its row buckets, and a CUDA provider that is there."""
+    """The engine's keywords from the options, checked together before any model is prepared:
+    speculative decoding, the CUDA-graph mode (None: on for --provider cuda without
+    --speculative) and its row buckets, a CUDA provider that is there, and the chat template's
+    text (read from its file) that parses."""
     from onnxsample.engine._session import require_provider
     from onnxsample.errors import InvalidParameter
+    from onnxsample.text import read_chat_template
 
     require_provider(provider)
+    if chat_template is not None:
+        chat_template = read_chat_template(chat_template)
     if speculative is None and draft_tokens is not None:
         raise InvalidParameter("--draft-tokens needs --speculative ngram")
     if cuda_graph and provider != "cuda":
@@ -305,7 +319,8 @@ def engine_options(
             "--speculative): uncaptured steps run the model over the running sequences only"
         )
     spec = {"speculative": speculative, "draft_tokens": draft_tokens, "ngram": ngram}
-    return {**spec, "cuda_graph": cuda_graph, "row_buckets": row_buckets}
+    graph = {"cuda_graph": cuda_graph, "row_buckets": row_buckets}
+    return {**spec, **graph, "chat_template": chat_template}
 
 
 def preparation(provider: str, spec: dict, attention: str = "gqa") -> dict:

@@ -121,6 +121,7 @@ def run(
     provider: opt.Provider = "auto",
     cuda_graph: opt.CudaGraph = None,
     row_buckets: opt.RowBuckets = True,
+    chat_template: opt.ChatTemplate = None,
     threads: opt.Threads = None,
     max_len: opt.MaxLen = None,
     prefill_chunk: opt.PrefillChunk = DEFAULT_PREFILL_CHUNK,
@@ -157,7 +158,9 @@ def run(
         constraint=_constraint(json_schema, json_object, regex, grammar, list(choice)),
     )
     params.validate()
-    spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets)
+    spec = opt.engine_options(
+        speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
+    )
     with stages(_LABELS) as progress:
         how = opt.preparation(provider, spec, attention)
         composed = prepare(model, progress=progress, **how)

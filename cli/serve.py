@@ -81,6 +81,7 @@ def serve(
     provider: opt.Provider = "auto",
     cuda_graph: opt.CudaGraph = None,
     row_buckets: opt.RowBuckets = True,
+    chat_template: opt.ChatTemplate = None,
     speculative: opt.Speculative = None,
     attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
@@ -150,7 +151,9 @@ def serve(
     then per replica (default: --replica-cpus, at least 1) and --max-queue is how many requests
     wait at the proxy before 503.
     """
-    spec = opt.engine_options(speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets)
+    spec = opt.engine_options(
+        speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
+    )
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,

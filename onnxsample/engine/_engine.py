@@ -67,7 +67,8 @@ class Engine:
     """Serves a composed model (see :func:`onnxsample.compose`) to any number of threads.
 
     `model` is a composed ``.onnx`` file; the tokenizer, generation config and export manifest are
-    read from `tokenizer` (default: the model's folder). `provider` is ``auto``, ``cpu`` or ``cuda``;
+    read from `tokenizer` (default: the model's folder); `chat_template` (jinja text) replaces the
+    folder's chat template. `provider` is ``auto``, ``cpu`` or ``cuda``;
     `threads` sets ONNX Runtime's intra-op threads. `max_len` caps the KV positions of a sequence
     (default: the model's context). `max_queue` bounds the requests waiting for a slot (None: no
     bound). `prefill_chunk` is how many prompt tokens a step computes while other sequences decode
@@ -109,6 +110,7 @@ class Engine:
         ngram: int = DEFAULT_NGRAM,
         cuda_graph: bool | None = None,
         row_buckets: bool = True,
+        chat_template: str | None = None,
     ) -> None:
         for name, value, low in (
             ("max_len", max_len, 2),
@@ -129,6 +131,7 @@ class Engine:
             row_buckets=row_buckets,
             speculative=speculative,
             tokenizer=Path(tokenizer) if tokenizer is not None else None,
+            chat_template=chat_template,
         )
         self.path, self.session, self.device = loaded.path, loaded.session, loaded.device
         self.meta, self.info, self.cuda_graph = loaded.meta, loaded.info, loaded.cuda_graph

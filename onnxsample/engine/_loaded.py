@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from onnxsample.engine._session import (
 )
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.metadata import ComposedMetadata, composed_metadata
+from onnxsample.text import check_chat_template
 
 __all__ = ["LoadedModel", "load_model"]
 
@@ -58,9 +59,13 @@ def load_model(
     row_buckets: bool,
     speculative: str | None,
     tokenizer: Path | None,
+    chat_template: str | None = None,
 ) -> LoadedModel:
     """Open `path` as :class:`~onnxsample.Engine` documents its arguments (`tokenizer` None: the
-    model's folder); a bad model or a combination it cannot run raises a typed error."""
+    model's folder; `chat_template` in place of the folder's); a bad model, template or
+    combination it cannot run raises a typed error."""
+    if chat_template is not None:
+        check_chat_template(chat_template)  # before the model's load, not after
     if not path.is_file():
         raise ModelError(f"no such composed model: {path}")
     if cuda_graph is None:
@@ -89,6 +94,8 @@ def load_model(
         raise InvalidParameter(f"cuda_graph needs the CUDA provider; the session runs on {device}")
     if isinstance(info, Exception):  # a bad folder, reported after a bad model as before
         raise info
+    if chat_template is not None:
+        info = replace(info, tokenizer=info.tokenizer.with_chat_template(chat_template))
     inputs = {i.name: i for i in session.get_inputs()}
     pasts = {name: i for name, i in inputs.items() if name.startswith(_PAST)}
     if device == "cuda":

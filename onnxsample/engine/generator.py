@@ -32,8 +32,9 @@ class Generator:
 
     The options are :class:`~onnxsample.Engine`'s: `provider` (``auto``, ``cpu``, ``cuda``),
     `threads` (ONNX Runtime intra-op threads), `tokenizer` (the export folder, default the model's),
-    `max_len` (KV positions per sequence, default the context), `prefill_chunk`, `prefix_reuse`,
-    speculative decoding (`speculative`, `draft_tokens`, `ngram`) and `cuda_graph`.
+    `chat_template` (jinja text in place of the folder's), `max_len` (KV positions per sequence,
+    default the context), `prefill_chunk`, `prefix_reuse`, speculative decoding (`speculative`,
+    `draft_tokens`, `ngram`) and `cuda_graph`.
     ``last_timings`` holds the timings of the last call.
     """
 
@@ -53,6 +54,7 @@ class Generator:
         ngram: int = DEFAULT_NGRAM,
         cuda_graph: bool | None = None,
         row_buckets: bool = True,
+        chat_template: str | None = None,
     ) -> None:
         self.engine = Engine(
             model,
@@ -69,6 +71,7 @@ class Generator:
             ngram=ngram,
             cuda_graph=cuda_graph,
             row_buckets=row_buckets,
+            chat_template=chat_template,
         )
         e = self.engine
         self.path, self.device, self.threads, self.meta = e.path, e.device, e.threads, e.meta

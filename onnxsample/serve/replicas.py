@@ -38,6 +38,7 @@ from onnxsample.engine._session import captured_by_default, check_cuda_graph
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
 from onnxsample.serve.app import ServeSettings, create_app
+from onnxsample.text import check_chat_template, read_chat_template
 
 __all__ = ["APP_NAME", "ReplicaOptions", "Scaling", "app_builder", "build_application", "run"]
 
@@ -64,6 +65,7 @@ class ReplicaOptions:
     ngram: int = DEFAULT_NGRAM
     cuda_graph: bool | None = None
     row_buckets: bool = True
+    chat_template: str | None = None  # jinja text in place of the model folder's
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ class OnnxsampleReplica:
             ngram=options.ngram,
             cuda_graph=options.cuda_graph,
             row_buckets=options.row_buckets,
+            chat_template=options.chat_template,
         )
         log.info("replica %s loaded %s", self.name, options.model)
 
@@ -152,8 +155,10 @@ def build_application(options: ReplicaOptions, scaling: Scaling | None = None) -
     meta = composed_metadata(options.model)
     if meta is None:
         raise ModelError(f"{options.model} is not a composed model: run onnxsample compose first")
-    # the speculative and CUDA-graph settings fail here, not in every replica
+    # the speculative, CUDA-graph and template settings fail here, not in every replica
     speculation(meta, options.speculative, options.draft_tokens, options.ngram)
+    if options.chat_template is not None:
+        check_chat_template(options.chat_template)
     if options.cuda_graph:
         check_cuda_graph(meta, Path(options.model).name)
     captured = options.cuda_graph
@@ -200,6 +205,8 @@ def app_builder(args: dict[str, str]) -> serve.Application:
             f"{', '.join(unknown) or 'no model'}"
         )
     values = {k: _typed(known[k].type, v) for k, v in args.items()}
+    if values.get("chat_template") is not None:  # a file, or the template's text
+        values["chat_template"] = read_chat_template(values["chat_template"])
     values.setdefault("served_model_name", Path(values["model"]).resolve().parent.name)
     split = {cls: {k: v for k, v in values.items() if k in {f.name for f in fields(cls)}}
              for cls in (ReplicaOptions, Scaling)}  # fmt: skip

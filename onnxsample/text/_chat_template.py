@@ -9,7 +9,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["chat_template_of", "compile_template"]
+from onnxsample.errors import InvalidParameter, first_line
+
+__all__ = ["chat_template_of", "check_chat_template", "compile_template", "read_chat_template"]
 
 
 def compile_template(template: str) -> Any:
@@ -65,3 +67,34 @@ def chat_template_of(folder: Path, config: dict, processor: dict) -> str | None:
     if isinstance(template, dict):
         template = template.get("default")
     return template if isinstance(template, str) and template else None
+
+
+def check_chat_template(template: str) -> Any:
+    """`template` compiled, or :class:`InvalidParameter` naming what does not parse (a template
+    given in place of the model's, where the model's own only warns)."""
+    if not isinstance(template, str) or not template.strip():
+        raise InvalidParameter("a chat template must be non-empty jinja text")
+    try:
+        return compile_template(template)
+    except Exception as exc:
+        raise InvalidParameter(f"the chat template does not parse: {first_line(exc)}") from exc
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template as options and config files give it: the jinja text itself, or a file
+    holding it (as vLLM's and llama-server's ``--chat-template`` / ``--chat-template-file``);
+    what is neither, or does not parse, raises :class:`InvalidParameter`."""
+    text, path = value, Path(value).expanduser()
+    if "{{" not in value and "{%" not in value:
+        if not path.is_file():
+            raise InvalidParameter(
+                f"chat template {value!r} is neither a file nor jinja text ({{{{ }}}}, {{% %}})"
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidParameter(
+                f"cannot read the chat template {path}: {first_line(exc)}"
+            ) from exc
+    check_chat_template(text)
+    return text

@@ -14,6 +14,7 @@ and padding on every call, which fails with "Already borrowed" under threads).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -23,7 +24,7 @@ from typing import Any
 
 from onnxsample.errors import InvalidParameter, ModelError, first_line
 from onnxsample.text import _clean_up
-from onnxsample.text._chat_template import chat_template_of, compile_template
+from onnxsample.text._chat_template import chat_template_of, check_chat_template, compile_template
 
 __all__ = ["Tokenizer"]
 
@@ -158,6 +159,15 @@ class Tokenizer:
             byte_level,
         )
 
+    def with_chat_template(self, template: str) -> Tokenizer:
+        """This tokenizer with `template` (jinja text) in place of its folder's chat template, for
+        a model whose file has none or a wrong one; a template that does not parse raises
+        :class:`InvalidParameter`. The copy shares the backend (no call changes its state)."""
+        compiled = check_chat_template(template)
+        other = copy.copy(self)
+        other.chat_template, other._template, other._template_error = template, compiled, None
+        return other
+
     @property
     def vocab_size(self) -> int:
         """Every id the tokenizer knows, added tokens included (``len(AutoTokenizer)``)."""
@@ -231,7 +241,10 @@ class Tokenizer:
         if self._template_error:
             raise ModelError(self._template_error)
         if self._template is None:
-            raise InvalidParameter("this model's tokenizer has no chat template")
+            raise InvalidParameter(
+                "this model has no chat template: send a plain completion, or give one "
+                "(--chat-template, Engine(chat_template=...))"
+            )
         try:
             return self._template.render(
                 messages=messages,

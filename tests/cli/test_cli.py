@@ -366,6 +366,24 @@ def test_run_streams_one_prompt(run_folder, capsys):
     assert "decode " in err
 
 
+@pytest.mark.parametrize("given", ["file", "text"])
+def test_run_renders_chats_with_a_given_template(run_folder, tmp_path, given, capsys):
+    """`run --chat-template` (a file or its text) in place of the model's own."""
+    from onnxsample.text import Tokenizer
+
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<answer>"
+    (tmp_path / "chat.jinja").write_text(template)
+    value = str(tmp_path / "chat.jinja") if given == "file" else template
+    want = Tokenizer.from_folder(run_folder).encode("<user>Hello<answer>", add_special_tokens=False)
+    code, out, err = run_cli(
+        capsys, "run", str(run_folder), "-p", "Hello", "--chat-template", value, "-n", "1",
+        "--json", "--temperature", "0",
+    )  # fmt: skip
+    assert code == 0, err
+    [line] = [json.loads(line) for line in out.splitlines() if line.strip()]
+    assert line["timings"]["prompt_tokens"] == len(want)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -390,6 +408,8 @@ def test_run_streams_one_prompt(run_folder, capsys):
         (["--grammar", "root ::= nowhere"], "nowhere"),
         (["--regex", "a("], "invalid constraint"),
         (["--no-row-buckets"], "--no-row-buckets is for CUDA graphs"),
+        (["--chat-template", "chatml"], "'chatml' is neither a file nor jinja text"),
+        (["--chat-template", "{% for %}"], "the chat template does not parse"),
     ],
 )
 def test_run_errors(argv, message, run_folder, capsys):

@@ -212,3 +212,18 @@ def test_the_tokenizer_is_read_while_the_session_initialises(models, monkeypatch
     with Engine(path, tokenizer=folder, threads=1):
         pass
     assert events == ["tokenizer read", "session made"]
+
+
+def test_a_chat_template_given_to_the_engine_renders_its_chats(models, tmp_path):
+    """`Engine(chat_template=...)` in place of the folder's (a GGUF may carry none): requests'
+    chats render with it; one that does not parse is refused before the model loads."""
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<answer>"
+    path, folder = models["gqa", 4]
+    with Engine(path, tokenizer=folder, threads=1, chat_template=template) as engine:
+        chat = [{"role": "user", "content": "Hi there"}]
+        want = engine.tokenizer.encode("<user>Hi there<answer>", add_special_tokens=False)
+        assert engine.tokenizer.apply_chat_template(chat) == want
+        done = engine.submit(chat, SamplingParams(temperature=0), max_new_tokens=1).result()
+        assert done.prompt_token_ids == want
+    with pytest.raises(InvalidParameter, match="chat template does not parse"):
+        Engine(tmp_path / "none.onnx", tokenizer=folder, chat_template="{% for %}")

@@ -241,8 +241,9 @@ def test_without_the_ray_extra_replicas_name_the_extra(model):
          {"num_replicas": 3, "max_queued_requests": 16}),
         ({"allowed_hosts": "Chat.example, api.example", "cuda_graph": "false"},
          {"num_replicas": 1}),
+        ({"chat_template": "{{ messages[0].content }}"}, {"num_replicas": 1}),
     ],
-    ids=["half-cpu", "queue-and-name", "hosts-and-flags"],
+    ids=["half-cpu", "queue-and-name", "hosts-and-flags", "chat-template"],
 )  # fmt: skip
 def test_app_builder_sets_the_deployment(model, args, expect):
     from onnxsample.serve.replicas import app_builder
@@ -257,6 +258,7 @@ def test_app_builder_sets_the_deployment(model, args, expect):
     if "allowed_hosts" in args:  # typed as the fields are, not left as strings
         assert options.allowed_hosts == frozenset({"chat.example", "api.example"})
         assert options.cuda_graph is False
+    assert options.chat_template == args.get("chat_template")
 
 
 def test_app_builder_autoscales_between_min_and_max(model):
@@ -285,6 +287,7 @@ def test_app_builder_autoscales_between_min_and_max(model):
         ({"model": "M", "cuda_graph": "maybe"}, "'maybe' is not true or false"),
         ({"model": "M", "cuda_graph": "true"}, "cuda_graph needs a static sampler chain"),
         ({"model": "M", "row_buckets": "false"}, "row_buckets=False needs cuda_graph"),
+        ({"model": "M", "chat_template": "chatml"}, "neither a file nor jinja text"),
     ],
     ids=[
         "no-model",
@@ -297,6 +300,7 @@ def test_app_builder_autoscales_between_min_and_max(model):
         "not-a-bool",
         "cuda-graph-branching",
         "fixed-rows-uncaptured",
+        "chat-template-name",
     ],
 )
 def test_app_builder_refuses_bad_arguments(model, args, message):

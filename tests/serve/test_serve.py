@@ -206,6 +206,24 @@ def test_speculative_serving_gives_the_same_answers(models, client):
     assert 0 < kept <= drafted
 
 
+def test_a_chat_template_given_to_serve_renders_the_chats(models, tmp_path):
+    """`serve --chat-template FILE` (vLLM's option; a GGUF may carry no template): chat
+    completions render with it, and the prompt is what it renders."""
+    from onnxsample.text import Tokenizer
+
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<answer>")
+    tokenizer = Tokenizer.from_folder(models["two"].parent)
+    want = tokenizer.encode("<user>Hi there<answer>", add_special_tokens=False)
+    args = ("--threads", "1", "--served-model-name", "tiny", "--chat-template", str(template))
+    with served(models["two"], *args) as server:
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
+        done = c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi there"}], max_tokens=2
+        )
+    assert done.usage.prompt_tokens == len(want)
+
+
 @pytest.mark.integration
 def test_a_gguf_file_is_served_under_its_name(llama_cpp, tmp_path, monkeypatch):
     """`onnxsample serve FILE.gguf`, as `llama-server -m FILE.gguf`: exported into the user cache

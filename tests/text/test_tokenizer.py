@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from onnxsample.errors import InvalidParameter, ModelError
-from onnxsample.text import TextStream, Tokenizer
+from onnxsample.text import TextStream, Tokenizer, read_chat_template
 
 TEXTS = [
     "Hello world",
@@ -344,6 +344,52 @@ def test_errors(tmp_path, synthetic, case, error, match):
             Tokenizer.from_folder(source).decode([5, -1])
         else:
             Tokenizer.from_folder(source).encode(42)
+
+
+def test_a_given_chat_template_renders_as_transformers_renders_it(tmp_path, synthetic):
+    """A template given in place of the folder's (`--chat-template`, vLLM's option): a folder with
+    none gets one, transformers' ``chat_template=`` argument renders the same ids, and the
+    folder's own tokenizer is left as it was."""
+    from transformers import AutoTokenizer
+
+    folder = shutil.copytree(synthetic["gpt2-legacy"], tmp_path / "folder")
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    plain = Tokenizer.from_folder(folder)
+    given = plain.with_chat_template(TEMPLATE)
+    theirs = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    for chat in CHATS:
+        want = theirs.apply_chat_template(chat, chat_template=TEMPLATE, add_generation_prompt=True)
+        assert given.apply_chat_template(chat) == list(want)
+    assert given.chat_template == TEMPLATE and plain.chat_template is None
+    with pytest.raises(InvalidParameter, match="no chat template"):
+        plain.render_chat(CHATS[0])
+    assert given.encode("Hello world") == plain.encode("Hello world")
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ("TEMPLATE_FILE", None),
+        (TEMPLATE, None),
+        ("chatml", "neither a file nor jinja text"),
+        ("{% for %}", "the chat template does not parse"),
+        ("EMPTY_FILE", "non-empty jinja text"),
+        ("BAD_FILE", "does not parse"),
+    ],
+    ids=["file", "text", "a-name", "broken-text", "empty-file", "broken-file"],
+)
+def test_a_chat_template_option_is_a_file_or_its_text(tmp_path, given, match):
+    files = {"TEMPLATE_FILE": TEMPLATE, "EMPTY_FILE": "", "BAD_FILE": "{% if %}"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    value = str(tmp_path / given) if given in files else given
+    if match is None:
+        assert read_chat_template(value) == TEMPLATE
+    else:
+        with pytest.raises(InvalidParameter, match=match):
+            read_chat_template(value)
 
 
 _PROBE = """
