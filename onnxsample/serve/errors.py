@@ -43,6 +43,8 @@ _PARAMS = {
     "one": "response_format",  # "one output constraint per request, got ..."
     "invalid": "response_format",  # "invalid constraint: ...", "invalid JSON schema: ..."
     "structured": "response_format",  # "structured output (a constraint) needs ..."
+    "this model": "messages",  # "this model has no chat template: ..."
+    "the chat": "messages",  # "the chat template refused the messages: ..."
 }
 _TYPES = {
     400: "invalid_request_error",
@@ -92,8 +94,11 @@ def from_library(exc: OnnxSampleError) -> APIError:
         return APIError(429, message, code="queue_full", headers={"Retry-After": "1"})
     if isinstance(exc, InvalidParameter):
         message = message.replace("max_new_tokens", "max_tokens")  # the API's name for it
-        word = re.match(r"[a-z_]+", message)
-        param = _PARAMS.get(word.group(0), word.group(0)) if word else None
+        words = re.match(r"([a-z_]+)(?: ([a-z_]+))?", message)
+        param = None
+        if words:  # the parameter a message starts with, or what its first words stand for
+            first = words.group(1)
+            param = _PARAMS.get(f"{first} {words.group(2)}", _PARAMS.get(first, first))
         return APIError(400, message, param=param)
     if isinstance(exc, (OutOfMemory, EngineClosed)):
         return APIError(503, message, code="unavailable")

@@ -288,3 +288,41 @@ def test_tokenising_never_runs_on_the_event_loop(models, tiny_gqa_export):
             assert threads and serving not in threads
     finally:
         release.set()
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        (None, "this model has no chat template"),
+        ("{{ raise_exception('no system role') }}", "refused the messages: no system role"),
+    ],
+    ids=["no-template", "template-refuses"],
+)
+def test_a_chat_the_template_cannot_render_is_400_naming_the_messages(
+    models, tiny_gqa_export, tmp_path, template, message
+):
+    """A model without a chat template (a base model's GGUF) or a template that refuses the chat:
+    400 on `messages`, and the message says what to do."""
+    import shutil
+
+    from onnxsample.engine import Engine
+    from onnxsample.serve import ServeSettings, create_app
+
+    folder = tmp_path / "no-template"
+    folder.mkdir()
+    for path in tiny_gqa_export.output.glob("*.json"):
+        shutil.copy(path, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with Engine(models["two"], tokenizer=folder, threads=1, chat_template=template) as engine:
+        assert engine.tokenizer.chat_template == template
+        with in_process(create_app(engine, ServeSettings("tiny"))) as (port, _):
+            body = {"model": "tiny", "messages": CHAT, "max_tokens": 2}
+            code, data = post(port, "/v1/chat/completions", json.dumps(body).encode())
+            plain = {"model": "tiny", "prompt": "Hi", "max_tokens": 2}
+            assert post(port, "/v1/completions", json.dumps(plain).encode())[0] == 200
+    assert code == 400 and message in data["error"]["message"], data
+    assert data["error"]["param"] == "messages"
+    if template is None:
+        assert "--chat-template" in data["error"]["message"]
