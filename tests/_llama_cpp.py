@@ -83,9 +83,17 @@ class LlamaServer:
     the raw distribution's top logprobs of a prompt given as token ids."""
 
     def __init__(
-        self, built: LlamaCpp, gguf: Path, *, threads: int = 2, ctx: int = 2048, slots: int = 1
+        self,
+        built: LlamaCpp,
+        gguf: Path,
+        *,
+        threads: int = 2,
+        ctx: int = 2048,
+        slots: int = 1,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.built, self.gguf, self.threads, self.ctx, self.slots = built, gguf, threads, ctx, slots
+        self.args = args  # more of llama-server's options (--jinja: the file's chat template)
         self.proc: subprocess.Popen | None = None
         self.url = ""
 
@@ -109,7 +117,7 @@ class LlamaServer:
             "-np",
             str(self.slots),
         ]
-        cmd += ["--no-webui", "--log-disable"]
+        cmd += ["--no-webui", "--log-disable", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

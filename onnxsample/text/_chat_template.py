@@ -11,7 +11,16 @@ from typing import Any
 
 from onnxsample.errors import InvalidParameter, first_line
 
-__all__ = ["chat_template_of", "check_chat_template", "compile_template", "read_chat_template"]
+__all__ = [
+    "chat_template_of",
+    "check_chat_template",
+    "compile_template",
+    "fold_system",
+    "read_chat_template",
+    "renders_system",
+]
+
+_NEEDLE = "<system message probe>"
 
 
 def compile_template(template: str) -> Any:
@@ -98,3 +107,45 @@ def read_chat_template(value: str) -> str:
             ) from exc
     check_chat_template(text)
     return text
+
+
+def renders_system(template: Any, special: dict) -> bool:
+    """Whether a compiled template writes a system message (llama.cpp's probe: a system and a
+    user message, the system's text looked for in the output; a template that raises on them,
+    as Gemma 2's does, writes none)."""
+    probe = [{"role": "system", "content": _NEEDLE}, {"role": "user", "content": "Hey"}]
+    try:
+        text = template.render(messages=probe, tools=None, documents=None,
+                               add_generation_prompt=False, **special)  # fmt: skip
+    except Exception:
+        return False
+    return _NEEDLE in text
+
+
+def fold_system(messages: list[dict]) -> list[dict]:
+    """The messages for a template that writes no system message, as llama.cpp renders them: a
+    system message's text goes to the start of the next user message (a newline between), and
+    becomes a user message of its own where another role or the end comes first."""
+    folded: list[dict] = []
+    pending: list[str] = []
+
+    def flush() -> None:
+        if pending:
+            folded.append({"role": "user", "content": "\n".join(pending)})
+            pending.clear()
+
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            if message.get("role") == "system":
+                pending.append(content)
+                continue
+            if message.get("role") == "user" and pending:
+                text = "\n".join(pending) + ("\n" + content if content else "")
+                message = {**message, "content": text}
+                pending.clear()
+            else:
+                flush()
+        folded.append(message)
+    flush()
+    return folded

@@ -24,7 +24,13 @@ from typing import Any
 
 from onnxsample.errors import InvalidParameter, ModelError, first_line
 from onnxsample.text import _clean_up
-from onnxsample.text._chat_template import chat_template_of, check_chat_template, compile_template
+from onnxsample.text._chat_template import (
+    chat_template_of,
+    check_chat_template,
+    compile_template,
+    fold_system,
+    renders_system,
+)
 
 __all__ = ["Tokenizer"]
 
@@ -79,6 +85,7 @@ class Tokenizer:
         except Exception as exc:
             self._template_error = f"the chat template does not parse: {first_line(exc)}"
             log.warning("%s", self._template_error)
+        self._folds_system = self._writes_no_system()
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -166,7 +173,16 @@ class Tokenizer:
         compiled = check_chat_template(template)
         other = copy.copy(self)
         other.chat_template, other._template, other._template_error = template, compiled, None
+        other._folds_system = other._writes_no_system()
         return other
+
+    def _writes_no_system(self) -> bool:
+        """A template that drops system messages, or refuses them: chats then fold them into the
+        user's turn as llama.cpp does, rather than lose the system prompt without a word."""
+        if self._template is None or renders_system(self._template, self._special):
+            return False
+        log.info("the chat template writes no system message: it goes into the user's turn")
+        return True
 
     @property
     def vocab_size(self) -> int:
@@ -237,7 +253,9 @@ class Tokenizer:
         tools: list[dict] | None = None,
     ) -> str:
         """The chat template applied to `messages` (and `tools`, in OpenAI's shape, for a template
-        that writes them), as text."""
+        that writes them), as text. For a template that writes no system message (Phi-3's,
+        Gemma 2's), a system message's text starts the next user message, as llama.cpp renders
+        it."""
         if self._template_error:
             raise ModelError(self._template_error)
         if self._template is None:
@@ -247,7 +265,7 @@ class Tokenizer:
             )
         try:
             return self._template.render(
-                messages=messages,
+                messages=fold_system(messages) if self._folds_system else messages,
                 tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,

@@ -155,6 +155,31 @@ def test_the_export_tokenizes_as_llama_cpp(family, llama_cpp):
     assert not wrong, f"{len(wrong)} of {2 * len(corpus)} differ, first: {wrong[0]}"
 
 
+CHATS = [
+    [{"role": "user", "content": "Hi there"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}],
+    [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "An apple."},
+     {"role": "user", "content": "Another?"}],
+    [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"},
+     {"role": "assistant", "content": "Bonjour"}, {"role": "user", "content": "Thanks"}],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["phi3", "qwen2", "qwen3"])  # the files with a chat template
+def test_chats_are_the_prompts_llama_server_makes_of_them(family, llama_cpp):
+    """llama-server --jinja renders the file's template and tokenises the text with the BOS its
+    vocabulary adds: the same ids as ours, system messages included (Phi-3's template writes
+    none, so both put the system's text at the start of the user's turn)."""
+    path = models.gguf(family, "Q8_0", llama_cpp)
+    tokenizer = Tokenizer.from_folder(_export(path, "Q8_0").output)
+    assert tokenizer.chat_template
+    with LlamaServer(llama_cpp, path, args=("--jinja",)) as server:
+        for chat in CHATS:
+            text = server.post("/apply-template", {"messages": chat})["prompt"]
+            assert tokenizer.apply_chat_template(chat) == server.tokenize(text), (chat, text)
+            assert chat[0]["role"] != "system" or chat[0]["content"] in text
+
+
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "gemma3", "phi3"])
 def test_an_export_holds_a_layers_blocks_at_a_time(family, llama_cpp, tmp_path, monkeypatch):
     """A linear weight is read from the file when the graph takes it, and what the graph stores

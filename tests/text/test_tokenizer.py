@@ -21,6 +21,7 @@ import pytest
 
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.text import TextStream, Tokenizer, read_chat_template
+from onnxsample.text._chat_template import fold_system
 
 TEXTS = [
     "Hello world",
@@ -366,6 +367,62 @@ def test_a_given_chat_template_renders_as_transformers_renders_it(tmp_path, synt
     with pytest.raises(InvalidParameter, match="no chat template"):
         plain.render_chat(CHATS[0])
     assert given.encode("Hello world") == plain.encode("Hello world")
+
+
+S, U, A = "system", "user", "assistant"
+
+
+@pytest.mark.parametrize(
+    ("messages", "folded"),
+    [
+        ([(S, "Be brief."), (U, "Why?")], [(U, "Be brief.\nWhy?")]),
+        ([(S, "One."), (S, "Two."), (U, "Go")], [(U, "One.\nTwo.\nGo")]),
+        ([(S, "Rules."), (U, "")], [(U, "Rules.")]),
+        ([(S, "Rules."), (A, "Hi"), (U, "Go")], [(U, "Rules."), (A, "Hi"), (U, "Go")]),
+        ([(U, "Go"), (S, "Late rule.")], [(U, "Go"), (U, "Late rule.")]),
+        ([(U, "Go"), (A, "Ok")], [(U, "Go"), (A, "Ok")]),
+    ],
+    ids=["system-user", "two-systems", "empty-user", "before-assistant", "at-the-end", "none"],
+)
+def test_system_messages_fold_into_the_users_turn_as_llama_cpp_folds_them(messages, folded):
+    """minja's polyfill in llama.cpp (common/chat.cpp) for a template that writes no system."""
+    as_dicts = [{"role": r, "content": c} for r, c in messages]
+    assert fold_system(as_dicts) == [{"role": r, "content": c} for r, c in folded]
+
+
+# Phi-3's template (user and assistant turns only) and Gemma 2's (which refuses a system turn).
+PHI3 = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}"
+        "{{ '<|user|>\n' + m['content'] + '<|end|>\n' }}{% elif m['role'] == 'assistant' %}"
+        "{{ '<|assistant|>\n' + m['content'] + '<|end|>\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")  # fmt: skip
+GEMMA2 = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+          "{% endif %}{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] + '|' }}"
+          "{% endfor %}")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("template", "want"),
+    [
+        (PHI3, "<|endoftext|><|user|>\nBe brief.\nWhy? 日本<|end|>\n<|assistant|>\n"),
+        (GEMMA2, "<user>Be brief.\nWhy? 日本|"),
+        (TEMPLATE, None),  # writes system turns: rendered as transformers renders it
+    ],
+    ids=["drops-system", "refuses-system", "writes-system"],
+)
+def test_a_template_without_system_turns_gets_the_system_prompt_in_the_users(
+    synthetic, template, want
+):
+    """Rather than lose a system prompt without a word (transformers renders Phi-3's template
+    without it) or refuse the chat (Gemma 2's raises), its text starts the user's turn, as in
+    llama-server (checked against it in tests/exporters/test_gguf_llama_cpp_families.py)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = Tokenizer.from_folder(synthetic["gpt2-legacy"]).with_chat_template(template)
+    if want is None:
+        theirs = AutoTokenizer.from_pretrained(synthetic["gpt2-legacy"], local_files_only=True)
+        want = theirs.apply_chat_template(CHATS[1], chat_template=template, tokenize=False,
+                                          add_generation_prompt=True)  # fmt: skip
+    assert tokenizer.render_chat(CHATS[1]) == want
 
 
 @pytest.mark.parametrize(
