@@ -199,6 +199,10 @@ def create_app(
                 prompt = tools.native_prompt(e.tokenizer, native, body)
             else:
                 prompt = tools.envelope_messages(body, plan)
+                if body.chat_template_kwargs:
+                    prompt = e.tokenizer.apply_chat_template(
+                        prompt, variables=body.chat_template_kwargs
+                    )
             return [
                 e.prepare(prompt, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
             ]
@@ -297,7 +301,9 @@ def create_app(
         e = engine()
         if body.messages is not None:
             chat = [{"role": m.role, "content": m.text()} for m in body.messages]
-            tokens = await asyncio.to_thread(e.tokenizer.apply_chat_template, chat)
+            tokens = await asyncio.to_thread(
+                e.tokenizer.apply_chat_template, chat, variables=body.chat_template_kwargs
+            )
         else:
             text = body.content if body.content is not None else body.prompt
             if text is None:

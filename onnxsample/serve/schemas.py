@@ -144,6 +144,7 @@ class NamedToolChoice(_Body):
 
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
@@ -164,6 +165,7 @@ class TokenizeRequest(_Body):
     content: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special: bool = True
 
 

@@ -159,7 +159,9 @@ def native_prompt(tokenizer: Tokenizer, native: NativeFormat, body: ChatRequest)
             }
             for t in body.tools
         ]
-    return tokenizer.apply_chat_template(native.messages(body), tools=listed)
+    return tokenizer.apply_chat_template(
+        native.messages(body), tools=listed, variables=body.chat_template_kwargs
+    )
 
 
 def _hoisted(parameters: dict, prefix: str, defs: dict) -> dict:

@@ -251,11 +251,14 @@ class Tokenizer:
         *,
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> str:
         """The chat template applied to `messages` (and `tools`, in OpenAI's shape, for a template
         that writes them), as text. For a template that writes no system message (Phi-3's,
         Gemma 2's), a system message's text starts the next user message, as llama.cpp renders
-        it."""
+        it. `variables` are more of the template's variables (``enable_thinking``: vLLM's and
+        llama-server's ``chat_template_kwargs``, transformers' keyword arguments); one of the names
+        the template is given already raises :class:`InvalidParameter`."""
         if self._template_error:
             raise ModelError(self._template_error)
         if self._template is None:
@@ -263,14 +266,17 @@ class Tokenizer:
                 "this model has no chat template: send a plain completion, or give one "
                 "(--chat-template, Engine(chat_template=...))"
             )
+        given = {
+            "messages": fold_system(messages) if self._folds_system else messages,
+            "tools": tools,
+            "documents": None,
+            "add_generation_prompt": add_generation_prompt,
+            **self._special,
+        }
+        if taken := sorted(set(variables or ()) & set(given)):
+            raise InvalidParameter(f"chat_template_kwargs cannot set {', '.join(taken)}")
         try:
-            return self._template.render(
-                messages=fold_system(messages) if self._folds_system else messages,
-                tools=tools,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **self._special,
-            )
+            return self._template.render(**(variables or {}), **given)
         except Exception as exc:  # raise_exception(), a missing key, None + str: the messages'
             raise InvalidParameter(
                 f"the chat template refused the messages: {first_line(exc)}"
@@ -282,9 +288,13 @@ class Tokenizer:
         *,
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Token ids of the rendered chat; as in transformers, no special tokens are added to it."""
-        text = self.render_chat(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+        """Token ids of the rendered chat (:meth:`render_chat`); as in transformers, no special
+        tokens are added to it."""
+        text = self.render_chat(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools, variables=variables
+        )
         return self.encode(text, add_special_tokens=False)
 
 

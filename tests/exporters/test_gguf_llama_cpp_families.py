@@ -180,6 +180,33 @@ def test_chats_are_the_prompts_llama_server_makes_of_them(family, llama_cpp):
             assert chat[0]["role"] != "system" or chat[0]["content"] in text
 
 
+# Qwen3's switch: enable_thinking false writes an empty thought after the generation prompt.
+THINKING = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}"
+)
+
+
+def test_template_variables_render_as_llama_server_renders_them(llama_cpp, tmp_path):
+    """A request's ``chat_template_kwargs`` (here Qwen3's ``enable_thinking``) with a template
+    given in place of the file's (`--chat-template-file`, ours `--chat-template`): the same ids.
+    Given no value, llama-server passes its own (false unless it knows the template for a
+    reasoning one) where transformers and vLLM leave it undefined, so only given values compare."""
+    path = models.gguf("qwen3", "Q8_0", llama_cpp)
+    (tmp_path / "thinking.jinja").write_text(THINKING)
+    tokenizer = Tokenizer.from_folder(_export(path, "Q8_0").output).with_chat_template(THINKING)
+    args = ("--jinja", "--chat-template-file", str(tmp_path / "thinking.jinja"))
+    with LlamaServer(llama_cpp, path, args=args) as server:
+        for variables in ({"enable_thinking": False}, {"enable_thinking": True}):
+            body = {"messages": CHATS[1], "chat_template_kwargs": variables}
+            text = server.post("/apply-template", body)["prompt"]
+            ours = tokenizer.apply_chat_template(CHATS[1], variables=variables)
+            assert ours == server.tokenize(text), (variables, text)
+            assert ("<think>" in text) == (variables["enable_thinking"] is False)
+
+
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "gemma3", "phi3"])
 def test_an_export_holds_a_layers_blocks_at_a_time(family, llama_cpp, tmp_path, monkeypatch):
     """A linear weight is read from the file when the graph takes it, and what the graph stores

@@ -208,20 +208,34 @@ def test_speculative_serving_gives_the_same_answers(models, client):
 
 def test_a_chat_template_given_to_serve_renders_the_chats(models, tmp_path):
     """`serve --chat-template FILE` (vLLM's option; a GGUF may carry no template): chat
-    completions render with it, and the prompt is what it renders."""
+    completions render with it, and the prompt is what it renders; a request's
+    ``chat_template_kwargs`` are more of its variables (vLLM's and llama-server's field)."""
     from onnxsample.text import Tokenizer
 
     template = tmp_path / "chat.jinja"
-    template.write_text("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<answer>")
+    template.write_text(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<answer>"
+        "{% if mood is defined %}{{ mood }}{% endif %}"
+    )
     tokenizer = Tokenizer.from_folder(models["two"].parent)
-    want = tokenizer.encode("<user>Hi there<answer>", add_special_tokens=False)
     args = ("--threads", "1", "--served-model-name", "tiny", "--chat-template", str(template))
+    chat = [{"role": "user", "content": "Hi there"}]
     with served(models["two"], *args) as server:
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="none")
-        done = c.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hi there"}], max_tokens=2
-        )
-    assert done.usage.prompt_tokens == len(want)
+        plain = c.chat.completions.create(model="tiny", messages=chat, max_tokens=2)
+        calm = c.chat.completions.create(model="tiny", messages=chat, max_tokens=2,
+                                         extra_body={"chat_template_kwargs": {"mood": "calm"}})  # fmt: skip
+        body = json.dumps({"messages": chat, "chat_template_kwargs": {"mood": "calm"}}).encode()
+        counted = post(server.port, "/tokenize", body)[1]["count"]
+        with pytest.raises(openai.BadRequestError) as refused:
+            c.chat.completions.create(model="tiny", messages=chat, max_tokens=2,
+                                      extra_body={"chat_template_kwargs": {"messages": []}})  # fmt: skip
+    assert plain.usage.prompt_tokens == len(
+        tokenizer.encode("<user>Hi there<answer>", add_special_tokens=False)
+    )
+    want = tokenizer.encode("<user>Hi there<answer>calm", add_special_tokens=False)
+    assert calm.usage.prompt_tokens == counted == len(want)
+    assert refused.value.body["param"] == "chat_template_kwargs"
 
 
 @pytest.mark.integration

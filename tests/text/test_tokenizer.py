@@ -425,6 +425,27 @@ def test_a_template_without_system_turns_gets_the_system_prompt_in_the_users(
     assert tokenizer.render_chat(CHATS[1]) == want
 
 
+def test_template_variables_reach_the_template_as_transformers_passes_them(synthetic):
+    """vLLM's and llama-server's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``):
+    transformers' keyword arguments of apply_chat_template; the names the template is given
+    already are refused."""
+    from transformers import AutoTokenizer
+
+    template = (
+        TEMPLATE + "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}"
+    )
+    ours = Tokenizer.from_folder(synthetic["gpt2-legacy"]).with_chat_template(template)
+    theirs = AutoTokenizer.from_pretrained(synthetic["gpt2-legacy"], local_files_only=True)
+    for variables in ({}, {"enable_thinking": False}, {"enable_thinking": True}):
+        want = theirs.apply_chat_template(CHATS[0], chat_template=template, tokenize=False,
+                                          add_generation_prompt=True, **variables)  # fmt: skip
+        assert ours.render_chat(CHATS[0], variables=variables) == want
+    assert ours.render_chat(CHATS[0], variables={"enable_thinking": False}).endswith("<nothink>")
+    for taken in ("messages", "add_generation_prompt", "bos_token"):
+        with pytest.raises(InvalidParameter, match=f"chat_template_kwargs cannot set {taken}"):
+            ours.render_chat(CHATS[0], variables={taken: "x"})
+
+
 @pytest.mark.parametrize(
     ("given", "match"),
     [
