@@ -33,6 +33,7 @@ from onnxsample.serve import convert, tools
 from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
+from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -174,6 +175,7 @@ def create_app(
     async def chat(body: ChatRequest, request: Request):
         e = engine()
         check_model(body.model)
+        refuse_unsupported(body.model_extra, chat=True)
         for m in body.messages:
             if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
                 raise InvalidParameter("messages: only text content parts are supported")
@@ -250,6 +252,7 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         e = engine()
         check_model(body.model)
+        refuse_unsupported(body.model_extra, chat=False)
         prompts = _prompts(body.prompt)
         n_logprobs = body.logprobs
         if n_logprobs is not None and not 0 <= n_logprobs <= e.meta.top_logprobs:

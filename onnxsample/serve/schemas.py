@@ -58,7 +58,10 @@ class StructuredOutputs(_Body):
 
 
 class SamplingFields(_Body):
-    """What chat and text completions share."""
+    """What chat and text completions share. Fields it does not name are kept (``model_extra``)
+    for :func:`~onnxsample.serve.peer_fields.refuse_unsupported`, then ignored."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     max_tokens: StrictInt | None = None

@@ -326,3 +326,61 @@ def test_a_chat_the_template_cannot_render_is_400_naming_the_messages(
     assert data["error"]["param"] == "messages"
     if template is None:
         assert "--chat-template" in data["error"]["message"]
+
+
+# Fields of OpenAI, vLLM and llama-server that would change the answer: (field, a value that asks
+# for what this server does not do, its neutral value as clients send it by default).
+PEER_FIELDS = [
+    ("best_of", 3, 1),
+    ("functions", [{"name": "f", "parameters": {}}], None),
+    ("modalities", ["text", "audio"], ["text"]),
+    ("use_beam_search", True, False),
+    ("length_penalty", 0.5, 1.0),
+    ("stop_token_ids", [42], []),
+    ("bad_words", ["cat"], None),
+    ("allowed_token_ids", [1, 2], None),
+    ("include_stop_str_in_output", True, False),
+    ("skip_special_tokens", False, True),
+    ("truncate_prompt_tokens", 8, None),
+    ("prompt_logprobs", 1, None),
+    ("n_predict", 8, None),
+    ("repeat_penalty", 1.3, 1.0),
+    ("repeat_last_n", 64, -1),
+    ("mirostat", 2, 0),
+    ("dry_multiplier", 0.8, 0),
+    ("xtc_probability", 0.5, 0),
+    ("top_n_sigma", 1.0, -1),
+    ("samplers", ["top_k", "temperature"], None),
+    ("n_probs", 5, 0),
+    ("t_max_predict_ms", 100, 0),
+]
+CHAT_FIELDS = [
+    ("add_generation_prompt", False, True),
+    ("continue_final_message", True, False),
+    ("add_special_tokens", True, False),
+    ("echo", True, False),
+    ("chat_template", "{{ messages }}", None),
+]
+
+
+@pytest.mark.parametrize(("path", "field", "value"), [
+    *[("/v1/chat/completions", f, v) for f, v, _ in PEER_FIELDS + CHAT_FIELDS],
+    *[("/v1/completions", f, v) for f, v, _ in [*PEER_FIELDS, ("add_special_tokens", False, True)]],
+])  # fmt: skip
+def test_a_peers_field_that_would_change_the_answer_is_refused_by_name(port, path, field, value):
+    """Never ignored: a vLLM or llama-server client would get another answer than it asked for."""
+    body = {"messages": CHAT} if "chat" in path else {"prompt": "Hi"}
+    code, data = post(port, path, json.dumps({**body, "max_tokens": 2, field: value}).encode())
+    assert code == 400 and data["error"]["param"] == field, data
+    assert data["error"]["message"].startswith(f"{field} is not supported ("), data
+
+
+def test_the_peers_fields_at_their_neutral_values_are_accepted(port):
+    """What clients send by default (vLLM's skip_special_tokens true, llama-server's mirostat 0)
+    changes nothing, so it passes, as do fields this server does not know."""
+    neutral = {f: n for f, _, n in PEER_FIELDS} | {"store": False, "metadata": {"k": "v"}}
+    chat = {"messages": CHAT, **neutral, **{f: n for f, _, n in CHAT_FIELDS}}
+    text = {"prompt": "Hi", **neutral, "add_special_tokens": True}
+    for path, body in (("/v1/chat/completions", chat), ("/v1/completions", text)):
+        code, data = post(port, path, json.dumps({**body, "max_tokens": 2}).encode())
+        assert code == 200, data

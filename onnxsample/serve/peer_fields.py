@@ -1,0 +1,101 @@
+"""The fields of OpenAI's, vLLM's and llama-server's requests that would change the answer and that
+this server does not implement: refused by name, never ignored.
+
+A field the server does not know is ignored, as vLLM ignores one, so a client that sends its own
+metadata keeps working. A field that one of those servers honours and that changes what the answer
+must be (beam search, stop token ids, mirostat, a request's own chat template...) is refused with a
+400 naming it and what to use instead, unless it holds its neutral value (``best_of: 1``,
+``skip_special_tokens: true``, ``mirostat: 0``...), which clients send as defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from onnxsample.serve.errors import APIError
+
+__all__ = ["refuse_unsupported"]
+
+
+def _absent(value: Any) -> bool:
+    return value is None or value in ([], {}, "")
+
+
+def _is(neutral: Any) -> Callable[[Any], bool]:
+    def check(value: Any) -> bool:
+        if value is None:
+            return True
+        if isinstance(value, bool) != isinstance(neutral, bool):  # true is not 1 here
+            return False
+        return value == neutral
+
+    return check
+
+
+def _disabled(value: Any) -> bool:  # llama.cpp's -1 / 0 "off"
+    return value is None or (isinstance(value, (int, float)) and value <= 0)
+
+
+_TEXT = "this server writes text only"
+_BEAM = "this server samples; it has no beam search"
+# name: (neutral, what to use instead), for chat and text completions alike.
+_BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
+    # OpenAI
+    "best_of": (_is(1), "one sample per choice: ask for n choices"),
+    "functions": (_absent, "use tools"),
+    "function_call": (_absent, "use tools and tool_choice"),
+    "audio": (_absent, _TEXT),
+    "modalities": (lambda v: v is None or v == ["text"], _TEXT),
+    "web_search_options": (_absent, "this server has no web search"),
+    # vLLM
+    "use_beam_search": (_is(False), _BEAM),
+    "length_penalty": (_is(1.0), _BEAM),
+    "stop_token_ids": (_absent, "use stop strings; the model's end-of-sequence ids end it already"),
+    "bad_words": (_absent, "use logit_bias"),
+    "allowed_token_ids": (_absent, "use logit_bias or a grammar"),
+    "include_stop_str_in_output": (_is(False), "a stop string is never part of the text"),
+    "skip_special_tokens": (_is(True), "special tokens are left out of the text"),
+    "spaces_between_special_tokens": (_is(True), "special tokens are left out of the text"),
+    "truncate_prompt_tokens": (_absent, "a prompt over the context is refused, never cut"),
+    "prompt_logprobs": (_absent, "use a completion with echo and logprobs"),
+    "logits_processors": (_absent, "use logit_bias or a grammar"),
+    "return_tokens_as_token_ids": (_is(False), "use /tokenize"),
+    # llama-server
+    "n_predict": (_absent, "use max_tokens"),
+    "repeat_penalty": (_is(1.0), "use repetition_penalty"),
+    "repeat_last_n": (_is(-1), "penalties count the whole sequence"),
+    "penalty_last_n": (_is(-1), "penalties count the whole sequence"),
+    "mirostat": (_is(0), "use top_k, top_p, min_p or typical_p"),
+    "dynatemp_range": (_is(0), "the temperature is fixed per request"),
+    "dry_multiplier": (_is(0), "use repetition_penalty or frequency_penalty"),
+    "xtc_probability": (_is(0), "use top_k, top_p, min_p or typical_p"),
+    "top_n_sigma": (_disabled, "use top_k, top_p, min_p or typical_p"),
+    "tfs_z": (_is(1.0), "use top_k, top_p, min_p or typical_p"),
+    "samplers": (_absent, "the chain's order is fixed: penalties, bias, temperature, then cuts"),
+    "n_probs": (_is(0), "use logprobs"),
+    "t_max_predict_ms": (_is(0), "use max_tokens"),
+}
+# A chat's own (vLLM); a text completion takes its `echo` and its prompt's special tokens as
+# fields of its own.
+_CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "add_generation_prompt": (_is(True), "the template always adds the assistant's turn"),
+    "continue_final_message": (_is(False), "send a text completion of the rendered chat"),
+    "add_special_tokens": (_is(False), "the chat template writes the special tokens"),
+    "echo": (_is(False), "use a text completion with echo"),
+    "documents": (_absent, "put the documents in a message"),
+    "chat_template": (_absent, "start the server with --chat-template"),
+    "mm_processor_kwargs": (_absent, _TEXT),
+}
+_TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "add_special_tokens": (_is(True), "a text prompt gets the model's special tokens"),
+}
+
+
+def refuse_unsupported(extra: dict[str, Any] | None, *, chat: bool) -> None:
+    """A 400 naming the first field of `extra` (a request's fields the server does not
+    implement) that a peer honours and that is not at its neutral value."""
+    table = {**_BOTH, **(_CHAT if chat else _TEXT_COMPLETION)}
+    for name, value in (extra or {}).items():
+        if name in table and not table[name][0](value):
+            raise APIError(400, f"{name} is not supported ({table[name][1]})", param=name)
