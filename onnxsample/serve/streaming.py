@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from starlette.requests import Request as HTTPRequest
 
@@ -39,6 +39,18 @@ def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> 
         metrics.ttft.observe(t.ttft_s)
 
 
+def _cut(completion: Completion, n: int) -> Completion:
+    """An answer the server ended after its `n`-th token, as the client got it: the tokens (and
+    their logprobs) up to there, so its usage does not depend on how soon the cancel arrived."""
+    tops = completion.top_logprobs
+    return replace(
+        completion,
+        token_ids=completion.token_ids[:n],
+        logprobs=completion.logprobs[:n] if completion.logprobs is not None else None,
+        top_logprobs=tops[:n] if tops is not None else None,
+    )
+
+
 async def _merged(
     requests: list[Request], metrics: Metrics, ended: set[int] | None = None
 ) -> AsyncIterator[tuple[int, StreamEvent]]:
@@ -59,6 +71,8 @@ async def _merged(
     tasks = [asyncio.create_task(pump(k, r)) for k, r in enumerate(requests)]
     last: dict[int, float] = {}
     finished: set[int] = set()
+    tokens = [0] * len(requests)  # each choice's tokens handed on so far
+    cut: dict[int, int] = {}  # an ended answer's tokens when it ended
     try:
         running = len(tasks)
         while running:
@@ -70,13 +84,20 @@ async def _merged(
                 raise item
             now = time.perf_counter()
             if item.token_id is not None:
+                tokens[k] += 1
                 if k in last:
                     metrics.itl.observe(now - last[k])
                 last[k] = now
             if item.completion is not None:
+                if (
+                    k in cut
+                ):  # what the engine decoded before the cancel reached it is not the answer's
+                    item = replace(item, completion=_cut(item.completion, cut[k]))
                 finished.add(k)
                 _finished(metrics, item.completion, k in ended)
             yield k, item
+            if k in ended and k not in cut:  # the consumer ended it at this event
+                cut[k] = tokens[k]
     finally:
         for k, request in enumerate(requests):
             request.cancel()  # nothing for finished requests; frees the slot of the others
