@@ -89,9 +89,8 @@ async def _merged(
                     metrics.itl.observe(now - last[k])
                 last[k] = now
             if item.completion is not None:
-                if (
-                    k in cut
-                ):  # what the engine decoded before the cancel reached it is not the answer's
+                # what the engine decoded before the cancel reached it is not the answer's
+                if k in cut:
                     item = replace(item, completion=_cut(item.completion, cut[k]))
                 finished.add(k)
                 _finished(metrics, item.completion, k in ended)

@@ -5,6 +5,7 @@ the sandboxed jinja2 environment it compiles one in (``trim_blocks``/``lstrip_bl
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -109,14 +110,12 @@ def read_chat_template(value: str) -> str:
     return text
 
 
-def renders_system(template: Any, special: dict) -> bool:
-    """Whether a compiled template writes a system message (llama.cpp's probe: a system and a
-    user message, the system's text looked for in the output; a template that raises on them,
-    as Gemma 2's does, writes none)."""
-    probe = [{"role": "system", "content": _NEEDLE}, {"role": "user", "content": "Hey"}]
+def renders_system(render: Callable[[list[dict]], str]) -> bool:
+    """Whether a template writes a system message, `render` rendering messages with it
+    (llama.cpp's probe: a system and a user message, the system's text looked for in the output;
+    a template that raises on them, as Gemma 2's does, writes none)."""
     try:
-        text = template.render(messages=probe, tools=None, documents=None,
-                               add_generation_prompt=False, **special)  # fmt: skip
+        text = render([{"role": "system", "content": _NEEDLE}, {"role": "user", "content": "Hey"}])
     except Exception:
         return False
     return _NEEDLE in text

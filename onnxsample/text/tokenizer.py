@@ -179,7 +179,9 @@ class Tokenizer:
     def _writes_no_system(self) -> bool:
         """A template that drops system messages, or refuses them: chats then fold them into the
         user's turn as llama.cpp does, rather than lose the system prompt without a word."""
-        if self._template is None or renders_system(self._template, self._special):
+        if self._template is None or renders_system(
+            lambda probe: self._render(probe, add_generation_prompt=False)
+        ):
             return False
         log.info("the chat template writes no system message: it goes into the user's turn")
         return True
@@ -266,8 +268,27 @@ class Tokenizer:
                 "this model has no chat template: send a plain completion, or give one "
                 "(--chat-template, Engine(chat_template=...))"
             )
+        if self._folds_system:
+            messages = fold_system(messages)
+        try:
+            return self._render(messages, add_generation_prompt, tools, variables)
+        except InvalidParameter:
+            raise
+        except Exception as exc:  # raise_exception(), a missing key, None + str: the messages'
+            raise InvalidParameter(
+                f"the chat template refused the messages: {first_line(exc)}"
+            ) from exc
+
+    def _render(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool,
+        tools: list[dict] | None = None,
+        variables: dict[str, Any] | None = None,
+    ) -> str:
+        """The template over `messages` as given, with what transformers gives a template."""
         given = {
-            "messages": fold_system(messages) if self._folds_system else messages,
+            "messages": messages,
             "tools": tools,
             "documents": None,
             "add_generation_prompt": add_generation_prompt,
@@ -275,12 +296,7 @@ class Tokenizer:
         }
         if taken := sorted(set(variables or ()) & set(given)):
             raise InvalidParameter(f"chat_template_kwargs cannot set {', '.join(taken)}")
-        try:
-            return self._template.render(**(variables or {}), **given)
-        except Exception as exc:  # raise_exception(), a missing key, None + str: the messages'
-            raise InvalidParameter(
-                f"the chat template refused the messages: {first_line(exc)}"
-            ) from exc
+        return self._template.render(**(variables or {}), **given)
 
     def apply_chat_template(
         self,
