@@ -41,6 +41,7 @@ from onnxsample.serve.schemas import (
     TokenizeRequest,
 )
 from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream
+from onnxsample.serve.tokenize import tokenized
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
 
@@ -175,10 +176,8 @@ def create_app(
     async def chat(body: ChatRequest, request: Request):
         e = engine()
         check_model(body.model)
-        refuse_unsupported(body.model_extra, chat=True)
-        for m in body.messages:
-            if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
-                raise InvalidParameter("messages: only text content parts are supported")
+        refuse_unsupported(body.model_extra, route="chat")
+        tools.check_text_only(body)
         native = tools.native_format(e.tokenizer)
         plan = tools.plan_tools(body, native)
         top = body.top_logprobs or 0
@@ -197,14 +196,7 @@ def create_app(
         limit = body.max_completion_tokens or body.max_tokens
 
         def prepared() -> list:
-            if native is not None:  # the template writes the tools, calls and results itself
-                prompt = tools.native_prompt(e.tokenizer, native, body)
-            else:
-                prompt = tools.envelope_messages(body, plan)
-                if body.chat_template_kwargs:
-                    prompt = e.tokenizer.apply_chat_template(
-                        prompt, variables=body.chat_template_kwargs
-                    )
+            prompt = tools.chat_prompt(e.tokenizer, body, native, plan)
             return [
                 e.prepare(prompt, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
             ]
@@ -252,7 +244,7 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         e = engine()
         check_model(body.model)
-        refuse_unsupported(body.model_extra, chat=False)
+        refuse_unsupported(body.model_extra, route="completion")
         prompts = _prompts(body.prompt)
         n_logprobs = body.logprobs
         if n_logprobs is not None and not 0 <= n_logprobs <= e.meta.top_logprobs:
@@ -302,19 +294,7 @@ def create_app(
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
         e = engine()
-        if body.messages is not None:
-            chat = [{"role": m.role, "content": m.text()} for m in body.messages]
-            tokens = await asyncio.to_thread(
-                e.tokenizer.apply_chat_template, chat, variables=body.chat_template_kwargs
-            )
-        else:
-            text = body.content if body.content is not None else body.prompt
-            if text is None:
-                raise InvalidParameter("content: give the text to tokenise (or messages)")
-            tokens = await asyncio.to_thread(
-                e.tokenizer.encode, text, add_special_tokens=body.add_special
-            )
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": e.limit}
+        return await asyncio.to_thread(tokenized, e.tokenizer, body, e.limit)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:

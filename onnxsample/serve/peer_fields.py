@@ -90,12 +90,27 @@ _CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
 _TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
     "add_special_tokens": (_is(True), "a text prompt gets the model's special tokens"),
 }
+# /tokenize: text is llama-server's (and vLLM's), a chat gives the ids the chat route would use.
+_TOKENIZE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "parse_special": (_is(True), "special tokens written in the text are always parsed"),
+}
+_TABLES = {
+    "chat": {**_BOTH, **_CHAT},
+    "completion": {**_BOTH, **_TEXT_COMPLETION},
+    "tokenize": _TOKENIZE,
+    "tokenize_chat": {
+        **_TOKENIZE,
+        **_CHAT,
+        "add_special": (_is(False), "the chat template writes the special tokens"),
+    },
+}
 
 
-def refuse_unsupported(extra: dict[str, Any] | None, *, chat: bool) -> None:
+def refuse_unsupported(extra: dict[str, Any] | None, *, route: str) -> None:
     """A 400 naming the first field of `extra` (a request's fields the server does not
-    implement) that a peer honours and that is not at its neutral value."""
-    table = {**_BOTH, **(_CHAT if chat else _TEXT_COMPLETION)}
+    implement) that a peer honours on `route` (``chat``, ``completion``, ``tokenize`` of text,
+    ``tokenize_chat``) and that is not at its neutral value."""
+    table = _TABLES[route]
     for name, value in (extra or {}).items():
         if name in table and not table[name][0](value):
             raise APIError(400, f"{name} is not supported ({table[name][1]})", param=name)

@@ -163,13 +163,23 @@ class CompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Body):
-    """llama-server's ``content`` or vLLM's ``prompt`` (text), or vLLM's ``messages`` (a chat)."""
+    """llama-server's ``content`` or vLLM's ``prompt`` (text), or vLLM's ``messages`` (a chat, with
+    its tools), each with its server's options (:func:`~onnxsample.serve.tokenize.tokenized`).
+    Fields it does not name are kept (``model_extra``) for
+    :func:`~onnxsample.serve.peer_fields.refuse_unsupported`."""
+
+    model_config = ConfigDict(extra="allow")
 
     content: str | None = None
     prompt: str | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     chat_template_kwargs: dict[str, Any] | None = None
-    add_special: bool = True
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    add_special: StrictBool | None = None  # llama-server's
+    add_special_tokens: StrictBool | None = None  # vLLM's
+    with_pieces: StrictBool = False  # llama-server's
+    return_token_strs: StrictBool = False  # vLLM's
 
 
 class DetokenizeRequest(_Body):

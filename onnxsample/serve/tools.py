@@ -164,6 +164,27 @@ def native_prompt(tokenizer: Tokenizer, native: NativeFormat, body: ChatRequest)
     )
 
 
+def check_text_only(body: ChatRequest) -> None:
+    """InvalidParameter for a message with content parts other than text."""
+    for m in body.messages:
+        if isinstance(m.content, list) and any(p.type != "text" for p in m.content):
+            raise InvalidParameter("messages: only text content parts are supported")
+
+
+def chat_prompt(
+    tokenizer: Tokenizer, body: ChatRequest, native: NativeFormat | None, plan: ToolPlan | None
+) -> list[int] | list[dict]:
+    """What the engine is given for a chat: token ids where the template writes the tools or takes
+    the request's variables, else the messages (tool calls and results in the envelope), which the
+    engine renders as :meth:`~onnxsample.text.Tokenizer.apply_chat_template` does."""
+    if native is not None:  # the template writes the tools, calls and results itself
+        return native_prompt(tokenizer, native, body)
+    messages = envelope_messages(body, plan)
+    if body.chat_template_kwargs:
+        return tokenizer.apply_chat_template(messages, variables=body.chat_template_kwargs)
+    return messages
+
+
 def _hoisted(parameters: dict, prefix: str, defs: dict) -> dict:
     """A tool's `parameters` schema with its local definitions (``$defs``/``definitions``) moved
     into the envelope's `defs` under `prefix`, and its ``#/$defs/...`` references rewritten, so they

@@ -232,6 +232,11 @@ class Tokenizer:
         """What one token decodes to on its own, special tokens shown (for logprob tables)."""
         return self.decode([token_id], skip_special_tokens=False)
 
+    def piece(self, token_id: int) -> str:
+        """The vocabulary's own string for one token (``Ġworld``, ``▁world``, ``<0x0A>``:
+        transformers' ``convert_ids_to_tokens``); empty for an id it does not know."""
+        return self._backend.id_to_token(int(token_id)) or ""
+
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (OpenAI's ``bytes``): a byte-level piece maps back
         through GPT-2's byte alphabet, a ``<0xNN>`` byte-fallback piece is that byte, a special

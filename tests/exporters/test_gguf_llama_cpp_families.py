@@ -20,6 +20,7 @@ the metadata, which every mix of a family shares: test_llama_cpp_models.py check
 from __future__ import annotations
 
 import gc
+import json
 from pathlib import Path
 
 import _llama_cpp_models as models
@@ -30,7 +31,8 @@ import onnx
 import onnx_ir as ir
 import pytest
 from _exports import export_cached
-from _hard_texts import hard_corpus
+from _hard_texts import HARD, hard_corpus
+from _http import post, served
 from _llama_cpp import TOL, LlamaServer, compare_with_llama_cpp
 
 from onnxsample.exporters import export
@@ -153,6 +155,29 @@ def test_the_export_tokenizes_as_llama_cpp(family, llama_cpp):
             != (want := server.tokenize(text, bos=bos))
         ]
     assert not wrong, f"{len(wrong)} of {2 * len(corpus)} differ, first: {wrong[0]}"
+
+
+@pytest.mark.parametrize("family", ["gemma3", "llama3", "qwen2"])
+def test_the_servers_tokenize_answers_as_llama_servers(family, llama_cpp):
+    """`/tokenize` with llama-server's fields (``content``, ``add_special``, ``with_pieces``) gives
+    llama-server's JSON on the same file: BOS only when asked, and each piece as text or, where a
+    byte-fallback piece is part of a character (Gemma's emoji), as its bytes."""
+    path = models.gguf(family, "Q8_0", llama_cpp)
+    folder = _export(path, "Q8_0").output
+    texts = [*HARD[:30], models.CHAT[family]]
+    bodies = [
+        {"content": t, **extra}
+        for t in texts
+        for extra in ({}, {"add_special": True}, {"add_special": False, "with_pieces": True})
+    ]
+    with LlamaServer(llama_cpp, path) as theirs, served(folder, "--threads", "1") as ours:
+        wrong = [
+            (body, want, got)
+            for body in bodies
+            if (want := theirs.post("/tokenize", body)["tokens"])
+            != (got := post(ours.port, "/tokenize", json.dumps(body).encode())[1]["tokens"])
+        ]
+    assert not wrong, f"{len(wrong)} of {len(bodies)} differ, first: {wrong[0]}"
 
 
 CHATS = [

@@ -13,6 +13,8 @@ import openai
 import pytest
 from _http import chat, get, metric_value, post, served
 
+from onnxsample.text import Tokenizer
+
 
 def test_chat_completion(client):
     done = chat(client, max_tokens=8, seed=3)
@@ -166,6 +168,62 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
         "onnxsample_requests_rejected_total",
     ):
         assert name.encode() in text, name
+
+
+def test_tokenize_takes_llama_servers_and_vllms_text_options(port, models):
+    """llama-server's `content` gets no special tokens unless `add_special`, vLLM's `prompt` gets
+    them unless `add_special_tokens` is false; `with_pieces` gives each token's text, or its bytes
+    where it holds part of a character; `return_token_strs` the vocabulary's own strings."""
+    tokenizer = Tokenizer.from_folder(models["four"].parent)
+    vocab = {i: s for s, i in tokenizer._backend.get_vocab(with_added_tokens=True).items()}
+    text = "Hello wörld 🦙 <|im_start|>"
+    cases = [
+        ({"content": text}, False),
+        ({"prompt": text}, True),
+        ({"content": text, "add_special": True}, True),
+        ({"prompt": text, "add_special_tokens": False}, False),
+    ]
+    for body, special in cases:
+        code, data = post(port, "/tokenize", json.dumps(body).encode())
+        assert code == 200 and data["tokens"] == tokenizer.encode(text, add_special_tokens=special)
+    body = {"content": text, "with_pieces": True, "return_token_strs": True}
+    code, data = post(port, "/tokenize", json.dumps(body).encode())
+    ids = [t["id"] for t in data["tokens"]]
+    assert code == 200 and ids == tokenizer.encode(text, add_special_tokens=False)
+    pieces = [t["piece"] for t in data["tokens"]]
+    assert b"".join(p.encode() if isinstance(p, str) else bytes(p) for p in pieces) == text.encode()
+    assert any(isinstance(p, list) for p in pieces)  # the llama's four bytes span tokens
+    assert data["token_strs"] == [vocab[i] for i in ids]
+    body = {"content": text, "add_special": True, "add_special_tokens": False}
+    code, data = post(port, "/tokenize", json.dumps(body).encode())
+    assert code == 400 and data["error"]["param"] == "add_special", data
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("tools", [None, [WEATHER]], ids=["plain", "tools"])
+def test_tokenize_counts_a_chat_as_the_chat_route_does(port, client, tools):
+    """vLLM's `/tokenize` of `messages`: the ids the chat route gives the engine, tools included,
+    so `count` is the chat's `prompt_tokens`."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Is it raining in Paris?"},
+    ]
+    extra = {"tools": tools} if tools else {}
+    done = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1, **extra)
+    code, data = post(port, "/tokenize", json.dumps({"messages": messages, **extra}).encode())
+    assert code == 200 and data["count"] == done.usage.prompt_tokens, data
+    if tools:
+        plain = post(port, "/tokenize", json.dumps({"messages": messages}).encode())[1]
+        assert plain["count"] < data["count"]
 
 
 def test_64_concurrent_streams_each_get_their_own_answer(client):

@@ -363,14 +363,23 @@ CHAT_FIELDS = [
 ]
 
 
+# /tokenize: llama-server's text option, and a chat's (vLLM's) as on the chat route.
+TOKENIZE_FIELDS = [("parse_special", False, True)]
+TOKENIZE_CHAT_FIELDS = [*CHAT_FIELDS[:3], ("add_special", True, False), CHAT_FIELDS[4]]
+
+
 @pytest.mark.parametrize(("path", "field", "value"), [
     *[("/v1/chat/completions", f, v) for f, v, _ in PEER_FIELDS + CHAT_FIELDS],
     *[("/v1/completions", f, v) for f, v, _ in [*PEER_FIELDS, ("add_special_tokens", False, True)]],
+    *[("/tokenize", f, v) for f, v, _ in TOKENIZE_FIELDS],
+    *[("/tokenize chat", f, v) for f, v, _ in TOKENIZE_CHAT_FIELDS],
 ])  # fmt: skip
 def test_a_peers_field_that_would_change_the_answer_is_refused_by_name(port, path, field, value):
     """Never ignored: a vLLM or llama-server client would get another answer than it asked for."""
     body = {"messages": CHAT} if "chat" in path else {"prompt": "Hi"}
-    code, data = post(port, path, json.dumps({**body, "max_tokens": 2, field: value}).encode())
+    body |= {} if path.startswith("/tokenize") else {"max_tokens": 2}
+    path = path.split()[0]
+    code, data = post(port, path, json.dumps({**body, field: value}).encode())
     assert code == 400 and data["error"]["param"] == field, data
     assert data["error"]["message"].startswith(f"{field} is not supported ("), data
 
@@ -383,4 +392,9 @@ def test_the_peers_fields_at_their_neutral_values_are_accepted(port):
     text = {"prompt": "Hi", **neutral, "add_special_tokens": True}
     for path, body in (("/v1/chat/completions", chat), ("/v1/completions", text)):
         code, data = post(port, path, json.dumps({**body, "max_tokens": 2}).encode())
+        assert code == 200, data
+    tokenize_text = {"content": "Hi", **{f: n for f, _, n in TOKENIZE_FIELDS}}
+    tokenize_chat = {"messages": CHAT, **{f: n for f, _, n in TOKENIZE_CHAT_FIELDS}}
+    for body in (tokenize_text, tokenize_chat):
+        code, data = post(port, "/tokenize", json.dumps(body).encode())
         assert code == 200, data

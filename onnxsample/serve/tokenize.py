@@ -1,0 +1,72 @@
+"""``/tokenize``: llama-server's text (``content``, ``add_special``, ``with_pieces``), vLLM's text
+(``prompt``, ``add_special_tokens``, ``return_token_strs``) and vLLM's chat (``messages`` with
+``tools``, ``tool_choice`` and ``chat_template_kwargs``), whose ids are those the chat route gives
+the engine for the same chat, so ``count`` is the chat's ``prompt_tokens``."""
+
+from __future__ import annotations
+
+from onnxsample.errors import InvalidParameter
+from onnxsample.serve import tools
+from onnxsample.serve.errors import APIError
+from onnxsample.serve.peer_fields import refuse_unsupported
+from onnxsample.serve.schemas import ChatRequest, TokenizeRequest
+from onnxsample.text.tokenizer import Tokenizer
+
+__all__ = ["tokenized"]
+
+
+def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
+    """The answer to `body`: ``tokens`` (``{"id", "piece"}`` objects with ``with_pieces``, as
+    llama-server writes them), ``count``, ``max_model_len`` and, with ``return_token_strs``,
+    ``token_strs`` (the vocabulary's own strings, as vLLM writes them).
+
+    Text gets the model's special tokens (BOS) as its server adds them by default: none for
+    llama-server's ``content``, the tokenizer's for vLLM's ``prompt``; ``add_special`` or
+    ``add_special_tokens`` says otherwise. A chat takes none beyond what its template writes."""
+    if body.messages is not None:
+        special = {"add_special": body.add_special, "add_special_tokens": body.add_special_tokens}
+        refuse_unsupported({**(body.model_extra or {}), **special}, route="tokenize_chat")
+        ids = _chat_ids(tokenizer, body)
+    else:
+        refuse_unsupported(body.model_extra, route="tokenize")
+        text = body.content if body.content is not None else body.prompt
+        if text is None:
+            raise InvalidParameter("content: give the text to tokenise (or messages)")
+        ids = tokenizer.encode(text, add_special_tokens=_adds_special(body))
+    answer: dict = {"tokens": ids, "count": len(ids), "max_model_len": limit}
+    if body.with_pieces:
+        answer["tokens"] = [{"id": i, "piece": _piece(tokenizer.token_bytes(i))} for i in ids]
+    if body.return_token_strs:
+        answer["token_strs"] = [tokenizer.piece(i) for i in ids]
+    return answer
+
+
+def _chat_ids(tokenizer: Tokenizer, body: TokenizeRequest) -> list[int]:
+    chat = ChatRequest(
+        messages=body.messages,
+        tools=body.tools,
+        tool_choice=body.tool_choice,
+        chat_template_kwargs=body.chat_template_kwargs,
+    )
+    tools.check_text_only(chat)
+    native = tools.native_format(tokenizer)
+    prompt = tools.chat_prompt(tokenizer, chat, native, tools.plan_tools(chat, native))
+    if prompt and isinstance(prompt[0], dict):
+        return tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
+    return prompt
+
+
+def _adds_special(body: TokenizeRequest) -> bool:
+    given = {v for v in (body.add_special, body.add_special_tokens) if v is not None}
+    if len(given) > 1:
+        raise APIError(400, "add_special and add_special_tokens disagree: give one", "add_special")
+    return given.pop() if given else body.content is None
+
+
+def _piece(raw: bytes) -> str | list[int]:
+    """A token's bytes as llama-server's ``with_pieces`` writes them: text where they are whole
+    UTF-8, else the byte values."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
