@@ -23,6 +23,7 @@ from report_gguf import (
     codes_section,
     gguf_section,
     k_quants_section,
+    kernels_section,
     minimums_section,
     mixes_section,
 )
@@ -95,6 +96,7 @@ def render(
         "$ .venv/bin/python benchmarks/gguf_files.py --profile  # the same GGUF files in llama-server",
         "$ .venv/bin/python benchmarks/gguf_minimums.py       # the minimums' correction, form by form",
         "$ .venv/bin/python benchmarks/gguf_codes.py          # 5- and 8-bit codes, form by form",
+        "$ .venv/bin/python benchmarks/gguf_kernels.py        # llama.cpp's kernels in ONNX Runtime",
         "$ .venv/bin/python benchmarks/export_memory.py FILE ...  # an export's peak memory and time",
         "$ .venv/bin/python benchmarks/export_memory.py --command compose FOLDER ...  # a composition's",
         "$ .venv/bin/python benchmarks/startup.py  # a cold start to the first token, beside llama-server",
@@ -131,6 +133,7 @@ def render(
     lines += k_quants_section((engine or {}).get("gguf_k_quants"))
     lines += minimums_section((engine or {}).get("gguf_minimums"))
     lines += codes_section((engine or {}).get("gguf_codes"))
+    lines += kernels_section((engine or {}).get("gguf_kernels"))
     lines += export_section(
         [
             (engine or {}).get(k)

@@ -26,6 +26,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "gguf_k_quants",
         "gguf_minimums",
         "gguf_codes",
+        "gguf_kernels",
         "export_memory",
         "export_memory_cuda",
         "export_time",

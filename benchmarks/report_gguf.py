@@ -1,5 +1,7 @@
 """The GGUF sections of docs/benchmarks.md: files and mixes against llama-server (gguf_files.json,
-gguf_mixes.json from benchmarks/gguf_files.py) and the forms of a weight (gguf_minimums.py, gguf_codes.py). Standard library only."""
+gguf_mixes.json from benchmarks/gguf_files.py), the forms of a weight (gguf_minimums.py,
+gguf_codes.py) and llama.cpp's kernels inside ONNX Runtime (gguf_kernels.py). Standard library
+only."""
 
 from __future__ import annotations
 
@@ -130,14 +132,20 @@ def _models(data: dict, heading: str) -> list[str]:
                 *table(head, "r" * len(head), rows),
                 "",
             ]
-    run = data.get("run") or {}
+    return lines + _machine_and_load(data.get("run") or {})
+
+
+def _machine_and_load(run: dict) -> list[str]:
+    """The machine's line (llama.cpp's kernels and ours compare differently on another CPU) and
+    the load's."""
+    lines = []
+    machine = run.get("machine") or {}
+    if machine.get("cpu"):
+        cpus = f", {machine['cpus']} cores" if machine.get("cpus") else ""
+        lines += [f"Machine: {machine['cpu']}{cpus}.", ""]
     line = load_line(
         [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
     )
-    machine = run.get("machine") or {}
-    if machine.get("cpu"):  # llama.cpp's kernels and ours compare differently on another CPU
-        cpus = f", {machine['cpus']} cores" if machine.get("cpus") else ""
-        lines += [f"Machine: {machine['cpu']}{cpus}.", ""]
     return lines + ([line, ""] if line else [])
 
 
@@ -295,3 +303,44 @@ def codes_section(data: dict | None) -> list[str]:
         [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
     )
     return lines + ([line, ""] if line else [])
+
+
+def kernels_section(data: dict | None) -> list[str]:
+    """benchmarks/gguf_kernels.py: a decode step with llama.cpp's dot products (a custom op)
+    against MatMulNBits on the same export (nothing without results)."""
+    if not data:
+        return []
+    lines = [
+        "### llama.cpp's own kernels inside ONNX Runtime",
+        "",
+        "`python benchmarks/gguf_kernels.py`: is a kernel that reads the GGUF's blocks as they "
+        "are (no fp32 scale and block sum per block, no separate minimums' correction) what a "
+        "batch-1 step lacks? `benchmarks/native/ggml_matmul.cc` is a custom op that multiplies "
+        "by a tensor's raw rows with ggml's own `from_float` and `vec_dot` (llama.cpp's CPU "
+        "kernels for weights it has not repacked), over ONNX Runtime's threads; every linear "
+        "layer of the export becomes one. One decode step (one token over 256 past positions, the "
+        "plain model), median ms, and its parts from ONNX Runtime's profiler: the linear layers "
+        "(with the minimums' correction), the LM head, the rest.",
+        "",
+    ]
+    head = ["model", "threads", "form", "step ms", "linear", "lm_head", "rest", "ggml ÷ ours"]
+    rows = []
+    for name, entry in data.get("models", {}).items():
+        for cell in entry.get("cells", []):
+            for form, label in (("matmulnbits", "MatMulNBits (the export)"), ("ggml", "ggml")):
+                part = cell[form]["profile_ms"]
+                ratio = times(cell.get("ggml_over_matmulnbits")) if form == "ggml" else ""
+                rows.append(
+                    [f"`{name}`", cell["threads"], label, num(cell[form]["step_ms"], 2),
+                     num(part["linear"], 2), num(part["lm_head"], 2), num(part["rest"], 2), ratio]
+                )  # fmt: skip
+    lines += [*table(head, "lrlrrrrr", rows), ""]
+    for name, entry in data.get("models", {}).items():
+        lines.append(
+            f"- `{name}`: logits of a 16-token prompt within {num(entry['logits_max_abs_diff'], 3)} "
+            f"(largest {num(entry['logits_max_abs'], 2)}), the same greedy token at "
+            f"{num(100 * entry['same_greedy_tokens'], 0)}% of its positions (both int8 "
+            "activations, quantised differently; a model of random weights has near-ties)."
+        )
+    lines.append("")
+    return lines + _machine_and_load(data.get("run") or {})

@@ -413,6 +413,25 @@ def test_report_renders_the_k_quant_mixes(bench) -> None:
     assert gguf.k_quants_section(None) == []
 
 
+def test_report_renders_llama_cpps_kernels_beside_ours(bench) -> None:
+    gguf = bench("report_gguf")
+    parts = {"linear": 10.0, "lm_head": 5.0, "rest": 3.0}
+    cell = {
+        "threads": 2,
+        "matmulnbits": {"step_ms": 18.0, "profile_ms": parts},
+        "ggml": {"step_ms": 19.8, "profile_ms": parts | {"linear": 11.8}},
+        "ggml_over_matmulnbits": 1.1,
+    }
+    entry = {"logits_max_abs_diff": 0.1, "logits_max_abs": 3.0, "same_greedy_tokens": 0.875}
+    data = {"models": {"m": entry | {"cells": [cell]}}, "run": _run("Xeon", 0.5, 1.5)}
+    text = "\n".join(gguf.kernels_section(data))
+    assert "| `m` | 2 | MatMulNBits (the export) | 18.00 | 10.00 | 5.00 | 3.00 |  |" in text
+    assert "| `m` | 2 | ggml | 19.80 | 11.80 | 5.00 | 3.00 | 1.10× |" in text
+    assert "the same greedy token at 88% of its positions" in text
+    assert "Machine: Xeon, 2 cores." in text and "during the runs: 0.5–1.5" in text
+    assert gguf.kernels_section(None) == []
+
+
 def test_report_names_the_machine_of_the_gguf_files_run(bench) -> None:
     gguf = bench("report_gguf")
     speeds = {"onnxsample": {"median": 50.0}, "llama-server": {"median": 40.0}, "ratio": 1.25}
