@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
 class _Body(BaseModel):
@@ -148,6 +148,7 @@ class NamedToolChoice(_Body):
 class ChatRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's)
+    reasoning_effort: StrictStr | None = None  # OpenAI's: a template variable, as peers pass it
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
@@ -174,6 +175,7 @@ class TokenizeRequest(_Body):
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     chat_template_kwargs: dict[str, Any] | None = None
+    reasoning_effort: StrictStr | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     add_special: StrictBool | None = None  # llama-server's

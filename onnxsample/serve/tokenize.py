@@ -1,7 +1,7 @@
 """``/tokenize``: llama-server's text (``content``, ``add_special``, ``with_pieces``), vLLM's text
 (``prompt``, ``add_special_tokens``, ``return_token_strs``) and vLLM's chat (``messages`` with
-``tools``, ``tool_choice`` and ``chat_template_kwargs``), whose ids are those the chat route gives
-the engine for the same chat, so ``count`` is the chat's ``prompt_tokens``."""
+``tools``, ``tool_choice``, ``chat_template_kwargs`` and ``reasoning_effort``), whose ids are those
+the chat route gives the engine for the same chat, so ``count`` is the chat's ``prompt_tokens``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ def _chat_ids(tokenizer: Tokenizer, body: TokenizeRequest) -> list[int]:
         tools=body.tools,
         tool_choice=body.tool_choice,
         chat_template_kwargs=body.chat_template_kwargs,
+        reasoning_effort=body.reasoning_effort,
     )
     tools.check_text_only(chat)
     native = tools.native_format(tokenizer)

@@ -160,7 +160,7 @@ def native_prompt(tokenizer: Tokenizer, native: NativeFormat, body: ChatRequest)
             for t in body.tools
         ]
     return tokenizer.apply_chat_template(
-        native.messages(body), tools=listed, variables=body.chat_template_kwargs
+        native.messages(body), tools=listed, variables=template_variables(body)
     )
 
 
@@ -180,9 +180,22 @@ def chat_prompt(
     if native is not None:  # the template writes the tools, calls and results itself
         return native_prompt(tokenizer, native, body)
     messages = envelope_messages(body, plan)
-    if body.chat_template_kwargs:
-        return tokenizer.apply_chat_template(messages, variables=body.chat_template_kwargs)
+    if variables := template_variables(body):
+        return tokenizer.apply_chat_template(messages, variables=variables)
     return messages
+
+
+def template_variables(body: ChatRequest) -> dict[str, Any] | None:
+    """The chat template's variables beyond the messages: ``chat_template_kwargs``, and OpenAI's
+    ``reasoning_effort`` as llama-server passes it (the variable ``reasoning_effort``; ``none``
+    sets ``enable_thinking`` false instead), over a variable of the same name."""
+    variables = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort == "none":
+        variables.pop("reasoning_effort", None)
+        variables["enable_thinking"] = False
+    elif body.reasoning_effort:
+        variables["reasoning_effort"] = body.reasoning_effort
+    return variables or None
 
 
 def _hoisted(parameters: dict, prefix: str, defs: dict) -> dict:

@@ -232,6 +232,39 @@ def test_template_variables_render_as_llama_server_renders_them(llama_cpp, tmp_p
             assert ("<think>" in text) == (variables["enable_thinking"] is False)
 
 
+# OpenAI's reasoning_effort, as llama-server passes it: the variable, or "none" as enable_thinking.
+EFFORT = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if reasoning_effort is defined %}{{ 'effort: ' + reasoning_effort + '\\n' }}{% endif %}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}"
+)
+
+
+def test_reasoning_effort_reaches_the_template_as_in_llama_server(llama_cpp, tmp_path):
+    """A chat's ``reasoning_effort`` through `/tokenize` (the chat route's prompt): the ids of
+    llama-server's rendering of the same request with the same template."""
+    path = models.gguf("qwen3", "Q8_0", llama_cpp)
+    template = tmp_path / "effort.jinja"
+    template.write_text(EFFORT)
+    folder = _export(path, "Q8_0").output
+    args = ("--jinja", "--chat-template-file", str(template))
+    with (
+        LlamaServer(llama_cpp, path, args=args) as theirs,
+        served(folder, "--threads", "1", "--chat-template", str(template)) as ours,
+    ):
+        # llama-server gives enable_thinking a value of its own where none is given: pinned
+        for effort, thinking, shown in (("high", True, "effort: high"), ("none", None, "<think>")):
+            body = {"messages": CHATS[1], "reasoning_effort": effort}
+            if thinking is not None:
+                body["chat_template_kwargs"] = {"enable_thinking": thinking}
+            text = theirs.post("/apply-template", body)["prompt"]
+            got = post(ours.port, "/tokenize", json.dumps(body).encode())[1]["tokens"]
+            assert got == theirs.tokenize(text), (effort, text)
+            assert shown in text
+
+
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "gemma3", "phi3"])
 def test_an_export_holds_a_layers_blocks_at_a_time(family, llama_cpp, tmp_path, monkeypatch):
     """A linear weight is read from the file when the graph takes it, and what the graph stores

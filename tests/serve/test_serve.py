@@ -267,13 +267,15 @@ def test_speculative_serving_gives_the_same_answers(models, client):
 def test_a_chat_template_given_to_serve_renders_the_chats(models, tmp_path):
     """`serve --chat-template FILE` (vLLM's option; a GGUF may carry no template): chat
     completions render with it, and the prompt is what it renders; a request's
-    ``chat_template_kwargs`` are more of its variables (vLLM's and llama-server's field)."""
+    ``chat_template_kwargs`` are more of its variables (vLLM's and llama-server's field), and
+    its ``reasoning_effort`` one of them (OpenAI's field, as llama-server passes it)."""
     from onnxsample.text import Tokenizer
 
     template = tmp_path / "chat.jinja"
     template.write_text(
         "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}<answer>"
         "{% if mood is defined %}{{ mood }}{% endif %}"
+        "{% if reasoning_effort is defined %} effort {{ reasoning_effort }}{% endif %}"
     )
     tokenizer = Tokenizer.from_folder(models["two"].parent)
     args = ("--threads", "1", "--served-model-name", "tiny", "--chat-template", str(template))
@@ -285,6 +287,9 @@ def test_a_chat_template_given_to_serve_renders_the_chats(models, tmp_path):
                                          extra_body={"chat_template_kwargs": {"mood": "calm"}})  # fmt: skip
         body = json.dumps({"messages": chat, "chat_template_kwargs": {"mood": "calm"}}).encode()
         counted = post(server.port, "/tokenize", body)[1]["count"]
+        high = c.chat.completions.create(
+            model="tiny", messages=chat, max_tokens=2, reasoning_effort="high"
+        )
         with pytest.raises(openai.BadRequestError) as refused:
             c.chat.completions.create(model="tiny", messages=chat, max_tokens=2,
                                       extra_body={"chat_template_kwargs": {"messages": []}})  # fmt: skip
@@ -293,6 +298,8 @@ def test_a_chat_template_given_to_serve_renders_the_chats(models, tmp_path):
     )
     want = tokenizer.encode("<user>Hi there<answer>calm", add_special_tokens=False)
     assert calm.usage.prompt_tokens == counted == len(want)
+    want = tokenizer.encode("<user>Hi there<answer> effort high", add_special_tokens=False)
+    assert high.usage.prompt_tokens == len(want)
     assert refused.value.body["param"] == "chat_template_kwargs"
 
 
