@@ -145,12 +145,19 @@ class NamedToolChoice(_Body):
     function: NamedFunction | None = None
 
 
-class ChatRequest(SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
+class ChatPromptFields(_Body):
+    """What, beside the messages, makes a chat's prompt: the chat route's and `/tokenize`'s."""
+
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's)
     reasoning_effort: StrictStr | None = None  # OpenAI's: a template variable, as peers pass it
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+
+
+class ChatRequest(SamplingFields, ChatPromptFields):
+    model_config = ConfigDict(extra="allow")  # SamplingFields': kept for refuse_unsupported
+
+    messages: list[ChatMessage] = Field(min_length=1)
     parallel_tool_calls: StrictBool | None = None
     max_completion_tokens: StrictInt | None = None
     logprobs: bool = False
@@ -163,7 +170,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(ChatPromptFields):
     """llama-server's ``content`` or vLLM's ``prompt`` (text), or vLLM's ``messages`` (a chat, with
     its tools), each with its server's options (:func:`~onnxsample.serve.tokenize.tokenized`).
     Fields it does not name are kept (``model_extra``) for
@@ -174,10 +181,6 @@ class TokenizeRequest(_Body):
     content: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    chat_template_kwargs: dict[str, Any] | None = None
-    reasoning_effort: StrictStr | None = None
-    tools: list[Tool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     add_special: StrictBool | None = None  # llama-server's
     add_special_tokens: StrictBool | None = None  # vLLM's
     with_pieces: StrictBool = False  # llama-server's

@@ -9,7 +9,7 @@ from onnxsample.errors import InvalidParameter
 from onnxsample.serve import tools
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.peer_fields import refuse_unsupported
-from onnxsample.serve.schemas import ChatRequest, TokenizeRequest
+from onnxsample.serve.schemas import ChatPromptFields, ChatRequest, TokenizeRequest
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["tokenized"]
@@ -42,13 +42,8 @@ def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
 
 
 def _chat_ids(tokenizer: Tokenizer, body: TokenizeRequest) -> list[int]:
-    chat = ChatRequest(
-        messages=body.messages,
-        tools=body.tools,
-        tool_choice=body.tool_choice,
-        chat_template_kwargs=body.chat_template_kwargs,
-        reasoning_effort=body.reasoning_effort,
-    )
+    prompt_fields = {name: getattr(body, name) for name in ChatPromptFields.model_fields}
+    chat = ChatRequest(messages=body.messages, **prompt_fields)
     tools.check_text_only(chat)
     native = tools.native_format(tokenizer)
     prompt = tools.chat_prompt(tokenizer, chat, native, tools.plan_tools(chat, native))
