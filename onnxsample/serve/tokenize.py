@@ -23,6 +23,7 @@ def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
     Text gets the model's special tokens (BOS) as its server adds them by default: none for
     llama-server's ``content``, the tokenizer's for vLLM's ``prompt``; ``add_special`` or
     ``add_special_tokens`` says otherwise. A chat takes none beyond what its template writes."""
+    _check_one_prompt(body)
     if body.messages is not None:
         special = {"add_special": body.add_special, "add_special_tokens": body.add_special_tokens}
         refuse_unsupported({**(body.model_extra or {}), **special}, route="tokenize_chat")
@@ -50,6 +51,20 @@ def _chat_ids(tokenizer: Tokenizer, body: TokenizeRequest) -> list[int]:
     if prompt and isinstance(prompt[0], dict):
         return tokenizer.apply_chat_template(prompt, add_generation_prompt=True)
     return prompt
+
+
+def _check_one_prompt(body: TokenizeRequest) -> None:
+    """A 400 for what one prompt form would leave unread: two prompts, or a chat's fields with
+    text."""
+    given = [n for n in ("messages", "content", "prompt") if getattr(body, n) is not None]
+    if len(given) > 1:
+        raise APIError(
+            400, f"give one of messages, content or prompt, not {given[1]} too", given[1]
+        )
+    if body.messages is None:
+        for name in ChatPromptFields.model_fields:
+            if getattr(body, name) is not None:
+                raise APIError(400, f"{name} applies to a chat: send messages", name)
 
 
 def _adds_special(body: TokenizeRequest) -> bool:

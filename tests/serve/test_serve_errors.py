@@ -384,6 +384,19 @@ def test_a_peers_field_that_would_change_the_answer_is_refused_by_name(port, pat
     assert data["error"]["message"].startswith(f"{field} is not supported ("), data
 
 
+@pytest.mark.parametrize(("body", "param"), [
+    ({"content": "Hi", "prompt": "Hi"}, "prompt"),
+    ({"messages": CHAT, "content": "Hi"}, "content"),
+    ({"content": "Hi", "chat_template_kwargs": {"x": 1}}, "chat_template_kwargs"),
+    ({"prompt": "Hi", "tools": [{"type": "function"}]}, "tools"),
+    ({"content": "Hi", "reasoning_effort": "high"}, "reasoning_effort"),
+])  # fmt: skip
+def test_tokenize_refuses_what_its_prompt_would_leave_unread(port, body, param):
+    """Two prompts, or a chat's fields with text: one of them would be ignored."""
+    code, data = post(port, "/tokenize", json.dumps(body).encode())
+    assert code == 400 and data["error"]["param"] == param, data
+
+
 def test_the_peers_fields_at_their_neutral_values_are_accepted(port):
     """What clients send by default (vLLM's skip_special_tokens true, llama-server's mirostat 0)
     changes nothing, so it passes, as do fields this server does not know."""
