@@ -22,6 +22,7 @@ compute with int8 activations, quantised differently). Output: JSON on stdout an
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shutil
@@ -80,6 +81,14 @@ def _unpermute(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, -1, 2).transpose(0, 2, 1).reshape(-1)
 
 
+def _part_tensors(names: list[str], rows: list[int], widths: list[int], part: int) -> list[str]:
+    """The GGUF tensors (`names`, of `rows` output rows each) behind part `part` of a projection
+    the export made of parts (``{proj}.{i}``, `widths` their output widths): runs of consecutive
+    tensors whose blocks stack, as Q4_K queries and keys beside a Q6_K value."""
+    start, starts = sum(widths[:part]), itertools.accumulate([0, *rows[:-1]])
+    return [n for n, s in zip(names, starts, strict=True) if start <= s < start + widths[part]]
+
+
 def _rewritten(folder: Path, gguf_file: Path, out: Path) -> Path:
     """`folder`'s export with each linear layer a GgmlMatMul over the GGUF's own rows (made again
     when the export is newer)."""
@@ -115,8 +124,13 @@ def _rewritten(folder: Path, gguf_file: Path, out: Path) -> Path:
             names = ["output.weight" if "output.weight" in tensors else "token_embd.weight"]
         else:
             layer, proj, part = re.fullmatch(r"layers\.(\d+)\.(\w+?)(?:\.(\d+))?", prefix).groups()
-            parts = _PARTS[proj] if part is None else (_PARTS[proj][int(part)],)
-            names = [f"blk.{layer}.{p}.weight" for p in parts]
+            names = [f"blk.{layer}.{p}.weight" for p in _PARTS[proj]]
+            if part is not None:
+                stem = prefix.rsplit(".", 1)[0]
+                widths = [n.attributes["N"].as_int() for n in graph
+                          if re.fullmatch(rf"{re.escape(stem)}\.\d+/MatMulNBits", n.name)]  # fmt: skip
+                sizes = [int(tensors[n].shape[1]) for n in names]
+                names = _part_tensors(names, sizes, widths, int(part))
         final = nodes.get(f"{prefix}/AddMins", node).outputs[0]
         made, outs = [], []
         for i, name in enumerate(names):

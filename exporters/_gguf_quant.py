@@ -104,6 +104,11 @@ class QuantizedWeight:
         return self.k // self.block_size
 
     @property
+    def stacks_by(self) -> tuple[int, int, int]:
+        """``(bits, block_size, k)``: weights with the same stack along N (:func:`concat_rows`)."""
+        return (self.bits, self.block_size, self.k)
+
+    @property
     def zero_points(self) -> np.ndarray | None:
         """MatMulNBits' packed ``zero_points`` input, or None for its default zero point."""
         if self.zeros is None:
@@ -283,9 +288,8 @@ def concat_rows(weights: list[QuantizedWeight]) -> QuantizedWeight:
     if not weights:
         raise ValueError("concat_rows needs at least one weight")
     first = weights[0]
-    key = (first.bits, first.block_size, first.k)
     for w in weights[1:]:
-        if (w.bits, w.block_size, w.k) != key:
+        if w.stacks_by != first.stacks_by:
             raise ValueError(
                 f"cannot concatenate a {w.qtype} weight ({w.bits} bits, blocks of "
                 f"{w.block_size}, K={w.k}) onto a {first.qtype} weight ({first.bits} bits, "

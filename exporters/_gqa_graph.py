@@ -4,6 +4,7 @@ layers and embeddings over float matrices or GGUF blocks (:mod:`._gguf_nodes`), 
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from pathlib import Path
 from typing import Any
@@ -179,13 +180,13 @@ class _ByObject:
 
 
 def concat_weights(weights: list[Any]) -> Any:
-    """Row parts stacked into one weight, or left a list (one linear each) where GGUF blocks of
-    other bits or block sizes meet (Q4_K_M's Q6_K value projection beside Q4_K keys)."""
+    """Row parts stacked into one weight; where GGUF blocks of other bits or block sizes meet, a
+    list of the runs of consecutive parts that stack (Q4_K_M's Q4_K queries and keys as one weight
+    beside its Q6_K value projection), one linear each."""
     if all(isinstance(w, QuantizedWeight) for w in weights):
-        try:
-            return concat_rows(weights)
-        except ValueError:
-            return list(weights)
+        runs = [list(run) for _, run in itertools.groupby(weights, lambda w: w.stacks_by)]
+        stacked = [run[0] if len(run) == 1 else concat_rows(run) for run in runs]
+        return stacked[0] if len(stacked) == 1 else stacked
     return np.concatenate(
         [w.dequantize() if isinstance(w, QuantizedWeight) else w for w in weights]
     )

@@ -30,8 +30,10 @@ FORMAT_VERSION = 1
 # as llama.cpp reads it; 3, exact attention never gives a linear layer one row; 4, weights stored
 # in the bytes their values need (fp16 where exact, 5- and 6-bit codes as bit planes, a tied float
 # LM head over its table); 5, an fp16 Gemma export keeps its residual stream in float32; 6, float
-# matrices of bfloat16 values (bf16 checkpoints, BF16 GGUFs) stored as bfloat16.
-EXPORTER_REVISION = 6
+# matrices of bfloat16 values (bf16 checkpoints, BF16 GGUFs) stored as bfloat16; 7, GGUF queries
+# and keys one weight where the value projection's blocks differ (one linear and one minimums'
+# correction less).
+EXPORTER_REVISION = 7
 _STACK = ("onnxsample", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "gguf")
 _ELEM = {v: k for k, v in onnx.TensorProto.DataType.items()}
 

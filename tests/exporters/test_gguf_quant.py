@@ -3,6 +3,8 @@ type de-quantises to `gguf.quants.dequantize` bit for bit, and ONNX Runtime comp
 
 from __future__ import annotations
 
+import itertools
+
 import gguf
 import ml_dtypes
 import numpy as np
@@ -24,6 +26,7 @@ from onnxsample.exporters._gguf_quant import (
     from_gguf,
     permute_rows,
 )
+from onnxsample.exporters._gqa_graph import concat_weights
 
 SHAPES = [(96, 256), (5, 512), (7, 768)]  # (N, K): K a multiple of the K-quants' 256
 # (type, bits, block size, minimums): what each type becomes
@@ -383,6 +386,31 @@ def test_concat_rows_matches_the_float_concatenation(qtypes):
     x = np.random.default_rng(3).standard_normal((1, 2, 256)).astype(np.float32)
     (y,) = session.run(None, {"x": x})
     np.testing.assert_allclose(y, x @ expected.T, rtol=1e-4, atol=1e-4 * np.abs(y).max())
+
+
+@pytest.mark.parametrize(
+    ("qtypes", "parts"),
+    [
+        (["Q4_K"] * 3, [3]),  # one QKV weight
+        (["Q4_K", "Q4_K", "Q6_K"], [2, 1]),  # Q4_K_M's layers with a Q6_K value: Q and K stacked
+        (["Q5_K", "Q5_K", "Q6_K"], [2, 1]),  # Q5_K_M's (blocks of 32 beside blocks of 16)
+        (["Q4_K", "Q6_K", "Q4_K"], [1, 1, 1]),  # only consecutive parts stack: rows keep order
+        (["Q4_0", "Q4_K", "Q8_0"], [2, 1]),
+    ],
+)
+def test_concat_weights_stacks_each_run_that_stacks(qtypes, parts):
+    """A projection's row parts become as few MatMulNBits as their blocks allow (each stacked
+    weight one linear and one minimums' correction), in the parts' order, the same numbers."""
+    rows = [8, 3, 5]
+    data = [
+        _quantized(q, n, 256, seed) for seed, (q, n) in enumerate(zip(qtypes, rows, strict=True))
+    ]
+    joined = concat_weights([from_gguf(d, q, 256) for d, q in zip(data, qtypes, strict=True)])
+    joined = joined if isinstance(joined, list) else [joined]
+    ends = np.cumsum([0, *parts])
+    assert [w.n for w in joined] == [sum(rows[a:b]) for a, b in itertools.pairwise(ends)]
+    got = np.concatenate([w.dequantize() for w in joined])
+    assert _same(got, np.concatenate([_reference(d, q) for d, q in zip(data, qtypes, strict=True)]))
 
 
 @pytest.mark.parametrize(
