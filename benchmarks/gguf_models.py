@@ -105,6 +105,17 @@ def requantized(source: Path, base: str, mix: str) -> Path:
     return out
 
 
+def _embedded_tokenizer() -> Path:
+    """The embedded SmolLM2's Hugging Face tokenizer files: its fp32 export in optimum's layout
+    (the test suite's ``embedded_export``, the same folder), made once."""
+    from onnxsample.exporters import export
+
+    folder = ROOT / "artifacts" / "smollm2-135m-instruct"
+    if not (folder / "tokenizer.json").is_file():
+        export(None, folder, layout="optimum", precision="fp32")
+    return folder
+
+
 def _llama256() -> Path:
     """The ``llama256`` model (module doc) as llama.cpp's converter writes it, F16."""
     out = MIXES / f"llama256-r{_LLAMA256_RECIPE}-F16.gguf"
@@ -121,9 +132,7 @@ def _llama256() -> Path:
         config = transformers.LlamaConfig(**_LLAMA256)
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.save_pretrained(hf, safe_serialization=True)
-        tokenizer = ROOT / "artifacts" / "smollm2-135m-instruct"
-        if not (tokenizer / "tokenizer.json").is_file():
-            raise SystemExit(f"{tokenizer} has no tokenizer: run `onnxsample export` once")
+        tokenizer = _embedded_tokenizer()
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
             shutil.copy(tokenizer / name, hf / name)
         part = Path(tmp) / out.name
