@@ -41,7 +41,7 @@ from onnxsample.serve.schemas import (
     TokenizeRequest,
 )
 from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream
-from onnxsample.serve.tokenize import tokenized
+from onnxsample.serve.tokenize import applied_template, tokenized
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
 
@@ -295,6 +295,12 @@ def create_app(
     async def tokenize(body: TokenizeRequest) -> dict:
         e = engine()
         return await asyncio.to_thread(tokenized, e.tokenizer, body, e.limit)
+
+    @app.post("/apply-template")
+    async def apply_template(body: ChatRequest) -> dict:
+        e = engine()
+        check_model(body.model)
+        return await asyncio.to_thread(applied_template, e.tokenizer, body)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict:

@@ -98,6 +98,8 @@ _TABLES = {
     "chat": {**_BOTH, **_CHAT},
     "completion": {**_BOTH, **_TEXT_COMPLETION},
     "tokenize": _TOKENIZE,
+    # /apply-template writes the prompt's text: only what changes that text counts
+    "apply_template": {k: v for k, v in _CHAT.items() if k not in ("echo", "add_special_tokens")},
     "tokenize_chat": {
         **_TOKENIZE,
         **_CHAT,
@@ -109,7 +111,7 @@ _TABLES = {
 def refuse_unsupported(extra: dict[str, Any] | None, *, route: str) -> None:
     """A 400 naming the first field of `extra` (a request's fields the server does not
     implement) that a peer honours on `route` (``chat``, ``completion``, ``tokenize`` of text,
-    ``tokenize_chat``) and that is not at its neutral value."""
+    ``tokenize_chat``, ``apply_template``) and that is not at its neutral value."""
     table = _TABLES[route]
     for name, value in (extra or {}).items():
         if name in table and not table[name][0](value):

@@ -1,7 +1,8 @@
 """``/tokenize``: llama-server's text (``content``, ``add_special``, ``with_pieces``), vLLM's text
 (``prompt``, ``add_special_tokens``, ``return_token_strs``) and vLLM's chat (``messages`` with
 ``tools``, ``tool_choice``, ``chat_template_kwargs`` and ``reasoning_effort``), whose ids are those
-the chat route gives the engine for the same chat, so ``count`` is the chat's ``prompt_tokens``."""
+the chat route gives the engine for the same chat, so ``count`` is the chat's ``prompt_tokens``.
+``/apply-template``: llama-server's text of a chat."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.schemas import ChatPromptFields, ChatRequest, TokenizeRequest
 from onnxsample.text.tokenizer import Tokenizer
 
-__all__ = ["tokenized"]
+__all__ = ["applied_template", "tokenized"]
 
 
 def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
@@ -40,6 +41,24 @@ def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
     if body.return_token_strs:
         answer["token_strs"] = [tokenizer.piece(i) for i in ids]
     return answer
+
+
+def applied_template(tokenizer: Tokenizer, body: ChatRequest) -> dict:
+    """llama-server's ``/apply-template`` answer to a chat request: ``{"prompt": text}``, the text
+    the chat route tokenises, less a BOS the template writes where the vocabulary adds one when
+    it tokenises (and an EOS it writes last where the vocabulary adds that), as llama-server
+    strips them. That text, tokenised with the model's special tokens (a text completion's
+    default), gives llama-server's ids for the chat."""
+    refuse_unsupported(body.model_extra, route="apply_template")
+    tools.check_text_only(body)
+    native = tools.native_format(tokenizer)
+    text = tools.chat_text(tokenizer, body, native, tools.plan_tools(body, native))
+    added = tokenizer.encode("", add_special_tokens=True)
+    if added[:1] == [tokenizer.bos_token_id]:
+        text = text.removeprefix(tokenizer.token_to_text(added.pop(0)))
+    if added[-1:] == [tokenizer.eos_token_id]:
+        text = text.removesuffix(tokenizer.token_to_text(added[-1]))
+    return {"prompt": text}
 
 
 def _chat_ids(tokenizer: Tokenizer, body: TokenizeRequest) -> list[int]:

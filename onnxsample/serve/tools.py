@@ -38,10 +38,11 @@ __all__ = [
     "ToolPlan",
     "ToolWatch",
     "answer",
+    "chat_prompt",
+    "chat_text",
     "envelope_messages",
     "loop_watch",
     "native_format",
-    "native_prompt",
     "plan_tools",
 ]
 
@@ -142,26 +143,22 @@ def plan_tools(body: ChatRequest, native: NativeFormat | None = None) -> ToolPla
     return ToolPlan(tuple(tools), Constraint.grammar(grammar), allow_response, native)
 
 
-def native_prompt(tokenizer: Tokenizer, native: NativeFormat, body: ChatRequest) -> list[int]:
-    """The token ids of a chat for a template with its own tool format: the request's tools
-    (unless ``tool_choice`` is ``none``) and its earlier calls and results, written by the
-    template."""
-    listed = None
-    if body.tools and body.tool_choice != "none":
-        listed = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.function.name,
-                    "description": t.function.description or "",
-                    "parameters": t.function.parameters or {"type": "object", "properties": {}},
-                },
-            }
-            for t in body.tools
-        ]
-    return tokenizer.apply_chat_template(
-        native.messages(body), tools=listed, variables=template_variables(body)
-    )
+def _listed_tools(body: ChatRequest) -> list[dict] | None:
+    """The request's tools as a template with its own tool format is given them (none when
+    ``tool_choice`` is ``none``)."""
+    if not body.tools or body.tool_choice == "none":
+        return None
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": t.function.name,
+                "description": t.function.description or "",
+                "parameters": t.function.parameters or {"type": "object", "properties": {}},
+            },
+        }
+        for t in body.tools
+    ]
 
 
 def check_text_only(body: ChatRequest) -> None:
@@ -171,18 +168,34 @@ def check_text_only(body: ChatRequest) -> None:
             raise InvalidParameter("messages: only text content parts are supported")
 
 
+def _template_call(
+    body: ChatRequest, native: NativeFormat | None, plan: ToolPlan | None
+) -> tuple[list[dict], list[dict] | None, dict[str, Any] | None]:
+    """The chat template's messages, tools and variables for a chat: a template with its own tool
+    format writes the tools, calls and results itself; any other gets them in the envelope."""
+    if native is not None:
+        return native.messages(body), _listed_tools(body), template_variables(body)
+    return envelope_messages(body, plan), None, template_variables(body)
+
+
 def chat_prompt(
     tokenizer: Tokenizer, body: ChatRequest, native: NativeFormat | None, plan: ToolPlan | None
 ) -> list[int] | list[dict]:
     """What the engine is given for a chat: token ids where the template writes the tools or takes
     the request's variables, else the messages (tool calls and results in the envelope), which the
     engine renders as :meth:`~onnxsample.text.Tokenizer.apply_chat_template` does."""
-    if native is not None:  # the template writes the tools, calls and results itself
-        return native_prompt(tokenizer, native, body)
-    messages = envelope_messages(body, plan)
-    if variables := template_variables(body):
-        return tokenizer.apply_chat_template(messages, variables=variables)
-    return messages
+    messages, listed, variables = _template_call(body, native, plan)
+    if native is None and variables is None:
+        return messages
+    return tokenizer.apply_chat_template(messages, tools=listed, variables=variables)
+
+
+def chat_text(
+    tokenizer: Tokenizer, body: ChatRequest, native: NativeFormat | None, plan: ToolPlan | None
+) -> str:
+    """The text the chat template makes of a chat: what :func:`chat_prompt` tokenises."""
+    messages, listed, variables = _template_call(body, native, plan)
+    return tokenizer.render_chat(messages, tools=listed, variables=variables)
 
 
 def template_variables(body: ChatRequest) -> dict[str, Any] | None:

@@ -195,13 +195,7 @@ class Tokenizer:
         """Token ids of `text`, BOS/EOS added as the config says unless `add_special_tokens` is off."""
         if not isinstance(text, str):
             raise InvalidParameter(f"text to encode must be a string, got {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # a lone surrogate (JSON allows "\ud800")
-            raise InvalidParameter(
-                f"the text is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
-                f"at character {exc.start}"
-            ) from None
+        _check_unicode(text)
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     @functools.cached_property
@@ -276,13 +270,15 @@ class Tokenizer:
         if self._folds_system:
             messages = fold_system(messages)
         try:
-            return self._render(messages, add_generation_prompt, tools, variables)
+            text = self._render(messages, add_generation_prompt, tools, variables)
         except InvalidParameter:
             raise
         except Exception as exc:  # raise_exception(), a missing key, None + str: the messages'
             raise InvalidParameter(
                 f"the chat template refused the messages: {first_line(exc)}"
             ) from exc
+        _check_unicode(text)
+        return text
 
     def _render(
         self,
@@ -317,6 +313,18 @@ class Tokenizer:
             messages, add_generation_prompt=add_generation_prompt, tools=tools, variables=variables
         )
         return self.encode(text, add_special_tokens=False)
+
+
+def _check_unicode(text: str) -> None:
+    """InvalidParameter for text that is not valid Unicode: a lone surrogate (JSON allows
+    "\\ud800"), which no tokenizer reads and no response can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidParameter(
+            f"the text is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
+            f"at character {exc.start}"
+        ) from None
 
 
 def _byte_alphabet() -> dict[str, int]:

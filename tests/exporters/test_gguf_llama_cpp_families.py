@@ -265,6 +265,42 @@ def test_reasoning_effort_reaches_the_template_as_in_llama_server(llama_cpp, tmp
             assert shown in text
 
 
+# Llama 3's way: the template writes the BOS that the vocabulary also adds when it tokenises.
+BOS_FIRST = (
+    "{{ bos_token }}{% for m in messages %}{{ '<|start_header_id|>' + m.role + '<|end_header_id|>"
+    "\\n\\n' + m.content + '<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("family", "template"), [("phi3", None), ("qwen3", None), ("llama3", BOS_FIRST)]
+)
+def test_apply_template_answers_as_llama_server(family, template, llama_cpp, tmp_path):
+    """`/apply-template` on the same file (or template): llama-server's text, the BOS a template
+    writes left out where the vocabulary adds one (Llama 3's); the chat route's ids are that
+    text tokenised as llama-server tokenises a prompt."""
+    path = models.gguf(family, "Q8_0", llama_cpp)
+    theirs_args, ours_args = ("--jinja",), ()
+    if template is not None:
+        (tmp_path / "chat.jinja").write_text(template)
+        theirs_args += ("--chat-template-file", str(tmp_path / "chat.jinja"))
+        ours_args = ("--chat-template", str(tmp_path / "chat.jinja"))
+    bodies = [{"messages": chat} for chat in CHATS]
+    bodies.append({"messages": CHATS[1], "chat_template_kwargs": {"enable_thinking": False}})
+    folder = _export(path, "Q8_0").output
+    with (
+        LlamaServer(llama_cpp, path, args=theirs_args) as theirs,
+        served(folder, "--threads", "1", *ours_args) as ours,
+    ):
+        for body in bodies:
+            text = theirs.post("/apply-template", body)["prompt"]
+            raw = json.dumps(body).encode()
+            assert post(ours.port, "/apply-template", raw) == (200, {"prompt": text}), body
+            assert post(ours.port, "/tokenize", raw)[1]["tokens"] == theirs.tokenize(text), body
+    assert template != BOS_FIRST or not text.startswith("<|begin_of_text|>"), text
+
+
 @pytest.mark.parametrize("family", ["llama3", "qwen2", "gemma3", "phi3"])
 def test_an_export_holds_a_layers_blocks_at_a_time(family, llama_cpp, tmp_path, monkeypatch):
     """A linear weight is read from the file when the graph takes it, and what the graph stores

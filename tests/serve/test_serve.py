@@ -226,6 +226,27 @@ def test_tokenize_counts_a_chat_as_the_chat_route_does(port, client, tools):
         assert plain["count"] < data["count"]
 
 
+@pytest.mark.parametrize("tools", [None, [WEATHER]], ids=["plain", "tools"])
+def test_apply_template_gives_the_text_the_chat_route_tokenises(port, tools):
+    """llama-server's `/apply-template`: the chat's text, which tokenised as a text prompt is the
+    chat route's ids (this vocabulary adds no BOS). The rest of a chat request's fields are read
+    and left alone; one that would change the text is refused by name."""
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Is it raining in Paris?"},
+    ]
+    body = {"messages": messages, **({"tools": tools} if tools else {})}
+    code, data = post(port, "/apply-template", json.dumps(body).encode())
+    assert code == 200 and list(data) == ["prompt"] and "Is it raining in Paris?" in data["prompt"]
+    assert ("weather" in data["prompt"]) == bool(tools)
+    ids = post(port, "/tokenize", json.dumps({"prompt": data["prompt"]}).encode())[1]["tokens"]
+    assert ids == post(port, "/tokenize", json.dumps(body).encode())[1]["tokens"]
+    sampled = {**body, "temperature": 0.5, "stream": True, "max_tokens": 3, "best_of": 2}
+    assert post(port, "/apply-template", json.dumps(sampled).encode()) == (200, data)
+    code, error = post(port, "/apply-template", json.dumps({**body, "chat_template": "x"}).encode())
+    assert code == 400 and error["error"]["param"] == "chat_template", error
+
+
 def test_64_concurrent_streams_each_get_their_own_answer(client):
     def ask(i: int, stream: bool) -> str:
         kwargs = {"max_tokens": 12, "seed": 1000 + i, "temperature": 0.9}

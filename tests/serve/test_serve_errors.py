@@ -197,7 +197,7 @@ def _fuzz_bodies():
     )
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/apply-template"])
 def test_no_generated_body_gets_a_5xx(port, path):
     from hypothesis import HealthCheck, given, settings
 
@@ -227,10 +227,18 @@ def test_no_generated_body_gets_a_5xx(port, path):
         ("/v1/completions", {"prompt": "ab\ud800c", "max_tokens": 2}, "prompt"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "prompt"),
         ("/tokenize", {"content": "x\udfff"}, "prompt"),
+        ("/apply-template", {"messages": [{"role": "user", "content": "\udfff"}]}, "prompt"),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**63}, None),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**70}, None),
     ],
-    ids=["surrogate-prompt", "surrogate-chat", "surrogate-tokenize", "top_k-2**63", "top_k-2**70"],
+    ids=[
+        "surrogate-prompt",
+        "surrogate-chat",
+        "surrogate-tokenize",
+        "surrogate-apply-template",
+        "top_k-2**63",
+        "top_k-2**70",
+    ],
 )
 def test_inputs_that_once_reached_a_500(port, path, body, param):
     """A lone surrogate is a client's bad input (400 naming it); a top_k past int64 keeps every
@@ -366,6 +374,8 @@ CHAT_FIELDS = [
 # /tokenize: llama-server's text option, and a chat's (vLLM's) as on the chat route.
 TOKENIZE_FIELDS = [("parse_special", False, True)]
 TOKENIZE_CHAT_FIELDS = [*CHAT_FIELDS[:3], ("add_special", True, False), CHAT_FIELDS[4]]
+# /apply-template: what would change the chat's text (its sampling fields are left alone).
+APPLY_TEMPLATE_FIELDS = [*CHAT_FIELDS[:2], CHAT_FIELDS[4]]
 
 
 @pytest.mark.parametrize(("path", "field", "value"), [
@@ -373,6 +383,7 @@ TOKENIZE_CHAT_FIELDS = [*CHAT_FIELDS[:3], ("add_special", True, False), CHAT_FIE
     *[("/v1/completions", f, v) for f, v, _ in [*PEER_FIELDS, ("add_special_tokens", False, True)]],
     *[("/tokenize", f, v) for f, v, _ in TOKENIZE_FIELDS],
     *[("/tokenize chat", f, v) for f, v, _ in TOKENIZE_CHAT_FIELDS],
+    *[("/apply-template chat", f, v) for f, v, _ in APPLY_TEMPLATE_FIELDS],
 ])  # fmt: skip
 def test_a_peers_field_that_would_change_the_answer_is_refused_by_name(port, path, field, value):
     """Never ignored: a vLLM or llama-server client would get another answer than it asked for."""

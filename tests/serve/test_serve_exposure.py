@@ -57,6 +57,7 @@ KEYED = [
     ("GET", "/openapi.json"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
+    ("POST", "/apply-template"),
     ("POST", "/v1/completions"),
 ]
 
