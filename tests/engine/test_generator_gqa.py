@@ -10,6 +10,7 @@ and the in-place writes.
 from __future__ import annotations
 
 import json
+import mmap
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,36 @@ def test_the_buffers_grow_by_doubling_and_keep_their_contents(reserves, limit, l
             np.testing.assert_array_equal(kv.buffers[name].numpy()[:, :, : old.shape[2]], old)
         for value in kv.buffers.values():
             value.update_inplace(rng.random(value.shape(), dtype=np.float32))
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of the mapping of this process that holds `address` (Linux)."""
+    mapping = None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and ":" not in head:
+            start, end = (int(x, 16) for x in head.split("-"))
+            mapping = start <= address < end
+        elif head == "VmFlags:" and mapping:
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads Linux's smaps")
+def test_the_buffers_are_zeros_not_advised_to_huge_pages():
+    """numpy advises transparent huge pages on arrays over 4 MB; where the kernel compacts memory
+    to fault those in (THP defrag "madvise", Debian's and Ubuntu's default), growing a cache
+    stalled every running stream for seconds. The buffers are mapped without that advice."""
+    specs = {f"past_key_values.{i}.{kv}": (3, 64, np.float32) for i in range(2) for kv in "kv"}
+    kv = SharedKV(specs, "cpu")
+    kv.grow(8, 2048)  # 12 MiB a buffer
+    for value in kv.buffers.values():
+        middle = value.data_ptr() + value.numpy().nbytes // 2
+        assert "hg" not in _vm_flags(middle)
+        assert not value.numpy().any()
+    advised = mmap.mmap(-1, 2**23, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advised.madvise(mmap.MADV_HUGEPAGE)  # the advice numpy gives, which the check sees
+    assert "hg" in _vm_flags(np.frombuffer(advised, np.uint8).ctypes.data + 2**22)
 
 
 def test_growing_the_buffers_keeps_a_running_sequence_as_it_was(gqa_model, tmp_path):
