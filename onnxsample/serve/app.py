@@ -176,7 +176,7 @@ def create_app(
     async def chat(body: ChatRequest, request: Request):
         e = engine()
         check_model(body.model)
-        refuse_unsupported(body.model_extra, route="chat")
+        refuse_unsupported(body.model_extra, route="chat", sampling=body)
         tools.check_text_only(body)
         native = tools.native_format(e.tokenizer)
         plan = tools.plan_tools(body, native)
@@ -244,7 +244,7 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         e = engine()
         check_model(body.model)
-        refuse_unsupported(body.model_extra, route="completion")
+        refuse_unsupported(body.model_extra, route="completion", sampling=body)
         prompts = _prompts(body.prompt)
         n_logprobs = body.logprobs
         if n_logprobs is not None and not 0 <= n_logprobs <= e.meta.top_logprobs:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from onnxsample.serve.errors import APIError
+from onnxsample.serve.llama_order import order_refusal, window_refusal
 
 __all__ = ["refuse_unsupported"]
 
@@ -64,17 +65,37 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     # llama-server
     "n_predict": (_absent, "use max_tokens"),
     "repeat_penalty": (_is(1.0), "use repetition_penalty"),
-    "repeat_last_n": (_is(-1), "penalties count the whole sequence"),
-    "penalty_last_n": (_is(-1), "penalties count the whole sequence"),
     "mirostat": (_is(0), "use top_k, top_p, min_p or typical_p"),
     "dynatemp_range": (_is(0), "the temperature is fixed per request"),
     "dry_multiplier": (_is(0), "use repetition_penalty or frequency_penalty"),
     "xtc_probability": (_is(0), "use top_k, top_p, min_p or typical_p"),
     "top_n_sigma": (_disabled, "use top_k, top_p, min_p or typical_p"),
     "tfs_z": (_is(1.0), "use top_k, top_p, min_p or typical_p"),
-    "samplers": (_absent, "the chain's order is fixed: penalties, bias, temperature, then cuts"),
     "n_probs": (_is(0), "use logprobs"),
     "t_max_predict_ms": (_is(0), "use max_tokens"),
+    "n_indent": (_is(0), "use stop strings"),
+    "min_keep": (
+        lambda v: v is None or (v in (0, 1) and not isinstance(v, bool)),
+        "cuts keep one token",
+    ),
+    "post_sampling_probs": (_is(False), "logprobs are the model's, before the sampler"),
+    "return_tokens": (_is(False), "use /tokenize"),
+    "response_fields": (_absent, "responses have OpenAI's fields"),
+    "lora": (_absent, "this server has no adapters"),
+    "grammar_lazy": (_is(False), "a grammar holds from the first token"),
+    "grammar_triggers": (_absent, "a grammar holds from the first token"),
+    "reasoning_budget_tokens": (_is(-1), "use max_tokens"),
+    "adaptive_target": (
+        lambda v: v is None or (isinstance(v, (int, float)) and v < 0),
+        "use top_k, top_p, min_p or typical_p",
+    ),
+}
+# llama-server's, read with the request's sampling fields: (why it would change the answer, or None).
+_BY_REQUEST: dict[str, Callable[[Any, Any], str | None]] = {
+    "samplers": order_refusal,
+    "repeat_last_n": window_refusal,
+    "penalty_last_n": window_refusal,
+    "n_cmpl": lambda v, body: None if v is None or v == body.n else "use n",
 }
 # A chat's own (vLLM); a text completion takes its `echo` and its prompt's special tokens as
 # fields of its own.
@@ -108,11 +129,17 @@ _TABLES = {
 }
 
 
-def refuse_unsupported(extra: dict[str, Any] | None, *, route: str) -> None:
+def refuse_unsupported(extra: dict[str, Any] | None, *, route: str, sampling: Any = None) -> None:
     """A 400 naming the first field of `extra` (a request's fields the server does not
     implement) that a peer honours on `route` (``chat``, ``completion``, ``tokenize`` of text,
-    ``tokenize_chat``, ``apply_template``) and that is not at its neutral value."""
+    ``tokenize_chat``, ``apply_template``) and that is not at its neutral value. `sampling`, the
+    request of a completion route, is what llama-server's ``samplers`` and ``repeat_last_n`` are
+    read against (:mod:`~onnxsample.serve.llama_order`)."""
     table = _TABLES[route]
     for name, value in (extra or {}).items():
         if name in table and not table[name][0](value):
             raise APIError(400, f"{name} is not supported ({table[name][1]})", param=name)
+        check = _BY_REQUEST.get(name) if sampling is not None else None
+        why = check(value, sampling) if check is not None else None
+        if why is not None:
+            raise APIError(400, f"{name} is not supported ({why})", param=name)

@@ -353,14 +353,22 @@ PEER_FIELDS = [
     ("prompt_logprobs", 1, None),
     ("n_predict", 8, None),
     ("repeat_penalty", 1.3, 1.0),
-    ("repeat_last_n", 64, -1),
     ("mirostat", 2, 0),
     ("dry_multiplier", 0.8, 0),
     ("xtc_probability", 0.5, 0),
     ("top_n_sigma", 1.0, -1),
-    ("samplers", ["top_k", "temperature"], None),
     ("n_probs", 5, 0),
     ("t_max_predict_ms", 100, 0),
+    ("n_indent", 4, 0),
+    ("min_keep", 5, 1),
+    ("post_sampling_probs", True, False),
+    ("return_tokens", True, False),
+    ("response_fields", ["content"], None),
+    ("lora", [{"id": 0, "scale": 1.0}], []),
+    ("grammar_lazy", True, False),
+    ("grammar_triggers", [{"type": 0, "value": "{"}], None),
+    ("reasoning_budget_tokens", 100, -1),
+    ("adaptive_target", 0.5, -1),
 ]
 CHAT_FIELDS = [
     ("add_generation_prompt", False, True),
@@ -422,3 +430,49 @@ def test_the_peers_fields_at_their_neutral_values_are_accepted(port):
     for body in (tokenize_text, tokenize_chat):
         code, data = post(port, "/tokenize", json.dumps(body).encode())
         assert code == 200, data
+
+
+# llama-server's fields read with the request's own: (fields, the field refused, or None when they
+# change nothing here). The web UI sends repeat_last_n 64 and its sampler order with every request.
+WEB_UI_ORDER = ["top_k", "typ_p", "top_p", "min_p", "temperature"]
+BY_REQUEST = [
+    ({"repeat_last_n": 64}, None),  # no penalty on: the window changes nothing
+    ({"repeat_last_n": 0, "repeat_penalty": 1.0, "presence_penalty": 0}, None),
+    ({"repeat_last_n": -1, "repetition_penalty": 1.3}, None),  # the whole sequence, as here
+    ({"repeat_last_n": 64, "presence_penalty": 0.5}, "repeat_last_n"),
+    ({"penalty_last_n": 0, "repetition_penalty": 1.3}, "penalty_last_n"),
+    ({"samplers": WEB_UI_ORDER, "top_k": 40}, None),  # temperature 1: its place changes nothing
+    ({"samplers": "kypmt", "top_k": 3, "temperature": 0.7}, None),  # top-k commutes with it
+    ({"samplers": WEB_UI_ORDER, "top_k": 40, "top_p": 0.9, "temperature": 0}, None),  # greedy
+    (
+        {"samplers": ["TEMP", "Top-K", "nucleus"], "top_k": 5, "top_p": 0.9, "temperature": 0.5},
+        None,
+    ),
+    ({"samplers": ["top_k", "bogus", "temperature"], "top_k": 4, "temperature": 0.5}, None),
+    ({"samplers": WEB_UI_ORDER, "top_k": 40, "min_p": 0.05, "temperature": 0.8}, "samplers"),
+    ({"samplers": ["top_p", "top_k"], "top_p": 0.9, "top_k": 40}, "samplers"),
+    ({"samplers": ["temperature"], "top_k": 40}, "samplers"),  # llama-server would skip top_k
+    ({"samplers": ["top_k", "top_k"], "top_k": 40}, "samplers"),
+    ({"samplers": ["top_k", "adaptive_p"]}, "samplers"),
+    ({"samplers": 3}, "samplers"),
+    ({"n_cmpl": 2, "n": 2}, None),
+    ({"n_cmpl": 2}, "n_cmpl"),
+]
+
+
+@pytest.mark.parametrize(("fields", "refused"), BY_REQUEST)
+def test_llama_servers_order_and_window_are_read_with_the_request(port, fields, refused):
+    """Honoured where they give the answer this server gives without them (the same text for the
+    same seed), refused by name where llama-server's answer would differ."""
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "seed": 7, **fields}
+    code, data = post(port, "/v1/completions", json.dumps(body).encode())
+    if refused is not None:
+        assert code == 400 and data["error"]["param"] == refused, data
+        assert data["error"]["message"].startswith(f"{refused} is not supported ("), data
+        return
+    assert code == 200, data
+    plain = {k: v for k, v in body.items() if k not in ("samplers", "repeat_last_n", "n_cmpl")}
+    code, alone = post(port, "/v1/completions", json.dumps(plain).encode())
+    assert code == 200 and [c["text"] for c in data["choices"]] == [
+        c["text"] for c in alone["choices"]
+    ]

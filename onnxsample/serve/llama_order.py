@@ -1,0 +1,139 @@
+"""llama-server's ``samplers`` (the order its chain runs in) and ``repeat_last_n`` (the penalties'
+window), read against the request they come with.
+
+This server's chain has one order (:data:`onnxsample.chain.SAMPLER_NAMES`): penalties,
+temperature, top-k, top-p, min-p, typical-p. llama-server runs the samplers a request lists, in
+the listed order (by default top-k, typical-p, top-p, min-p, then temperature). The two give the
+same distribution whenever every pair of samplers the request turns on either runs in the same
+order in both or commutes: top-k commutes with temperature and with min-p (both keep what is
+above a rank or a fraction of the largest probability, which the other leaves where it was), and
+greedy decoding (temperature 0) commutes with every cut (each keeps the most likely token).
+Otherwise the field is refused, naming the pair; a sampler the request turns on but the list
+leaves out (llama-server would skip it) is refused too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from onnxsample.chain import SAMPLER_NAMES
+
+__all__ = ["order_refusal", "window_refusal"]
+
+# llama.cpp's names for its samplers (common_sampler_types_from_names), as this server calls them.
+_CANONICAL = {
+    "penalties": "penalties",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "typ_p": "typical_p",
+    "dry": "dry",
+    "top_n_sigma": "top_n_sigma",
+    "xtc": "xtc",
+    "infill": "infill",
+    "adaptive_p": "adaptive_p",
+}
+_NAMES = {
+    **{k.replace("_", "-"): v for k, v in _CANONICAL.items()},
+    **{k.replace("_", ""): v for k, v in _CANONICAL.items()},
+    "nucleus": "top_p",
+    "temp": "temperature",
+    "typ": "typical_p",
+    **_CANONICAL,
+}
+_LETTERS = {  # common_sampler_type_to_chr
+    "e": "penalties",
+    "t": "temperature",
+    "k": "top_k",
+    "p": "top_p",
+    "m": "min_p",
+    "y": "typical_p",
+    "d": "dry",
+    "s": "top_n_sigma",
+    "x": "xtc",
+    "i": "infill",
+    "a": "adaptive_p",
+}
+# Listed, these change the draw whatever the request's parameters say.
+_NOT_HERE = ("infill", "adaptive_p")
+_ORDER = tuple(s for s in SAMPLER_NAMES if s not in ("logit_bias", "dist"))
+
+
+def active_samplers(body: Any) -> dict[str, float]:
+    """The samplers of this server's chain that `body` (a completion request) turns on, with the
+    value that turns each on (1 for the penalties)."""
+    on: dict[str, float] = {}
+    if (
+        (body.repetition_penalty not in (None, 1.0))
+        or body.presence_penalty
+        or body.frequency_penalty
+    ):
+        on["penalties"] = 1.0
+    if body.temperature is not None and body.temperature != 1.0:
+        on["temperature"] = body.temperature
+    if body.top_k is not None and body.top_k > 0:
+        on["top_k"] = body.top_k
+    if body.top_p is not None and body.top_p < 1.0:
+        on["top_p"] = body.top_p
+    if body.min_p:
+        on["min_p"] = body.min_p
+    if body.typical_p is not None and body.typical_p < 1.0:
+        on["typical_p"] = body.typical_p
+    return on
+
+
+def _commute(a: str, b: str, on: dict[str, float]) -> bool:
+    pair = {a, b}
+    if pair in ({"top_k", "temperature"}, {"top_k", "min_p"}):
+        return True
+    cuts = {"top_k", "top_p", "min_p", "typical_p"}
+    return "temperature" in pair and on["temperature"] == 0 and bool(pair & cuts)
+
+
+def _listed(value: Any) -> list[str] | str:
+    """llama.cpp's sampler names (a list, unknown names dropped as llama-server drops them) or
+    letters (a string), as this server's names; a message when it is neither."""
+    if isinstance(value, str):
+        return [_LETTERS[c] for c in value if c in _LETTERS]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [_NAMES[v.lower()] for v in value if v.lower() in _NAMES]
+    return "give a list of sampler names or a string of sampler letters"
+
+
+def order_refusal(value: Any, body: Any) -> str | None:
+    """Why llama-server's ``samplers`` `value` would change `body`'s answer here, or None."""
+    if value is None:
+        return None
+    listed = _listed(value)
+    if isinstance(listed, str):
+        return listed
+    for name in _NOT_HERE:
+        if name in listed:
+            return f"it lists {name}, which this server does not have"
+    on = active_samplers(body)
+    for name in on:
+        if listed.count(name) != 1:
+            twice = listed.count(name) > 1
+            return (
+                f"it lists {name} twice" if twice else
+                f"it leaves out {name}, which the request sets: llama-server would skip it"
+            )  # fmt: skip
+    ours = [s for s in _ORDER if s in on]
+    for i, a in enumerate(ours):
+        for b in ours[i + 1 :]:
+            if listed.index(b) < listed.index(a) and not _commute(a, b, on):
+                order = ", ".join(_ORDER)
+                return f"it runs {b} before {a}; this server's order is {order}"
+    return None
+
+
+def window_refusal(value: Any, body: Any) -> str | None:
+    """Why llama-server's ``repeat_last_n`` `value` would change `body`'s answer here, or None:
+    penalties here count the whole sequence (llama-server's -1), and a window changes nothing
+    when no penalty is on."""
+    if value is None or (value == -1 and not isinstance(value, bool)):
+        return None
+    if "penalties" not in active_samplers(body):
+        return None
+    return "penalties count the whole sequence: send -1"
