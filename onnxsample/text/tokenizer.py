@@ -312,7 +312,7 @@ class Tokenizer:
         text = self.render_chat(
             messages, add_generation_prompt=add_generation_prompt, tools=tools, variables=variables
         )
-        return self.encode(text, add_special_tokens=False)
+        return self._backend.encode(text, add_special_tokens=False).ids  # checked by render_chat
 
 
 def _check_unicode(text: str) -> None:
