@@ -62,6 +62,10 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     "prompt_logprobs": (_absent, "use a completion with echo and logprobs"),
     "logits_processors": (_absent, "use logit_bias or a grammar"),
     "return_tokens_as_token_ids": (_is(False), "use /tokenize"),
+    "return_token_ids": (_is(False), "use /tokenize"),
+    "structural_tag": (_absent, "use response_format, a grammar or tools"),
+    "vllm_xargs": (_absent, "this server has no custom extensions"),
+    "prompt_embeds": (_absent, "send text or token ids"),
     # llama-server
     "n_predict": (_absent, "use max_tokens"),
     "repeat_penalty": (_is(1.0), "use repetition_penalty"),
