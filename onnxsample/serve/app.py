@@ -193,7 +193,8 @@ def create_app(
             top_logprobs=top,
             tools=plan.constraint if plan is not None else None,
         )
-        limit = body.max_completion_tokens or body.max_tokens
+        given = body.max_completion_tokens
+        limit = convert.token_limit(body.max_tokens if given is None else given, None)
 
         def prepared() -> list:
             prompt = tools.chat_prompt(e.tokenizer, body, native, plan)
@@ -252,7 +253,7 @@ def create_app(
                 f"logprobs must be in [0, {e.meta.top_logprobs}], got {n_logprobs}"
             )
         score_only = body.echo and body.max_tokens == 0  # likelihood scoring: the prompt alone
-        limit = 1 if score_only else (16 if body.max_tokens is None else body.max_tokens)
+        limit = 1 if score_only else convert.token_limit(body.max_tokens, 16)
         params = convert.choice_params(
             body,
             logprobs=n_logprobs is not None,

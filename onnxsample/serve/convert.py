@@ -73,6 +73,14 @@ def choice_params(
     return choices
 
 
+def token_limit(value: int | None, default: int | None) -> int | None:
+    """A request's ``max_tokens``: `default` when absent; llama-server's -1 (what its web UI sends
+    for "no limit") as no limit, until the end of the sequence or the context."""
+    if value is None:
+        return default
+    return None if value == -1 else value
+
+
 def usage(completions: Sequence[Completion], prompts: Sequence[list[int]]) -> dict:
     """OpenAI's usage: each prompt counted once (n choices share it), every choice's tokens."""
     completion_tokens = sum(len(c.token_ids) for c in completions)

@@ -480,3 +480,18 @@ def test_llama_servers_order_and_window_are_read_with_the_request(port, fields, 
     assert code == 200 and [c["text"] for c in data["choices"]] == [
         c["text"] for c in alone["choices"]
     ]
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_max_tokens_minus_one_is_llama_servers_no_limit(port, path):
+    """llama.cpp's web UI sends -1 for "no limit": the answer runs to its end or the context's
+    (past a text completion's default of 16 here), where any other value below 1 is a 400."""
+    body = {"messages": CHAT} if "chat" in path else {"prompt": "Once upon a time"}
+    code, data = post(
+        port, path, json.dumps({**body, "max_tokens": -1, "ignore_eos": True}).encode()
+    )
+    assert code == 200, data
+    assert data["choices"][0]["finish_reason"] == "length"
+    assert data["usage"]["prompt_tokens"] + data["usage"]["completion_tokens"] == 512, data
+    code, data = post(port, path, json.dumps({**body, "max_tokens": -2}).encode())
+    assert code == 400 and data["error"]["param"] == "max_tokens", data
