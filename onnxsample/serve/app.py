@@ -29,7 +29,7 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion
 from onnxsample.engine.request import Request as EngineRequest
 from onnxsample.errors import InvalidParameter, QueueFull
-from onnxsample.serve import convert, tools
+from onnxsample.serve import convert, reasoning, tools
 from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
@@ -203,6 +203,10 @@ def create_app(
             ]
 
         seqs = await asyncio.to_thread(prepared)
+        opened = None  # where the thought goes apart: whether the prompt opened it
+        if body.reasoning_format in ("auto", "deepseek"):
+            tail = e.tokenizer.decode(seqs[0].prompt[-8:], skip_special_tokens=False)
+            opened = reasoning.opens_thought(tail)
         requests = _enqueue(e, seqs, metrics)
         meta = _meta("chatcmpl", settings)
         if body.stream:
@@ -211,13 +215,13 @@ def create_app(
                 e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
             )
             job.stopping = lambda: state.stopping
-            return _sse(chat_stream(job, plan))
+            return _sse(chat_stream(job, plan, opened))
         done = await collect(
             requests, request, metrics, lambda: state.stopping, tools.loop_watch(plan, len(seqs))
         )
         choices = []
         for c in done:
-            message, finish = tools.answer(c, plan)
+            message, finish = tools.answer(c, plan, opened)
             logprobs = None
             if body.logprobs:
                 content = convert.chat_logprobs(

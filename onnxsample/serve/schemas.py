@@ -159,6 +159,8 @@ class ChatRequest(SamplingFields, ChatPromptFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     parallel_tool_calls: StrictBool | None = None
+    # llama-server's: a thought apart (auto, deepseek) or in the content (none, the default)
+    reasoning_format: Literal["none", "auto", "deepseek"] | None = None
     max_completion_tokens: StrictInt | None = None
     logprobs: bool = False
     top_logprobs: StrictInt | None = None

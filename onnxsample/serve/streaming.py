@@ -21,6 +21,7 @@ from onnxsample.errors import OnnxSampleError
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
+from onnxsample.serve.reasoning import ThoughtStream
 from onnxsample.serve.tools import ToolPlan, ToolWatch
 
 
@@ -199,10 +200,14 @@ class Job:
         yield "[DONE]"
 
 
-def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | str]:
+def chat_stream(
+    job: Job, plan: ToolPlan | None = None, opened: bool | None = None
+) -> AsyncIterator[dict | str]:
     """Chat completion chunks: the role first, then content (with logprobs when asked). With
     tools (`plan`), the envelope is streamed as OpenAI streams calls: a call's index, id and name
-    once its name is written, then its arguments in fragments; or the response's text."""
+    once its name is written, then its arguments in fragments; or the response's text. `opened`
+    not None: a thought arrives apart, as ``reasoning_content`` (it says whether the prompt
+    opened the thought; :mod:`~onnxsample.serve.reasoning`)."""
     done: list[Completion] = []
 
     async def chunks() -> AsyncIterator[dict]:
@@ -210,21 +215,37 @@ def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | 
             yield job.chunk({"index": seq.index, "delta": {"role": "assistant", "content": ""},
                              "logprobs": None, "finish_reason": None})  # fmt: skip
         watch = ToolWatch(plan, len(job.requests)) if plan is not None else None
+        thoughts = [ThoughtStream(opened) for _ in job.requests] if opened is not None else None
+        written = [""] * len(job.requests)  # each choice's text so far
+        sent = [0] * len(job.requests)  # of its answer, sent as content (without tools)
         ended: set[int] = set()
         async for k, event in _merged(job.requests, job.metrics, ended):
+            c = event.completion
+            written[k] = c.text if c is not None else written[k] + event.text
+            delta: dict = {}
+            answer = written[k]
+            if thoughts is not None:
+                thought, answer = thoughts[k].feed(written[k], final=c is not None)
+                if thought:
+                    delta["reasoning_content"] = thought
             if watch is not None:
-                for delta in watch.feed(k, event):
+                if delta:
                     yield job.chunk({"index": event.index, "delta": delta, "logprobs": None,
+                                     "finish_reason": None})  # fmt: skip
+                for tool_delta in watch.feed_text(k, answer):
+                    yield job.chunk({"index": event.index, "delta": tool_delta, "logprobs": None,
                                      "finish_reason": None})  # fmt: skip
                 if watch.repeated(k):
                     ended.add(k)
                     job.requests[k].cancel()  # the model loops on a call: the answer ends here
-                if (c := event.completion) is not None:
+                if c is not None:
                     done.append(c)
                     _, _, finish = watch.streams[k].message(convert.FINISH[c.finish_reason])
                     yield job.chunk({"index": c.index, "delta": {}, "logprobs": None,
                                      "finish_reason": finish}, timings=convert.timings(c))  # fmt: skip
                 continue
+            if len(answer) > sent[k]:
+                delta["content"], sent[k] = answer[sent[k] :], len(answer)
             logprobs = None
             if event.logprob is not None:
                 content = convert.chat_logprobs(
@@ -234,10 +255,10 @@ def chat_stream(job: Job, plan: ToolPlan | None = None) -> AsyncIterator[dict | 
                     [event.top_logprobs or []],
                 )
                 logprobs = {"content": content}
-            if event.text or logprobs:
-                yield job.chunk({"index": event.index, "delta": {"content": event.text},
+            if delta or logprobs:
+                yield job.chunk({"index": event.index, "delta": delta or {"content": ""},
                                  "logprobs": logprobs, "finish_reason": None})  # fmt: skip
-            if (c := event.completion) is not None:
+            if c is not None:
                 done.append(c)
                 yield job.chunk({"index": c.index, "delta": {}, "logprobs": None,
                                  "finish_reason": convert.FINISH[c.finish_reason]},

@@ -30,6 +30,7 @@ from onnxsample.constraint import Constraint
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve.convert import FINISH
 from onnxsample.serve.envelope import EnvelopeStream, Reading, read
+from onnxsample.serve.reasoning import split_thought
 from onnxsample.serve.schemas import ChatRequest
 from onnxsample.serve.tool_formats import NativeFormat, call_arguments, detect
 from onnxsample.text.tokenizer import Tokenizer
@@ -307,19 +308,26 @@ def envelope_messages(body: ChatRequest, plan: ToolPlan | None) -> list[dict]:
     return messages
 
 
-def answer(completion, plan: ToolPlan | None) -> tuple[dict, str]:
+def answer(completion, plan: ToolPlan | None, opened: bool | None = None) -> tuple[dict, str]:
     """A finished choice as OpenAI's ``message`` and ``finish_reason``: with tools, the calls it
     wrote whole (a cut answer keeps those before the cut, a looping one those before its first
-    repeat) or its response's text, never the envelope's own text."""
+    repeat) or its response's text, never the envelope's own text. `opened` (not None: the
+    thought goes apart, :mod:`~onnxsample.serve.reasoning`) says whether the prompt opened it."""
     finish = FINISH[completion.finish_reason]
+    thought, text = None, completion.text
+    if opened is not None:
+        thought, text = split_thought(text, opened)
     if plan is None:
-        return {"role": "assistant", "content": completion.text}, finish
-    stream = EnvelopeStream(plan.read)
-    stream.feed(completion.text)
-    content, calls, finish = stream.message(finish)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if calls:
-        message["tool_calls"] = calls
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+    else:
+        stream = EnvelopeStream(plan.read)
+        stream.feed(text)
+        content, calls, finish = stream.message(finish)
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+    if thought:
+        message["reasoning_content"] = thought
     return message, finish
 
 
@@ -336,7 +344,11 @@ class ToolWatch:
         """The deltas choice `k`'s stream event adds (its completion: the whole text)."""
         done = event.completion
         self._written[k] = done.text if done is not None else self._written[k] + event.text
-        return self.streams[k].feed(self._written[k])
+        return self.feed_text(k, self._written[k])
+
+    def feed_text(self, k: int, text: str) -> list[dict]:
+        """The deltas choice `k`'s answer adds, `text` being all of it so far."""
+        return self.streams[k].feed(text)
 
     def repeated(self, k: int) -> bool:
         return self.streams[k].repeated
