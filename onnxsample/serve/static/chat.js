@@ -34,7 +34,9 @@ function describe(t) {
 }
 
 function body() {
-  const b = { messages: [], stream: true, stream_options: { include_usage: true } };
+  // a thinking model's thought arrives apart (reasoning_content) and stays out of the history
+  const b = { messages: [], stream: true, stream_options: { include_usage: true },
+              reasoning_format: "auto" };
   const system = $("system").value.trim();
   if (system) b.messages.push({ role: "system", content: system });
   b.messages.push(...history);
@@ -64,6 +66,7 @@ async function ask(question) {
   $("send").disabled = true;
   $("stop").disabled = false;
   let text = "";
+  let thought = null;  // the <details> showing the thought, made when one arrives
   try {
     const request = JSON.stringify(body());
     const response = await fetch("/v1/chat/completions", {
@@ -94,6 +97,18 @@ async function ask(question) {
         const chunk = JSON.parse(data);
         if (chunk.error) throw new Error(chunk.error.message);
         for (const choice of chunk.choices || []) {
+          if (choice.delta && choice.delta.reasoning_content) {
+            if (!thought) {
+              thought = document.createElement("details");
+              thought.className = "thought";
+              thought.open = true;
+              thought.appendChild(document.createElement("summary")).textContent = "thought";
+              thought.appendChild(document.createElement("div"));
+              answer.before(thought);
+            }
+            thought.lastChild.textContent += choice.delta.reasoning_content;
+            $("messages").scrollTop = $("messages").scrollHeight;
+          }
           if (choice.delta && choice.delta.content) {
             text += choice.delta.content;
             answer.textContent = text;
