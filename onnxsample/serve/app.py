@@ -31,6 +31,7 @@ from onnxsample.engine.request import Request as EngineRequest
 from onnxsample.errors import InvalidParameter, QueueFull
 from onnxsample.serve import convert, reasoning, tools
 from onnxsample.serve.errors import APIError, install
+from onnxsample.serve.llama_fields import apply_llama_names
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
 from onnxsample.serve.peer_fields import refuse_unsupported
@@ -176,6 +177,7 @@ def create_app(
     async def chat(body: ChatRequest, request: Request):
         e = engine()
         check_model(body.model)
+        apply_llama_names(body)  # n_predict, repeat_penalty: llama-server's names
         refuse_unsupported(body.model_extra, route="chat", sampling=body)
         tools.check_text_only(body)
         native = tools.native_format(e.tokenizer)
@@ -249,6 +251,7 @@ def create_app(
     async def completions(body: CompletionRequest, request: Request):
         e = engine()
         check_model(body.model)
+        apply_llama_names(body)  # n_predict, repeat_penalty: llama-server's names
         refuse_unsupported(body.model_extra, route="completion", sampling=body)
         prompts = _prompts(body.prompt)
         n_logprobs = body.logprobs

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from onnxsample.serve.errors import APIError
-from onnxsample.serve.llama_order import order_refusal, window_refusal
+from onnxsample.serve.llama_fields import order_refusal, penalty_refusal, window_refusal
 
 __all__ = ["refuse_unsupported"]
 
@@ -67,8 +67,6 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     "vllm_xargs": (_absent, "this server has no custom extensions"),
     "prompt_embeds": (_absent, "send text or token ids"),
     # llama-server
-    "n_predict": (_absent, "use max_tokens"),
-    "repeat_penalty": (_is(1.0), "use repetition_penalty"),
     "mirostat": (_is(0), "use top_k, top_p, min_p or typical_p"),
     "dynatemp_range": (_is(0), "the temperature is fixed per request"),
     "dry_multiplier": (_is(0), "use repetition_penalty or frequency_penalty"),
@@ -97,6 +95,7 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
 # llama-server's, read with the request's sampling fields: (why it would change the answer, or None).
 _BY_REQUEST: dict[str, Callable[[Any, Any], str | None]] = {
     "samplers": order_refusal,
+    "repeat_penalty": penalty_refusal,
     "repeat_last_n": window_refusal,
     "penalty_last_n": window_refusal,
     "n_cmpl": lambda v, body: None if v is None or v == body.n else "use n",
@@ -138,7 +137,7 @@ def refuse_unsupported(extra: dict[str, Any] | None, *, route: str, sampling: An
     implement) that a peer honours on `route` (``chat``, ``completion``, ``tokenize`` of text,
     ``tokenize_chat``, ``apply_template``) and that is not at its neutral value. `sampling`, the
     request of a completion route, is what llama-server's ``samplers`` and ``repeat_last_n`` are
-    read against (:mod:`~onnxsample.serve.llama_order`)."""
+    read against (:mod:`~onnxsample.serve.llama_fields`)."""
     table = _TABLES[route]
     for name, value in (extra or {}).items():
         if name in table and not table[name][0](value):

@@ -7,7 +7,7 @@ tokens with their probabilities), running its samplers in the order ``samplers``
 case here keeps top-k (k < N) ahead of the cuts that read a mass (top-p, typical-p), so what
 either chain leaves depends on those N tokens alone: our sampler graph runs on a row holding
 llama.cpp's N logprobs (every other token -inf). Where
-:func:`~onnxsample.serve.llama_order.order_refusal` lets the order through, it must leave the same
+:func:`~onnxsample.serve.llama_fields.order_refusal` lets the order through, it must leave the same
 tokens with the same probabilities (within float32 rounding) on every prompt; where it refuses the
 order, another distribution on at least one. The model is the embedded SmolLM2-135M-Instruct's
 GGUF: a trained model, whose distributions the cuts bite into (1 to 40 tokens kept here).
@@ -25,7 +25,7 @@ from _llama_cpp import LlamaServer
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import sampler_session
 from onnxsample.exporters import embedded_gguf
-from onnxsample.serve.llama_order import order_refusal
+from onnxsample.serve.llama_fields import order_refusal
 from onnxsample.serve.schemas import CompletionRequest
 
 CHAIN = "temperature,top_k,top_p,min_p,typical_p,dist"

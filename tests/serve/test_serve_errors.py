@@ -355,8 +355,6 @@ PEER_FIELDS = [
     ("structural_tag", '{"type": "structural_tag"}', None),
     ("vllm_xargs", {"k": 1}, None),
     ("prompt_embeds", "AAAA", None),
-    ("n_predict", 8, None),
-    ("repeat_penalty", 1.3, 1.0),
     ("mirostat", 2, 0),
     ("dry_multiplier", 0.8, 0),
     ("xtc_probability", 0.5, 0),
@@ -461,6 +459,9 @@ BY_REQUEST = [
     ({"samplers": 3}, "samplers"),
     ({"n_cmpl": 2, "n": 2}, None),
     ({"n_cmpl": 2}, "n_cmpl"),
+    ({"repeat_penalty": 1.0}, None),
+    ({"repeat_penalty": 1.3}, "repeat_penalty"),  # llama-server's window of 64 by default
+    ({"repeat_penalty": 1.3, "repeat_last_n": 64}, "repeat_penalty"),
 ]
 
 
@@ -475,7 +476,8 @@ def test_llama_servers_order_and_window_are_read_with_the_request(port, fields, 
         assert data["error"]["message"].startswith(f"{refused} is not supported ("), data
         return
     assert code == 200, data
-    plain = {k: v for k, v in body.items() if k not in ("samplers", "repeat_last_n", "n_cmpl")}
+    llama = ("samplers", "repeat_last_n", "n_cmpl", "repeat_penalty")
+    plain = {k: v for k, v in body.items() if k not in llama}
     code, alone = post(port, "/v1/completions", json.dumps(plain).encode())
     assert code == 200 and [c["text"] for c in data["choices"]] == [
         c["text"] for c in alone["choices"]
@@ -495,3 +497,39 @@ def test_max_tokens_minus_one_is_llama_servers_no_limit(port, path):
     assert data["usage"]["prompt_tokens"] + data["usage"]["completion_tokens"] == 512, data
     code, data = post(port, path, json.dumps({**body, "max_tokens": -2}).encode())
     assert code == 400 and data["error"]["param"] == "max_tokens", data
+
+
+@pytest.mark.parametrize(("llama", "ours"), [
+    ({"n_predict": 5}, {"max_tokens": 5}),
+    ({"n_predict": -1}, {"max_tokens": -1}),
+    ({"repeat_penalty": 1.5, "repeat_last_n": -1, "max_tokens": 12},
+     {"repetition_penalty": 1.5, "max_tokens": 12}),
+    ({"repeat_penalty": 1.5, "penalty_last_n": -1, "max_tokens": 12, "temperature": 0.7,
+      "samplers": ["penalties", "temperature"]},
+     {"repetition_penalty": 1.5, "max_tokens": 12, "temperature": 0.7}),
+])  # fmt: skip
+def test_llama_servers_names_give_their_fields_answers(port, llama, ours):
+    """n_predict is max_tokens; repeat_penalty over the whole sequence (llama-server's window -1,
+    the prompt included) is repetition_penalty's rule: the same answers for the same seed."""
+    base = {"prompt": "Once upon a time", "seed": 7, "ignore_eos": True}
+    texts = []
+    for fields in (llama, ours, {k: v for k, v in ours.items() if k != "repetition_penalty"}):
+        code, data = post(port, "/v1/completions", json.dumps({**base, **fields}).encode())
+        assert code == 200, data
+        texts.append(data["choices"][0]["text"])
+    assert texts[0] == texts[1]
+    assert (texts[1] != texts[2]) == ("repetition_penalty" in ours)  # the penalty told
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n_predict": 6, "max_tokens": 5}, "n_predict is 6 but max_tokens is 5"),
+    ({"messages": CHAT, "n_predict": 6, "max_completion_tokens": 5}, "max_completion_tokens is 5"),
+    ({"n_predict": "six"}, "n_predict must be an integer"),
+    ({"repeat_penalty": 1.2, "repetition_penalty": 1.1, "repeat_last_n": -1}, "send one"),
+])  # fmt: skip
+def test_a_llama_server_name_that_contradicts_its_field_is_refused(port, fields, message):
+    path = "/v1/chat/completions" if "messages" in fields else "/v1/completions"
+    body = {"prompt": "Hi"} if "messages" not in fields else {}
+    code, data = post(port, path, json.dumps({**body, **fields}).encode())
+    assert code == 400 and message in data["error"]["message"], data
+    assert data["error"]["param"] == next(iter(k for k in fields if k != "messages")), data

@@ -1,5 +1,7 @@
-"""llama-server's ``samplers`` (the order its chain runs in) and ``repeat_last_n`` (the penalties'
-window), read against the request they come with.
+"""llama-server's request fields that this server reads with the request they come with: its
+names for this server's fields (``n_predict`` for ``max_tokens``, and ``repeat_penalty`` for
+``repetition_penalty`` where its window is the whole sequence), ``samplers`` (the order its chain
+runs in) and ``repeat_last_n`` (the penalties' window).
 
 This server's chain has one order (:data:`onnxsample.chain.SAMPLER_NAMES`): penalties,
 temperature, top-k, top-p, min-p, typical-p. llama-server runs the samplers a request lists, in
@@ -17,8 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from onnxsample.chain import SAMPLER_NAMES
+from onnxsample.errors import InvalidParameter
 
-__all__ = ["order_refusal", "window_refusal"]
+__all__ = ["apply_llama_names", "order_refusal", "penalty_refusal", "window_refusal"]
+
+# llama-server's name: (this server's fields it stands for, the type it takes)
+_ALIASES = {
+    "n_predict": (("max_tokens", "max_completion_tokens"), int),
+    "repeat_penalty": (("repetition_penalty",), (int, float)),
+}
+_WINDOWS = ("repeat_last_n", "penalty_last_n")
 
 # llama.cpp's names for its samplers (common_sampler_types_from_names), as this server calls them.
 _CANONICAL = {
@@ -137,3 +147,31 @@ def window_refusal(value: Any, body: Any) -> str | None:
     if "penalties" not in active_samplers(body):
         return None
     return "penalties count the whole sequence: send -1"
+
+
+def apply_llama_names(body: Any) -> None:
+    """Set `body`'s fields from llama-server's names for them (``n_predict``, -1 for no limit;
+    ``repeat_penalty``); :class:`InvalidParameter` where a name contradicts its field."""
+    extra = body.model_extra or {}
+    for name, (fields, kind) in _ALIASES.items():
+        value = extra.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind):
+            what = "an integer" if kind is int else "a number"
+            raise InvalidParameter(f"{name} must be {what}, got {value!r}")
+        for field in fields:
+            given = getattr(body, field, None)
+            if given is not None and given != value:
+                raise InvalidParameter(f"{name} is {value} but {field} is {given}: send one")
+        setattr(body, fields[0], value)
+
+
+def penalty_refusal(value: Any, body: Any) -> str | None:
+    """Why llama-server's ``repeat_penalty`` `value` would change `body`'s answer here, or None:
+    llama-server counts the last 64 tokens unless ``repeat_last_n`` says otherwise, and at -1
+    (the whole sequence, prompt included) its rule is ``repetition_penalty``'s."""
+    extra = body.model_extra or {}
+    if value in (None, 1, 1.0) or any(extra.get(w) == -1 for w in _WINDOWS):
+        return None
+    return "llama-server counts the last 64 tokens: send repeat_last_n -1, or repetition_penalty"
