@@ -133,6 +133,29 @@ def chat(client, **kwargs):
     return client.chat.completions.create(model="tiny", messages=CHAT, **kwargs)
 
 
+def open_chat_page(driver, port: int):
+    """The chat page of the tiny model's server at `port` in `driver`, once it names the model;
+    returns the page's wait (60 s)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.get(f"http://127.0.0.1:{port}/")
+    wait = WebDriverWait(driver, 60)
+    wait.until(lambda d: d.find_element(By.ID, "model").text == "tiny")
+    return wait
+
+
+def ask_chat_page(driver, wait, question: str) -> str:
+    """Send `question` from the chat page; the answer's text once its timings show."""
+    from selenium.webdriver.common.by import By
+
+    timings = len(driver.find_elements(By.CSS_SELECTOR, ".timings"))
+    driver.find_element(By.ID, "input").send_keys(question)
+    driver.find_element(By.ID, "send").click()
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".timings")) > timings)
+    return driver.find_elements(By.CSS_SELECTOR, ".message.assistant")[-1].text
+
+
 def metric_value(port: int, name: str) -> float:
     """One sample of the server's /metrics."""
     return metric(get(port, "/metrics")[1].decode(), name)

@@ -10,7 +10,7 @@ import re
 
 import openai
 import pytest
-from _http import CHAT, post, served
+from _http import CHAT, ask_chat_page, open_chat_page, post, served
 
 from onnxsample.serve.reasoning import ThoughtStream, split_thought
 
@@ -117,18 +117,12 @@ def test_the_chat_page_shows_a_thought_apart(ports, chromium):
     """The chat page asks for the thought apart and shows it above the answer, which stays empty
     here: the opening template puts the whole answer of the tiny model inside the thought."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    chromium.get(f"http://127.0.0.1:{ports['opening']}/")
-    wait = WebDriverWait(chromium, 60)
-    wait.until(lambda d: d.find_element(By.ID, "model").text == "tiny")
+    wait = open_chat_page(chromium, ports["opening"])
     limit = chromium.find_element(By.ID, "max_tokens")
     limit.clear()
     limit.send_keys("12")
-    chromium.find_element(By.ID, "input").send_keys("Think about the sea.")
-    chromium.find_element(By.ID, "send").click()
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".timings"))
+    answer = ask_chat_page(chromium, wait, "Think about the sea.")
     thought = chromium.find_element(By.CSS_SELECTOR, ".thought div").text
-    answer = chromium.find_elements(By.CSS_SELECTOR, ".message.assistant")[-1].text
     assert thought.strip() and not answer, (thought, answer)
     assert not chromium.find_elements(By.CSS_SELECTOR, ".message.error")

@@ -11,7 +11,7 @@ import json
 
 import openai
 import pytest
-from _http import chat, get, metric_value, post, served
+from _http import chat, get, metric_value, open_chat_page, post, served
 
 from onnxsample.text import Tokenizer
 
@@ -345,12 +345,9 @@ def test_the_chat_page_streams_an_answer_in_chromium(port, chromium, tmp_path):
     """Type a question, watch streamed text appear, change the temperature, read the timings."""
     from PIL import Image
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     driver = chromium
-    driver.get(f"http://127.0.0.1:{port}/")
-    wait = WebDriverWait(driver, 60)
-    wait.until(lambda d: d.find_element(By.ID, "model").text == "tiny")
+    wait = open_chat_page(driver, port)
     lengths = []
 
     def ask(question: str, answers: int) -> None:

@@ -10,7 +10,7 @@ import re
 
 import openai
 import pytest
-from _http import chat
+from _http import ask_chat_page, chat, open_chat_page
 from _structured_cases import SCHEMA, TIME, WEATHER, matches_schema, streamed_calls
 
 
@@ -248,20 +248,15 @@ def test_the_chat_page_asks_for_json(port, chromium):
     """The page's "Answer as" control sends response_format: the answer is the schema's JSON; a
     schema that is not JSON is said on the page, not sent."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
+    from selenium.webdriver.support.ui import Select
 
     driver = chromium
-    driver.get(f"http://127.0.0.1:{port}/")
-    wait = WebDriverWait(driver, 60)
-    wait.until(lambda d: d.find_element(By.ID, "model").text == "tiny")
+    wait = open_chat_page(driver, port)
     Select(driver.find_element(By.ID, "format")).select_by_value("json_schema")
     schema = driver.find_element(By.ID, "schema")
     assert schema.is_displayed()
     schema.send_keys(json.dumps(SCHEMA))
-    driver.find_element(By.ID, "input").send_keys("Give me a record.")
-    driver.find_element(By.ID, "send").click()
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".timings"))
-    answer = driver.find_elements(By.CSS_SELECTOR, ".message.assistant")[-1].text
+    answer = ask_chat_page(driver, wait, "Give me a record.")
     assert matches_schema(answer), answer
     schema.clear()
     schema.send_keys("{not json")
