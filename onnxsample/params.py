@@ -12,6 +12,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from onnxsample.errors import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "pack_sampling_params"]
+__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "pack_sampling_params", "samplers_on"]
 
 MAX_TOP_LOGPROBS = 20
 _PREFIX = "sampler."
@@ -213,6 +214,18 @@ _OWNER = {
     "presence_penalty": "penalties",
     "frequency_penalty": "penalties",
 }
+
+
+def samplers_on(source: Any) -> dict[str, Any]:
+    """The chain's samplers that `source` turns on (SamplingParams, or a request with fields of
+    the same names, where an absent or None field is at its neutral value): {sampler: the value
+    of the first of its fields that is on}."""
+    on: dict[str, Any] = {}
+    for name, neutral in _NEUTRAL.items():
+        value = getattr(source, name, None)
+        if value is not None and value != neutral:
+            on.setdefault(_OWNER[name], value)
+    return on
 
 
 def _neutral_arrays(chain: SamplerChain, max_slots: int, max_bias: int) -> dict[str, np.ndarray]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from onnxsample.chain import SAMPLER_NAMES
 from onnxsample.errors import InvalidParameter
+from onnxsample.params import samplers_on
 
 __all__ = ["apply_llama_names", "order_refusal", "penalty_refusal", "window_refusal"]
 
@@ -70,29 +71,6 @@ _NOT_HERE = ("infill", "adaptive_p")
 _ORDER = tuple(s for s in SAMPLER_NAMES if s not in ("logit_bias", "dist"))
 
 
-def active_samplers(body: Any) -> dict[str, float]:
-    """The samplers of this server's chain that `body` (a completion request) turns on, with the
-    value that turns each on (1 for the penalties)."""
-    on: dict[str, float] = {}
-    if (
-        (body.repetition_penalty not in (None, 1.0))
-        or body.presence_penalty
-        or body.frequency_penalty
-    ):
-        on["penalties"] = 1.0
-    if body.temperature is not None and body.temperature != 1.0:
-        on["temperature"] = body.temperature
-    if body.top_k is not None and body.top_k > 0:
-        on["top_k"] = body.top_k
-    if body.top_p is not None and body.top_p < 1.0:
-        on["top_p"] = body.top_p
-    if body.min_p:
-        on["min_p"] = body.min_p
-    if body.typical_p is not None and body.typical_p < 1.0:
-        on["typical_p"] = body.typical_p
-    return on
-
-
 def _commute(a: str, b: str, on: dict[str, float]) -> bool:
     pair = {a, b}
     if pair in ({"top_k", "temperature"}, {"top_k", "min_p"}):
@@ -121,7 +99,7 @@ def order_refusal(value: Any, body: Any) -> str | None:
     for name in _NOT_HERE:
         if name in listed:
             return f"it lists {name}, which this server does not have"
-    on = active_samplers(body)
+    on = samplers_on(body)
     for name in on:
         if listed.count(name) != 1:
             twice = listed.count(name) > 1
@@ -144,7 +122,7 @@ def window_refusal(value: Any, body: Any) -> str | None:
     when no penalty is on."""
     if value is None or (value == -1 and not isinstance(value, bool)):
         return None
-    if "penalties" not in active_samplers(body):
+    if "penalties" not in samplers_on(body):
         return None
     return "penalties count the whole sequence: send -1"
 

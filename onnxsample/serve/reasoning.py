@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["OPEN", "ThoughtStream", "opens_thought", "split_thought"]
+__all__ = ["ThoughtStream", "opens_thought", "split_thought"]
 
 OPEN, CLOSE = "<think>", "</think>"
 
