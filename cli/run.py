@@ -53,6 +53,15 @@ def run(
     typical_p: Annotated[
         float, typer.Option(help="Locally typical mass.", rich_help_panel=_SAMPLING)
     ] = 1.0,
+    temperature_last: Annotated[
+        bool,
+        typer.Option(
+            "--temperature-last/--temperature-first",
+            help="Temperature after top-k, top-p, min-p and typical-p (llama.cpp's order), or "
+            "before them (transformers' and vLLM's).",
+            rich_help_panel=_SAMPLING,
+        ),
+    ] = True,
     repetition_penalty: Annotated[
         float,
         typer.Option(help="> 1 discourages prompt and output tokens.", rich_help_panel=_SAMPLING),
@@ -148,6 +157,7 @@ def run(
         top_p=top_p,
         min_p=min_p,
         typical_p=typical_p,
+        temperature_last=temperature_last,
         repetition_penalty=repetition_penalty,
         presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty,

@@ -69,6 +69,8 @@ def _fallback(body: FunctionBody, config: ChainConfig, beyond: list[str], every:
             body.op("Or", [drawn, "every_rows"], [FALLBACK])
         else:
             body.op("Identity", ["every_rows"], [FALLBACK])
+    if not (beyond or every):  # only the slots the engine flags: those with the temperature last
+        _zeros(body, FALLBACK, T_BOOL, 0)
     body.op("Identity", ["rows"], [FALLBACK_LOGITS])
 
 
@@ -235,7 +237,12 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     chain, body = body, (FunctionBody() if plain else body)  # the selection: an If's else branch
     transformed, selected = z, ("selected" if plain else "token")
     if config.has("temperature"):
-        body.call("Temperature", [z, "temperature"], ["scaled"])
+        cut_temperature = "temperature"
+        if config.temperature_last:  # the cuts read the row at temperature 1 on those slots
+            outs = ["cut_temperature", "draw_scale"]
+            body.call("TemperatureLast", ["temperature", "temperature_last"], outs)
+            cut_temperature = "cut_temperature"
+        body.call("Temperature", [z, cut_temperature], ["scaled"])
         z = "scaled"
     sampling = config.has("dist")
     if static:
@@ -303,6 +310,9 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
     if floors and (config.output_probs or config.output_candidates):
         body.call("Truncate", [draw_z, floor], ["kept"])
         kept = "kept"
+    if config.temperature_last and (config.output_probs or config.output_candidates):
+        body.call("Retemper", [kept, "draw_scale"], ["kept_tempered"])
+        kept = "kept_tempered"
     if sampling:
         if floors and static:
             # RowDraw's token is the candidates' (CandidateDraw adds the same weights in the same
@@ -315,9 +325,15 @@ def build_chain_function(config: ChainConfig) -> onnx.FunctionProto:
                 # draw (a floor of +inf is inside the candidates), so that a batch of greedy rows
                 # never draws from the whole vocabulary.
                 draw_floor, draw_whole = greedy_rows_skip_draw(body, floor, whole_rows)
+            if not config.temperature_last:  # every slot draws at the cuts' temperature
+                one = helper.make_tensor("draw_scale", T_FLOAT, [1, 1], [1.0])
+                body.op("Constant", [], ["draw_scale"], value=one)
             draw_inputs = [draw_z, "candidates", "candidate_ids_all", "top", draw_floor, draw_whole]
-            body.call("Dist", [*draw_inputs, "uniform"], ["drawn_token"])
+            body.call("Dist", [*draw_inputs, "draw_scale", "uniform"], ["drawn_token"])
         else:
+            if config.temperature_last:  # typical-p alone: its kept row at the draw's temperature
+                body.call("Retemper", [draw_z, "draw_scale"], ["draw_tempered"])
+                draw_z = "draw_tempered"
             rows_fn = "DistRowsStatic" if static else "DistRows"
             body.call(rows_fn, [draw_z, "uniform"], ["drawn_token"])
         if config.has("temperature"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from onnxsample.chain import SAMPLER_NAMES
+from onnxsample.chain import SAMPLER_NAMES, SamplerChain
 from onnxsample.graphs._common import T_BOOL, T_FLOAT, T_INT32, T_INT64
 
 __all__ = [
@@ -32,6 +32,7 @@ _ROW = ("S", "V")
 _INPUTS = {
     "dist": [("uniform", T_FLOAT, _SLOT)],
     "temperature": [("temperature", T_FLOAT, _SLOT)],
+    "temperature_last": [("temperature_last", T_BOOL, _SLOT)],
     "top_k": [("top_k", T_INT64, _SLOT)],
     "top_p": [("top_p", T_FLOAT, _SLOT)],
     "min_p": [("min_p", T_FLOAT, _SLOT)],
@@ -75,6 +76,13 @@ class ChainConfig:
     counts_out: bool = True
     logprobs_on_request: bool = False
 
+    @property
+    def temperature_last(self) -> bool:
+        """Whether the chain reads ``temperature_last`` (``SamplerChain.reorders_temperature``):
+        per slot, the temperature after the cuts (llama.cpp's order). Not a static chain: the
+        host draws such a slot's token (see :attr:`flags_fallback`)."""
+        return not self.static and SamplerChain(self.samplers).reorders_temperature
+
     def has(self, name: str) -> bool:
         if name == "logit_bias":
             return name in self.samplers and self.max_bias > 0
@@ -83,10 +91,13 @@ class ChainConfig:
     @property
     def flags_fallback(self) -> bool:
         """Whether some slot may need the host's fallback: a static chain that draws, with a
-        filter whose kept set can reach past the static candidates, or typical-p; or one whose
-        candidates output shows typical-p's kept set, greedy slots' included."""
+        filter whose kept set can reach past the static candidates, or typical-p, or one where a
+        slot may put the temperature after the cuts (the engine flags those slots itself: the
+        static chain reads no ``temperature_last``); or one whose candidates output shows
+        typical-p's kept set, greedy slots' included."""
         drawn = self.has("dist") and any(self.has(n) for n in ("top_k", "top_p", "typical_p"))
-        return self.static and (drawn or self.typical_candidates)
+        reorders = SamplerChain(self.samplers).reorders_temperature
+        return self.static and (drawn or reorders or self.typical_candidates)
 
     @property
     def typical_candidates(self) -> bool:
@@ -101,6 +112,8 @@ def chain_inputs(config: ChainConfig) -> list[tuple[str, int, tuple[str, ...]]]:
     for name in ("dist", "temperature", "top_k", "top_p", "min_p", "typical_p", "penalties"):
         if config.has(name):
             found += [(PREFIX + n, t, d) for n, t, d in _INPUTS[name]]
+        if name == "temperature" and config.temperature_last:
+            found += [(PREFIX + n, t, d) for n, t, d in _INPUTS["temperature_last"]]
     if config.has("logit_bias"):
         found += [(PREFIX + n, t, d) for n, t, d in _INPUTS["logit_bias"]]
     if config.has("penalties"):

@@ -22,6 +22,7 @@ from onnxsample.graphs._batch import AnyRow
 from onnxsample.graphs._common import DOMAIN, NEG_INF, T_INT64, onnxsample
 from onnxsample.graphs._rows import RowMax, RowMaxStatic
 from onnxsample.graphs.candidates import Contained, KeptWeights, Truncate
+from onnxsample.graphs.temperature import Retemper
 
 BLOCK = 256
 BELOW_ONE = float(np.nextafter(np.float32(1), np.float32(0)))  # 1 − 2^-24
@@ -190,6 +191,7 @@ def CandidateDraw(
     top: FLOAT["S", 1],
     floor: FLOAT["S", 1],
     whole_rows: BOOL["S", 1],
+    scale: FLOAT["S", 1],
     u: FLOAT["S", 1],
 ) -> tuple[INT64["S", 1], BOOL["S", 1]]:
     """``RowDraw``'s token from the candidates alone where a slot's kept set lies inside them,
@@ -202,8 +204,13 @@ def CandidateDraw(
     blocks before it (each block's sum counted once, at its last candidate, where its running
     sum is the block's sum). The same additions of the same numbers, so the same token.
 
+    The kept candidates (≥ floor) weigh exp(Retemper(z) − Retemper(top)): the draw's temperature
+    of a slot that puts it after the cuts (``scale``, 1 for every other slot, whose weights it
+    leaves as they were).
+
     z: FLOAT["S", "V"]; candidates, candidate_ids: [S, C] (descending); top, floor: FLOAT["S", 1];
-    whole_rows: BOOL["S", 1]; u: FLOAT["S", 1] → (INT64["S", 1], BOOL["S", 1]).
+    whole_rows: BOOL["S", 1]; scale: FLOAT["S", 1]; u: FLOAT["S", 1] → (INT64["S", 1],
+    BOOL["S", 1]).
     """
     zero_f = op.Constant(value_float=0.0)
     axis = op.Constant(value_ints=[1])
@@ -221,7 +228,8 @@ def CandidateDraw(
     _, by_order = op.TopK(order, count, axis=1, largest=0, sorted=1)
     ids = op.GatherElements(candidate_ids, by_order, axis=1)
     values = op.GatherElements(candidates, by_order, axis=1)
-    weights = op.Where(op.GreaterOrEqual(values, floor), op.Exp(op.Sub(values, top)), zero_f)
+    shifted = op.Sub(Retemper(values, scale), Retemper(top, scale))
+    weights = op.Where(op.GreaterOrEqual(values, floor), op.Exp(shifted), zero_f)
     blk = op.Mod(ids, blocks)
     # [s, j, i]: w_j where j ≤ i is in i's block; summed down j, i's block's running sum at i
     places = op.Range(op.Constant(value_int=0), op.Squeeze(count), op.Constant(value_int=1))
@@ -252,27 +260,31 @@ def Dist(
     top: FLOAT["S", 1],
     floor: FLOAT["S", 1],
     whole_rows: BOOL["S", 1],
+    scale: FLOAT["S", 1],
     uniform: FLOAT["S"],
 ) -> INT64["S"]:
-    """Kept tokens: z ≥ floor (and not −inf). w = exp(z − max z); token = the first id, in the
+    """Kept tokens: z ≥ floor (and not −inf). With z' = ``Retemper``(z, scale) (z itself where
+    the scale is 1), w = exp(z' − max z'); token = the first id, in the
     draw's order (see the module), whose running sum exceeds u · Σw, clamped to the last id that
     adds weight. No vocabulary sort; the token depends only on the kept set and u, whichever of
     the candidates' and the row's draws a slot takes.
 
     z: FLOAT["S", "V"] (typical-p already applied); candidates, candidate_ids: [S, C] (descending);
     top, floor: FLOAT["S", 1]; whole_rows: BOOL["S", 1] (slots that must draw from the whole row, e.g.
-    typical-p, whose kept set is not a floor); uniform: FLOAT["S"] in [0, 1) → INT64["S"].
+    typical-p, whose kept set is not a floor); scale: FLOAT["S", 1] (the temperature of a slot
+    that puts it after the cuts, else 1); uniform: FLOAT["S"] in [0, 1) → INT64["S"].
     """
     axis = op.Constant(value_ints=[1])
     u = op.Unsqueeze(uniform, axis)
-    token, inside = CandidateDraw(z, candidates, candidate_ids, top, floor, whole_rows, u)
+    token, inside = CandidateDraw(z, candidates, candidate_ids, top, floor, whole_rows, scale, u)
     if AnyRow(op.Not(inside)):
         cut = op.And(op.Not(inside), op.Greater(floor, op.Constant(value_float=NEG_INF)))
         if AnyRow(cut):
             row = Truncate(z, floor)
         else:
             row = op.Identity(z)
-        drawn = op.Where(inside, token, RowDraw(row, RowMax(row), u))
+        tempered = Retemper(row, scale)
+        drawn = op.Where(inside, token, RowDraw(tempered, RowMax(tempered), u))
     else:
         drawn = op.Identity(token)
     return op.Squeeze(drawn, axis)

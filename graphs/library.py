@@ -97,8 +97,10 @@ from onnxsample.graphs.temperature import (
     AllGreedy,
     Greedy,
     GreedyRows,
+    Retemper,
     SelectGreedy,
     Temperature,
+    TemperatureLast,
 )
 from onnxsample.graphs.top_k import TopK, TopKOff, TopKStatic
 from onnxsample.graphs.top_p import (
@@ -145,6 +147,8 @@ _SCRIPTS = (
     PenaltiesStatic,
     UpdateCounts,
     Temperature,
+    TemperatureLast,
+    Retemper,
     Greedy,
     GreedyRows,
     AllGreedy,
@@ -234,8 +238,11 @@ class FunctionBody:
         self.nodes: list[onnx.NodeProto] = []
 
     def call(self, function: str, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+        """A call of `function`, named after it (``Name_2``, … where it is called again)."""
+        taken = sum(node.op_type == function for node in self.nodes)
+        name = f"{function}_{taken + 1}" if taken else function
         self.nodes.append(
-            helper.make_node(function, list(inputs), list(outputs), domain=DOMAIN, name=function)
+            helper.make_node(function, list(inputs), list(outputs), domain=DOMAIN, name=name)
         )
 
     def op(self, op_type: str, inputs: Sequence[str], outputs: Sequence[str], **attrs) -> None:

@@ -3,7 +3,8 @@
 A chain is written as a comma-separated string (``"penalties,temperature,top_k,top_p,min_p,dist"``)
 or a list of names. Whatever order the user lists, the samplers run in the canonical order that
 transformers' ``generate`` uses: logit bias → repetition → frequency/presence → temperature → top-k →
-top-p → min-p → typical → draw. Greedy decoding needs no name: it is temperature 0, and a chain
+top-p → min-p → typical → draw, or, per request, with the temperature after the cuts (llama.cpp's
+order, ``SamplingParams.temperature_last``). Greedy decoding needs no name: it is temperature 0, and a chain
 without ``dist`` decodes greedily.
 """
 
@@ -16,7 +17,7 @@ from onnxsample.errors import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SAMPLER_NAMES", "SamplerChain"]
+__all__ = ["CUTS", "SAMPLER_NAMES", "SamplerChain"]
 
 # The canonical order (transformers' generate order); the graph builder follows it too.
 SAMPLER_NAMES: tuple[str, ...] = (
@@ -29,6 +30,8 @@ SAMPLER_NAMES: tuple[str, ...] = (
     "typical_p",
     "dist",
 )
+# The samplers that keep some tokens and drop the rest (llama.cpp's "truncation" samplers).
+CUTS: tuple[str, ...] = ("top_k", "top_p", "min_p", "typical_p")
 
 
 class SamplerChain:
@@ -80,6 +83,15 @@ class SamplerChain:
     def samples(self) -> bool:
         """Whether the chain draws a token (has ``dist``); otherwise it decodes greedily."""
         return "dist" in self._names
+
+    @property
+    def reorders_temperature(self) -> bool:
+        """Whether a request may put the temperature after the cuts (llama.cpp's order,
+        ``SamplingParams.temperature_last``): the chain draws, with a temperature and some cut.
+        Its graph then reads ``sampler.temperature_last``; in any other chain the order changes
+        nothing."""
+        names = self._names
+        return "dist" in names and "temperature" in names and any(n in names for n in CUTS)
 
     def __contains__(self, name: object) -> bool:
         return name in self._names

@@ -65,8 +65,9 @@ CONTRACT_VERSION = "1"
 # k > W alone. 27: a GGUF export's narrow weight codes are widened in the composed model (not at
 # every load); the sampler functions' multi-output Ifs in their variables' order. 28: no shape with
 # a dimension ONNX shape inference made up (``unk__N``), which kept ONNX Runtime from reusing any
-# buffer of the model.
-COMPOSER_REVISION = "28"
+# buffer of the model. 29: sampler.temperature_last (per slot, the temperature after the cuts).
+COMPOSER_REVISION = "29"
+TEMPERATURE_LAST_SINCE = 29  # the first revision whose chains read sampler.temperature_last
 # A static chain's fallback (see onnxsample.engine._fallback): the branching chain for one slot, a
 # standalone sampler model carried in the composed file's metadata (encode_model), so that running
 # a composed model needs neither a second file nor the graph builders.

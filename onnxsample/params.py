@@ -19,10 +19,17 @@ import numpy as np
 from onnxsample.chain import SamplerChain
 from onnxsample.constraint import Constraint
 from onnxsample.errors import InvalidParameter
+from onnxsample.graphs._common import GREEDY_BELOW
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "pack_sampling_params", "samplers_on"]
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "SamplingParams",
+    "pack_sampling_params",
+    "samplers_on",
+    "temperature_moves",
+]
 
 MAX_TOP_LOGPROBS = 20
 _PREFIX = "sampler."
@@ -43,6 +50,9 @@ class SamplingParams:
 
     ``temperature`` 0 is greedy decoding. ``top_k`` 0, ``top_p`` 1, ``min_p`` 0, ``typical_p`` 1,
     ``repetition_penalty`` 1 and ``presence_penalty`` / ``frequency_penalty`` 0 are off.
+    ``temperature_last`` applies the temperature after top-k, top-p, min-p and typical-p, as
+    llama.cpp's default order does (text-generation-webui's field): the cuts then read the
+    untempered distribution; by default it comes first, as in transformers and vLLM.
     ``logit_bias`` maps token ids to values added to their logits. ``seed`` (an integer in
     [0, 2**64)) seeds the slot's own generator (the runtime draws one uniform per step from it);
     ``logprobs`` / ``top_logprobs`` ask for the chosen token's logprob and the ``top_logprobs`` most
@@ -64,6 +74,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     typical_p: float = 1.0
+    temperature_last: bool = False
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -104,6 +115,10 @@ class SamplingParams:
             _check_range(f"logit_bias[{token}]", value, -100.0, 100.0, "in [-100, 100]")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
             raise InvalidParameter(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+        if not isinstance(self.temperature_last, (bool, np.bool_)):
+            raise InvalidParameter(
+                f"temperature_last must be a bool, got {self.temperature_last!r}"
+            )
         if not isinstance(self.logprobs, (bool, np.bool_)):
             raise InvalidParameter(f"logprobs must be a bool, got {self.logprobs!r}")
         top = self.top_logprobs
@@ -135,6 +150,24 @@ class SamplingParams:
                     "token from the candidates, whose logits are the filtered ones)"
                 )
         return self
+
+    @property
+    def temperature_moves(self) -> bool:
+        """Whether ``temperature_last`` changes what is drawn (:func:`temperature_moves`)."""
+        p = self
+        return bool(
+            temperature_moves(
+                p.temperature_last, p.temperature, p.top_k, p.top_p, p.min_p, p.typical_p
+            )
+        )
+
+
+def temperature_moves(last, temperature, top_k, top_p, min_p, typical_p):
+    """Whether the temperature's place changes what is drawn, per slot (numbers or arrays): it
+    comes last, draws (≥ 1e-5) at other than 1, and some cut is on."""
+    cut = (top_k != 0) | (top_p != 1) | (min_p != 0) | (typical_p != 1)
+    drawn = (temperature >= GREEDY_BELOW) & (temperature != 1)
+    return last & drawn & cut
 
 
 def _check_range(
@@ -185,6 +218,8 @@ def pack_sampling_params(
                     value = 0 if vocab_size is not None and value >= vocab_size else value
                     value = min(value, _TOP_K_ALL)
                 arrays[key][s] = value
+        if chain.reorders_temperature:
+            arrays[_TEMPERATURE_LAST][s] = params.temperature_last
         if bias_on:
             for j, (token, value) in enumerate(sorted(params.logit_bias.items())):
                 arrays[_PREFIX + "bias_ids"][s, j] = token
@@ -193,6 +228,7 @@ def pack_sampling_params(
 
 
 _TOP_K_ALL = 2**62
+_TEMPERATURE_LAST = _PREFIX + "temperature_last"
 _NEUTRAL = {
     "temperature": 1.0,
     "top_k": 0,
@@ -234,6 +270,8 @@ def _neutral_arrays(chain: SamplerChain, max_slots: int, max_bias: int) -> dict[
         if _OWNER[name] in chain:
             dtype = np.int64 if name == "top_k" else np.float32
             arrays[_PREFIX + name] = np.full(max_slots, neutral, dtype=dtype)
+    if chain.reorders_temperature:
+        arrays[_TEMPERATURE_LAST] = np.zeros(max_slots, dtype=np.bool_)
     if max_bias > 0:
         arrays[_PREFIX + "bias_ids"] = np.full((max_slots, max_bias), -1, dtype=np.int64)
         arrays[_PREFIX + "bias_values"] = np.zeros((max_slots, max_bias), dtype=np.float32)

@@ -248,8 +248,9 @@ def run_chain(
             get("sampler.presence_penalty"),
             get("sampler.frequency_penalty"),
         )
-    if "temperature" in chain:
-        z = temperature(z, get("sampler.temperature"))
+    last = np.asarray(feeds.get("sampler.temperature_last", np.zeros(len(x), bool)), bool)
+    if "temperature" in chain:  # the cuts read the untempered row where the slot puts it last
+        z = temperature(z, np.where(last, F32(1), get("sampler.temperature")))
     z, finite = finite_rows(z)
     best = greedy(z)
     for name, apply in (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)):
@@ -257,6 +258,9 @@ def run_chain(
             z = apply(z, get(f"sampler.{name}"))
     if "typical_p" in chain:
         z = typical_p(z, get("sampler.typical_p"))
+    if "temperature" in chain and last.any():  # the kept logits at the slot's temperature
+        tempered = np.minimum(temperature(z, get("sampler.temperature")), FLT_MAX)
+        z = np.where(last[:, None], tempered, z).astype(F32)
     if chain.samples:
         token = dist(z, get("sampler.uniform"))
         greedy_rows = np.zeros(len(token), dtype=bool)

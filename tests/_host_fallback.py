@@ -10,6 +10,7 @@ import numpy as np
 
 from onnxsample.composer.sampler_model import build_sampler_model
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
+from onnxsample.params import temperature_moves
 
 
 @functools.cache
@@ -21,9 +22,23 @@ def host_fallback(chain: str, vocab: int, slots: int, **options) -> HostFallback
 
 def redraw(fallback: HostFallback, outputs: dict, feeds: dict) -> list[int]:
     """Redraw the flagged slots of a standalone static sampler's `outputs` (run on `feeds`) in
-    place, counts included, as the engine does; the slots redrawn."""
-    flagged = [int(s) for s in np.flatnonzero(outputs[FALLBACK_FLAGS])]
+    place, counts included, as the engine does; the slots redrawn. As the engine, flag too the
+    slots whose temperature's place after the cuts (``sampler.temperature_last``, which a static
+    chain does not read) changes what they draw."""
+    flags = outputs[FALLBACK_FLAGS]
+    if "sampler.temperature_last" in feeds:
+        names = ["temperature_last", "temperature", "top_k", "top_p", "min_p", "typical_p"]
+        neutral = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0}
+        given = [feeds.get(f"sampler.{n}", neutral.get(n)) for n in names]
+        flags = flags | temperature_moves(*given)
+    flagged = [int(s) for s in np.flatnonzero(flags)]
     for s in flagged:
         for name, value in fallback.redraw(outputs[FALLBACK_ROWS][s : s + 1], feeds, s).items():
             outputs[name][s] = value[0]
     return flagged
+
+
+def read_by(session, feeds: dict) -> dict:
+    """The `feeds` that `session` reads: a static chain reads no ``sampler.temperature_last``."""
+    names = {i.name for i in session.get_inputs()}
+    return {k: v for k, v in feeds.items() if k in names}

@@ -30,6 +30,7 @@ from onnxsample.graphs.prompt_logprobs import (
 
 _PREFIX = "sampler."
 LOGPROBS = "sampler.logprobs"
+TEMPERATURE_LAST = "sampler.temperature_last"
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 SLOTS_DIM = "slots"  # a static chain's slot dimension
 
@@ -38,6 +39,8 @@ DOCS = {
     "1 + b*T + t = batch row b, position t",
     "sampler.uniform": "float32[S]: one U(0,1) draw per slot from that sequence's own seeded generator",
     "sampler.temperature": "float32[S]: temperature; 0 = greedy for that slot (neutral 1)",
+    "sampler.temperature_last": "bool[S]: the temperature after top-k, top-p, min-p and "
+    "typical-p (llama.cpp's order): the cuts read the untempered distribution (default false)",
     "sampler.top_k": "int64[S]: keep the k largest logits, ties kept; 0 = off",
     "sampler.top_p": "float32[S]: nucleus mass over every surviving token (neutral 1)",
     "sampler.min_p": "float32[S]: drop tokens with p < min_p * p_max (neutral 0)",
@@ -116,6 +119,9 @@ def splice(
         if value.name == LOGPROBS:  # a default: a host that binds nothing gets every logprob
             every = np.full(max_slots, options.get("top_logprobs", 0), np.int64)
             value.const_value = ir.tensor(every, name=LOGPROBS)
+            graph.register_initializer(value)
+        if value.name == TEMPERATURE_LAST and not static:  # a default: the canonical order
+            value.const_value = ir.tensor(np.zeros(max_slots, np.bool_), name=TEMPERATURE_LAST)
             graph.register_initializer(value)
     for name, elem, dims in (
         draft.draft_inputs(draft_tokens, "dist" in chain, options.get("allowed_tokens", False))

@@ -26,7 +26,13 @@ from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallb
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
 from onnxsample.engine._row_copy import runs
-from onnxsample.engine._slots import COUNTS_OUT, SlotState, bind_rows, host_copy
+from onnxsample.engine._slots import (
+    COUNTS_OUT,
+    TEMPERATURE_LAST,
+    SlotState,
+    bind_rows,
+    host_copy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +109,8 @@ class Runner:
             shape = [meta.max_slots, meta.vocab_size]
             rows = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, device, 0)
             self.device_outputs[FALLBACK_ROWS] = rows
+        # a static chain reads no temperature_last: the host draws those slots (_redraw)
+        self._host_order = self.fallback is not None and TEMPERATURE_LAST not in slots.inputs
         self.graphs = (
             CapturedDecode(session, device, slots, self.host, self.allowed, self.device_outputs)
             if cuda_graph
@@ -179,7 +187,12 @@ class Runner:
         if self.fallback is None:
             return
         flags = host[FALLBACK_FLAGS]
-        flagged = [seq.slot for seq in call.sampling if flags[seq.slot]]
+        # and the slots whose temperature comes after the cuts, which a static chain cannot read
+        flagged = [
+            seq.slot
+            for seq in call.sampling
+            if flags[seq.slot] or (self._host_order and seq.params.temperature_moves)
+        ]
         if not flagged:
             return
         counted = {s: int(host["sampler.next_token"][s]) for s in flagged}

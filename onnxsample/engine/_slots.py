@@ -28,13 +28,14 @@ import numpy as np
 
 from onnxsample.engine._row_copy import NUMPY_TYPES, RowCopy, runs
 from onnxsample.errors import InvalidParameter
-from onnxsample.metadata import ComposedMetadata
+from onnxsample.metadata import TEMPERATURE_LAST_SINCE, ComposedMetadata
 from onnxsample.params import SamplingParams, pack_sampling_params
 
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 PROMPT_MASK = "sampler.prompt_mask"
 ROW_INDEX = "sampler.row_index"
 LOGPROBS = "sampler.logprobs"
+TEMPERATURE_LAST = "sampler.temperature_last"  # a branching chain's: a static one reads none
 
 
 def asked_logprobs(slots: list[SamplingParams | None]) -> np.ndarray:
@@ -87,6 +88,12 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
     """Raise :class:`~onnxsample.errors.InvalidParameter` unless the graph can serve `params`
     (ranges, samplers in the chain, table sizes); safe from any thread."""
     pack_slots(meta, [params])
+    if params.temperature_moves and not serves_temperature_last(meta):
+        raise InvalidParameter(
+            f"temperature_last needs a model composed by onnxsample revision "
+            f"{TEMPERATURE_LAST_SINCE} or later (this one: {meta.composer_revision or 'unknown'}): "
+            "compose it again"
+        )
     if params.constraint is not None and not meta.allowed_tokens:
         raise InvalidParameter(
             "structured output (a constraint) needs a model composed with the allowed-tokens "
@@ -107,6 +114,13 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
             "prompt_logprobs needs a model composed with prompt logprobs "
             "(onnxsample compose --prompt-logprobs)"
         )
+
+
+def serves_temperature_last(meta: ComposedMetadata) -> bool:
+    """Whether the model serves ``temperature_last``: its branching chain (the graph's own, or
+    the fallback a static chain carries) reads ``sampler.temperature_last``."""
+    revision = meta.composer_revision
+    return revision.isdigit() and int(revision) >= TEMPERATURE_LAST_SINCE
 
 
 def pack_slots(meta: ComposedMetadata, slots: list[SamplingParams | None]) -> dict:

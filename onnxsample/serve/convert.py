@@ -21,6 +21,7 @@ _FIELDS = (
     "top_k",
     "min_p",
     "typical_p",
+    "temperature_last",
     "repetition_penalty",
     "presence_penalty",
     "frequency_penalty",

@@ -3,15 +3,17 @@ names for this server's fields (``n_predict`` for ``max_tokens``, and ``repeat_p
 ``repetition_penalty`` where its window is the whole sequence), ``samplers`` (the order its chain
 runs in) and ``repeat_last_n`` (the penalties' window).
 
-This server's chain has one order (:data:`onnxsample.chain.SAMPLER_NAMES`): penalties,
-temperature, top-k, top-p, min-p, typical-p. llama-server runs the samplers a request lists, in
-the listed order (by default top-k, typical-p, top-p, min-p, then temperature). The two give the
-same distribution whenever every pair of samplers the request turns on either runs in the same
-order in both or commutes: top-k commutes with temperature and with min-p (both keep what is
-above a rank or a fraction of the largest probability, which the other leaves where it was), and
-greedy decoding (temperature 0) commutes with every cut (each keeps the most likely token).
-Otherwise the field is refused, naming the pair; a sampler the request turns on but the list
-leaves out (llama-server would skip it) is refused too.
+This server's chain runs penalties, then top-k, top-p, min-p and typical-p, with the temperature
+before them (:data:`onnxsample.chain.SAMPLER_NAMES`, transformers' and vLLM's order) or, per
+request, after them (``temperature_last``, llama.cpp's default). llama-server runs the samplers a
+request lists, in the listed order (by default top-k, typical-p, top-p, min-p, then temperature).
+The two give the same distribution whenever every pair of samplers the request turns on either
+runs in the same order in both or commutes: top-k commutes with temperature and with min-p (both
+keep what is above a rank or a fraction of the largest probability, which the other leaves where
+it was), and greedy decoding (temperature 0) commutes with every cut (each keeps the most likely
+token). A listed order that one of the two orders gives is taken (with ``temperature_last`` where
+only the second does); otherwise the field is refused, naming the pair. A sampler the request
+turns on but the list leaves out (llama-server would skip it) is refused too.
 """
 
 from __future__ import annotations
@@ -69,14 +71,15 @@ _LETTERS = {  # common_sampler_type_to_chr
 # Listed, these change the draw whatever the request's parameters say.
 _NOT_HERE = ("infill", "adaptive_p")
 _ORDER = tuple(s for s in SAMPLER_NAMES if s not in ("logit_bias", "dist"))
+_CUTS = ("top_k", "top_p", "min_p", "typical_p")
+_ORDER_LAST = (*(s for s in _ORDER if s != "temperature"), "temperature")
 
 
 def _commute(a: str, b: str, on: dict[str, float]) -> bool:
     pair = {a, b}
     if pair in ({"top_k", "temperature"}, {"top_k", "min_p"}):
         return True
-    cuts = {"top_k", "top_p", "min_p", "typical_p"}
-    return "temperature" in pair and on["temperature"] == 0 and bool(pair & cuts)
+    return "temperature" in pair and on["temperature"] == 0 and bool(pair & set(_CUTS))
 
 
 def _listed(value: Any) -> list[str] | str:
@@ -89,8 +92,25 @@ def _listed(value: Any) -> list[str] | str:
     return "give a list of sampler names or a string of sampler letters"
 
 
+def _misordered(listed: list[str], on: dict[str, Any], order: tuple[str, ...]) -> tuple | None:
+    """The first pair (a, b) of the samplers `on` that `order` runs a-then-b and `listed`
+    b-then-a, where the two do not commute; None when `listed` gives `order`'s distribution."""
+    ours = [s for s in order if s in on]
+    for i, a in enumerate(ours):
+        for b in ours[i + 1 :]:
+            if listed.index(b) < listed.index(a) and not _commute(a, b, on):
+                return a, b
+    return None
+
+
+def _last(body: Any) -> bool:
+    return bool(getattr(body, "temperature_last", None))
+
+
 def order_refusal(value: Any, body: Any) -> str | None:
-    """Why llama-server's ``samplers`` `value` would change `body`'s answer here, or None."""
+    """Why llama-server's ``samplers`` `value` would change `body`'s answer here, or None
+    (after :func:`apply_llama_names`, which takes the temperature last where only that order
+    gives the listed one's distribution)."""
     if value is None:
         return None
     listed = _listed(value)
@@ -107,13 +127,19 @@ def order_refusal(value: Any, body: Any) -> str | None:
                 f"it lists {name} twice" if twice else
                 f"it leaves out {name}, which the request sets: llama-server would skip it"
             )  # fmt: skip
-    ours = [s for s in _ORDER if s in on]
-    for i, a in enumerate(ours):
-        for b in ours[i + 1 :]:
-            if listed.index(b) < listed.index(a) and not _commute(a, b, on):
-                order = ", ".join(_ORDER)
-                return f"it runs {b} before {a}; this server's order is {order}"
-    return None
+    order = _ORDER_LAST if _last(body) else _ORDER
+    pair = _misordered(listed, on, order)
+    if pair is None:
+        return None
+    a, b = pair
+    if _last(body):
+        return f"it runs {b} before {a}; with temperature_last this server's order is " + (
+            ", ".join(_ORDER_LAST)
+        )
+    return (
+        f"it runs {b} before {a}; this server's order is {', '.join(_ORDER)}, or "
+        f"{', '.join(_ORDER_LAST)} (temperature_last)"
+    )
 
 
 def window_refusal(value: Any, body: Any) -> str | None:
@@ -129,7 +155,9 @@ def window_refusal(value: Any, body: Any) -> str | None:
 
 def apply_llama_names(body: Any) -> None:
     """Set `body`'s fields from llama-server's names for them (``n_predict``, -1 for no limit;
-    ``repeat_penalty``); :class:`InvalidParameter` where a name contradicts its field."""
+    ``repeat_penalty``), and ``temperature_last`` where the order ``samplers`` lists gives the
+    distribution of that order only; :class:`InvalidParameter` where a name contradicts its
+    field."""
     extra = body.model_extra or {}
     for name, (fields, kind) in _ALIASES.items():
         value = extra.get(name)
@@ -143,6 +171,12 @@ def apply_llama_names(body: Any) -> None:
             if given is not None and given != value:
                 raise InvalidParameter(f"{name} is {value} but {field} is {given}: send one")
         setattr(body, fields[0], value)
+    listed = _listed(extra.get("samplers"))
+    if getattr(body, "temperature_last", None) is None and isinstance(listed, list):
+        on = samplers_on(body)
+        once = all(listed.count(name) == 1 for name in on)
+        if once and _misordered(listed, on, _ORDER) and not _misordered(listed, on, _ORDER_LAST):
+            body.temperature_last = True  # llama.cpp's order: the temperature after the cuts
 
 
 def penalty_refusal(value: Any, body: Any) -> str | None:

@@ -79,6 +79,7 @@ class SamplingFields(_Body):
     top_k: StrictInt | None = None
     min_p: float | None = None
     typical_p: float | None = None
+    temperature_last: bool | None = None  # text-generation-webui's: llama.cpp's order
     repetition_penalty: float | None = None
     ignore_eos: bool = False
     min_tokens: StrictInt = 0

@@ -357,6 +357,24 @@ def test_run_composes_an_export_folder_and_prints_json(run_folder, capsys):
     assert "prompt " in err and "tok/s" in err and "first token" in err
 
 
+@pytest.mark.parametrize("order", ["--temperature-last", "--temperature-first", None])
+def test_run_samples_with_llama_cpps_defaults_and_order(order, run_folder, capsys):
+    """Temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, and by default the temperature after
+    the cuts, as llama.cpp: the tokens the library gives for those parameters."""
+    from onnxsample import Generator, SamplingParams
+
+    argv = ["run", str(run_folder), "-p", "Hello", "--seed", "11", "-n", "12", "--no-chat"]
+    code, out, err = run_cli(capsys, *argv, "--json", "--threads", "1", *filter(None, [order]))
+    assert code == 0, err
+    last = order != "--temperature-first"
+    params = SamplingParams(
+        temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, temperature_last=last, seed=11
+    )
+    with Generator(run_folder / "composed.onnx", threads=1) as gen:
+        [done] = gen.generate("Hello", params, max_new_tokens=12, chat=False)
+    assert json.loads(out)["token_ids"] == done.token_ids
+
+
 def test_run_streams_one_prompt(run_folder, capsys):
     code, out, err = run_cli(
         capsys, "run", str(run_folder), "-p", "Hi", "-n", "6", "--temperature", "0", "--no-chat"

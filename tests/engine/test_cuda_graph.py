@@ -14,6 +14,8 @@ import onnxsample.engine._session as session_module
 from onnxsample import Constraint, Generator, InvalidParameter, SamplingParams
 from onnxsample.composer import compose
 from onnxsample.engine._graphs import CapturedDecode
+from onnxsample.engine._slots import check_params
+from onnxsample.metadata import composed_metadata
 
 OPTIONS = {"max_slots": 4, "top_logprobs": 3, "max_bias": 4, "prompt_logprobs": True}
 PROMPTS = [
@@ -23,6 +25,7 @@ PROMPTS = [
     "a",
     "Far away",
     "Once upon a time",
+    "My favourite colour is",
 ]
 PARAMS = [
     SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3),
@@ -39,6 +42,10 @@ PARAMS = [
     # past the static chain's candidates: the host's fallback draws these
     SamplingParams(temperature=1.5, top_k=5000, seed=6, logprobs=True),
     SamplingParams(temperature=2.0, top_p=0.999, presence_penalty=0.5, seed=7, logprobs=True),
+    # llama.cpp's order: a static chain reads no temperature_last, the engine flags the slot
+    SamplingParams(
+        temperature=0.6, top_k=40, top_p=0.95, min_p=0.05, temperature_last=True, seed=8
+    ),
 ]
 
 
@@ -66,9 +73,21 @@ def test_static_chain_and_fixed_decode_steps_give_the_branching_chains_output(gr
     reference, none = _run(graphs["branching"], graphs["source"])
     static, redrawn = _run(graphs["static"], graphs["source"])
     assert static == reference
-    assert none == 0 and redrawn >= 20  # the last two requests' tokens, at least
+    assert none == 0 and redrawn >= 40  # the last three requests' tokens, at least
     monkeypatch.setattr(session_module, "GRAPH_DEVICES", ("cuda", "cpu"))
     assert _run(graphs["static"], graphs["source"], cuda_graph=True) == (static, redrawn)
+
+
+@pytest.mark.parametrize("kind", ["static", "branching"])
+def test_a_model_composed_before_temperature_last_refuses_it(graphs, kind):
+    """A composed model of an earlier revision reads no sampler.temperature_last (nor does its
+    fallback chain): a request whose draw the temperature's place changes is refused, naming
+    the field; one where the place changes nothing (temperature 1) is served."""
+    meta = dataclasses.replace(composed_metadata(graphs[kind]), composer_revision="28")
+    with pytest.raises(InvalidParameter, match="^temperature_last needs a model composed"):
+        check_params(meta, PARAMS[-1])
+    check_params(meta, dataclasses.replace(PARAMS[-1], temperature=1.0))
+    check_params(composed_metadata(graphs[kind]), PARAMS[-1])
 
 
 @pytest.fixture
@@ -203,7 +222,7 @@ def _mixed(graphs, source, cuda_graph: bool) -> list:
     params[0] = SamplingParams(seed=8, constraint=Constraint.regex("[a-z ]{1,40}"))
     params[3] = dataclasses.replace(params[2], constraint=Constraint.regex("[0-9 ]{1,40}"))
     params[4] = dataclasses.replace(params[2], seed=9)  # penalised, admitted once others run
-    lengths = [3, 4, 24, 12, 16, 20]
+    lengths = [3, 4, 24, 12, 16, 20, 10]
     with Generator(graphs, tokenizer=source, threads=1, cuda_graph=cuda_graph) as generator:
         done = _queued_at_once(generator.engine, PROMPTS, params, lengths)
         assert generator.engine.stats().fallback_tokens > 0

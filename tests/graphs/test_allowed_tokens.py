@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnx.reference
 import pytest
-from _host_fallback import host_fallback, redraw
+from _host_fallback import host_fallback, read_by, redraw
 
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
@@ -31,7 +31,7 @@ def _run(chain, logits, slots, allowed, static=False, **kwargs):
     session = _session(chain, V, len(slots), max_bias=4, allowed_tokens=True, static=static)
     feeds = sampler_feeds(chain, logits, slots, max_bias=4, allowed=allowed, **kwargs)
     names = [o.name for o in session.get_outputs()]
-    out = dict(zip(names, session.run(None, feeds), strict=True))
+    out = dict(zip(names, session.run(None, read_by(session, feeds)), strict=True))
     if static:
         options = dict(max_bias=4, allowed_tokens=True)
         redraw(host_fallback(chain, V, len(slots), **options), out, feeds)
@@ -87,7 +87,7 @@ def test_a_one_column_mask_changes_nothing(static):
     session = _session(FULL, V, slots, max_bias=4, static=static)
     feeds = sampler_feeds(FULL, logits, PARAMS, max_bias=4)
     names = [o.name for o in session.get_outputs()]
-    without = dict(zip(names, session.run(None, feeds), strict=True))
+    without = dict(zip(names, session.run(None, read_by(session, feeds)), strict=True))
     for name in ("sampler.next_token", "sampler.logprob"):
         np.testing.assert_array_equal(with_mask[name], without[name])
 

@@ -85,6 +85,7 @@ def _evaluator(model, feeds):
                 "sampler.row_index",
                 "sampler.uniform",
                 "sampler.temperature",
+                "sampler.temperature_last",
                 "sampler.top_k",
                 "sampler.top_p",
                 "sampler.min_p",
@@ -186,6 +187,7 @@ def _random_case(seed: int, chain: str, vocab: int, slots: int, max_bias: int):
             presence_penalty=float(rng.choice([0.0, 0.5, -1.0])),
             frequency_penalty=float(rng.choice([0.0, 0.3])),
             logit_bias={int(rng.integers(vocab)): float(rng.uniform(-5, 5))} if max_bias else {},
+            temperature_last=bool(rng.random() < 0.5),
         )
         params.append(_restrict(p, chain))
     prompt = rng.random((slots, vocab)) < 0.1

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnx.inliner
 import pytest
-from _host_fallback import host_fallback, redraw
+from _host_fallback import host_fallback, read_by, redraw
 
 from onnxsample import SamplingParams, sampler_feeds
 from onnxsample.composer.sampler_model import build_sampler_model, sampler_session
@@ -33,7 +33,7 @@ def _both(chain: str, feeds: dict, slots: int, **options) -> tuple[dict, dict, l
     extra = [n for n in static_names if n not in names]
     assert [n for n in static_names if n in names] == names
     a = dict(zip(names, branching.run(None, feeds), strict=True))
-    b = dict(zip(static_names, static.run(None, feeds), strict=True))
+    b = dict(zip(static_names, static.run(None, read_by(static, feeds)), strict=True))
     flagged = []
     if extra:
         assert extra == [FALLBACK_FLAGS, FALLBACK_ROWS]
@@ -64,6 +64,13 @@ LLAMA = np.log(np.array([[0.1, 0.2, 0.3, 0.4]], dtype=np.float32))
         ("typical_p,dist", SamplingParams(typical_p=0.5), None),
         ("top_k,top_p,min_p,dist", SamplingParams(top_k=3, top_p=0.7), 2),
         (FULL, SamplingParams(top_k=3, top_p=0.8, min_p=0.05), 3),
+        # p ∝ p² at temperature 0.5: the nucleus of 0.8 is 2 tokens; of the untempered row, 3
+        ("temperature,top_p,dist", SamplingParams(temperature=0.5, top_p=0.8), 2),
+        (
+            "temperature,top_p,dist",
+            SamplingParams(temperature=0.5, top_p=0.8, temperature_last=True),
+            3,
+        ),
     ],
 )
 def test_llama_cpp_tables(chain, params, kept):
@@ -96,13 +103,15 @@ def _random_params(rng: np.random.Generator, vocab: int) -> SamplingParams | Non
 @pytest.mark.parametrize("seed", range(6))
 def test_random_rows_every_parameter_mix(vocab, seed):
     """Flat rows (the nucleus beyond the candidates, then beyond the wider set) and peaked ones."""
-    rng = np.random.default_rng(seed)
+    rng, order = np.random.default_rng(seed), np.random.default_rng(100 + seed)
     slots = 6
     flagged = 0
     for _ in range(8):
         scale = rng.choice([0.3, 1.0, 4.0])
         logits = rng.normal(0, scale, (slots + 1, vocab)).astype(np.float32)
         params = [_random_params(rng, vocab) for _ in range(slots)]
+        for p in filter(None, params):  # from a generator of their own: the rows stay as they were
+            p.temperature_last = bool(order.random() < 0.4)
         mask = rng.random((slots, vocab)) < 0.05
         counts = ((rng.random((slots, vocab)) < 0.05) * rng.integers(1, 4, (slots, vocab))).astype(
             np.int32

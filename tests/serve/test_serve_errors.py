@@ -434,9 +434,11 @@ def test_the_peers_fields_at_their_neutral_values_are_accepted(port):
         assert code == 200, data
 
 
-# llama-server's fields read with the request's own: (fields, the field refused, or None when they
-# change nothing here). The web UI sends repeat_last_n 64 and its sampler order with every request.
+# llama-server's fields read with the request's own: (fields, the field refused, None when they
+# change nothing here, or LAST when they give temperature_last's answer). The web UI sends
+# repeat_last_n 64 and its sampler order with every request.
 WEB_UI_ORDER = ["top_k", "typ_p", "top_p", "min_p", "temperature"]
+LAST = "temperature_last"
 BY_REQUEST = [
     ({"repeat_last_n": 64}, None),  # no penalty on: the window changes nothing
     ({"repeat_last_n": 0, "repeat_penalty": 1.0, "presence_penalty": 0}, None),
@@ -451,7 +453,15 @@ BY_REQUEST = [
         None,
     ),
     ({"samplers": ["top_k", "bogus", "temperature"], "top_k": 4, "temperature": 0.5}, None),
-    ({"samplers": WEB_UI_ORDER, "top_k": 40, "min_p": 0.05, "temperature": 0.8}, "samplers"),
+    ({"samplers": WEB_UI_ORDER, "top_k": 40, "min_p": 0.05, "temperature": 0.8}, LAST),
+    (  # the web UI's defaults
+        {"samplers": WEB_UI_ORDER, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8},
+        LAST,
+    ),
+    ({"samplers": "kpmt", "top_p": 0.9, "temperature": 0.7, "temperature_last": True}, LAST),
+    ({"samplers": "kpmt", "top_p": 0.9, "temperature": 0.7, "temperature_last": False}, "samplers"),
+    ({"samplers": "tkp", "top_p": 0.9, "temperature": 0.7, "temperature_last": True}, "samplers"),
+    ({"samplers": "kptm", "top_p": 0.9, "min_p": 0.1, "temperature": 0.7}, "samplers"),
     ({"samplers": ["top_p", "top_k"], "top_p": 0.9, "top_k": 40}, "samplers"),
     ({"samplers": ["temperature"], "top_k": 40}, "samplers"),  # llama-server would skip top_k
     ({"samplers": ["top_k", "top_k"], "top_k": 40}, "samplers"),
@@ -471,13 +481,15 @@ def test_llama_servers_order_and_window_are_read_with_the_request(port, fields, 
     same seed), refused by name where llama-server's answer would differ."""
     body = {"prompt": "Once upon a time", "max_tokens": 6, "seed": 7, **fields}
     code, data = post(port, "/v1/completions", json.dumps(body).encode())
-    if refused is not None:
+    if refused not in (None, LAST):
         assert code == 400 and data["error"]["param"] == refused, data
         assert data["error"]["message"].startswith(f"{refused} is not supported ("), data
         return
     assert code == 200, data
     llama = ("samplers", "repeat_last_n", "n_cmpl", "repeat_penalty")
     plain = {k: v for k, v in body.items() if k not in llama}
+    if refused == LAST:
+        plain[LAST] = True
     code, alone = post(port, "/v1/completions", json.dumps(plain).encode())
     assert code == 200 and [c["text"] for c in data["choices"]] == [
         c["text"] for c in alone["choices"]
