@@ -18,7 +18,10 @@ VERSION=0.3.36
 ROOT=${ONNXSAMPLE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/onnxsample}/llama.cpp-$VERSION
 TARGETS=(llama-server llama-tokenize llama-quantize llama-batched-bench)
 BUILD=build
-FLAGS=(-DGGML_NATIVE=ON)
+# Native, without AMX: where a CPU has AMX but the sandbox or kernel does not grant its tiles,
+# ggml's AMX kernels stop llama-server with SIGILL on the first matmul.
+NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+FLAGS=(-DGGML_NATIVE=ON "-DCMAKE_C_FLAGS=$NO_AMX" "-DCMAKE_CXX_FLAGS=$NO_AMX")
 if [ "${1:-}" = cuda ]; then
   TARGETS=(llama-batched-bench llama-bench)
   BUILD=build-cuda
@@ -26,6 +29,8 @@ if [ "${1:-}" = cuda ]; then
 fi
 done_=1
 for t in "${TARGETS[@]}"; do [ -x "$ROOT/$BUILD/bin/$t" ] || done_=0; done
+# a build made with other flags (an older script's) is made again
+[ "$(cat "$ROOT/$BUILD/flags" 2>/dev/null)" = "${FLAGS[*]}" ] || done_=0
 if [ "$done_" = 1 ] && [ -f "$ROOT/src/convert_hf_to_gguf.py" ]; then echo "$ROOT"; exit 0; fi
 mkdir -p "$ROOT"
 PY=${PYTHON:-.venv/bin/python}
@@ -41,4 +46,5 @@ echo "build_llama_cpp: building ${TARGETS[*]} in $ROOT/$BUILD (~15 min on 2 core
 cmake -S "$ROOT/src" -B "$ROOT/$BUILD" "${FLAGS[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=Release > "$ROOT/cmake-$BUILD.log"
 cmake --build "$ROOT/$BUILD" --target "${TARGETS[@]}" -j"$(nproc)" > "$ROOT/$BUILD.log"
+echo "${FLAGS[*]}" > "$ROOT/$BUILD/flags"
 echo "$ROOT"
