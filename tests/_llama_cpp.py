@@ -143,6 +143,12 @@ class LlamaServer:
         if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()
 
+    def get(self, path: str) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url + path, timeout=60) as r:
+            return json.loads(r.read())
+
     def post(self, path: str, body: dict) -> dict:
         import urllib.request
 

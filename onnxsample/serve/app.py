@@ -35,6 +35,7 @@ from onnxsample.serve.llama_fields import apply_llama_names
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
 from onnxsample.serve.peer_fields import refuse_unsupported
+from onnxsample.serve.props import server_props
 from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
@@ -156,6 +157,10 @@ def create_app(
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/props")
+    async def props() -> dict:
+        return server_props(engine(), settings.served_model_name)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -84,7 +84,7 @@ def test_a_model_composed_before_temperature_last_refuses_it(graphs, kind):
     fallback chain): a request whose draw the temperature's place changes is refused, naming
     the field; one where the place changes nothing (temperature 1) is served."""
     meta = dataclasses.replace(composed_metadata(graphs[kind]), composer_revision="28")
-    with pytest.raises(InvalidParameter, match="^temperature_last needs a model composed"):
+    with pytest.raises(InvalidParameter, match=r"^temperature_last needs a model composed"):
         check_params(meta, PARAMS[-1])
     check_params(meta, dataclasses.replace(PARAMS[-1], temperature=1.0))
     check_params(composed_metadata(graphs[kind]), PARAMS[-1])

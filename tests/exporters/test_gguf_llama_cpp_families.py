@@ -32,7 +32,7 @@ import onnx_ir as ir
 import pytest
 from _exports import export_cached
 from _hard_texts import HARD, hard_corpus
-from _http import post, served
+from _http import get, post, served
 from _llama_cpp import TOL, LlamaServer, compare_with_llama_cpp
 
 from onnxsample.exporters import export
@@ -178,6 +178,43 @@ def test_the_servers_tokenize_answers_as_llama_servers(family, llama_cpp):
             != (got := post(ours.port, "/tokenize", json.dumps(body).encode())[1]["tokens"])
         ]
     assert not wrong, f"{len(wrong)} of {len(bodies)} differ, first: {wrong[0]}"
+
+
+_JSON_KINDS = (bool, int, float, str, list, dict, type(None))
+
+
+def _same_kinds(ours, theirs, where: str = "") -> list[str]:
+    """Where `ours` has a key `theirs` lacks, or a value of another JSON type."""
+    kind = [next(k for k in _JSON_KINDS if isinstance(v, k)) for v in (ours, theirs)]
+    if kind[0] is not kind[1]:
+        return [f"{where}: {ours!r} where llama-server has {theirs!r}"]
+    if kind[0] is not dict:
+        return []
+    problems = []
+    for key, value in ours.items():
+        if key not in theirs:
+            problems.append(f"{where}.{key}: not llama-server's")
+        else:
+            problems += _same_kinds(value, theirs[key], f"{where}.{key}")
+    return problems
+
+
+def test_props_answer_as_llama_servers(llama_cpp):
+    """`/props`, which llama.cpp's web UI reads when it opens: only llama-server's keys, each
+    with a value of the same JSON type, and on the same file the same chat template, BOS, EOS,
+    context and modalities."""
+    path = models.gguf("qwen2", "Q8_0", llama_cpp)
+    with served(_export(path, "Q8_0").output, "--threads", "1") as ours:
+        code, raw = get(ours.port, "/props")
+    assert code == 200, raw
+    mine = json.loads(raw)
+    n_ctx = mine["default_generation_settings"]["n_ctx"]
+    with LlamaServer(llama_cpp, path, ctx=n_ctx, args=("--jinja",)) as theirs:
+        want = theirs.get("/props")
+    assert _same_kinds(mine, want) == []
+    for key in ("chat_template", "bos_token", "eos_token", "modalities"):
+        assert mine[key] == want[key], key
+    assert want["default_generation_settings"]["n_ctx"] == n_ctx
 
 
 CHATS = [

@@ -170,6 +170,23 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
         assert name.encode() in text, name
 
 
+def test_props_default_sampling_is_what_a_request_gets_without_it(port):
+    """llama.cpp's web UI reads /props and sends its default sampling back with each request
+    (llama-server's names, its samplers order): the answer a request gets without them."""
+    code, raw = get(port, "/props")
+    assert code == 200
+    props = json.loads(raw)
+    assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 4
+    params = props["default_generation_settings"]["params"]
+    base = {"prompt": "Once upon a time", "max_tokens": 8, "seed": 3}
+    answers = []
+    for body in ({**base, **params, "max_tokens": 8, "n_predict": 8}, base):
+        code, data = post(port, "/v1/completions", json.dumps(body).encode())
+        assert code == 200, data
+        answers.append(data["choices"][0]["text"])
+    assert answers[0] == answers[1]
+
+
 def test_tokenize_takes_llama_servers_and_vllms_text_options(port, models):
     """llama-server's `content` gets no special tokens unless `add_special`, vLLM's `prompt` gets
     them unless `add_special_tokens` is false; `with_pieces` gives each token's text, or its bytes
