@@ -82,6 +82,14 @@ def serve(
     cuda_graph: opt.CudaGraph = None,
     row_buckets: opt.RowBuckets = True,
     chat_template: opt.ChatTemplate = None,
+    reasoning_format: Annotated[
+        str,
+        typer.Option(
+            "--reasoning-format",
+            help="A chat's reasoning_format when it sends none: none (the text as written), or "
+            "auto / deepseek (a <think> thought in reasoning_content), as llama-server's.",
+        ),
+    ] = "none",
     speculative: opt.Speculative = None,
     attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
@@ -151,6 +159,9 @@ def serve(
     then per replica (default: --replica-cpus, at least 1) and --max-queue is how many requests
     wait at the proxy before 503.
     """
+    from onnxsample.serve.reasoning import check_format
+
+    check_format(reasoning_format)
     spec = opt.engine_options(
         speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
     )
@@ -163,6 +174,7 @@ def serve(
             replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
             min_replicas=min_replicas, max_replicas=max_replicas,
             target_ongoing_requests=target_ongoing_requests, attention=attention,
+            reasoning_format=reasoning_format,
         )  # fmt: skip
         return
     try:
@@ -207,7 +219,12 @@ def serve(
         failed.append(exc)
         server.should_exit = True
 
-    settings = ServeSettings(served_model_name=name, api_key=api_key, allowed_hosts=hosts)
+    settings = ServeSettings(
+        served_model_name=name,
+        api_key=api_key,
+        allowed_hosts=hosts,
+        reasoning_format=reasoning_format,
+    )
     config.app = create_app(load, settings, on_load_error=on_load_error)
     logging.getLogger("onnxsample").setLevel(logging.INFO)
     _announce(name, composed, host, port, api_key)
@@ -224,7 +241,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
                     provider: str, spec: dict, replicas: int | None, ray_address: str | None,
                     replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
                     target_ongoing_requests: float | None,
-                    attention: str = "gqa") -> None:  # fmt: skip
+                    attention: str = "gqa", reasoning_format: str = "none") -> None:  # fmt: skip
     if ray_address is not None:
         _use_ray_token()  # before Ray is imported: it reads the mode once
     try:
@@ -255,6 +272,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         provider=provider,
         api_key=api_key,
         allowed_hosts=hosts_for(host, allowed_hosts),
+        reasoning_format=reasoning_format,
         **spec,
     )
     app = ray_serve.build_application(options, scaling)

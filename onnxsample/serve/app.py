@@ -58,7 +58,9 @@ class ServeSettings:
     ``Authorization: Bearer <key>`` on every route but /health and the chat page; bodies over
     `max_body_bytes` get 413; `allowed_hosts` are the Host names answered (None: any; see
     :func:`~onnxsample.serve.middleware.hosts_for`); `replica`, when set, names this process in
-    every response's ``x-onnxsample-replica`` header (one of several replicas behind a proxy)."""
+    every response's ``x-onnxsample-replica`` header (one of several replicas behind a proxy);
+    `reasoning_format` is a chat's ``reasoning_format`` when it sends none (llama-server's
+    ``--reasoning-format``)."""
 
     served_model_name: str
     api_key: str | None = None
@@ -66,6 +68,10 @@ class ServeSettings:
     max_body_bytes: int = 4 * 2**20
     drain_seconds: float = 30.0
     replica: str | None = None
+    reasoning_format: str = "none"
+
+    def __post_init__(self) -> None:
+        reasoning.check_format(self.reasoning_format)
 
 
 class _State:
@@ -160,7 +166,7 @@ def create_app(
 
     @app.get("/props")
     async def props() -> dict:
-        return server_props(engine(), settings.served_model_name)
+        return server_props(engine(), settings.served_model_name, settings.reasoning_format)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -211,7 +217,7 @@ def create_app(
 
         seqs = await asyncio.to_thread(prepared)
         opened = None  # where the thought goes apart: whether the prompt opened it
-        if body.reasoning_format in ("auto", "deepseek"):
+        if (body.reasoning_format or settings.reasoning_format) != "none":
             tail = e.tokenizer.decode(seqs[0].prompt[-8:], skip_special_tokens=False)
             opened = reasoning.opens_thought(tail)
         requests = _enqueue(e, seqs, metrics)

@@ -17,9 +17,10 @@ __all__ = ["server_props"]
 _LLAMA_NAMES = {"typical_p": "typ_p"}
 
 
-def _default_params() -> dict[str, Any]:
+def _default_params(reasoning_format: str) -> dict[str, Any]:
     """A request's sampling when it sets nothing: the neutral values (``SamplingParams()``), no
-    token limit for a chat (a text completion's is OpenAI's 16), the temperature first."""
+    token limit for a chat (a text completion's is OpenAI's 16), the temperature first, and the
+    server's reasoning format."""
     neutral = SamplingParams()
     order = [_LLAMA_NAMES.get(s, s) for s in SAMPLER_NAMES if s not in ("logit_bias", "dist")]
     return {
@@ -37,21 +38,25 @@ def _default_params() -> dict[str, Any]:
         "ignore_eos": neutral.ignore_eos,
         "stream": False,
         "n_probs": 0,
-        "reasoning_format": "none",
+        "reasoning_format": reasoning_format,
         "samplers": order,
         "post_sampling_probs": False,
     }
 
 
-def server_props(engine: Any, name: str) -> dict[str, Any]:
-    """llama-server's ``/props`` answer for `engine` serving the model `name`."""
+def server_props(engine: Any, name: str, reasoning_format: str) -> dict[str, Any]:
+    """llama-server's ``/props`` answer for `engine` serving the model `name`, a chat's
+    reasoning format `reasoning_format` when it sends none."""
     tokenizer = engine.tokenizer
 
     def text(token: int | None) -> str:
         return "" if token is None else tokenizer.token_to_text(token)
 
     return {
-        "default_generation_settings": {"params": _default_params(), "n_ctx": engine.limit},
+        "default_generation_settings": {
+            "params": _default_params(reasoning_format),
+            "n_ctx": engine.limit,
+        },
         "total_slots": engine.concurrency,
         "model_alias": name,
         "model_path": str(engine.path),

@@ -14,7 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["ThoughtStream", "opens_thought", "split_thought"]
+from onnxsample.errors import InvalidParameter
+
+__all__ = ["FORMATS", "ThoughtStream", "check_format", "opens_thought", "split_thought"]
+
+# llama-server's reasoning formats this server takes: "none" leaves the text as the model wrote it
+FORMATS = ("none", "auto", "deepseek")
+
+
+def check_format(value: str) -> str:
+    """`value`, or :class:`InvalidParameter` where it is none of :data:`FORMATS`."""
+    if value not in FORMATS:
+        raise InvalidParameter(
+            f"reasoning_format must be one of {', '.join(FORMATS)}, got {value!r}"
+        )
+    return value
+
 
 OPEN, CLOSE = "<think>", "</think>"
 

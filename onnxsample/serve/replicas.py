@@ -66,6 +66,7 @@ class ReplicaOptions:
     cuda_graph: bool | None = None
     row_buckets: bool = True
     chat_template: str | None = None  # jinja text in place of the model folder's
+    reasoning_format: str = "none"  # a chat's when it sends none
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class OnnxsampleReplica:
             api_key=self.options.api_key,
             allowed_hosts=self.options.allowed_hosts,
             replica=self.name,
+            reasoning_format=self.options.reasoning_format,
         )
         return create_app(self.engine, settings)
 

@@ -110,6 +110,10 @@ ERROR_CASES = {
         "is not empty and holds no onnxsample export",
     ),
     "unknown option": (lambda t: ["export", "--bogus"], "No such option: --bogus"),
+    "invalid reasoning format": (
+        lambda t: ["serve", "--reasoning-format", "deepseek-legacy"],
+        "reasoning_format must be one of none, auto, deepseek, got 'deepseek-legacy'",
+    ),
 }
 
 

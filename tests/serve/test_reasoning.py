@@ -10,7 +10,7 @@ import re
 
 import openai
 import pytest
-from _http import CHAT, ask_chat_page, open_chat_page, post, served
+from _http import CHAT, ask_chat_page, get, open_chat_page, post, served
 
 from onnxsample.serve.reasoning import ThoughtStream, split_thought
 
@@ -28,8 +28,9 @@ def ports(models, tmp_path_factory):
     template.write_text(OPENING)
     args = ("--threads", "1", "--served-model-name", "tiny")
     opening = served(models["two"], *args, "--chat-template", str(template))
-    with opening as thinking, served(models["four"], *args) as plain:
-        yield {"opening": thinking.port, "plain": plain.port}
+    auto = served(models["four"], *args, "--reasoning-format", "auto")
+    with opening as thinking, served(models["four"], *args) as plain, auto as split:
+        yield {"opening": thinking.port, "plain": plain.port, "auto": split.port}
 
 
 def _client(port: int) -> openai.OpenAI:
@@ -45,6 +46,8 @@ def _client(port: int) -> openai.OpenAI:
         ("opening", THOUGHT, None, None, r"[a-z]{3}\n</think>\n\nhello"),  # as vLLM's default
         ("plain", WHOLE, "auto", r"[a-z]{2}", "hi"),
         ("plain", WHOLE, None, None, r"<think>[a-z]{2}</think> hi"),
+        ("auto", WHOLE, None, r"[a-z]{2}", "hi"),  # serve --reasoning-format auto
+        ("auto", WHOLE, "none", None, r"<think>[a-z]{2}</think> hi"),
     ],
 )
 def test_the_thought_goes_apart_whole_and_streamed(ports, server, grammar, fmt, thought, content):
@@ -71,6 +74,13 @@ def test_the_thought_goes_apart_whole_and_streamed(ports, server, grammar, fmt, 
                 said[key] += delta.get(key) or ""
     assert said == {"content": message["content"],
                     "reasoning_content": message.get("reasoning_content") or ""}  # fmt: skip
+
+
+def test_props_say_the_servers_reasoning_format(ports):
+    for server, fmt in (("plain", "none"), ("auto", "auto")):
+        code, raw = get(ports[server], "/props")
+        assert code == 200
+        assert json.loads(raw)["default_generation_settings"]["params"]["reasoning_format"] == fmt
 
 
 def test_a_thought_cut_by_max_tokens_is_all_reasoning(ports):
