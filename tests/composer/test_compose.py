@@ -140,13 +140,19 @@ def test_greedy_slots_return_the_plain_models_argmax(composed, prompt_ids, plain
         np.testing.assert_allclose(out["sampler.top_logprobs"][slot], ref[top], atol=1e-4)
 
 
-def test_every_slot_asks_for_every_logprob_by_default(composed):
+def test_every_slot_asks_for_every_logprob_by_default_with_the_temperature_first(composed):
+    """The inputs with a default: a host that binds neither gets every logprob, and the
+    temperature before the cuts."""
     session = _session(composed)
-    (default,) = session.get_overridable_initializers()
-    assert (default.name, default.type, default.shape) == ("sampler.logprobs", "tensor(int64)", [4])
+    defaults = {d.name: (d.type, d.shape) for d in session.get_overridable_initializers()}
+    assert defaults == {
+        "sampler.logprobs": ("tensor(int64)", [SLOTS]),
+        "sampler.temperature_last": ("tensor(bool)", [SLOTS]),
+    }
     model = onnx.load(str(composed), load_external_data=False)
-    (value,) = [t for t in model.graph.initializer if t.name == "sampler.logprobs"]
-    assert onnx.numpy_helper.to_array(value).tolist() == [3] * SLOTS
+    values = {t.name: onnx.numpy_helper.to_array(t).tolist() for t in model.graph.initializer}
+    assert values["sampler.logprobs"] == [3] * SLOTS
+    assert values["sampler.temperature_last"] == [False] * SLOTS
 
 
 @pytest.mark.parametrize(
