@@ -45,6 +45,24 @@ CHAINS = {
             ("MinPLogitsWarper", 0.05),
         ],
     ),
+    "full_llama_order": (  # the same, the temperature after the cuts (llama.cpp's order)
+        FULL,
+        SamplingParams(
+            temperature=0.8,
+            top_k=50,
+            top_p=0.95,
+            min_p=0.05,
+            repetition_penalty=1.1,
+            temperature_last=True,
+        ),
+        [
+            ("RepetitionPenaltyLogitsProcessor", 1.1),
+            ("TopKLogitsWarper", 50),
+            ("TopPLogitsWarper", 0.95),
+            ("MinPLogitsWarper", 0.05),
+            ("TemperatureLogitsWarper", 0.8),
+        ],
+    ),
 }
 CHAIN_DOC = {
     "greedy": "chain '' (argmax)",
@@ -52,6 +70,7 @@ CHAIN_DOC = {
     "top_p": "top_p,dist with top_p=0.95 (exact nucleus, no top-k)",
     "top_p_flat": "top_p,dist with top_p=0.95 on flat N(0, 1) logits (full-sort fallback)",
     "full": f"{FULL} (max_bias 4), t=0.8 k=50 p=0.95 min_p=0.05 rep=1.1, 64 prompt tokens",
+    "full_llama_order": "full with temperature_last (the temperature after the cuts)",
 }
 
 
@@ -122,7 +141,11 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__)
     p.add_argument("--slots", default="1,8", help="comma-separated S values")
     p.add_argument("--vocab", default="49152", help="comma-separated V values")
-    p.add_argument("--chains", default="greedy,top_k,top_p,top_p_flat,full", help=",".join(CHAINS))
+    p.add_argument(
+        "--chains",
+        default="greedy,top_k,top_p,top_p_flat,full,full_llama_order",
+        help=",".join(CHAINS),
+    )
     p.add_argument("--threads", default="1", help="ORT intra-op threads (and torch threads)")
     p.add_argument("--impls", default="ort,numpy,transformers")
     p.add_argument("--budget", type=float, default=0.4, help="seconds per measurement")
