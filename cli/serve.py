@@ -159,6 +159,16 @@ def serve(
     then per replica (default: --replica-cpus, at least 1) and --max-queue is how many requests
     wait at the proxy before 503.
     """
+    try:
+        import uvicorn
+
+        from onnxsample.serve import ServeSettings, create_app
+        from onnxsample.serve.middleware import hosts_for
+    except ImportError as exc:
+        raise RuntimeUnavailable(
+            f"serving needs the serve extra ({exc.name} is not installed): "
+            "pip install 'onnxsample[serve]'"
+        ) from None
     from onnxsample.serve.reasoning import check_format
 
     check_format(reasoning_format)
@@ -177,16 +187,6 @@ def serve(
             reasoning_format=reasoning_format,
         )  # fmt: skip
         return
-    try:
-        import uvicorn
-
-        from onnxsample.serve import ServeSettings, create_app
-        from onnxsample.serve.middleware import hosts_for
-    except ImportError as exc:
-        raise RuntimeUnavailable(
-            f"serving needs the serve extra ({exc.name} is not installed): "
-            "pip install 'onnxsample[serve]'"
-        ) from None
     from onnxsample.engine import Engine
 
     hosts = hosts_for(host, allowed_hosts or ())

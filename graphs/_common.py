@@ -11,13 +11,13 @@ import numpy as np
 import onnx
 from onnxscript.values import Opset
 
+from onnxsample.chain import GREEDY_BELOW as GREEDY_BELOW  # the graphs read it from here
+
 DOMAIN = "onnxsample"
 DOMAIN_VERSION = 1
 onnxsample = Opset(DOMAIN, DOMAIN_VERSION)
 
 FLT_MAX = float(np.finfo(np.float32).max)
-# Temperatures below this are greedy (vLLM's threshold): z / t would overflow to ±inf.
-GREEDY_BELOW = 1e-5
 NEG_INF = float("-inf")
 POS_INF = float("inf")
 T_INT64 = onnx.TensorProto.INT64

@@ -17,7 +17,7 @@ from onnxsample.errors import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CUTS", "SAMPLER_NAMES", "SamplerChain"]
+__all__ = ["CUTS", "GREEDY_BELOW", "SAMPLER_NAMES", "SamplerChain"]
 
 # The canonical order (transformers' generate order); the graph builder follows it too.
 SAMPLER_NAMES: tuple[str, ...] = (
@@ -30,6 +30,9 @@ SAMPLER_NAMES: tuple[str, ...] = (
     "typical_p",
     "dist",
 )
+# Temperatures below this are greedy (vLLM's threshold): z / t would overflow to ±inf. The graphs,
+# the reference and the parameters share it.
+GREEDY_BELOW = 1e-5
 # The samplers that keep some tokens and drop the rest (llama.cpp's "truncation" samplers).
 CUTS: tuple[str, ...] = ("top_k", "top_p", "min_p", "typical_p")
 

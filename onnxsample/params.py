@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample.chain import SamplerChain
+from onnxsample.chain import GREEDY_BELOW, SamplerChain
 from onnxsample.constraint import Constraint
 from onnxsample.errors import InvalidParameter
-from onnxsample.graphs._common import GREEDY_BELOW
 
 logger = logging.getLogger(__name__)
 

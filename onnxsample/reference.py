@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from onnxsample.chain import GREEDY_BELOW as _GREEDY_BELOW
 from onnxsample.chain import SamplerChain
-from onnxsample.graphs._common import GREEDY_BELOW as _GREEDY_BELOW
 from onnxsample.graphs.dist import BLOCK as _BLOCK
 
 __all__ = [
