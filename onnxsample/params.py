@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from onnxsample.chain import GREEDY_BELOW, SamplerChain
 from onnxsample.constraint import Constraint
@@ -161,7 +162,14 @@ class SamplingParams:
         )
 
 
-def temperature_moves(last, temperature, top_k, top_p, min_p, typical_p):
+def temperature_moves(
+    last: ArrayLike,
+    temperature: ArrayLike,
+    top_k: ArrayLike,
+    top_p: ArrayLike,
+    min_p: ArrayLike,
+    typical_p: ArrayLike,
+) -> Any:
     """Whether the temperature's place changes what is drawn, per slot (numbers or arrays): it
     comes last, draws (≥ 1e-5) at other than 1, and some cut is on."""
     cut = (top_k != 0) | (top_p != 1) | (min_p != 0) | (typical_p != 1)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxsample.chain import SAMPLER_NAMES
+from onnxsample.chain import CUTS, SAMPLER_NAMES
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import samplers_on
 
@@ -71,7 +71,6 @@ _LETTERS = {  # common_sampler_type_to_chr
 # Listed, these change the draw whatever the request's parameters say.
 _NOT_HERE = ("infill", "adaptive_p")
 _ORDER = tuple(s for s in SAMPLER_NAMES if s not in ("logit_bias", "dist"))
-_CUTS = ("top_k", "top_p", "min_p", "typical_p")
 _ORDER_LAST = (*(s for s in _ORDER if s != "temperature"), "temperature")
 
 
@@ -79,7 +78,7 @@ def _commute(a: str, b: str, on: dict[str, float]) -> bool:
     pair = {a, b}
     if pair in ({"top_k", "temperature"}, {"top_k", "min_p"}):
         return True
-    return "temperature" in pair and on["temperature"] == 0 and bool(pair & set(_CUTS))
+    return "temperature" in pair and on["temperature"] == 0 and bool(pair & set(CUTS))
 
 
 def _listed(value: Any) -> list[str] | str:
