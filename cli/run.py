@@ -58,10 +58,11 @@ def run(
         typer.Option(
             "--temperature-last/--temperature-first",
             help="Temperature after top-k, top-p, min-p and typical-p (llama.cpp's order), or "
-            "before them (transformers' and vLLM's).",
+            "before them (transformers' and vLLM's, the default: a CUDA graph draws it on the "
+            "device).",
             rich_help_panel=_SAMPLING,
         ),
-    ] = True,
+    ] = False,
     repetition_penalty: Annotated[
         float,
         typer.Option(help="> 1 discourages prompt and output tokens.", rich_help_panel=_SAMPLING),
