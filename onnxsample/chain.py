@@ -17,7 +17,7 @@ from onnxsample.errors import InvalidParameter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CUTS", "GREEDY_BELOW", "SAMPLER_NAMES", "SamplerChain"]
+__all__ = ["CUTS", "GREEDY_BELOW", "SAMPLER_NAMES", "TEMPERATURE_LAST", "SamplerChain"]
 
 # The canonical order (transformers' generate order); the graph builder follows it too.
 SAMPLER_NAMES: tuple[str, ...] = (
@@ -35,6 +35,9 @@ SAMPLER_NAMES: tuple[str, ...] = (
 GREEDY_BELOW = 1e-5
 # The samplers that keep some tokens and drop the rest (llama.cpp's "truncation" samplers).
 CUTS: tuple[str, ...] = ("top_k", "top_p", "min_p", "typical_p")
+# The branching chain's per-slot input that moves the temperature after the cuts (a static chain
+# reads none): the composer, the parameters, the engine and the reference share its name.
+TEMPERATURE_LAST = "sampler.temperature_last"
 
 
 class SamplerChain:

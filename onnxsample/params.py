@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from onnxsample.chain import GREEDY_BELOW, SamplerChain
+from onnxsample.chain import GREEDY_BELOW, TEMPERATURE_LAST, SamplerChain
 from onnxsample.constraint import Constraint
 from onnxsample.errors import InvalidParameter
 
@@ -226,7 +226,7 @@ def pack_sampling_params(
                     value = min(value, _TOP_K_ALL)
                 arrays[key][s] = value
         if chain.reorders_temperature:
-            arrays[_TEMPERATURE_LAST][s] = params.temperature_last
+            arrays[TEMPERATURE_LAST][s] = params.temperature_last
         if bias_on:
             for j, (token, value) in enumerate(sorted(params.logit_bias.items())):
                 arrays[_PREFIX + "bias_ids"][s, j] = token
@@ -235,7 +235,6 @@ def pack_sampling_params(
 
 
 _TOP_K_ALL = 2**62
-_TEMPERATURE_LAST = _PREFIX + "temperature_last"
 _NEUTRAL = {
     "temperature": 1.0,
     "top_k": 0,
@@ -278,7 +277,7 @@ def _neutral_arrays(chain: SamplerChain, max_slots: int, max_bias: int) -> dict[
             dtype = np.int64 if name == "top_k" else np.float32
             arrays[_PREFIX + name] = np.full(max_slots, neutral, dtype=dtype)
     if chain.reorders_temperature:
-        arrays[_TEMPERATURE_LAST] = np.zeros(max_slots, dtype=np.bool_)
+        arrays[TEMPERATURE_LAST] = np.zeros(max_slots, dtype=np.bool_)
     if max_bias > 0:
         arrays[_PREFIX + "bias_ids"] = np.full((max_slots, max_bias), -1, dtype=np.int64)
         arrays[_PREFIX + "bias_values"] = np.zeros((max_slots, max_bias), dtype=np.float32)

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from onnxsample.chain import GREEDY_BELOW as _GREEDY_BELOW
-from onnxsample.chain import SamplerChain
+from onnxsample.chain import TEMPERATURE_LAST, SamplerChain
 from onnxsample.graphs.dist import BLOCK as _BLOCK
 
 __all__ = [
@@ -248,7 +248,7 @@ def run_chain(
             get("sampler.presence_penalty"),
             get("sampler.frequency_penalty"),
         )
-    last = np.asarray(feeds.get("sampler.temperature_last", np.zeros(len(x), bool)), bool)
+    last = np.asarray(feeds.get(TEMPERATURE_LAST, np.zeros(len(x), bool)), bool)
     if "temperature" in chain:  # the cuts read the untempered row where the slot puts it last
         z = temperature(z, np.where(last, F32(1), get("sampler.temperature")))
     z, finite = finite_rows(z)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
+from onnxsample.chain import TEMPERATURE_LAST
 from onnxsample.composer import _rows as layout
 from onnxsample.composer import _splice_draft as draft
 from onnxsample.composer._ir_build import op as _op
@@ -30,7 +31,6 @@ from onnxsample.graphs.prompt_logprobs import (
 
 _PREFIX = "sampler."
 LOGPROBS = "sampler.logprobs"
-TEMPERATURE_LAST = "sampler.temperature_last"
 COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 SLOTS_DIM = "slots"  # a static chain's slot dimension
 
@@ -39,7 +39,7 @@ DOCS = {
     "1 + b*T + t = batch row b, position t",
     "sampler.uniform": "float32[S]: one U(0,1) draw per slot from that sequence's own seeded generator",
     "sampler.temperature": "float32[S]: temperature; 0 = greedy for that slot (neutral 1)",
-    "sampler.temperature_last": "bool[S]: the temperature after top-k, top-p, min-p and "
+    TEMPERATURE_LAST: "bool[S]: the temperature after top-k, top-p, min-p and "
     "typical-p (llama.cpp's order): the cuts read the untempered distribution (default false)",
     "sampler.top_k": "int64[S]: keep the k largest logits, ties kept; 0 = off",
     "sampler.top_p": "float32[S]: nucleus mass over every surviving token (neutral 1)",

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.chain import TEMPERATURE_LAST
 from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
@@ -28,7 +29,6 @@ from onnxsample.engine._layout import Call
 from onnxsample.engine._row_copy import runs
 from onnxsample.engine._slots import (
     COUNTS_OUT,
-    TEMPERATURE_LAST,
     SlotState,
     bind_rows,
     host_copy,

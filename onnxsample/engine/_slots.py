@@ -35,7 +35,6 @@ COUNTS, COUNTS_OUT = "sampler.output_counts", "sampler.output_counts_out"
 PROMPT_MASK = "sampler.prompt_mask"
 ROW_INDEX = "sampler.row_index"
 LOGPROBS = "sampler.logprobs"
-TEMPERATURE_LAST = "sampler.temperature_last"  # a branching chain's: a static one reads none
 
 
 def asked_logprobs(slots: list[SamplingParams | None]) -> np.ndarray:
