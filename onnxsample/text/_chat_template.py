@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,11 @@ __all__ = [
 _NEEDLE = "<system message probe>"
 
 
+@lru_cache(maxsize=16)
 def compile_template(template: str) -> Any:
-    """transformers' jinja2 environment for chat templates (utils/chat_template_utils.py)."""
+    """transformers' jinja2 environment for chat templates (utils/chat_template_utils.py). One
+    compile per text: the check of a user's template, the engine's and the tokenizer's share it
+    (a compiled template only renders, so sharing it is safe across threads)."""
     import jinja2.ext
     import jinja2.nodes
     from jinja2.sandbox import ImmutableSandboxedEnvironment
