@@ -101,7 +101,7 @@ def _binding(session, feeds: dict[str, np.ndarray], provider: str, like: list | 
 
     device = "cuda" if provider == "cuda" else "cpu"
     binding = session.io_binding()
-    names = {i.name for i in session.get_inputs()}
+    names = {i.name for i in [*session.get_inputs(), *session.get_overridable_initializers()]}
     for name, value in feeds.items():
         if name in names:
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))

@@ -57,7 +57,7 @@ def run(
         bool,
         typer.Option(
             "--temperature-last/--temperature-first",
-            help="Temperature after top-k, top-p, min-p and typical-p (llama.cpp's order), or "
+            help="Temperature after top-k, top-p, min-p and typical-p (where llama.cpp puts it), or "
             "before them (transformers' and vLLM's, the default: a CUDA graph draws it on the "
             "device).",
             rich_help_panel=_SAMPLING,

@@ -50,9 +50,10 @@ class SamplingParams:
 
     ``temperature`` 0 is greedy decoding. ``top_k`` 0, ``top_p`` 1, ``min_p`` 0, ``typical_p`` 1,
     ``repetition_penalty`` 1 and ``presence_penalty`` / ``frequency_penalty`` 0 are off.
-    ``temperature_last`` applies the temperature after top-k, top-p, min-p and typical-p, as
-    llama.cpp's default order does (text-generation-webui's field): the cuts then read the
-    untempered distribution; by default it comes first, as in transformers and vLLM.
+    ``temperature_last`` applies the temperature after top-k, top-p, min-p and typical-p, where
+    llama.cpp's default order puts it (text-generation-webui's field): the cuts then read the
+    untempered distribution, in their own order (llama.cpp runs typical-p before top-p and
+    min-p); by default the temperature comes first, as in transformers and vLLM.
     ``logit_bias`` maps token ids to values added to their logits. ``seed`` (an integer in
     [0, 2**64)) seeds the slot's own generator (the runtime draws one uniform per step from it);
     ``logprobs`` / ``top_logprobs`` ask for the chosen token's logprob and the ``top_logprobs`` most
@@ -205,6 +206,9 @@ def pack_sampling_params(
     value (``top_k=40`` on a chain without ``top_k``), more logit-bias entries than ``max_bias``, or
     more ``top_logprobs`` than the graph's ``top_logprobs`` raises :class:`InvalidParameter`.
     The uniforms, row indices, prompt mask and output counts are runtime state, not packed here.
+    ``sampler.temperature_last`` is packed only where a slot sets ``temperature_last``: a graph
+    that reads it defaults it to false, and one that cannot (a static chain, a model composed
+    before it) refuses the input by name rather than draw in the other order.
     """
     chain = SamplerChain(chain)
     if len(slots) > max_slots:
@@ -225,8 +229,9 @@ def pack_sampling_params(
                     value = 0 if vocab_size is not None and value >= vocab_size else value
                     value = min(value, _TOP_K_ALL)
                 arrays[key][s] = value
-        if chain.reorders_temperature:
-            arrays[TEMPERATURE_LAST][s] = params.temperature_last
+        if chain.reorders_temperature and params.temperature_last:
+            last = arrays.setdefault(TEMPERATURE_LAST, np.zeros(max_slots, dtype=np.bool_))
+            last[s] = True
         if bias_on:
             for j, (token, value) in enumerate(sorted(params.logit_bias.items())):
                 arrays[_PREFIX + "bias_ids"][s, j] = token
@@ -276,8 +281,6 @@ def _neutral_arrays(chain: SamplerChain, max_slots: int, max_bias: int) -> dict[
         if _OWNER[name] in chain:
             dtype = np.int64 if name == "top_k" else np.float32
             arrays[_PREFIX + name] = np.full(max_slots, neutral, dtype=dtype)
-    if chain.reorders_temperature:
-        arrays[TEMPERATURE_LAST] = np.zeros(max_slots, dtype=np.bool_)
     if max_bias > 0:
         arrays[_PREFIX + "bias_ids"] = np.full((max_slots, max_bias), -1, dtype=np.int64)
         arrays[_PREFIX + "bias_values"] = np.zeros((max_slots, max_bias), dtype=np.float32)

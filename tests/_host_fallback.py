@@ -39,6 +39,7 @@ def redraw(fallback: HostFallback, outputs: dict, feeds: dict) -> list[int]:
 
 
 def read_by(session, feeds: dict) -> dict:
-    """The `feeds` that `session` reads: a static chain reads no ``sampler.temperature_last``."""
-    names = {i.name for i in session.get_inputs()}
+    """The `feeds` that `session` reads, its inputs with a default included: a static chain
+    reads no ``sampler.temperature_last``, a branching one defaults it to false."""
+    names = {i.name for i in [*session.get_inputs(), *session.get_overridable_initializers()]}
     return {k: v for k, v in feeds.items() if k in names}

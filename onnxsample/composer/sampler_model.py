@@ -19,9 +19,10 @@ from collections.abc import Sequence
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx import helper
 
-from onnxsample.chain import SamplerChain
+from onnxsample.chain import TEMPERATURE_LAST, SamplerChain
 from onnxsample.errors import InvalidParameter
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.chain import CHAIN_FUNCTION, build_chain_function
@@ -209,7 +210,13 @@ def build_sampler_model(
         prompt_fn = build_prompt_function(top_logprobs, static=config.static)
         functions = merge_functions(functions, used_functions(prompt_fn))
     functions = for_vocabulary(functions, vocab_size)
-    graph = helper.make_graph(nodes, "onnxsample_sampler", inputs, outputs)
+    # A default, as the composed graph has: a host that packs none draws in the canonical order.
+    defaults = [
+        onnx.numpy_helper.from_array(np.zeros(max_slots, np.bool_), name=v.name)
+        for v in inputs
+        if v.name == TEMPERATURE_LAST
+    ]
+    graph = helper.make_graph(nodes, "onnxsample_sampler", inputs, outputs, initializer=defaults)
     model = helper.make_model(
         graph,
         opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, 1)],

@@ -49,6 +49,8 @@ class HostFallback:
             decode_model(encoded), options, providers=["CPUExecutionProvider"]
         )
         self.inputs = [i.name for i in self.session.get_inputs() if i.name != "logits"]
+        # inputs with a default (sampler.temperature_last): fed where the host gives them
+        self.defaulted = [i.name for i in self.session.get_overridable_initializers()]
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def redraw(
@@ -58,4 +60,5 @@ class HostFallback:
         read for it [1, V], `feeds` (at least) every ``sampler.*`` input it read, each [S, ...]."""
         inputs = {"logits": np.ascontiguousarray(row, np.float32)}
         inputs.update({name: feeds[name][slot : slot + 1] for name in self.inputs})
+        inputs.update({n: feeds[n][slot : slot + 1] for n in self.defaulted if n in feeds})
         return dict(zip(self.outputs, self.session.run(None, inputs), strict=True))

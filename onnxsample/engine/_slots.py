@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from onnxsample.chain import TEMPERATURE_LAST
 from onnxsample.engine._row_copy import NUMPY_TYPES, RowCopy, runs
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import TEMPERATURE_LAST_SINCE, ComposedMetadata
@@ -123,8 +124,9 @@ def serves_temperature_last(meta: ComposedMetadata) -> bool:
 
 
 def pack_slots(meta: ComposedMetadata, slots: list[SamplingParams | None]) -> dict:
-    """The ``sampler.*`` parameter arrays of a graph described by `meta`."""
-    return pack_sampling_params(
+    """The ``sampler.*`` parameter arrays of a graph described by `meta`, the same names every
+    call (they are bound once): ``sampler.temperature_last`` too where the chain reorders."""
+    arrays = pack_sampling_params(
         slots,
         meta.chain,
         meta.max_slots,
@@ -132,6 +134,9 @@ def pack_slots(meta: ComposedMetadata, slots: list[SamplingParams | None]) -> di
         vocab_size=meta.vocab_size,
         top_logprobs=meta.top_logprobs,
     )
+    if meta.chain.reorders_temperature:
+        arrays.setdefault(TEMPERATURE_LAST, np.zeros(meta.max_slots, dtype=np.bool_))
+    return arrays
 
 
 class SlotState:

@@ -142,6 +142,20 @@ def test_pack_only_the_chains_inputs():
     assert sorted(arrays) == ["sampler.top_k"]
 
 
+@pytest.mark.parametrize(
+    ("slots", "packed"),
+    [
+        ([SamplingParams(temperature=0.7, top_p=0.9)], None),  # a static chain reads none
+        ([SamplingParams(temperature_last=True)], [True, False]),
+        ([None, SamplingParams(temperature=0.7, top_p=0.9, temperature_last=True)], [False, True]),
+    ],
+)
+def test_pack_temperature_last_only_where_a_slot_sets_it(slots, packed):
+    arrays = pack_sampling_params(slots, FULL, 2)
+    got = arrays.get("sampler.temperature_last")
+    assert (got if got is None else got.tolist()) == packed
+
+
 def test_pack_bias_table():
     arrays = pack_sampling_params(
         [SamplingParams(logit_bias={7: 2.5, 3: -1.0})], FULL, 1, max_bias=3

@@ -51,6 +51,21 @@ def _assert_same(chain: str, feeds: dict, slots: int, **options) -> dict[str, np
     return b
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_a_host_loop_runs_either_chain_with_the_packed_parameters(static):
+    # A host that packs parameters as before the temperature could move: the static chain
+    # reads no ``sampler.temperature_last`` and the branching one defaults it to false.
+    chain, logits = (
+        "temperature,top_p,dist",
+        np.log(np.array([[1.0, 1.0, 2.0, 4.0]] * 3, np.float32)),
+    )
+    feeds = sampler_feeds(chain, logits, [SamplingParams(temperature=0.7, top_p=0.9)] * 2)
+    session = _session(chain, 4, 2, static=static)
+    names = [o.name for o in session.get_outputs()]
+    tokens = dict(zip(names, session.run(None, feeds), strict=True))["sampler.next_token"]
+    assert tokens.tolist() == [3, 3]
+
+
 LLAMA = np.log(np.array([[0.1, 0.2, 0.3, 0.4]], dtype=np.float32))
 
 
