@@ -269,6 +269,8 @@ def netron_server(cli_composed):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C as in a terminal: a run started in the background inherits SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     url = f"http://localhost:{port}/"
     try:
@@ -289,6 +291,7 @@ def netron_server(cli_composed):
             proc.kill()
             output = proc.communicate()[0]
         assert f"Netron is serving c.onnx at {url.rstrip('/')}" in output, output
+        assert proc.returncode == 0, f"Ctrl-C did not stop it ({proc.returncode}): {output}"
 
 
 def test_netron_serves_the_model(netron_server):
