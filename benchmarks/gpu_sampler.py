@@ -99,9 +99,11 @@ def _binding(session, feeds: dict[str, np.ndarray], provider: str, like: list | 
     to buffers of their own on the device, as a CUDA graph replay needs."""
     import onnxruntime as ort
 
+    from onnxsample.engine._session import input_names
+
     device = "cuda" if provider == "cuda" else "cpu"
     binding = session.io_binding()
-    names = {i.name for i in [*session.get_inputs(), *session.get_overridable_initializers()]}
+    names = input_names(session)
     for name, value in feeds.items():
         if name in names:
             binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(value, device, 0))

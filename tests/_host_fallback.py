@@ -10,6 +10,7 @@ import numpy as np
 
 from onnxsample.composer.sampler_model import build_sampler_model
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
+from onnxsample.engine._session import input_names
 from onnxsample.params import temperature_moves
 
 
@@ -41,5 +42,5 @@ def redraw(fallback: HostFallback, outputs: dict, feeds: dict) -> list[int]:
 def read_by(session, feeds: dict) -> dict:
     """The `feeds` that `session` reads, its inputs with a default included: a static chain
     reads no ``sampler.temperature_last``, a branching one defaults it to false."""
-    names = {i.name for i in [*session.get_inputs(), *session.get_overridable_initializers()]}
+    names = input_names(session)
     return {k: v for k, v in feeds.items() if k in names}

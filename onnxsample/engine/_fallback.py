@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from onnxsample.engine._session import input_names
 from onnxsample.errors import ModelError
 from onnxsample.metadata import FALLBACK_MODEL, decode_model
 
@@ -48,17 +49,15 @@ class HostFallback:
         self.session = ort.InferenceSession(
             decode_model(encoded), options, providers=["CPUExecutionProvider"]
         )
-        self.inputs = [i.name for i in self.session.get_inputs() if i.name != "logits"]
-        # inputs with a default (sampler.temperature_last): fed where the host gives them
-        self.defaulted = [i.name for i in self.session.get_overridable_initializers()]
+        self.inputs = sorted(input_names(self.session) - {"logits"})
         self.outputs = [o.name for o in self.session.get_outputs()]
 
     def redraw(
         self, row: np.ndarray, feeds: Mapping[str, np.ndarray], slot: int
     ) -> dict[str, np.ndarray]:
         """The branching chain's outputs for `slot` ([1, ...] each): `row` the logits the graph
-        read for it [1, V], `feeds` (at least) every ``sampler.*`` input it read, each [S, ...]."""
+        read for it [1, V], `feeds` (at least) every ``sampler.*`` input it read, each [S, ...];
+        an input with a default that `feeds` lacks keeps it."""
         inputs = {"logits": np.ascontiguousarray(row, np.float32)}
-        inputs.update({name: feeds[name][slot : slot + 1] for name in self.inputs})
-        inputs.update({n: feeds[n][slot : slot + 1] for n in self.defaulted if n in feeds})
+        inputs.update({n: feeds[n][slot : slot + 1] for n in self.inputs if n in feeds})
         return dict(zip(self.outputs, self.session.run(None, inputs), strict=True))

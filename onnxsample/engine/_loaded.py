@@ -19,6 +19,7 @@ from onnxsample.engine._session import (
     captured_by_default,
     check_cuda_graph,
     create_session,
+    input_names,
     warn_if_cpu_shaped,
 )
 from onnxsample.errors import InvalidParameter, ModelError
@@ -107,8 +108,6 @@ def load_model(
         concurrency = meta.max_slots if "position_ids" in inputs else 1
         if concurrency == 1 and meta.max_slots > 1:
             log.info("%s has no position_ids input: one sequence at a time", path.name)
-    # with the inputs that have a default (sampler.logprobs: a branching chain's)
-    overridable = {i.name for i in session.get_overridable_initializers()}
     return LoadedModel(
         path,
         session,
@@ -117,7 +116,7 @@ def load_model(
         info,
         bool(cuda_graph),
         pasts,
-        set(inputs) | overridable,
+        input_names(session),
         concurrency,
     )
 

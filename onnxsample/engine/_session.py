@@ -24,6 +24,7 @@ __all__ = [
     "captured_by_default",
     "check_cuda_graph",
     "create_session",
+    "input_names",
     "require_provider",
     "warn_if_cpu_shaped",
 ]
@@ -34,6 +35,12 @@ PROVIDERS = ("auto", "cpu", "cuda")
 _CUDA = "CUDAExecutionProvider"
 _CPU = "CPUExecutionProvider"
 _warned_fallback = False
+
+
+def input_names(session) -> set[str]:
+    """Every input `session` reads, those with a default included (``sampler.logprobs`` and
+    ``sampler.temperature_last`` of a branching chain), which ``get_inputs()`` leaves out."""
+    return {i.name for i in [*session.get_inputs(), *session.get_overridable_initializers()]}
 
 
 def _cuda_load_error() -> str:
