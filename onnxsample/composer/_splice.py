@@ -40,7 +40,8 @@ DOCS = {
     "sampler.uniform": "float32[S]: one U(0,1) draw per slot from that sequence's own seeded generator",
     "sampler.temperature": "float32[S]: temperature; 0 = greedy for that slot (neutral 1)",
     TEMPERATURE_LAST: "bool[S]: the temperature after top-k, top-p, min-p and "
-    "typical-p (llama.cpp's order): the cuts read the untempered distribution (default false)",
+    "typical-p, where llama.cpp's default order puts it: the cuts read the untempered distribution "
+    "(default false)",
     "sampler.top_k": "int64[S]: keep the k largest logits, ties kept; 0 = off",
     "sampler.top_p": "float32[S]: nucleus mass over every surviving token (neutral 1)",
     "sampler.min_p": "float32[S]: drop tokens with p < min_p * p_max (neutral 0)",
