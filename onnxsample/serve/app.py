@@ -15,13 +15,13 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from importlib import resources
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from onnxsample import __version__
@@ -34,6 +34,7 @@ from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.llama_fields import apply_llama_names
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
+from onnxsample.serve.native import add_native_routes
 from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.props import server_props
 from onnxsample.serve.schemas import (
@@ -42,7 +43,7 @@ from onnxsample.serve.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream
+from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream, sse
 from onnxsample.serve.tokenize import applied_template, tokenized
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
@@ -228,7 +229,7 @@ def create_app(
                 e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
             )
             job.stopping = lambda: state.stopping
-            return _sse(chat_stream(job, plan, opened))
+            return sse(chat_stream(job, plan, opened))
         done = await collect(
             requests, request, metrics, lambda: state.stopping, tools.loop_watch(plan, len(seqs))
         )
@@ -264,7 +265,7 @@ def create_app(
         check_model(body.model)
         apply_llama_names(body)  # n_predict, repeat_penalty: llama-server's names
         refuse_unsupported(body.model_extra, route="completion", sampling=body)
-        prompts = _prompts(body.prompt)
+        prompts = convert.prompts(body.prompt)
         n_logprobs = body.logprobs
         if n_logprobs is not None and not 0 <= n_logprobs <= e.meta.top_logprobs:
             raise InvalidParameter(
@@ -297,7 +298,7 @@ def create_app(
             unique = [s.prompt for s in seqs[:: body.n]]
             job = Job(e, requests, seqs, unique, meta, usage, metrics, "text_completion")
             job.stopping = lambda: state.stopping
-            return _sse(completion_stream(job, echo, n_logprobs, score_only))
+            return sse(completion_stream(job, echo, n_logprobs, score_only))
         done = await collect(requests, request, metrics, lambda: state.stopping)
         choices = [
             _completion_choice(e, c, echo.get(c.index), n_logprobs, score_only) for c in done
@@ -309,6 +310,10 @@ def create_app(
             "usage": convert.usage([] if score_only else done, [s.prompt for s in seqs[:: body.n]]),
             "timings": choices[0]["timings"],
         }
+
+    add_native_routes(
+        app, engine, check_model, settings.served_model_name, metrics, lambda: state.stopping
+    )
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict:
@@ -351,17 +356,6 @@ def _enqueue(engine: Engine, seqs, metrics: Metrics) -> list[EngineRequest]:
         raise
 
 
-def _prompts(prompt) -> list:
-    """The completions API's prompt forms: a string, strings, token ids, lists of token ids."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if not prompt:
-        raise InvalidParameter("prompt must not be empty")
-    if all(isinstance(p, int) for p in prompt):
-        return [prompt]
-    return list(prompt)
-
-
 def _echo_text(engine: Engine, prompt) -> str:
     return prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt)
 
@@ -388,14 +382,3 @@ def _completion_choice(
         "finish_reason": "length" if score_only else convert.FINISH[c.finish_reason],
         "timings": convert.timings(c),
     }
-
-
-def _sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
-    import json
-
-    async def events() -> AsyncIterator[str]:
-        async for chunk in chunks:
-            text = chunk if isinstance(chunk, str) else json.dumps(chunk, ensure_ascii=False)
-            yield f"data: {text}\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream")

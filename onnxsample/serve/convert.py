@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
+from typing import Any
 
 from onnxsample.constraint import Constraint
 from onnxsample.engine.request import Completion, TopLogprobs
@@ -72,6 +73,18 @@ def choice_params(
         )
         choices.append(params.validate())
     return choices
+
+
+def prompts(prompt: Any) -> list:
+    """The prompt forms of the completions APIs (OpenAI's and llama-server's): a string, strings,
+    token ids, lists of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise InvalidParameter("prompt must not be empty")
+    if all(isinstance(p, int) for p in prompt):
+        return [prompt]
+    return list(prompt)
 
 
 def token_limit(value: int | None, default: int | None) -> int | None:

@@ -11,37 +11,47 @@ from onnxsample import __version__
 from onnxsample.chain import SAMPLER_NAMES
 from onnxsample.params import SamplingParams
 
-__all__ = ["server_props"]
+__all__ = ["generation_settings", "server_props"]
 
 # This server's names for its samplers, as llama-server writes them (common_sampler_type_to_str).
 _LLAMA_NAMES = {"typical_p": "typ_p"}
+
+
+def generation_settings(
+    params: SamplingParams, *, n_predict: int, reasoning_format: str | None = None, **more: Any
+) -> dict[str, Any]:
+    """`params` under llama-server's names (its ``generation_settings``), with the token limit
+    `n_predict` (-1: none), the reasoning format where there is one, and `more` as they are."""
+    order = [_LLAMA_NAMES.get(s, s) for s in SAMPLER_NAMES if s not in ("logit_bias", "dist")]
+    if params.temperature_last:
+        order = [*(s for s in order if s != "temperature"), "temperature"]
+    settings = {
+        "temperature": params.temperature,
+        "top_k": params.top_k,
+        "top_p": params.top_p,
+        "min_p": params.min_p,
+        "typical_p": params.typical_p,
+        "repeat_last_n": -1,  # penalties count the whole sequence
+        "repeat_penalty": params.repetition_penalty,
+        "presence_penalty": params.presence_penalty,
+        "frequency_penalty": params.frequency_penalty,
+        "max_tokens": n_predict,
+        "n_predict": n_predict,
+        "ignore_eos": params.ignore_eos,
+        "stream": False,
+        "n_probs": params.top_logprobs,
+        **({} if reasoning_format is None else {"reasoning_format": reasoning_format}),
+        "samplers": order,
+        "post_sampling_probs": False,
+    }
+    return {**settings, **more}
 
 
 def _default_params(reasoning_format: str) -> dict[str, Any]:
     """A request's sampling when it sets nothing: the neutral values (``SamplingParams()``), no
     token limit for a chat (a text completion's is OpenAI's 16), the temperature first, and the
     server's reasoning format."""
-    neutral = SamplingParams()
-    order = [_LLAMA_NAMES.get(s, s) for s in SAMPLER_NAMES if s not in ("logit_bias", "dist")]
-    return {
-        "temperature": neutral.temperature,
-        "top_k": neutral.top_k,
-        "top_p": neutral.top_p,
-        "min_p": neutral.min_p,
-        "typical_p": neutral.typical_p,
-        "repeat_last_n": -1,  # penalties count the whole sequence
-        "repeat_penalty": neutral.repetition_penalty,
-        "presence_penalty": neutral.presence_penalty,
-        "frequency_penalty": neutral.frequency_penalty,
-        "max_tokens": -1,
-        "n_predict": -1,
-        "ignore_eos": neutral.ignore_eos,
-        "stream": False,
-        "n_probs": 0,
-        "reasoning_format": reasoning_format,
-        "samplers": order,
-        "post_sampling_probs": False,
-    }
+    return generation_settings(SamplingParams(), n_predict=-1, reasoning_format=reasoning_format)
 
 
 def server_props(engine: Any, name: str, reasoning_format: str) -> dict[str, Any]:

@@ -9,11 +9,13 @@ watches for the disconnect itself.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from starlette.requests import Request as HTTPRequest
+from starlette.responses import StreamingResponse
 
 from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
@@ -23,6 +25,17 @@ from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.reasoning import ThoughtStream
 from onnxsample.serve.tools import ToolPlan, ToolWatch
+
+__all__ = [
+    "Job",
+    "chat_stream",
+    "collect",
+    "completion_stream",
+    "error_chunk",
+    "merged_events",
+    "shutdown_chunk",
+    "sse",
+]
 
 
 def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> None:
@@ -52,7 +65,7 @@ def _cut(completion: Completion, n: int) -> Completion:
     )
 
 
-async def _merged(
+async def merged_events(
     requests: list[Request], metrics: Metrics, ended: set[int] | None = None
 ) -> AsyncIterator[tuple[int, StreamEvent]]:
     """(choice position, event) of every request, as they arrive; errors raised. `ended`: the
@@ -122,7 +135,7 @@ async def collect(
     ended: set[int] = set()
 
     async def gather() -> None:
-        async for k, event in _merged(requests, metrics, ended):
+        async for k, event in merged_events(requests, metrics, ended):
             if event.completion is not None:
                 done[event.index] = event.completion
             elif ends(k, event):
@@ -146,7 +159,24 @@ async def collect(
 _SHUTDOWN = "the server is shutting down: the request was cut before it finished"
 
 
-def _error_chunk(exc: BaseException) -> dict:
+def shutdown_chunk() -> dict:
+    """The error a stream ends with when the stopping server cut it."""
+    return {"error": {"message": _SHUTDOWN, "type": "service_unavailable", "param": None,
+                      "code": 503}}  # fmt: skip
+
+
+def sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
+    """`chunks` as server-sent events: ``data: <json>`` each (a string as it is)."""
+
+    async def events() -> AsyncIterator[str]:
+        async for chunk in chunks:
+            text = chunk if isinstance(chunk, str) else json.dumps(chunk, ensure_ascii=False)
+            yield f"data: {text}\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def error_chunk(exc: BaseException) -> dict:
     err = from_library(exc) if isinstance(exc, OnnxSampleError) else None
     message = err.message if err else f"internal error: {type(exc).__name__}"
     return {"error": {"message": message, "type": "server_error", "param": None, "code": 500}}
@@ -184,14 +214,13 @@ class Job:
             async for chunk in chunks:
                 yield chunk
         except Exception as exc:
-            yield _error_chunk(exc)
+            yield error_chunk(exc)
             yield "[DONE]"
             return
         finally:
             await chunks.aclose()  # at once, so a client that went away frees its slots now
         if self.stopping():  # the server cut the stream: say so, then end it as OpenAI does
-            yield {"error": {"message": _SHUTDOWN, "type": "service_unavailable", "param": None,
-                             "code": 503}}  # fmt: skip
+            yield shutdown_chunk()
             yield "[DONE]"
             return
         if self.include_usage:
@@ -219,7 +248,7 @@ def chat_stream(
         written = [""] * len(job.requests)  # each choice's text so far
         sent = [0] * len(job.requests)  # of its answer, sent as content (without tools)
         ended: set[int] = set()
-        async for k, event in _merged(job.requests, job.metrics, ended):
+        async for k, event in merged_events(job.requests, job.metrics, ended):
             c = event.completion
             written[k] = c.text if c is not None else written[k] + event.text
             delta: dict = {}
@@ -292,7 +321,7 @@ def completion_stream(
 
     async def chunks() -> AsyncIterator[dict]:
         started: set[int] = set()
-        async for k, event in _merged(job.requests, job.metrics):
+        async for k, event in merged_events(job.requests, job.metrics):
             if event.index in echo and event.index not in started:
                 seq, logprobs = job.seqs[k], None
                 if n_logprobs is not None:  # written by the engine before this first event

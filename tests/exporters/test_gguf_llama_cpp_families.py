@@ -217,6 +217,56 @@ def test_props_answer_as_llama_servers(llama_cpp):
     assert want["default_generation_settings"]["n_ctx"] == n_ctx
 
 
+def _events(url: str, body: dict) -> list[dict]:
+    """A streamed /completion's events from the server at `url`."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    conn = http.client.HTTPConnection(urlsplit(url).hostname, urlsplit(url).port, timeout=300)
+    try:
+        conn.request("POST", "/completion", json.dumps({**body, "stream": True}).encode(),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        lines = conn.getresponse().read().decode().split("\n\n")
+    finally:
+        conn.close()
+    return [json.loads(line.removeprefix("data: ")) for line in lines if line]
+
+
+def test_completion_answers_as_llama_servers(llama_cpp):
+    """`POST /completion`, llama-server's own endpoint, on the same file and request: only
+    llama-server's keys, each with a value of its JSON type, whole and streamed (no ``[DONE]``
+    on either); the same prompt, ``stop_type`` and counts; the same greedy tokens until llama.cpp's
+    top two come within 2 * TOL of each other, and its likely tokens' logprobs within TOL there."""
+    path = models.gguf("qwen2", "Q8_0", llama_cpp)
+    body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0,
+            "ignore_eos": True, "return_tokens": True, "n_probs": 3}  # fmt: skip
+    with served(_export(path, "Q8_0").output, "--threads", "1") as ours:
+        code, mine = post(ours.port, "/completion", json.dumps(body).encode())
+        my_events = _events(f"http://127.0.0.1:{ours.port}", body)
+    assert code == 200, mine
+    with LlamaServer(llama_cpp, path) as server:
+        theirs = server.post("/completion", body)
+        their_events = _events(server.url, body)
+    assert _same_kinds(mine, theirs) == []
+    for key in ("prompt", "stop_type", "tokens_evaluated", "tokens_predicted", "stop"):
+        assert mine[key] == theirs[key], key
+    # greedy tokens agree until a step where llama.cpp's top two are within 2 * TOL (the tiny
+    # random model's often are), and up to there the top tokens both list have logprobs within TOL
+    probs = theirs["completion_probabilities"]
+    pairs = enumerate(zip(mine["tokens"], theirs["tokens"], strict=True))
+    same = next((i for i, (a, b) in pairs if a != b), 12)
+    if same < 12:
+        top = probs[same]["top_logprobs"]
+        assert top[0]["logprob"] - top[1]["logprob"] <= 2 * TOL, (same, top)
+    for a, b in zip(mine["completion_probabilities"][: same + 1], probs[: same + 1], strict=True):
+        ours = {t["id"]: t["logprob"] for t in a["top_logprobs"]}
+        both = [t for t in b["top_logprobs"] if t["id"] in ours]
+        assert both and all(abs(ours[t["id"]] - t["logprob"]) < TOL for t in both), (a, b)
+    assert [e["stop"] for e in their_events][-1] and [e["stop"] for e in my_events][-1]
+    for mine_event in my_events:
+        assert _same_kinds(mine_event, their_events[0 if not mine_event["stop"] else -1]) == []
+
+
 CHATS = [
     [{"role": "user", "content": "Hi there"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}],

@@ -1,0 +1,127 @@
+"""llama-server's own endpoint, ``POST /completion``, on the tiny model's server: its answer and
+stream shapes, how a request ends (``stop_type``, ``stopping_word``), ``n_probs``, several
+prompts, and the fields it refuses. The same requests against a real llama-server on the same
+GGUF file: tests/exporters/test_gguf_llama_cpp_families.py."""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+from _http import post
+
+
+def stream(port: int, body: dict) -> list[dict]:
+    """The events of a streamed /completion, in order (and that it sends no ``[DONE]``)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", "/completion", json.dumps({**body, "stream": True}).encode(),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        response = conn.getresponse()
+        assert response.status == 200 and "text/event-stream" in response.getheader("content-type")
+        lines = response.read().decode().split("\n\n")
+    finally:
+        conn.close()
+    events = [line.removeprefix("data: ") for line in lines if line]
+    assert "[DONE]" not in events
+    return [json.loads(e) for e in events]
+
+
+def complete(port: int, body: dict) -> dict:
+    code, data = post(port, "/completion", json.dumps(body).encode())
+    assert code == 200, data
+    return data
+
+
+def test_an_answer_has_llama_servers_fields(port):
+    body = {"prompt": "Once upon a time", "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    whole = complete(port, {**body, "return_tokens": True})
+    assert whole["stop"] is True and whole["stop_type"] == "limit" and whole["stopping_word"] == ""
+    assert len(whole["tokens"]) == whole["tokens_predicted"] == 6
+    assert whole["tokens_evaluated"] > 0 and whole["prompt"].endswith("Once upon a time")
+    assert whole["model"] == "tiny" and whole["truncated"] is False
+    assert whole["timings"]["predicted_n"] == 6
+    settings = whole["generation_settings"]
+    assert (
+        settings["n_predict"] == 6 and settings["temperature"] == 0 and settings["stream"] is False
+    )
+    assert "completion_probabilities" not in whole
+    again = complete(port, {**body, "prompt": whole["tokens"]})  # token ids as the prompt
+    assert again["tokens_evaluated"] == 6
+    code, alias = post(port, "/completions", json.dumps(body).encode())
+    assert code == 200 and alias["content"] == whole["content"]
+    # curl -d without a content type: a form to FastAPI, JSON to llama-server and here
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    code, plain = post(port, "/completion", json.dumps(body).encode(), form)
+    assert code == 200 and plain["content"] == whole["content"]
+
+
+def test_a_stream_adds_up_to_the_whole_answer(port):
+    body = {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0.8, "seed": 11}
+    whole = complete(port, {**body, "return_tokens": True})
+    events = stream(port, body)
+    *pieces, last = events
+    assert all(e["stop"] is False and len(e["tokens"]) == 1 for e in pieces)
+    assert "".join(e["content"] for e in pieces) == whole["content"]
+    # a piece is sent when its text is (a token that may start a stop string waits)
+    assert all(whole["tokens"][e["tokens_predicted"] - 1] == e["tokens"][0] for e in pieces)
+    counts = [e["tokens_predicted"] for e in pieces]
+    assert counts == sorted(set(counts))
+    assert last["stop"] is True and last["content"] == "" and last["tokens"] == []
+    assert last["tokens_predicted"] == whole["tokens_predicted"]
+    assert last["stop_type"] == whole["stop_type"]
+
+
+def test_a_stop_word_ends_the_answer_and_is_named(port):
+    body = {"prompt": "Once upon a time", "n_predict": 12, "temperature": 0, "ignore_eos": True}
+    free = complete(port, {**body, "n_probs": 2})
+    pieces = [p["token"] for p in free["completion_probabilities"]]
+    assert "".join(pieces) == free["content"] and len(pieces) == 12
+    word = next(piece for piece in pieces[4:] if piece.strip())
+    stopped = complete(port, {**body, "stop": ["\u00a7never", word], "n_probs": 2})
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
+    assert stopped["content"] == free["content"][: free["content"].index(word)]
+    # as llama-server: the stop word's tokens (as the word alone tokenises) lose their entries
+    probs = stopped["completion_probabilities"]
+    assert 0 < len(probs) < stopped["tokens_predicted"]
+    assert probs == free["completion_probabilities"][: len(probs)]
+    for p in probs:
+        assert set(p) == {"id", "token", "bytes", "logprob", "top_logprobs"}
+        assert len(p["top_logprobs"]) == 2 and p["top_logprobs"][0]["logprob"] >= p["logprob"]
+        assert set(p["top_logprobs"][0]) == {"id", "token", "bytes", "logprob"}
+
+
+def test_several_prompts_get_a_list_in_order(port):
+    body = {"prompt": ["Once upon a time", "The sea"], "n_predict": 4, "temperature": 0}
+    answers = complete(port, body)
+    assert isinstance(answers, list) and [a["index"] for a in answers] == [0, 1]
+    for prompt, answer in zip(body["prompt"], answers, strict=True):
+        assert answer["content"] == complete(port, {**body, "prompt": prompt})["content"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n_probs", 9),  # more than the model was composed for (3)
+        ("n_probs", "2"),
+        ("return_tokens", 1),
+        ("echo", True),
+        ("mirostat", 2),
+        ("samplers", ["min_p"]),  # the temperature (0.7) on but left out
+        ("repeat_penalty", 1.3),  # over llama-server's 64-token window
+        ("response_fields", ["content"]),
+        ("n_predict", "many"),
+        ("prompt", {"text": "Hi"}),
+    ],
+)
+def test_what_it_cannot_do_is_refused_by_name(port, field, value):
+    body = {"prompt": "Hi", "n_predict": 2, "temperature": 0.7, field: value}
+    code, data = post(port, "/completion", json.dumps(body).encode())
+    assert code == 400, data
+    assert field in json.dumps(data["error"]), data
+
+
+def test_a_body_that_is_not_json_is_a_400(port):
+    code, data = post(port, "/completion", b"prompt=Hi")
+    assert code == 400 and "not JSON" in data["error"]["message"], data
