@@ -59,6 +59,7 @@ class Sequence:
     open_ended: bool = False
     draft: DraftStats = field(default_factory=DraftStats)
     matcher: Matcher | None = None
+    end_token: int | None = None  # the end-of-sequence token that finished it
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -123,7 +124,7 @@ class Sequence:
         self.timings.generated_tokens += 1
         early = len(self.ids) < self.params.min_tokens
         if token in self.eos_ids and not self.params.ignore_eos and not early:
-            self.finish = "eos"
+            self.finish, self.end_token = "eos", token
             return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), token)
         self.ids.append(token)
         if self.matcher is not None:
@@ -168,6 +169,7 @@ class Sequence:
             prompt_logprobs=list(self.prompt_logprobs) if prompt else None,
             prompt_top_logprobs=list(self.prompt_tops) if prompt else None,
             timings=self.timings,
+            end_token=self.end_token,
         )
 
     def _finished(self, piece: str, token: int | None) -> StreamEvent:

@@ -76,7 +76,8 @@ class Completion:
     """One request's result.
 
     ``finish_reason`` is ``stop`` (a stop string), ``eos``, ``length`` (``max_new_tokens`` or the
-    end of the context / KV buffer) or ``cancelled``. ``logprobs`` / ``top_logprobs`` are per
+    end of the context / KV buffer) or ``cancelled``; ``end_token`` is the end-of-sequence token
+    that finished it (``eos``), which is no part of ``token_ids``. ``logprobs`` / ``top_logprobs`` are per
     generated token; ``prompt_logprobs`` / ``prompt_top_logprobs`` per prompt token (``None`` for the
     first, which has no context), when the request asked for them.
     """
@@ -92,6 +93,7 @@ class Completion:
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[TopLogprobs | None] | None = None
     timings: Timings = field(default_factory=Timings)
+    end_token: int | None = None
 
     def to_json(self) -> dict:
         data = {

@@ -11,8 +11,8 @@ The answer is llama-server's: ``content``, ``tokens`` (with ``return_tokens``), 
 ``stop_type`` (``eos``, ``word``, ``limit``) and ``stopping_word``, ``tokens_predicted``,
 ``tokens_evaluated``, the prompt's text, ``generation_settings``, ``timings`` and, with
 ``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` above 1) give a list. A
-stream sends one ``data:`` event per piece of text (``stop`` false, ``tokens`` the token that
-wrote it), then the final object with ``stop`` true, and no ``[DONE]``; an error after the status
+stream sends one ``data:`` event per token (``stop`` false, ``tokens`` the token, ``content`` the
+text it lets out: empty while a possible stop string or part of a character waits), then the final object with ``stop`` true, and no ``[DONE]``; an error after the status
 line is an ``error`` event. The body is read as JSON whatever its content type, as llama-server
 reads it.
 """
@@ -165,15 +165,17 @@ class _Answer:
         return next((s for s in self.stops if written.startswith(s)), "")
 
     def final(self, c: Completion, *, streamed: bool) -> dict:
-        seq = self.seqs[c.index]
-        params = seq.params
+        """The final object; `streamed`: its content and tokens went out as pieces already."""
+        params = self.seqs[c.index].params
+        # as llama-server's: the end-of-sequence token that ended it is one of its tokens
+        ended = c.token_ids + ([] if c.end_token is None else [c.end_token])
         result = {
             "index": c.index,
             "content": "" if streamed else c.text,
-            "tokens": c.token_ids if self.return_tokens and not streamed else [],
+            "tokens": ended if self.return_tokens and not streamed else [],
             "stop": True,
             "model": self.model,
-            "tokens_predicted": len(c.token_ids),
+            "tokens_predicted": len(ended),
             "tokens_evaluated": len(c.prompt_token_ids),
             "generation_settings": generation_settings(
                 params,
@@ -222,7 +224,7 @@ class _Answer:
             async for _, event in events:
                 if event.token_id is not None:
                     predicted[event.index] += 1
-                if event.text or event.logprob is not None:
+                if event.token_id is not None:  # one event a token, as llama-server's
                     yield self.partial(event, predicted[event.index])
                 if event.completion is not None:
                     yield self.final(event.completion, streamed=True)

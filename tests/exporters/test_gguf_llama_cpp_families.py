@@ -240,13 +240,27 @@ def test_completion_answers_as_llama_servers(llama_cpp):
     path = models.gguf("qwen2", "Q8_0", llama_cpp)
     body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0,
             "ignore_eos": True, "return_tokens": True, "n_probs": 3}  # fmt: skip
-    with served(_export(path, "Q8_0").output, "--threads", "1") as ours:
+    folder = _export(path, "Q8_0").output
+    eos = Tokenizer.from_folder(folder).eos_token_id  # biased: the answer ends at once
+    ending = {**body, "logit_bias": {str(eos): 100}, "ignore_eos": False, "n_probs": 0}
+    with served(folder, "--threads", "1") as ours:
         code, mine = post(ours.port, "/completion", json.dumps(body).encode())
         my_events = _events(f"http://127.0.0.1:{ours.port}", body)
+        my_end = post(ours.port, "/completion", json.dumps(ending).encode())[1]
+        my_end_events = _events(f"http://127.0.0.1:{ours.port}", ending)
     assert code == 200, mine
     with LlamaServer(llama_cpp, path) as server:
         theirs = server.post("/completion", body)
         their_events = _events(server.url, body)
+        their_end = server.post("/completion", ending)
+        their_end_events = _events(server.url, ending)
+    keys = ("content", "tokens", "tokens_predicted", "stop_type")
+    assert [my_end[k] for k in keys] == [their_end[k] for k in keys] == ["", [eos], 1, "eos"]
+    pieces = [
+        [(e["tokens"], e["content"], e["stop"]) for e in ev]
+        for ev in (my_end_events, their_end_events)
+    ]
+    assert pieces[0] == pieces[1], pieces
     assert _same_kinds(mine, theirs) == []
     for key in ("prompt", "stop_type", "tokens_evaluated", "tokens_predicted", "stop"):
         assert mine[key] == theirs[key], key
@@ -265,6 +279,10 @@ def test_completion_answers_as_llama_servers(llama_cpp):
     assert [e["stop"] for e in their_events][-1] and [e["stop"] for e in my_events][-1]
     for mine_event in my_events:
         assert _same_kinds(mine_event, their_events[0 if not mine_event["stop"] else -1]) == []
+    streamed = [
+        [(e["tokens"], e["content"]) for e in ev[:-1]][:same] for ev in (my_events, their_events)
+    ]
+    assert streamed[0] == streamed[1]  # an event a token, with the text it lets out
 
 
 CHATS = [

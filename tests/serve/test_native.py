@@ -11,6 +11,8 @@ import json
 import pytest
 from _http import post
 
+from onnxsample.text import Tokenizer
+
 
 def stream(port: int, body: dict) -> list[dict]:
     """The events of a streamed /completion, in order (and that it sends no ``[DONE]``)."""
@@ -64,13 +66,24 @@ def test_a_stream_adds_up_to_the_whole_answer(port):
     *pieces, last = events
     assert all(e["stop"] is False and len(e["tokens"]) == 1 for e in pieces)
     assert "".join(e["content"] for e in pieces) == whole["content"]
-    # a piece is sent when its text is (a token that may start a stop string waits)
-    assert all(whole["tokens"][e["tokens_predicted"] - 1] == e["tokens"][0] for e in pieces)
-    counts = [e["tokens_predicted"] for e in pieces]
-    assert counts == sorted(set(counts))
+    assert [e["tokens"][0] for e in pieces] == whole["tokens"]  # one event a token
+    assert [e["tokens_predicted"] for e in pieces] == list(range(1, len(pieces) + 1))
     assert last["stop"] is True and last["content"] == "" and last["tokens"] == []
     assert last["tokens_predicted"] == whole["tokens_predicted"]
     assert last["stop_type"] == whole["stop_type"]
+
+
+def test_the_end_of_sequence_token_ends_the_tokens(port, models):
+    """As llama-server's: the end-of-sequence token is the answer's last token (no text), and
+    counted; streamed, it is an event of its own."""
+    eos = Tokenizer.from_folder(models["four"].parent).eos_token_id
+    body = {"prompt": "Hi", "n_predict": 5, "logit_bias": {str(eos): 100}, "return_tokens": True}
+    whole = complete(port, body)
+    assert whole["content"] == "" and whole["tokens"] == [eos]
+    assert whole["tokens_predicted"] == 1 and whole["stop_type"] == "eos"
+    *pieces, last = stream(port, body)
+    assert [(e["tokens"], e["content"]) for e in pieces] == [([eos], "")]
+    assert last["stop_type"] == "eos" and last["tokens_predicted"] == 1
 
 
 def test_a_stop_word_ends_the_answer_and_is_named(port):
