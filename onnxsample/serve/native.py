@@ -2,19 +2,20 @@
 
 The request is llama-server's: ``prompt`` (text, token ids, or several prompts), ``n_predict`` (-1
 or absent: until the end of the sequence or the context), its sampler names and ``samplers`` order
-(:mod:`~onnxsample.serve.llama_fields`), ``stop``, ``seed``, ``n_probs`` (``logprobs`` when it is
-absent), ``return_tokens``, ``stream``; what this server does not implement is refused by name
+(:mod:`~onnxsample.serve.llama_fields`), ``stop``, ``seed``, ``logit_bias`` in its forms (pairs or
+an object, tokens as ids or text), ``n_probs`` (``logprobs`` when it is absent), ``return_tokens``,
+``stream``; what this server does not implement is refused by name
 (:mod:`~onnxsample.serve.peer_fields`). Sampling a request leaves out is what ``GET /props``
 reports, as on llama-server.
 
 The answer is llama-server's: ``content``, ``tokens`` (with ``return_tokens``), ``stop``,
 ``stop_type`` (``eos``, ``word``, ``limit``) and ``stopping_word``, ``tokens_predicted``,
 ``tokens_evaluated``, the prompt's text, ``generation_settings``, ``timings`` and, with
-``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` above 1) give a list. A
-stream sends one ``data:`` event per token (``stop`` false, ``tokens`` the token, ``content`` the
-text it lets out: empty while a possible stop string or part of a character waits), then the final object with ``stop`` true, and no ``[DONE]``; an error after the status
-line is an ``error`` event. The body is read as JSON whatever its content type, as llama-server
-reads it.
+``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` above 1) give a list. A stream
+sends one ``data:`` event per token (``stop`` false, ``tokens`` the token, ``content`` the text it
+lets out: empty while a possible stop string or part of a character waits), then the final object
+with ``stop`` true, and no ``[DONE]``; an error after the status line is an ``error`` event. The
+body is read as JSON whatever its content type, as llama-server reads it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -44,6 +46,7 @@ from onnxsample.serve.streaming import (
     shutdown_chunk,
     sse,
 )
+from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["add_native_routes"]
 
@@ -61,8 +64,12 @@ def add_native_routes(
     """``POST /completion`` and ``/completions`` on `app`, over the engine `engine()` serves."""
 
     async def completion(request: Request):
-        body = _body(await request.body())
+        data = _json(await request.body())
         e = engine()
+        if isinstance(data, dict) and isinstance(data.get("logit_bias"), (list, dict)):
+            given = data["logit_bias"]
+            data["logit_bias"] = await asyncio.to_thread(_logit_bias, e.tokenizer, given)
+        body = _validated(data)
         check_model(body.model)
         extra = body.model_extra if body.model_extra is not None else {}
         n_probs = extra.pop("n_probs", None)
@@ -113,17 +120,54 @@ def add_native_routes(
         app.post(path)(completion)
 
 
-def _body(raw: bytes) -> CompletionRequest:
-    """The request, read as JSON whatever its content type says, as llama-server reads it (curl
+def _json(raw: bytes) -> Any:
+    """The body, read as JSON whatever its content type says, as llama-server reads it (curl
     sends ``-d`` as a form unless told otherwise)."""
     try:
-        data = json.loads(raw)
+        return json.loads(raw)
     except ValueError as exc:
         raise APIError(400, f"the body is not JSON: {exc}") from None
+
+
+def _validated(data: Any) -> CompletionRequest:
     try:
         return CompletionRequest.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
+
+
+def _bias_refused(why: str) -> APIError:
+    return APIError(400, f"logit_bias: {why}", param="logit_bias")
+
+
+def _logit_bias(tokenizer: Tokenizer, given: list | dict) -> dict[str, float]:
+    """llama-server's ``logit_bias`` forms as token id -> bias: ``[[token, bias], ...]`` or
+    ``{"token": bias}``, a token an id or text (each token of the text, without BOS, gets the
+    bias). A token given more than once gets the sum, as llama-server adds every entry. An entry
+    llama-server would skip (not a pair, an id outside the vocabulary) is refused here, and so
+    is ``false`` (never the token): -100 is the strongest bias."""
+    if isinstance(given, dict):
+        pairs: list = [[int(k) if k.lstrip("-").isdigit() else k, v] for k, v in given.items()]
+    else:
+        pairs = given
+    bias: dict[str, float] = {}
+    for pair in pairs:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise _bias_refused(f"each entry is a [token, bias] pair, got {pair!r}")
+        token, value = pair
+        if value is False:
+            raise _bias_refused("false (never the token) is not supported: use -100")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bias_refused(f"a bias is a number, got {value!r}")
+        if isinstance(token, str):
+            ids = tokenizer.encode(token, add_special_tokens=False)
+        elif isinstance(token, int) and not isinstance(token, bool):
+            ids = [token]
+        else:
+            raise _bias_refused(f"a token is an id or text, got {token!r}")
+        for t in ids:
+            bias[str(t)] = bias.get(str(t), 0.0) + float(value)
+    return bias
 
 
 class _Answer:

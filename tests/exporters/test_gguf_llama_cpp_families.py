@@ -242,7 +242,7 @@ def test_completion_answers_as_llama_servers(llama_cpp):
             "ignore_eos": True, "return_tokens": True, "n_probs": 3}  # fmt: skip
     folder = _export(path, "Q8_0").output
     eos = Tokenizer.from_folder(folder).eos_token_id  # biased: the answer ends at once
-    ending = {**body, "logit_bias": {str(eos): 100}, "ignore_eos": False, "n_probs": 0}
+    ending = {**body, "logit_bias": [[eos, 100]], "ignore_eos": False, "n_probs": 0}
     with served(folder, "--threads", "1") as ours:
         code, mine = post(ours.port, "/completion", json.dumps(body).encode())
         my_events = _events(f"http://127.0.0.1:{ours.port}", body)

@@ -86,6 +86,21 @@ def test_the_end_of_sequence_token_ends_the_tokens(port, models):
     assert last["stop_type"] == "eos" and last["tokens_predicted"] == 1
 
 
+def test_logit_bias_takes_llama_servers_forms(port, models):
+    """Pairs or an object, a token as an id or as text (each of its tokens biased), entries for
+    one token added up: the same answer as OpenAI's object of ids."""
+    tokenizer = Tokenizer.from_folder(models["four"].parent)
+    [a] = tokenizer.encode(" the", add_special_tokens=False)
+    body = {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0, "ignore_eos": True}
+    want = complete(port, {**body, "logit_bias": {str(a): 30}, "return_tokens": True})
+    assert want["tokens"] == [a] * 4
+    for bias in ([[a, 30]], [[" the", 20], [a, 10]], {" the": 30}, {str(a): 15, " the": 15}):
+        assert complete(port, {**body, "logit_bias": bias})["content"] == want["content"], bias
+    for bias in ([[a, False]], [[a]], [[a, "30"]], [[None, 3]]):
+        code, data = post(port, "/completion", json.dumps({**body, "logit_bias": bias}).encode())
+        assert code == 400 and data["error"]["param"] == "logit_bias", (bias, data)
+
+
 def test_a_stop_word_ends_the_answer_and_is_named(port):
     body = {"prompt": "Once upon a time", "n_predict": 12, "temperature": 0, "ignore_eos": True}
     free = complete(port, {**body, "n_probs": 2})
