@@ -27,8 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from onnxsample import __version__
 from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion
-from onnxsample.engine.request import Request as EngineRequest
-from onnxsample.errors import InvalidParameter, QueueFull
+from onnxsample.errors import InvalidParameter
 from onnxsample.serve import convert, reasoning, tools
 from onnxsample.serve.errors import APIError, install
 from onnxsample.serve.llama_fields import apply_llama_names
@@ -43,7 +42,7 @@ from onnxsample.serve.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream, sse
+from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream, enqueue, sse
 from onnxsample.serve.tokenize import applied_template, tokenized
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
@@ -221,7 +220,7 @@ def create_app(
         if (body.reasoning_format or settings.reasoning_format) != "none":
             tail = e.tokenizer.decode(seqs[0].prompt[-8:], skip_special_tokens=False)
             opened = reasoning.opens_thought(tail)
-        requests = _enqueue(e, seqs, metrics)
+        requests = enqueue(e, seqs, metrics)
         meta = _meta("chatcmpl", settings)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
@@ -291,7 +290,7 @@ def create_app(
             return seqs, {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs}
 
         seqs, echo = await asyncio.to_thread(prepared)
-        requests = _enqueue(e, seqs, metrics)
+        requests = enqueue(e, seqs, metrics)
         meta = _meta("cmpl", settings)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
@@ -345,15 +344,6 @@ def _meta(prefix: str, settings: ServeSettings) -> dict:
         "model": settings.served_model_name,
         "system_fingerprint": FINGERPRINT,
     }
-
-
-def _enqueue(engine: Engine, seqs, metrics: Metrics) -> list[EngineRequest]:
-    """All of a request's choices, or none."""
-    try:
-        return engine.enqueue(seqs)
-    except QueueFull:
-        metrics.rejected.labels("queue_full").inc()
-        raise
 
 
 def _echo_text(engine: Engine, prompt) -> str:

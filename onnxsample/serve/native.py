@@ -31,7 +31,6 @@ from pydantic import ValidationError
 
 from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, StreamEvent
-from onnxsample.errors import QueueFull
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.llama_fields import apply_llama_names
@@ -41,6 +40,7 @@ from onnxsample.serve.props import generation_settings
 from onnxsample.serve.schemas import CompletionRequest
 from onnxsample.serve.streaming import (
     collect,
+    enqueue,
     error_chunk,
     merged_events,
     shutdown_chunk,
@@ -104,12 +104,8 @@ def add_native_routes(
             return seqs, texts
 
         seqs, texts = await asyncio.to_thread(prepared)
-        try:
-            requests = e.enqueue(seqs)
-        except QueueFull:
-            metrics.rejected.labels("queue_full").inc()
-            raise
-        answer = _Answer(e, seqs, texts, stops, n_probs, return_tokens, model_name, limit)
+        requests = enqueue(e, seqs, metrics)
+        answer = _Answer(e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit)
         if body.stream:
             return sse(answer.stream(requests, metrics, stopping))
         done = await collect(requests, request, metrics, stopping)
@@ -175,7 +171,7 @@ class _Answer:
 
     def __init__(
         self,
-        engine: Engine,
+        tokenizer: Tokenizer,
         seqs: list,
         texts: list[str],
         stops: list[str],
@@ -184,7 +180,7 @@ class _Answer:
         model: str,
         limit: int | None,
     ) -> None:
-        self.engine, self.tokenizer = engine, engine.tokenizer
+        self.tokenizer = tokenizer
         self.seqs = {s.index: s for s in seqs}
         self.texts = {s.index: t for s, t in zip(seqs, texts, strict=True)}
         self.stops, self.n_probs, self.return_tokens = stops, n_probs, return_tokens
@@ -266,9 +262,8 @@ class _Answer:
         predicted = dict.fromkeys(self.seqs, 0)
         try:
             async for _, event in events:
-                if event.token_id is not None:
-                    predicted[event.index] += 1
                 if event.token_id is not None:  # one event a token, as llama-server's
+                    predicted[event.index] += 1
                     yield self.partial(event, predicted[event.index])
                 if event.completion is not None:
                     yield self.final(event.completion, streamed=True)

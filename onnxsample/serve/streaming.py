@@ -19,7 +19,7 @@ from starlette.responses import StreamingResponse
 
 from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
-from onnxsample.errors import OnnxSampleError
+from onnxsample.errors import OnnxSampleError, QueueFull
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
@@ -31,11 +31,21 @@ __all__ = [
     "chat_stream",
     "collect",
     "completion_stream",
+    "enqueue",
     "error_chunk",
     "merged_events",
     "shutdown_chunk",
     "sse",
 ]
+
+
+def enqueue(engine: Engine, seqs: list, metrics: Metrics) -> list[Request]:
+    """All of a request's choices onto `engine`, or none (a full queue is counted, then raised)."""
+    try:
+        return engine.enqueue(seqs)
+    except QueueFull:
+        metrics.rejected.labels("queue_full").inc()
+        raise
 
 
 def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> None:
