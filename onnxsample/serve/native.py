@@ -84,7 +84,7 @@ def add_native_routes(
             raise APIError(400, "echo is not a field of /completion: use /v1/completions",
                            param="echo")  # fmt: skip
         apply_llama_names(body)  # n_predict, repeat_penalty, samplers
-        refuse_unsupported(extra, route="completion", sampling=body)
+        refuse_unsupported(extra, route="native", sampling=body)
         n_probs = n_probs or 0
         if not 0 <= n_probs <= e.meta.top_logprobs:
             raise APIError(400, f"n_probs must be in [0, {e.meta.top_logprobs}], got {n_probs}",

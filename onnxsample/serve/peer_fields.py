@@ -114,6 +114,13 @@ _CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
 _TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
     "add_special_tokens": (_is(True), "a text prompt gets the model's special tokens"),
 }
+# llama-server's own /completion: what it adds to its answer, or stops on, that this one does not.
+_NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "timings_per_token": (_is(False), "timings come with the final object"),
+    "return_progress": (_is(False), "the prompt's progress is not streamed"),
+    "verbose": (_is(False), "the answer has llama-server's fields only"),
+    "t_max_prompt_ms": (_disabled, "a prompt is computed whole"),
+}
 # /tokenize: text is llama-server's (and vLLM's), a chat gives the ids the chat route would use.
 _TOKENIZE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "parse_special": (_is(True), "special tokens written in the text are always parsed"),
@@ -121,6 +128,7 @@ _TOKENIZE: dict[str, tuple[Callable[[Any], bool], str]] = {
 _TABLES = {
     "chat": {**_BOTH, **_CHAT},
     "completion": {**_BOTH, **_TEXT_COMPLETION},
+    "native": {**_BOTH, **_TEXT_COMPLETION, **_NATIVE},
     "tokenize": _TOKENIZE,
     # /apply-template writes the prompt's text: only what changes that text counts
     "apply_template": {k: v for k, v in _CHAT.items() if k not in ("echo", "add_special_tokens")},
@@ -134,8 +142,8 @@ _TABLES = {
 
 def refuse_unsupported(extra: dict[str, Any] | None, *, route: str, sampling: Any = None) -> None:
     """A 400 naming the first field of `extra` (a request's fields the server does not
-    implement) that a peer honours on `route` (``chat``, ``completion``, ``tokenize`` of text,
-    ``tokenize_chat``, ``apply_template``) and that is not at its neutral value. `sampling`, the
+    implement) that a peer honours on `route` (``chat``, ``completion``, ``native`` (llama-server's
+    ``/completion``), ``tokenize`` of text, ``tokenize_chat``, ``apply_template``) and that is not at its neutral value. `sampling`, the
     request of a completion route, is what llama-server's ``samplers`` and ``repeat_last_n`` are
     read against (:mod:`~onnxsample.serve.llama_fields`)."""
     table = _TABLES[route]

@@ -139,6 +139,10 @@ def test_several_prompts_get_a_list_in_order(port):
         ("samplers", ["min_p"]),  # the temperature (0.7) on but left out
         ("repeat_penalty", 1.3),  # over llama-server's 64-token window
         ("response_fields", ["content"]),
+        ("timings_per_token", True),
+        ("return_progress", True),
+        ("verbose", True),
+        ("t_max_prompt_ms", 50),
         ("n_predict", "many"),
         ("prompt", {"text": "Hi"}),
     ],
