@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from onnxsample.text.llama_tokens import EOT_TEXTS, FIM_TEXTS
+
 __all__ = [
     "ATTR",
     "A_BYTE",
@@ -42,25 +44,12 @@ ATTR = {T_NORMAL: A_NORMAL, T_UNKNOWN: A_UNKNOWN, T_CONTROL: A_CONTROL,
 SPLIT = A_CONTROL | A_USER | A_UNKNOWN  # the tokens llama.cpp splits the text on
 
 # Texts llama.cpp makes CONTROL when a vocabulary has them (llama_vocab::impl::load): the
-# end-of-generation tokens, and the first of each FIM kind whose id the metadata does not give.
+# end-of-generation tokens, and the first of each FIM kind whose id the metadata does not give
+# (FIM_TEXTS, and EOT_TEXTS for the end of turn: onnxsample.text.llama_tokens).
 EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
               "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
               "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
               "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[")  # fmt: skip
-FIM_TEXTS = {
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                "▁<MID>", "<|code_middle|>", "<|middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}  # fmt: skip
-EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
-              "<end_of_utterance>")  # fmt: skip
 ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id",
             "eom": "eom_token_id", "unk": "unknown_token_id", "sep": "seperator_token_id",
             "pad": "padding_token_id", "mask": "mask_token_id", "fim_pre": "fim_pre_token_id",

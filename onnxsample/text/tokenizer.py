@@ -102,12 +102,35 @@ class Tokenizer:
         """Every id the tokenizer knows, added tokens included (``len(AutoTokenizer)``)."""
         return self._backend.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`, BOS/EOS added as the config says unless `add_special_tokens` is off."""
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, parse_special: bool = True
+    ) -> list[int]:
+        """Token ids of `text`, BOS/EOS added as the config says unless `add_special_tokens` is off.
+        With `parse_special` off, a special token written in `text` is ordinary text (llama.cpp's
+        ``parse_special = false``; added tokens that are not special still match, as its
+        user-defined tokens do)."""
         if not isinstance(text, str):
             raise InvalidParameter(f"text to encode must be a string, got {type(text).__name__}")
         _check_unicode(text)
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        backend = self._backend if parse_special else self._literal
+        return backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @functools.cached_property
+    def _literal(self) -> Any:
+        """A copy of the backend that encodes special tokens' texts as text."""
+        backend = type(self._backend).from_str(self._backend.to_str())
+        backend.encode_special_tokens = True
+        return backend
+
+    @functools.cached_property
+    def adds_bos(self) -> bool:
+        """Whether :meth:`encode` puts the BOS token first (llama.cpp's ``add_bos``)."""
+        bos = self.bos_token_id
+        return bos is not None and self._backend.encode("").ids[:1] == [bos]
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token written `text` in the vocabulary (added tokens included), or None."""
+        return self._backend.token_to_id(text)
 
     @functools.cached_property
     def max_token_chars(self) -> int:
