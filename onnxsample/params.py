@@ -66,8 +66,9 @@ class SamplingParams:
     choice) restricts the output to what it matches (structured output; the graph needs
     ``sampler.allowed``). ``host_sampler`` finishes the choice on the host: a callable that gets
     the slot's candidates after the graph's filters (``ids`` int64 [K], ``logits`` float32 [K],
-    most likely first, −inf where a filter dropped the token) and returns the token to take; the
-    graph needs ``sampler.candidate_ids`` (``onnxsample compose --candidates K``).
+    most likely first, −inf where a filter dropped the token) and returns the token to take (one
+    the filters kept, or one of the model's end-of-sequence ids); the graph needs
+    ``sampler.candidate_ids`` (``onnxsample compose --candidates K``).
     """
 
     temperature: float = 1.0

@@ -302,9 +302,10 @@ class Scheduler:
             if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
                 raise TypeError(f"it returned {token!r}, not a token id")
             kept = ids[np.isfinite(logits)]
-            if token not in kept:
+            if token not in kept and token not in seq.eos_ids:
                 raise ValueError(
-                    f"it returned {token}, which is not among the candidates the filters kept"
+                    f"it returned {token}, which is not among the candidates the filters kept "
+                    "nor an end-of-sequence token"
                 )
         except Exception as exc:
             log.warning("request %s: the host sampler failed: %s", seq.request.id, exc)

@@ -60,6 +60,7 @@ class Sequence:
     draft: DraftStats = field(default_factory=DraftStats)
     matcher: Matcher | None = None
     end_token: int | None = None  # the end-of-sequence token that finished it
+    t_max_predict_ms: float = 0  # > 0: end at a new line once generating took longer (ms)
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -135,9 +136,11 @@ class Sequence:
             self.tops.append(tops[: self.params.top_logprobs])
         piece = self.stops.add(self.detok.add(token))
         if self.stops.stopped:
-            self.finish = "stop"
-        elif len(self.ids) >= self.max_new_tokens or (
-            self.limit and len(self.prompt) + len(self.ids) >= self.limit
+            self.finish = "length" if self.stops.indented else "stop"
+        elif (
+            len(self.ids) >= self.max_new_tokens
+            or (self.limit and len(self.prompt) + len(self.ids) >= self.limit)
+            or self._out_of_time(piece, now)
         ):
             self.finish = "length"
             piece += self.stops.add(self.detok.flush()) + self.stops.flush()
@@ -148,6 +151,21 @@ class Sequence:
             event.logprob = self.logprobs[-1]
             event.top_logprobs = self.tops[-1] if self.params.top_logprobs else None
         return event
+
+    def end_lines(self, n_indent: int, t_max_predict_ms: float) -> None:
+        """llama-server's endings for code completion, set before the sequence is queued: a line
+        indented less than `n_indent` ends the text before it (:class:`StopMatcher`), and a piece
+        with a new line ends it once generating took more than `t_max_predict_ms`; either ends
+        it as the token limit does (``length``). 0 turns one off."""
+        self.stops.indent, self.t_max_predict_ms = n_indent, t_max_predict_ms
+
+    def _out_of_time(self, piece: str, now: float) -> bool:
+        """llama-server's ``t_max_predict_ms``: a piece with a new line ends the text once more
+        than that many ms went by since the first token."""
+        if self.t_max_predict_ms <= 0 or "\n" not in piece:
+            return False
+        first = self.request.submitted + self.timings.ttft_s
+        return (now - first) * 1e3 > self.t_max_predict_ms
 
     def cancel(self) -> StreamEvent:
         """Finish now, with what was generated so far (``finish_reason`` ``cancelled``)."""

@@ -91,6 +91,14 @@ def test_a_failing_host_sampler_fails_its_request_alone(engine, sampler, message
     assert len(good.result(60).token_ids) == 4
 
 
+def test_a_host_sampler_may_end_the_sequence(engine):
+    """An end-of-sequence id ends it, among the candidates or not (llama.cpp's infill sampler
+    answers its end of turn when it keeps no text)."""
+    params = SamplingParams(top_k=2, host_sampler=lambda ids, logits: 2)  # the tiny model's EOS
+    done = engine.submit("x", params, max_new_tokens=4, chat=False).result(60)
+    assert done.finish_reason == "eos" and done.token_ids == []
+
+
 def test_refusals(engine, tiny_gqa_export, tmp_path):
     pick = _least_likely_kept([])
     with pytest.raises(InvalidParameter, match="logprobs"):

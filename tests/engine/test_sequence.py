@@ -102,3 +102,50 @@ def test_the_same_seed_draws_the_same_uniforms(tokenizer):
     a, b = _sequence(tokenizer), _sequence(tokenizer)
     assert [a.uniform() for _ in range(5)] == [b.uniform() for _ in range(5)]
     assert all(0 <= a.uniform() < 1 for _ in range(1000))
+
+
+# llama-server's n_indent, step for step (process_token): the check starts a piece after the one
+# that let the first new line out, and looks at the line after the last new line it had found.
+@pytest.mark.parametrize(
+    ("pieces", "indent", "text", "stopped_at"),
+    [
+        (["if x:", "\n", "    a", "\n", "b", "c"], 4, "if x:\n    a\n", 4),
+        (["if x:", "\n", "    a", "\n", "    b"], 4, "if x:\n    a\n    b", None),
+        (["x", "\n", "y", "z"], 2, "x\n", 3),  # the first line's check comes a piece late
+        (["x", "\n", "y"], 2, "x\ny", None),  # ...so a text that ends there keeps it
+        (["a\n", "\tb", "\n", "c"], 1, "a\n\tb\n", 3),  # a tab counts as one
+        (["a\n", "  ", "\n", "b"], 3, "a\n  ", 2),  # its new line is no space or tab
+        (["if x:", "\n", "    a", "\n", "b", "c"], 0, "if x:\n    a\nbc", None),  # off
+    ],
+)
+def test_n_indent_ends_the_text_as_llama_server(pieces, indent, text, stopped_at):
+    stops = StopMatcher([], indent=indent)
+    released, at = "", None
+    for i, piece in enumerate(pieces):
+        released += stops.add(piece)
+        if stops.stopped:
+            at = i
+            break
+    released += stops.flush()
+    # a stream may have let out the start of the line that is cut, as llama-server's does
+    assert stops.text == text and released.startswith(text)
+    assert at == stopped_at and stops.indented == stops.stopped
+
+
+@pytest.mark.parametrize(
+    ("n_indent", "t_max_predict_ms", "finish", "tokens"),
+    [
+        (2, 0, "length", 3),  # the line after the first new line is unindented: cut before it
+        (0, 0.001, "length", 4),  # the second piece with a new line comes after the time
+        (0, 0, "length", 6),
+    ],
+)
+def test_code_completion_endings_end_as_the_limit(
+    tokenizer, n_indent, t_max_predict_ms, finish, tokens
+):
+    line, bare = tokenizer.encode("\nx", add_special_tokens=False), tokenizer.encode("y")[-1:]
+    seq = _sequence(tokenizer, max_new=6)
+    seq.end_lines(n_indent, t_max_predict_ms)
+    events = _feed(seq, [*line, *bare, *line, *bare][:6] + line * 6)
+    assert seq.finish == finish and len(seq.ids) <= tokens
+    assert "".join(e.text for e in events).startswith(events[-1].completion.text)
