@@ -158,6 +158,16 @@ class LlamaServer:
         with urllib.request.urlopen(request, timeout=300) as r:
             return json.loads(r.read())
 
+    def refused(self, path: str, body: dict) -> dict:
+        """The error llama-server answers `body` with (its JSON; a 2xx fails)."""
+        import urllib.error
+
+        try:
+            answer = self.post(path, body)
+        except urllib.error.HTTPError as exc:
+            return json.loads(exc.read())
+        raise AssertionError(f"llama-server answered {path} with {answer}")
+
     def tokenize(self, text: str, *, bos: bool = True) -> list[int]:
         """llama.cpp's ids for `text` with the loaded vocabulary, special tokens in the text
         parsed, BOS (and EOS) added as the vocabulary says when `bos`: llama-tokenize's ids,
@@ -224,3 +234,21 @@ def compare_with_llama_cpp(
     close = next((i for i, m in enumerate(margins) if m <= 2 * TOL), steps)
     same = next((i for i, (a, b) in enumerate(zip(free, tokens, strict=True)) if a != b), steps)
     return {"worst": worst, "decisive": decisive, "agree": agree, "close": close, "same": same}
+
+
+def same_answer_until_a_near_tie(mine: dict, theirs: dict, steps: int) -> int:
+    """Two ``/completion`` answers (``return_tokens``, ``n_probs``), ours and llama-server's, of
+    the same greedy request: their tokens agree until a step where llama.cpp's top two are within
+    2 * TOL (a tiny random model's often are), and up to there the top tokens both list have
+    logprobs within TOL. The steps they agree on."""
+    probs = theirs["completion_probabilities"]
+    pairs = enumerate(zip(mine["tokens"], theirs["tokens"], strict=True))
+    same = next((i for i, (a, b) in pairs if a != b), steps)
+    if same < steps:
+        top = probs[same]["top_logprobs"]
+        assert top[0]["logprob"] - top[1]["logprob"] <= 2 * TOL, (same, top)
+    for a, b in zip(mine["completion_probabilities"][: same + 1], probs[: same + 1], strict=True):
+        ours = {t["id"]: t["logprob"] for t in a["top_logprobs"]}
+        both = [t for t in b["top_logprobs"] if t["id"] in ours]
+        assert both and all(abs(ours[t["id"]] - t["logprob"]) < TOL for t in both), (a, b)
+    return same

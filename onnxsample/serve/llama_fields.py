@@ -24,7 +24,13 @@ from onnxsample.chain import CUTS, SAMPLER_NAMES
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import samplers_on
 
-__all__ = ["apply_llama_names", "order_refusal", "penalty_refusal", "window_refusal"]
+__all__ = [
+    "apply_llama_names",
+    "order_refusal",
+    "penalty_refusal",
+    "take_infill",
+    "window_refusal",
+]
 
 # llama-server's name: (this server's fields it stands for, the type it takes)
 _ALIASES = {
@@ -89,6 +95,24 @@ def _listed(value: Any) -> list[str] | str:
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return [_NAMES[v.lower()] for v in value if v.lower() in _NAMES]
     return "give a list of sampler names or a string of sampler letters"
+
+
+def take_infill(extra: dict[str, Any]) -> bool:
+    """Whether llama-server's ``samplers`` in a request's `extra` fields lists llama.cpp's
+    ``infill`` sampler, which ``/completion`` and ``/infill`` run on the host after the chain
+    (:mod:`~onnxsample.serve.infill_sampler`): then it is taken out of the list. It must be the
+    last sampler listed (editors list it last); :class:`InvalidParameter` otherwise."""
+    value = extra.get("samplers")
+    listed = _listed(value)
+    if isinstance(listed, str) or "infill" not in listed:
+        return False
+    if listed[-1] != "infill" or listed.count("infill") > 1:
+        raise InvalidParameter("samplers: infill runs once, after every other sampler, here")
+    if isinstance(value, str):
+        extra["samplers"] = value.replace("i", "")
+    else:
+        extra["samplers"] = [v for v in value if _NAMES.get(v.lower()) != "infill"]
+    return True
 
 
 def _misordered(listed: list[str], on: dict[str, Any], order: tuple[str, ...]) -> tuple | None:

@@ -1,28 +1,36 @@
-"""llama-server's own completion endpoint, ``POST /completion`` (and ``/completions``).
+"""llama-server's own completion endpoints, ``POST /completion`` (and ``/completions``) and
+``POST /infill`` (code infill: :mod:`~onnxsample.serve.infill` builds its prompt).
 
 The request is llama-server's: ``prompt`` (text, token ids, or several prompts), ``n_predict`` (-1
-or absent: until the end of the sequence or the context), its sampler names and ``samplers`` order
-(:mod:`~onnxsample.serve.llama_fields`), ``stop``, ``seed``, ``logit_bias`` in its forms (pairs or
-an object, tokens as ids or text), ``n_probs`` (``logprobs`` when it is absent), ``return_tokens``,
-``stream``; what this server does not implement is refused by name
-(:mod:`~onnxsample.serve.peer_fields`). Sampling a request leaves out is what ``GET /props``
-reports, as on llama-server.
+or absent: until the end of the sequence or the context; 0 samples one token, as llama-server's),
+its sampler names and ``samplers`` order (:mod:`~onnxsample.serve.llama_fields`), ``stop``,
+``seed``, ``logit_bias`` in its forms (pairs or an object, tokens as ids or text), ``n_probs``
+(``logprobs`` when it is absent), ``return_tokens``, ``stream``, and code completion's
+``n_indent`` and ``t_max_predict_ms`` (how the text ends:
+:meth:`~onnxsample.engine._sequence.Sequence.end_lines`) and ``response_fields``;
+``t_max_prompt_ms`` is ignored, as llama-server ignores it. What this server does not implement is
+refused by name (:mod:`~onnxsample.serve.peer_fields`). Sampling a request leaves out is what
+``GET /props`` reports, as on llama-server.
 
 The answer is llama-server's: ``content``, ``tokens`` (with ``return_tokens``), ``stop``,
 ``stop_type`` (``eos``, ``word``, ``limit``) and ``stopping_word``, ``tokens_predicted``,
-``tokens_evaluated``, the prompt's text, ``generation_settings``, ``timings`` and, with
-``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` above 1) give a list. A stream
-sends one ``data:`` event per token (``stop`` false, ``tokens`` the token, ``content`` the text it
-lets out: empty while a possible stop string or part of a character waits), then the final object
-with ``stop`` true, and no ``[DONE]``; an error after the status line is an ``error`` event. The
-body is read as JSON whatever its content type, as llama-server reads it.
+``tokens_evaluated``, ``tokens_cached``, the prompt's text, ``generation_settings``, ``timings``
+and, with ``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` above 1) give a
+list. A stream sends one ``data:`` event per token (``stop`` false, ``tokens`` the token,
+``content`` the text it lets out: empty while a possible stop string waits), then the final object
+with ``stop`` true, and no ``[DONE]``; an error after the status line is an ``error`` event. As on
+llama-server, a token that leaves a UTF-8 character unfinished has no event and no
+``completion_probabilities`` entry: the next token's entry carries its bytes. The body is read as
+JSON whatever its content type, as llama-server reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,7 +41,8 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, StreamEvent
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
-from onnxsample.serve.llama_fields import apply_llama_names
+from onnxsample.serve.infill import infill_body, with_infill_sampler
+from onnxsample.serve.llama_fields import apply_llama_names, take_infill
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.props import generation_settings
@@ -63,18 +72,20 @@ def add_native_routes(
 ) -> None:
     """``POST /completion`` and ``/completions`` on `app`, over the engine `engine()` serves."""
 
-    async def completion(request: Request):
-        data = _json(await request.body())
-        e = engine()
+    async def answer(request: Request, data: Any, e: Engine):
         if isinstance(data, dict) and isinstance(data.get("logit_bias"), (list, dict)):
             given = data["logit_bias"]
             data["logit_bias"] = await asyncio.to_thread(_logit_bias, e.tokenizer, given)
+        if isinstance(data, dict) and type(data.get("n_predict")) is int and data["n_predict"] == 0:
+            data["n_predict"] = 1  # llama-server samples one token even then
         body = _validated(data)
         check_model(body.model)
         extra = body.model_extra if body.model_extra is not None else {}
         n_probs = extra.pop("n_probs", None)
         n_probs = body.logprobs if n_probs is None else n_probs  # llama-server's alias
         return_tokens = extra.pop("return_tokens", False)
+        endings = _Endings.read(extra)
+        infill = take_infill(extra)  # llama.cpp's infill sampler, run on the host
         if n_probs is not None and (not isinstance(n_probs, int) or isinstance(n_probs, bool)):
             raise APIError(400, f"n_probs must be an integer, got {n_probs!r}", param="n_probs")
         if not isinstance(return_tokens, bool):
@@ -92,6 +103,8 @@ def add_native_routes(
         prompts = convert.prompts(body.prompt)
         limit = convert.token_limit(body.max_tokens, None)
         params = convert.choice_params(body, logprobs=n_probs > 0, top_logprobs=n_probs)
+        if infill:
+            params = with_infill_sampler(e, params)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
 
         def prepared() -> tuple[list, list[str]]:
@@ -100,20 +113,33 @@ def add_native_routes(
                 for k, prompt in enumerate(prompts)
                 for j, p in enumerate(params)
             ]
+            for seq in seqs:
+                seq.end_lines(endings.n_indent, endings.t_max_predict_ms)
             texts = [e.tokenizer.decode(s.prompt, skip_special_tokens=False) for s in seqs]
             return seqs, texts
 
         seqs, texts = await asyncio.to_thread(prepared)
         requests = enqueue(e, seqs, metrics)
-        answer = _Answer(e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit)
+        shaped = _Answer(
+            e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings
+        )
         if body.stream:
-            return sse(answer.stream(requests, metrics, stopping))
+            return sse(shaped.stream(requests, metrics, stopping))
         done = await collect(requests, request, metrics, stopping)
-        results = [answer.final(c, streamed=False) for c in done]
+        results = [shaped.final(c, streamed=False) for c in done]
         return results[0] if len(results) == 1 else results
+
+    async def completion(request: Request):
+        return await answer(request, _json(await request.body()), engine())
+
+    async def infill(request: Request):
+        data, e = _json(await request.body()), engine()
+        data = await asyncio.to_thread(infill_body, e.tokenizer, e.limit, data)
+        return await answer(request, data, e)
 
     for path in ("/completion", "/completions"):
         app.post(path)(completion)
+    app.post("/infill")(infill)
 
 
 def _json(raw: bytes) -> Any:
@@ -166,6 +192,73 @@ def _logit_bias(tokenizer: Tokenizer, given: list | dict) -> dict[str, float]:
     return bias
 
 
+@dataclass(frozen=True)
+class _Endings:
+    """llama-server's fields for code completion: ``n_indent`` and ``t_max_predict_ms`` (how the
+    text ends: :meth:`~onnxsample.engine._sequence.Sequence.end_lines`) and ``response_fields``
+    (the final object's fields kept, a path ``a/b`` for a nested one, keyed by the path)."""
+
+    n_indent: int = 0
+    t_max_predict_ms: float = 0
+    fields: tuple[str, ...] = ()
+
+    @classmethod
+    def read(cls, extra: dict) -> _Endings:
+        """Take the three from a request's `extra` fields, checked."""
+        indent = extra.pop("n_indent", None)
+        indent = 0 if indent is None else indent
+        if isinstance(indent, bool) or not isinstance(indent, int) or indent < 0:
+            raise APIError(400, f"n_indent must be an integer >= 0, got {indent!r}",
+                           param="n_indent")  # fmt: skip
+        ms = extra.pop("t_max_predict_ms", None)
+        ms = 0 if ms is None else ms
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms):
+            raise APIError(400, f"t_max_predict_ms must be a number, got {ms!r}",
+                           param="t_max_predict_ms")  # fmt: skip
+        fields = extra.pop("response_fields", None)
+        fields = [] if fields is None else fields
+        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+            raise APIError(400, "response_fields must be a list of field names",
+                           param="response_fields")  # fmt: skip
+        return cls(indent, max(ms, 0), tuple(fields))
+
+    def kept(self, result: dict) -> dict:
+        """`result` with only the ``response_fields`` it has (all without any)."""
+        if not self.fields:
+            return result
+        kept = {}
+        for path in self.fields:
+            value: Any = result
+            for key in path.split("/"):
+                if not isinstance(value, dict) or key not in value:
+                    break
+                value = value[key]
+            else:
+                kept[path] = value
+        return kept
+
+
+class _Characters:
+    """A sequence's bytes as llama-server checks them after each token (``validate_utf8``):
+    :meth:`add` gives the bytes since the last whole character ended the text, or None while a
+    character is unfinished."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.tail, self.pending = tokenizer, b"", b""
+
+    def add(self, token: int) -> bytes | None:
+        data = self.tokenizer.token_bytes(token)
+        self.pending += data
+        self.tail = (self.tail + data)[-4:]
+        for back in range(1, len(self.tail) + 1):
+            lead = self.tail[-back]
+            need = 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 0
+            if back < need:
+                return None
+        pending, self.pending = self.pending, b""
+        return pending
+
+
 class _Answer:
     """llama-server's answer objects for one request's sequences."""
 
@@ -179,23 +272,34 @@ class _Answer:
         return_tokens: bool,
         model: str,
         limit: int | None,
+        endings: _Endings,
     ) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer, self.endings = tokenizer, endings
         self.seqs = {s.index: s for s in seqs}
         self.texts = {s.index: t for s, t in zip(seqs, texts, strict=True)}
         self.stops, self.n_probs, self.return_tokens = stops, n_probs, return_tokens
         self.model, self.limit = model, limit
 
-    def _probs(self, tokens: list[int], logprobs: list[float], tops: list | None) -> list[dict]:
-        """``completion_probabilities``: each token's id, text, bytes, logprob and top tokens."""
+    def _probs(
+        self, tokens: list[int], logprobs: list[float], tops: list | None, text: _Characters
+    ) -> list[dict]:
+        """``completion_probabilities``: each token's id, text, bytes, logprob and top tokens, as
+        llama-server lists them: a token that leaves a character unfinished has no entry, and
+        the next one's text and bytes are all those since the last entry (`text` follows the
+        sequence's bytes)."""
         entries = convert.chat_logprobs(self.tokenizer, tokens, logprobs, tops)
+        listed = []
         for i, (token, entry) in enumerate(zip(tokens, entries, strict=True)):
+            pending = text.add(token)
+            if pending is None:
+                continue
             top = tops[i] if tops is not None and i < len(tops) else []
             entry["top_logprobs"] = [
                 {"id": t, **shown} for (t, _), shown in zip(top, entry["top_logprobs"], strict=True)
             ]
-            entries[i] = {"id": token, **entry}
-        return entries
+            entry.update(token=pending.decode("utf-8", "replace"), bytes=list(pending))
+            listed.append({"id": token, **entry})
+        return listed
 
     def _stopping_word(self, c: Completion) -> str:
         """The stop string that ended `c`: the one its tokens wrote right after its text."""
@@ -229,6 +333,8 @@ class _Answer:
             "truncated": False,  # a prompt over the context is refused, never cut
             "stop_type": _STOP_TYPES[c.finish_reason],
             "stopping_word": self._stopping_word(c),
+            # the positions left in the cache: the last token was never fed back
+            "tokens_cached": len(c.prompt_token_ids) + max(len(ended) - 1, 0),
             "timings": {k: v for k, v in convert.timings(c).items() if k != "ttft_ms"},
         }
         if self.n_probs and not streamed:
@@ -236,11 +342,16 @@ class _Answer:
             kept = len(c.token_ids) - shown if result["stopping_word"] else len(c.token_ids)
             tops = None if c.top_logprobs is None else c.top_logprobs[:kept]
             tokens, logprobs = c.token_ids[:kept], list(c.logprobs or [])[:kept]
-            result["completion_probabilities"] = self._probs(tokens, logprobs, tops)
-        return result
+            text = _Characters(self.tokenizer)
+            result["completion_probabilities"] = self._probs(tokens, logprobs, tops, text)
+        return self.endings.kept(result)
 
-    def partial(self, event: StreamEvent, predicted: int) -> dict:
-        """A piece of text as it streams; `predicted`: the tokens of its sequence so far."""
+    def partial(self, event: StreamEvent, predicted: int, text: _Characters) -> dict | None:
+        """A piece of text as it streams, or None for a token that leaves a character unfinished
+        (llama-server sends no event for one); `predicted`: the tokens of its sequence so far,
+        `text` follows its bytes."""
+        if event.logprob is None and text.add(event.token_id) is None:
+            return None
         result = {
             "index": event.index,
             "content": event.text,
@@ -250,9 +361,10 @@ class _Answer:
             "tokens_evaluated": len(self.seqs[event.index].prompt),
         }
         if event.logprob is not None:
-            result["completion_probabilities"] = self._probs(
-                [event.token_id], [event.logprob], [event.top_logprobs or []]
-            )
+            probs = self._probs([event.token_id], [event.logprob], [event.top_logprobs or []], text)
+            if not probs:
+                return None
+            result["completion_probabilities"] = probs
         return result
 
     async def stream(
@@ -260,11 +372,14 @@ class _Answer:
     ) -> AsyncIterator[dict]:
         events = merged_events(requests, metrics)
         predicted = dict.fromkeys(self.seqs, 0)
+        texts = {i: _Characters(self.tokenizer) for i in self.seqs}
         try:
             async for _, event in events:
-                if event.token_id is not None:  # one event a token, as llama-server's
+                if event.token_id is not None:  # an event a token, as llama-server's
                     predicted[event.index] += 1
-                    yield self.partial(event, predicted[event.index])
+                    piece = self.partial(event, predicted[event.index], texts[event.index])
+                    if piece is not None:
+                        yield piece
                 if event.completion is not None:
                     yield self.final(event.completion, streamed=True)
         except Exception as exc:

@@ -119,8 +119,7 @@ _NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "timings_per_token": (_is(False), "timings come with the final object"),
     "return_progress": (_is(False), "the prompt's progress is not streamed"),
     "verbose": (_is(False), "the answer has llama-server's fields only"),
-    "t_max_prompt_ms": (_disabled, "a prompt is computed whole"),
-}
+}  # t_max_prompt_ms is not here: llama-server does not implement it either (a TODO), and ignores it
 # /tokenize: text is llama-server's (and vLLM's), a chat gives the ids the chat route would use.
 _TOKENIZE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "parse_special": (_is(True), "special tokens written in the text are always parsed"),

@@ -33,7 +33,12 @@ import pytest
 from _exports import export_cached
 from _hard_texts import HARD, hard_corpus
 from _http import get, post, served
-from _llama_cpp import TOL, LlamaServer, compare_with_llama_cpp
+from _llama_cpp import (
+    TOL,
+    LlamaServer,
+    compare_with_llama_cpp,
+    same_answer_until_a_near_tie,
+)
 
 from onnxsample.exporters import export
 from onnxsample.exporters._gguf_quant import QuantizedWeight, from_gguf
@@ -264,18 +269,7 @@ def test_completion_answers_as_llama_servers(llama_cpp):
     assert _same_kinds(mine, theirs) == []
     for key in ("prompt", "stop_type", "tokens_evaluated", "tokens_predicted", "stop"):
         assert mine[key] == theirs[key], key
-    # greedy tokens agree until a step where llama.cpp's top two are within 2 * TOL (the tiny
-    # random model's often are), and up to there the top tokens both list have logprobs within TOL
-    probs = theirs["completion_probabilities"]
-    pairs = enumerate(zip(mine["tokens"], theirs["tokens"], strict=True))
-    same = next((i for i, (a, b) in pairs if a != b), 12)
-    if same < 12:
-        top = probs[same]["top_logprobs"]
-        assert top[0]["logprob"] - top[1]["logprob"] <= 2 * TOL, (same, top)
-    for a, b in zip(mine["completion_probabilities"][: same + 1], probs[: same + 1], strict=True):
-        ours = {t["id"]: t["logprob"] for t in a["top_logprobs"]}
-        both = [t for t in b["top_logprobs"] if t["id"] in ours]
-        assert both and all(abs(ours[t["id"]] - t["logprob"]) < TOL for t in both), (a, b)
+    same = same_answer_until_a_near_tie(mine, theirs, 12)
     assert [e["stop"] for e in their_events][-1] and [e["stop"] for e in my_events][-1]
     for mine_event in my_events:
         assert _same_kinds(mine_event, their_events[0 if not mine_event["stop"] else -1]) == []

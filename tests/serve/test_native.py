@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 
 import pytest
 from _http import post
@@ -66,8 +67,12 @@ def test_a_stream_adds_up_to_the_whole_answer(port):
     *pieces, last = events
     assert all(e["stop"] is False and len(e["tokens"]) == 1 for e in pieces)
     assert "".join(e["content"] for e in pieces) == whole["content"]
-    assert [e["tokens"][0] for e in pieces] == whole["tokens"]  # one event a token
-    assert [e["tokens_predicted"] for e in pieces] == list(range(1, len(pieces) + 1))
+    # an event a token, but for a token that leaves a character unfinished (as llama-server's)
+    counts = [e["tokens_predicted"] for e in pieces]
+    assert counts == sorted(set(counts)) and len(whole["tokens"]) - 2 <= len(pieces)
+    assert all(
+        whole["tokens"][n - 1] == e["tokens"][0] for n, e in zip(counts, pieces, strict=True)
+    )
     assert last["stop"] is True and last["content"] == "" and last["tokens"] == []
     assert last["tokens_predicted"] == whole["tokens_predicted"]
     assert last["stop_type"] == whole["stop_type"]
@@ -138,11 +143,12 @@ def test_several_prompts_get_a_list_in_order(port):
         ("mirostat", 2),
         ("samplers", ["min_p"]),  # the temperature (0.7) on but left out
         ("repeat_penalty", 1.3),  # over llama-server's 64-token window
-        ("response_fields", ["content"]),
+        ("response_fields", "content"),
+        ("n_indent", -1),
+        ("t_max_predict_ms", "soon"),
         ("timings_per_token", True),
         ("return_progress", True),
         ("verbose", True),
-        ("t_max_prompt_ms", 50),
         ("n_predict", "many"),
         ("prompt", {"text": "Hi"}),
     ],
@@ -157,3 +163,85 @@ def test_what_it_cannot_do_is_refused_by_name(port, field, value):
 def test_a_body_that_is_not_json_is_a_400(port):
     code, data = post(port, "/completion", b"prompt=Hi")
     assert code == 400 and "not JSON" in data["error"]["message"], data
+
+
+def test_code_completion_fields_are_llama_servers(port, models):
+    """``response_fields`` keeps the paths it names (keyed by the path), ``n_predict`` 0 samples
+    one token, ``t_max_prompt_ms`` changes nothing (llama-server does not implement it), and
+    ``n_indent`` and ``t_max_predict_ms`` end the text as the token limit does."""
+    body = {"prompt": "Once upon a time", "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    whole = complete(port, body)
+    assert whole["tokens_cached"] == whole["tokens_evaluated"] + 5  # the last is not fed back
+    fields = ["content", "tokens_cached", "timings/predicted_n", "generation_settings/top_k", "x/y"]
+    kept = complete(port, {**body, "response_fields": fields})
+    assert kept == {k: whole[k] for k in fields[:2]} | {
+        "timings/predicted_n": 6, "generation_settings/top_k": whole["generation_settings"]["top_k"]
+    }  # fmt: skip
+    assert complete(port, {**body, "t_max_prompt_ms": 1})["content"] == whole["content"]
+    one = complete(port, {**body, "n_predict": 0})
+    assert one["tokens_predicted"] == 1 and one["stop_type"] == "limit"
+    # every token a new line: the second line is empty, so less indented than 1 (its new line
+    # is no space), and llama-server's check of it comes a token later
+    tokenizer = Tokenizer.from_folder(models["four"].parent)
+    lines = {str(t): 100 for t in tokenizer.encode("\n", add_special_tokens=False)}
+    body = {**body, "n_predict": 24, "logit_bias": lines}
+    assert complete(port, body)["content"] == "\n" * 24
+    cut = complete(port, {**body, "n_indent": 1})
+    assert (cut["content"], cut["tokens_predicted"], cut["stop_type"]) == ("\n", 3, "limit")
+    timed = complete(port, {**body, "t_max_predict_ms": 0.001})
+    assert timed["stop_type"] == "limit" and timed["tokens_predicted"] == 2
+
+
+def test_infill_needs_the_models_fim_tokens(port):
+    """SmolLM2's vocabulary has no FIM prefix, suffix or middle token: llama-server's 501 (a real
+    llama-server on a model with them: test_infill_llama_server.py)."""
+    code, data = post(
+        port, "/infill", json.dumps({"input_prefix": "a", "input_suffix": "b"}).encode()
+    )
+    assert code == 501 and data["error"]["type"] == "not_supported_error", data
+    assert data["error"]["message"].startswith("Infill is not supported by this model: prefix")
+
+
+@pytest.mark.parametrize(
+    ("extra", "prompt", "batch", "kept"),
+    [
+        ([], "", 2048, "REP {myproject\n} SEP {filename\n} PRE {prefix} SUF {suffix} MID"),
+        ([("f.py", "x = 1")], "p", 2048,
+         "REP {myproject\n} SEP {f.py\n} {x = 1} SEP {filename\n} PRE {prefix} {p} SUF {suffix} MID"),
+        # 3/4 of the batch from the prefix; a quarter less 2 and the prompt from the suffix
+        ([], "", 8, "REP {myproject\n} SEP {filename\n} PRE {prefix:-6} SUF MID"),
+        ([], "p", 16, "REP {myproject\n} SEP {filename\n} PRE {prefix:-12} {p} SUF {suffix:1} MID"),
+        # the context less the batch, plus 2, from the end of the extra chunks
+        ([("f.py", "x = 1")], "", None, "SEP {filename\n} PRE {prefix} SUF {suffix} MID"),
+    ],
+)  # fmt: skip
+def test_an_infill_prompt_is_built_as_llama_server_builds_it(models, extra, prompt, batch, kept):
+    """Tokens in llama-server's order and cut to its shares of the batch and context (4096)."""
+    from onnxsample.serve.infill import infill_tokens
+    from onnxsample.text.llama_tokens import FimTokens
+
+    tokenizer = Tokenizer.from_folder(models["four"].parent)
+    names = {"PRE": "<|im_start|>", "SUF": "<|im_end|>", "MID": "<|endoftext|>",
+             "REP": "<repo_name>", "SEP": "<file_sep>"}  # fmt: skip
+    ids = {name: tokenizer.token_id(text) for name, text in names.items()}
+    fim = FimTokens(ids["PRE"], ids["SUF"], ids["MID"], ids["REP"], ids["SEP"])
+
+    def tokens(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False, parse_special=False)
+
+    parts = {"prefix": tokens("one two three four five six seven eight nine ten"),
+             "suffix": tokens("eleven twelve thirteen")}  # fmt: skip
+    expected: list[int] = []
+    for word in re.findall(r"\{[^}]*\}|\S+", kept):
+        if word in ids:
+            expected.append(ids[word])
+            continue
+        text, _, cut = word[1:-1].partition(":")
+        found = parts.get(text, tokens(text.replace("\\n", "\n")))
+        expected += found[int(cut) :] if cut.startswith("-") else found[: int(cut or len(found))]
+    context = 4096 if batch else 2048 - 2 + 1 + len(tokens("filename\n"))
+    got = infill_tokens(
+        tokenizer, fim, parts["prefix"], parts["suffix"], extra, tokens(prompt), context,
+        batch or 2048,
+    )  # fmt: skip
+    assert got == expected
