@@ -1,0 +1,223 @@
+"""llama-server's answer objects for ``/completion`` and ``/infill``
+(:mod:`~onnxsample.serve.native`): the final object and the stream's events, with the fields a
+request keeps (``response_fields``), and the UTF-8 rule that decides which tokens get an event and
+a ``completion_probabilities`` entry of their own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from onnxsample.engine.request import Completion, StreamEvent
+from onnxsample.serve import convert
+from onnxsample.serve.errors import APIError
+from onnxsample.serve.metrics import Metrics
+from onnxsample.serve.props import generation_settings
+from onnxsample.serve.streaming import error_chunk, merged_events, shutdown_chunk
+from onnxsample.text.tokenizer import Tokenizer
+
+__all__ = ["Answer", "Endings"]
+
+_STOP_TYPES = {"eos": "eos", "stop": "word", "length": "limit", "cancelled": "none"}
+
+
+@dataclass(frozen=True)
+class Endings:
+    """llama-server's fields for code completion: ``n_indent`` and ``t_max_predict_ms`` (how the
+    text ends: :meth:`~onnxsample.engine._sequence.Sequence.end_lines`) and ``response_fields``
+    (the final object's fields kept, a path ``a/b`` for a nested one, keyed by the path)."""
+
+    n_indent: int = 0
+    t_max_predict_ms: float = 0
+    fields: tuple[str, ...] = ()
+
+    @classmethod
+    def read(cls, extra: dict) -> Endings:
+        """Take the three from a request's `extra` fields, checked."""
+        indent = extra.pop("n_indent", None)
+        indent = 0 if indent is None else indent
+        if isinstance(indent, bool) or not isinstance(indent, int) or indent < 0:
+            raise APIError(400, f"n_indent must be an integer >= 0, got {indent!r}",
+                           param="n_indent")  # fmt: skip
+        ms = extra.pop("t_max_predict_ms", None)
+        ms = 0 if ms is None else ms
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms):
+            raise APIError(400, f"t_max_predict_ms must be a number, got {ms!r}",
+                           param="t_max_predict_ms")  # fmt: skip
+        fields = extra.pop("response_fields", None)
+        fields = [] if fields is None else fields
+        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+            raise APIError(400, "response_fields must be a list of field names",
+                           param="response_fields")  # fmt: skip
+        return cls(indent, max(ms, 0), tuple(fields))
+
+    def kept(self, result: dict) -> dict:
+        """`result` with only the ``response_fields`` it has (all without any)."""
+        if not self.fields:
+            return result
+        kept = {}
+        for path in self.fields:
+            value: Any = result
+            for key in path.split("/"):
+                if not isinstance(value, dict) or key not in value:
+                    break
+                value = value[key]
+            else:
+                kept[path] = value
+        return kept
+
+
+class _Characters:
+    """A sequence's bytes as llama-server checks them after each token (``validate_utf8``):
+    :meth:`add` gives the bytes since the last whole character ended the text, or None while a
+    character is unfinished."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer, self.tail, self.pending = tokenizer, b"", b""
+
+    def add(self, token: int) -> bytes | None:
+        data = self.tokenizer.token_bytes(token)
+        self.pending += data
+        self.tail = (self.tail + data)[-4:]
+        for back in range(1, len(self.tail) + 1):
+            lead = self.tail[-back]
+            need = 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 0
+            if back < need:
+                return None
+        pending, self.pending = self.pending, b""
+        return pending
+
+
+class Answer:
+    """llama-server's answer objects for one request's sequences."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        seqs: list,
+        texts: list[str],
+        stops: list[str],
+        n_probs: int,
+        return_tokens: bool,
+        model: str,
+        limit: int | None,
+        endings: Endings,
+    ) -> None:
+        self.tokenizer, self.endings = tokenizer, endings
+        self.seqs = {s.index: s for s in seqs}
+        self.texts = {s.index: t for s, t in zip(seqs, texts, strict=True)}
+        self.stops, self.n_probs, self.return_tokens = stops, n_probs, return_tokens
+        self.model, self.limit = model, limit
+
+    def _probs(
+        self, tokens: list[int], logprobs: list[float], tops: list | None, text: _Characters
+    ) -> list[dict]:
+        """``completion_probabilities``: each token's id, text, bytes, logprob and top tokens, as
+        llama-server lists them: a token that leaves a character unfinished has no entry, and
+        the next one's text and bytes are all those since the last entry (`text` follows the
+        sequence's bytes)."""
+        entries = convert.chat_logprobs(self.tokenizer, tokens, logprobs, tops)
+        listed = []
+        for i, (token, entry) in enumerate(zip(tokens, entries, strict=True)):
+            pending = text.add(token)
+            if pending is None:
+                continue
+            top = tops[i] if tops is not None and i < len(tops) else []
+            entry["top_logprobs"] = [
+                {"id": t, **shown} for (t, _), shown in zip(top, entry["top_logprobs"], strict=True)
+            ]
+            entry.update(token=pending.decode("utf-8", "replace"), bytes=list(pending))
+            listed.append({"id": token, **entry})
+        return listed
+
+    def _stopping_word(self, c: Completion) -> str:
+        """The stop string that ended `c`: the one its tokens wrote right after its text."""
+        if c.finish_reason != "stop":
+            return ""
+        written = self.tokenizer.decode(c.token_ids)[len(c.text) :]
+        return next((s for s in self.stops if written.startswith(s)), "")
+
+    def final(self, c: Completion, *, streamed: bool) -> dict:
+        """The final object; `streamed`: its content and tokens went out as pieces already."""
+        params = self.seqs[c.index].params
+        # as llama-server's: the end-of-sequence token that ended it is one of its tokens
+        ended = c.token_ids + ([] if c.end_token is None else [c.end_token])
+        result = {
+            "index": c.index,
+            "content": "" if streamed else c.text,
+            "tokens": ended if self.return_tokens and not streamed else [],
+            "stop": True,
+            "model": self.model,
+            "tokens_predicted": len(ended),
+            "tokens_evaluated": len(c.prompt_token_ids),
+            "generation_settings": generation_settings(
+                params,
+                n_predict=-1 if self.limit is None else self.limit,
+                seed=c.seed,
+                stop=self.stops,
+                stream=streamed,
+            ),
+            "prompt": self.texts[c.index],
+            "has_new_line": "\n" in c.text,
+            "truncated": False,  # a prompt over the context is refused, never cut
+            "stop_type": _STOP_TYPES[c.finish_reason],
+            "stopping_word": self._stopping_word(c),
+            # the positions left in the cache: the last token was never fed back
+            "tokens_cached": len(c.prompt_token_ids) + max(len(ended) - 1, 0),
+            "timings": {k: v for k, v in convert.timings(c).items() if k != "ttft_ms"},
+        }
+        if self.n_probs and not streamed:
+            shown = len(self.tokenizer.encode(result["stopping_word"], add_special_tokens=False))
+            kept = len(c.token_ids) - shown if result["stopping_word"] else len(c.token_ids)
+            tops = None if c.top_logprobs is None else c.top_logprobs[:kept]
+            tokens, logprobs = c.token_ids[:kept], list(c.logprobs or [])[:kept]
+            text = _Characters(self.tokenizer)
+            result["completion_probabilities"] = self._probs(tokens, logprobs, tops, text)
+        return self.endings.kept(result)
+
+    def partial(self, event: StreamEvent, predicted: int, text: _Characters) -> dict | None:
+        """A piece of text as it streams, or None for a token that leaves a character unfinished
+        (llama-server sends no event for one); `predicted`: the tokens of its sequence so far,
+        `text` follows its bytes."""
+        if event.logprob is None and text.add(event.token_id) is None:
+            return None
+        result = {
+            "index": event.index,
+            "content": event.text,
+            "tokens": [] if event.token_id is None else [event.token_id],
+            "stop": False,
+            "tokens_predicted": predicted,
+            "tokens_evaluated": len(self.seqs[event.index].prompt),
+        }
+        if event.logprob is not None:
+            probs = self._probs([event.token_id], [event.logprob], [event.top_logprobs or []], text)
+            if not probs:
+                return None
+            result["completion_probabilities"] = probs
+        return result
+
+    async def stream(
+        self, requests: list, metrics: Metrics, stopping: Callable[[], bool]
+    ) -> AsyncIterator[dict]:
+        events = merged_events(requests, metrics)
+        predicted = dict.fromkeys(self.seqs, 0)
+        texts = {i: _Characters(self.tokenizer) for i in self.seqs}
+        try:
+            async for _, event in events:
+                if event.token_id is not None:  # an event a token, as llama-server's
+                    predicted[event.index] += 1
+                    piece = self.partial(event, predicted[event.index], texts[event.index])
+                    if piece is not None:
+                        yield piece
+                if event.completion is not None:
+                    yield self.final(event.completion, streamed=True)
+        except Exception as exc:
+            yield error_chunk(exc)
+            return
+        finally:
+            await events.aclose()  # at once, so a client that went away frees its slots now
+        if stopping():
+            yield shutdown_chunk()
