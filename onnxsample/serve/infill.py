@@ -147,15 +147,9 @@ def with_infill_sampler(engine: Engine, params: list[SamplingParams]) -> list[Sa
     """`params` with llama.cpp's ``infill`` sampler as their host sampler, for a request whose
     ``samplers`` lists it last. It picks from the graph's candidates, so the served model must
     have been composed with them (``--candidates K``, which draft tokens exclude) and the request's
-    top-k must keep at most K."""
+    top-k must keep at most K. A greedy request needs none of it: of the one token greedy
+    decoding leaves, the sampler keeps that token."""
     k = engine.meta.output_candidates
-    if not k:
-        raise APIError(
-            400,
-            "samplers: the infill sampler picks from the graph's candidates: serve a model "
-            "composed with them (onnxsample compose FOLDER --candidates 64 --draft-tokens 0)",
-            param="samplers",
-        )
     tokenizer = engine.tokenizer
     special = tokenizer.special_ids
     end = end_of_turn(tokenizer)
@@ -166,6 +160,16 @@ def with_infill_sampler(engine: Engine, params: list[SamplingParams]) -> list[Sa
 
     chosen = []
     for p in params:
+        if p.temperature == 0:
+            chosen.append(p)
+            continue
+        if not k:
+            raise APIError(
+                400,
+                "samplers: the infill sampler picks from the graph's candidates: serve a model "
+                "composed with them (onnxsample compose FOLDER --candidates 64 --draft-tokens 0)",
+                param="samplers",
+            )
         if not 0 < p.top_k <= k:
             raise APIError(
                 400,

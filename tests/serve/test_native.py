@@ -245,3 +245,17 @@ def test_an_infill_prompt_is_built_as_llama_server_builds_it(models, extra, prom
         batch or 2048,
     )  # fmt: skip
     assert got == expected
+
+
+def test_the_infill_sampler_of_a_greedy_request_keeps_the_greedy_token(port):
+    """llama.cpp's infill sampler after a temperature of 0 sees one token and keeps it: no
+    candidates needed (elsewhere it picks from a model's candidates:
+    test_infill_llama_server.py)."""
+    body = {"prompt": "Once upon a time", "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    listed = {**body, "samplers": ["top_k", "temperature", "infill"]}
+    assert complete(port, listed)["content"] == complete(port, body)["content"]
+    code, data = post(port, "/completion", json.dumps({**listed, "temperature": 0.7}).encode())
+    assert code == 400 and "--candidates" in data["error"]["message"], data
+    first = {**listed, "samplers": ["infill", "top_k", "temperature"]}
+    code, data = post(port, "/completion", json.dumps(first).encode())
+    assert code == 400 and "after every other sampler" in data["error"]["message"], data
