@@ -59,8 +59,8 @@ class InfillSampler:
             return np.array([self.end], np.int64), np.array([1.0], np.float32)
         p = p / np.float32(sum(p[keep], np.float32(0)))
         keep &= (p >= np.float32(1.0 / (texts + 1))) | eog
-        keep &= alive | eog  # a merged-away end token stays in llama.cpp's list at -inf
-        return ids[keep], np.where(alive, logits, -np.inf)[keep].astype(np.float32)
+        keep &= alive  # a merged-away end token stays in llama.cpp's list at -inf: never drawn
+        return ids[keep], logits[keep]
 
     def _merge(self, ids: np.ndarray, p: np.ndarray) -> np.ndarray:
         """Tokens that are a prefix of another pool their probabilities (in place in `p`); the
