@@ -143,6 +143,16 @@ Candidates = Annotated[
         "--candidates", help="K > 0 also returns the filtered candidates [S, K] (ids and logits)."
     ),
 ]
+ServeCandidates = Annotated[
+    int,
+    typer.Option(
+        "--candidates",
+        help="Compose the model with its K best candidates per step instead of draft "
+        "verification, for llama.cpp's infill sampler (editors' /infill requests; 64 covers "
+        "llama.vim's top_k 40).",
+        min=0,
+    ),
+]
 PromptLogprobs = Annotated[
     bool,
     typer.Option(
@@ -323,12 +333,21 @@ def engine_options(
     return {**spec, **graph, "chat_template": chat_template}
 
 
-def preparation(provider: str, spec: dict, attention: str = "gqa") -> dict:
+def preparation(provider: str, spec: dict, attention: str = "gqa", candidates: int = 0) -> dict:
     """What `prepare` builds for these options: the GPU export for --provider cuda, a static
-    chain for --cuda-graph, the exact-attention export for --attention exact."""
+    chain for --cuda-graph, the exact-attention export for --attention exact, the graph's
+    candidates instead of draft verification for --candidates."""
+    from onnxsample.errors import InvalidParameter
+
+    if candidates and spec.get("speculative") is not None:
+        raise InvalidParameter(
+            "--candidates composes the candidates instead of draft verification: drop "
+            "--speculative, or --candidates"
+        )
     graph = _captured(provider, spec.get("speculative"), spec.get("cuda_graph"))
     return {
         "device": "cuda" if provider == "cuda" else "cpu",
         "static": graph,
         "attention": attention,
+        "candidates": candidates,
     }

@@ -94,6 +94,7 @@ def serve(
     attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
     ngram: opt.Ngram = DEFAULT_NGRAM,
+    candidates: opt.ServeCandidates = 0,
     replicas: Annotated[
         int | None,
         typer.Option(
@@ -175,6 +176,7 @@ def serve(
     spec = opt.engine_options(
         speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
     )
+    how = opt.preparation(provider, spec, attention, candidates)
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,
@@ -183,7 +185,7 @@ def serve(
             max_len=max_len, prefill_chunk=prefill_chunk, provider=provider, spec=spec,
             replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
             min_replicas=min_replicas, max_replicas=max_replicas,
-            target_ongoing_requests=target_ongoing_requests, attention=attention,
+            target_ongoing_requests=target_ongoing_requests, how=how,
             reasoning_format=reasoning_format,
         )  # fmt: skip
         return
@@ -191,7 +193,7 @@ def serve(
 
     hosts = hosts_for(host, allowed_hosts or ())
 
-    composed, name = _prepared(model, max_slots, served_model_name, provider, spec, attention)
+    composed, name = _prepared(model, max_slots, served_model_name, how)
 
     def load() -> Engine:
         return Engine(
@@ -240,8 +242,8 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
                     served_model_name: str | None, max_len: int | None, prefill_chunk: int,
                     provider: str, spec: dict, replicas: int | None, ray_address: str | None,
                     replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
-                    target_ongoing_requests: float | None,
-                    attention: str = "gqa", reasoning_format: str = "none") -> None:  # fmt: skip
+                    target_ongoing_requests: float | None, how: dict,
+                    reasoning_format: str = "none") -> None:  # fmt: skip
     if ray_address is not None:
         _use_ray_token()  # before Ray is imported: it reads the mode once
     try:
@@ -262,7 +264,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         max_queued=max(1, max_queue),
     )
     scaling.check()
-    composed, name = _prepared(model, max_slots, served_model_name, provider, spec, attention)
+    composed, name = _prepared(model, max_slots, served_model_name, how)
     options = ray_serve.ReplicaOptions(
         model=str(composed),
         served_model_name=name,
@@ -285,18 +287,11 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
     ray_serve.run(app, scaling, host=host, port=port, address=ray_address, on_ready=ready)
 
 
-def _prepared(
-    model: Path | None,
-    max_slots: int | None,
-    served_name: str | None,
-    provider: str,
-    spec: dict,
-    attention: str = "gqa",
-):
-    """The composed model to serve (composed or exported first when needed) and its API name."""
+def _prepared(model: Path | None, max_slots: int | None, served_name: str | None, how: dict):
+    """The composed model to serve (composed or exported first when needed; `how`:
+    :func:`~cli._options.preparation`'s) and its API name."""
     from onnxsample.prepare import prepare
 
-    how = opt.preparation(provider, spec, attention)
     with stages(PREPARE_LABELS) as progress:
         composed = prepare(model, progress=progress, max_slots=max_slots, **how).resolve()
     return composed, served_name or composed.parent.name

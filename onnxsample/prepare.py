@@ -57,7 +57,9 @@ def _composed(path: Path) -> ComposedMetadata | None:
     return composed_metadata(path)
 
 
-def _up_to_date(composed: Path, model: Path, slots: int, static: bool = False) -> bool:
+def _up_to_date(
+    composed: Path, model: Path, slots: int, static: bool = False, candidates: int = 0
+) -> bool:
     if not composed.is_file():
         return False
     if model.is_file() and composed.stat().st_mtime < model.stat().st_mtime:
@@ -69,6 +71,7 @@ def _up_to_date(composed: Path, model: Path, slots: int, static: bool = False) -
         and meta.composer_revision == COMPOSER_REVISION
         and meta.max_slots == slots
         and meta.static == static
+        and meta.output_candidates == candidates
     )
 
 
@@ -80,6 +83,7 @@ def prepare(
     device: str = "cpu",
     static: bool = False,
     attention: str = "gqa",
+    candidates: int = 0,
 ) -> Path:
     """The composed model to run for `model`, exporting and composing it first when needed.
 
@@ -87,7 +91,9 @@ def prepare(
     is exported first (into the user cache, once; see the module). An export folder or a plain
     model is composed with :data:`RUN_COMPOSE_OPTIONS`, and `max_slots` slots when given (kept
     apart: ``composed-s16.onnx``); `static` composes the chain without control flow and without
-    draft verification (``composed-static.onnx``). `device` ``cuda`` exports the embedded model, a
+    draft verification (``composed-static.onnx``); `candidates` K > 0 composes the graph's K
+    candidates instead of draft verification, for host samplers such as llama.cpp's infill
+    sampler (``composed-c64.onnx``). `device` ``cuda`` exports the embedded model, a
     .gguf file or a Hugging Face folder for the GPU (fp16); `attention` ``exact`` exports them with
     exact attention (speculative decoding and echo then give exactly what one-token steps give;
     see ``onnxsample export --attention``)."""
@@ -98,6 +104,8 @@ def prepare(
         raise InvalidParameter(f"device must be cpu or cuda, got {device!r}")
     if attention not in ("gqa", "exact"):
         raise InvalidParameter(f"attention must be gqa or exact, got {attention!r}")
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 0:
+        raise InvalidParameter(f"candidates must be an integer >= 0, got {candidates!r}")
     source = model is not None and _is_source(Path(model).expanduser())
     if attention == "exact" and model is not None and not source:
         raise InvalidParameter(
@@ -105,8 +113,10 @@ def prepare(
             "Hugging Face folder: export your model with `onnxsample export --attention exact` "
             "and run that folder"
         )
-    suffix = ("-static" if static else "") + (
-        "" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}"
+    suffix = (
+        ("-static" if static else "")
+        + ("" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}")
+        + (f"-c{candidates}" if candidates else "")
     )
     if model is None:
         from onnxsample.exporters._options import export_name
@@ -129,22 +139,33 @@ def prepare(
             if path.suffix != ".onnx":
                 raise ModelError(f"{path} is not an .onnx file, a .gguf file or an export folder")
             if _composed(path) is not None:
-                return path
+                return _checked(path, candidates)
             folder = path.parent
             if path.name != "model.onnx":
                 target = path.with_name(f"{path.stem}.composed{suffix}.onnx")
-                if _up_to_date(target, path, slots, static):
+                if _up_to_date(target, path, slots, static, candidates):
                     return target
-                return _compose(path, target, progress, slots, static)
+                return _compose(path, target, progress, slots, static, candidates)
         elif path.is_dir():
             folder = path
         else:
             raise ModelError(f"no such model file or folder: {path}")
     target = folder / f"composed{suffix}.onnx"
-    if _up_to_date(target, folder / "model.onnx", slots, static):
+    if _up_to_date(target, folder / "model.onnx", slots, static, candidates):
         log.info("using %s", target)
         return target
-    return _compose(folder, target, progress, slots, static)
+    return _compose(folder, target, progress, slots, static, candidates)
+
+
+def _checked(composed: Path, candidates: int) -> Path:
+    """A composed file runs as it is: asked for candidates, it must have them."""
+    have = _composed(composed).output_candidates
+    if candidates and have < candidates:
+        raise InvalidParameter(
+            f"{composed} was composed with {have} candidates, not {candidates}: serve its export "
+            f"folder, or compose it again with --candidates {candidates} --draft-tokens 0"
+        )
+    return composed
 
 
 def _is_source(path: Path) -> bool:
@@ -184,10 +205,14 @@ def _export_cached(source: Path | None, folder: Path, progress, options: dict) -
         export(source, folder, progress=progress, force=True, **options)
 
 
-def _compose(source: Path, target: Path, progress, slots: int, static: bool = False) -> Path:
+def _compose(
+    source: Path, target: Path, progress, slots: int, static: bool = False, candidates: int = 0
+) -> Path:
     from onnxsample.composer import compose  # onnxscript: only when a graph is built
 
     options = {**RUN_COMPOSE_OPTIONS, "max_slots": slots}
     if static:
         options.update(static=True, draft_tokens=0)
+    if candidates:  # the candidates describe one position per slot: no draft verification
+        options.update(output_candidates=candidates, draft_tokens=0)
     return compose(source, None, target, progress=progress, **options)

@@ -146,7 +146,7 @@ def infill_body(tokenizer: Tokenizer, context: int, data: Any) -> dict:
 def with_infill_sampler(engine: Engine, params: list[SamplingParams]) -> list[SamplingParams]:
     """`params` with llama.cpp's ``infill`` sampler as their host sampler, for a request whose
     ``samplers`` lists it last. It picks from the graph's candidates, so the served model must
-    have been composed with them (``--candidates K``, which draft tokens exclude) and the request's
+    have been composed with them (``serve --candidates K``, which draft tokens exclude) and the request's
     top-k must keep at most K. A greedy request needs none of it: of the one token greedy
     decoding leaves, the sampler keeps that token."""
     k = engine.meta.output_candidates
@@ -166,8 +166,8 @@ def with_infill_sampler(engine: Engine, params: list[SamplingParams]) -> list[Sa
         if not k:
             raise APIError(
                 400,
-                "samplers: the infill sampler picks from the graph's candidates: serve a model "
-                "composed with them (onnxsample compose FOLDER --candidates 64 --draft-tokens 0)",
+                "samplers: the infill sampler picks from the graph's candidates: serve the model "
+                "with them (onnxsample serve MODEL --candidates 64)",
                 param="samplers",
             )
         if not 0 < p.top_k <= k:

@@ -114,6 +114,10 @@ ERROR_CASES = {
         lambda t: ["serve", "--reasoning-format", "deepseek-legacy"],
         "reasoning_format must be one of none, auto, deepseek, got 'deepseek-legacy'",
     ),
+    "candidates with drafts": (
+        lambda t: ["serve", "--candidates", "64", "--speculative", "ngram"],
+        "--candidates composes the candidates instead of draft verification",
+    ),
 }
 
 

@@ -316,6 +316,43 @@ def test_prepare_reuses_an_up_to_date_composed_model_and_rebuilds_a_stale_one(
     )
 
 
+def test_prepare_composes_candidates_instead_of_drafts_beside_the_plain_composition(
+    tiny_export, tmp_path
+):
+    """`serve --candidates K`: the graph's K candidates (for host samplers such as llama.cpp's
+    infill sampler) instead of draft verification, kept apart from the plain composition."""
+    import shutil
+
+    import onnx
+
+    from onnxsample.composer import composed_metadata
+    from onnxsample.prepare import prepare
+
+    def meta(path):
+        return composed_metadata(onnx.load(str(path), load_external_data=False))
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export.output, folder)
+    composed = prepare(folder, candidates=8)
+    assert composed == folder / "composed-c8.onnx"
+    assert (meta(composed).output_candidates, meta(composed).draft_tokens) == (8, 0)
+    written = composed.stat().st_mtime_ns
+    assert prepare(folder, candidates=8).stat().st_mtime_ns == written
+    plain = prepare(folder)
+    assert plain == folder / "composed.onnx" and meta(plain).output_candidates == 0
+    assert prepare(composed, candidates=8) == composed  # a composed file with them runs as it is
+    with pytest.raises(InvalidParameter, match="composed with 0 candidates, not 8"):
+        prepare(plain, candidates=8)
+
+
+@pytest.mark.parametrize("candidates", [-1, True, 2.0])
+def test_prepare_refuses_candidates_that_are_not_a_count(candidates, tmp_path):
+    from onnxsample.prepare import prepare
+
+    with pytest.raises(InvalidParameter, match="candidates must be an integer >= 0"):
+        prepare(tmp_path, candidates=candidates)
+
+
 @pytest.mark.integration
 def test_prepare_exports_the_embedded_model_again_over_another_versions_export(
     tmp_path, monkeypatch

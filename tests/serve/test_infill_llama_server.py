@@ -8,17 +8,16 @@ sampler) answered with llama-server's tokens wherever its sampler left one token
 from __future__ import annotations
 
 import json
-import shutil
+from pathlib import Path
 
 import _llama_cpp_models as models
 import numpy as np
+import onnx
 import pytest
 from _exports import export_cached
 from _fim_model import fim_gguf
 from _http import post, served
 from _llama_cpp import TOL, LlamaServer, same_answer_until_a_near_tie
-
-from onnxsample.composer import compose
 
 pytestmark = pytest.mark.slow
 CONTEXT = 8192  # both servers' positions per sequence: how much of the extra chunks is kept
@@ -133,25 +132,36 @@ def _single_draws(answer: dict) -> int:
     return min(len(answer["tokens"]), len(entries))
 
 
+SERVE_CANDIDATES = ("--candidates", "64", "--max-slots", "2")
+
+
 @pytest.fixture(scope="module")
-def candidates_model(llama_cpp, tmp_path_factory):
-    """The FIM file's export composed with the candidates the infill sampler picks from."""
+def fim_export(llama_cpp) -> Path:
     path = fim_gguf(llama_cpp)
-    folder = export_cached(path, path.with_name(path.stem + "-onnx"), verify_tokens=0).output
-    out = tmp_path_factory.mktemp("candidates")
-    for file in folder.glob("*.json"):  # the tokenizer and configs beside the composed model
-        shutil.copy(file, out)
-    return compose(
-        folder, None, out / "candidates.onnx", output_candidates=64, draft_tokens=0, max_slots=2
-    )
+    return export_cached(path, path.with_name(path.stem + "-onnx"), verify_tokens=0).output
 
 
 @pytest.fixture(scope="module")
-def vim_answers(llama_cpp, candidates_model) -> list[tuple[dict, dict]]:
-    """llama.vim's requests, ours and llama-server's (with its post-sampling probabilities:
-    what its chain left to draw from at each token)."""
+def candidates_model(fim_export) -> Path:
+    """The FIM file's export composed with the candidates the infill sampler picks from, as
+    `serve FOLDER --candidates 64 --max-slots 2` composes it (and then finds it up to date)."""
+    from onnxsample.composer import composed_metadata
+    from onnxsample.prepare import prepare
+
+    composed = prepare(fim_export, candidates=64, max_slots=2)
+    assert composed == fim_export / "composed-s2-c64.onnx"
+    meta = composed_metadata(onnx.load(str(composed), load_external_data=False))
+    assert (meta.output_candidates, meta.draft_tokens) == (64, 0)
+    return composed
+
+
+@pytest.fixture(scope="module")
+def vim_answers(llama_cpp, fim_export, candidates_model) -> list[tuple[dict, dict]]:
+    """llama.vim's requests, ours (`serve FOLDER --candidates 64`) and llama-server's (with its
+    post-sampling probabilities: what its chain left to draw from at each token)."""
     mine = []
-    with served(candidates_model, "--threads", "1", "--max-len", str(CONTEXT)) as ours:
+    args = ("--threads", "1", "--max-len", str(CONTEXT), *SERVE_CANDIDATES)
+    with served(fim_export, *args) as ours:
         for body in VIM_CASES:
             code, data = post(
                 ours.port, "/infill", json.dumps({**body, "return_tokens": True}).encode()
@@ -237,9 +247,7 @@ def test_the_infill_sampler_keeps_what_llama_servers_keeps(vim_answers, candidat
     assert compared >= 2 * len(VIM_CASES), compared
 
 
-def test_the_infill_sampler_needs_a_model_with_candidates(answers, llama_cpp):
-    path = fim_gguf(llama_cpp)
-    folder = export_cached(path, path.with_name(path.stem + "-onnx"), verify_tokens=0).output
-    with served(folder, "--threads", "1") as ours:
+def test_the_infill_sampler_needs_a_model_with_candidates(answers, fim_export):
+    with served(fim_export, "--threads", "1") as ours:
         code, data = post(ours.port, "/infill", json.dumps({**VIM, "input_prefix": "x"}).encode())
-    assert code == 400 and "--candidates" in data["error"]["message"], data
+    assert code == 400 and "serve MODEL --candidates 64" in data["error"]["message"], data
