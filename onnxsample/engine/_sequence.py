@@ -9,7 +9,7 @@ on their own.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -145,7 +145,9 @@ class Sequence:
             self.finish = "length"
             piece += self.stops.add(self.detok.flush()) + self.stops.flush()
         event = (
-            self._finished(piece, token) if self.finish else StreamEvent(self.index, piece, token)
+            self._finished(piece, token)
+            if self.finish
+            else StreamEvent(self.index, piece, token, timings=replace(self.timings))
         )
         if self.params.logprobs or self.params.top_logprobs:
             event.logprob = self.logprobs[-1]
@@ -191,4 +193,6 @@ class Sequence:
         )
 
     def _finished(self, piece: str, token: int | None) -> StreamEvent:
-        return StreamEvent(self.index, piece, token, self.completion())
+        return StreamEvent(
+            self.index, piece, token, self.completion(), timings=replace(self.timings)
+        )

@@ -125,7 +125,8 @@ class StreamEvent:
     ``token_id`` is the token that produced the piece (``None`` on an event that only finishes the
     request, such as a cancel); ``text`` may be empty while a multi-byte character or a possible
     stop string is held back. ``logprob`` / ``top_logprobs`` are the token's, when the request asked
-    for them (not for an end-of-sequence token, which is no part of the output).
+    for them (not for an end-of-sequence token, which is no part of the output). ``timings`` are
+    the request's when the token came (a copy; llama-server's ``timings_per_token``).
     """
 
     index: int
@@ -134,6 +135,7 @@ class StreamEvent:
     completion: Completion | None = None
     logprob: float | None = None
     top_logprobs: TopLogprobs | None = None
+    timings: Timings | None = None
 
 
 class Request:

@@ -228,6 +228,7 @@ def create_app(
                 e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
             )
             job.stopping = lambda: state.stopping
+            job.timings_per_token = body.timings_per_token
             return sse(chat_stream(job, plan, opened))
         done = await collect(
             requests, request, metrics, lambda: state.stopping, tools.loop_watch(plan, len(seqs))
@@ -297,6 +298,7 @@ def create_app(
             unique = [s.prompt for s in seqs[:: body.n]]
             job = Job(e, requests, seqs, unique, meta, usage, metrics, "text_completion")
             job.stopping = lambda: state.stopping
+            job.timings_per_token = body.timings_per_token
             return sse(completion_stream(job, echo, n_logprobs, score_only))
         done = await collect(requests, request, metrics, lambda: state.stopping)
         choices = [

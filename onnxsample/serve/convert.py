@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from onnxsample.constraint import Constraint
-from onnxsample.engine.request import Completion, TopLogprobs
+from onnxsample.engine.request import Completion, StreamEvent, Timings, TopLogprobs
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import SamplingParams
 from onnxsample.serve.schemas import SamplingFields
@@ -113,19 +113,36 @@ def usage(completions: Sequence[Completion], prompts: Sequence[list[int]]) -> di
 
 def timings(completion: Completion) -> dict:
     """llama-server's ``timings`` object for one choice."""
-    t = completion.timings
+    return _timings(completion.timings, len(completion.token_ids))
+
+
+def event_timings(event: StreamEvent) -> dict:
+    """llama-server's ``timings`` when a streamed token came (its ``timings_per_token``)."""
+    if event.completion is not None:
+        return timings(event.completion)
+    assert event.timings is not None
+    return _timings(event.timings, event.timings.generated_tokens)
+
+
+def _timings(t: Timings, predicted: int) -> dict:
+    """As llama-server's: a rate without steps is 0, the first token (from the prompt's call)
+    is no decode step, and speculative decoding adds the drafted and accepted counts."""
     computed = t.prompt_tokens - t.cached_tokens
-    decoded = max(len(completion.token_ids) - 1, 0)
+    decoded = max(predicted - 1, 0)
+    drafted = (
+        {"draft_n": t.draft_tokens, "draft_n_accepted": t.accepted_tokens} if t.draft_tokens else {}
+    )
     return {
         "cache_n": t.cached_tokens,
         "prompt_n": computed,
         "prompt_ms": round(t.prefill_s * 1000, 3),
-        "prompt_per_token_ms": round(t.prefill_s * 1000 / computed, 3) if computed else None,
-        "prompt_per_second": round(computed / t.prefill_s, 2) if t.prefill_s else None,
-        "predicted_n": len(completion.token_ids),
+        "prompt_per_token_ms": round(t.prefill_s * 1000 / computed, 3) if computed else 0.0,
+        "prompt_per_second": round(computed / t.prefill_s, 2) if t.prefill_s else 0.0,
+        "predicted_n": predicted,
         "predicted_ms": round(t.decode_s * 1000, 3),
-        "predicted_per_token_ms": round(t.decode_s * 1000 / decoded, 3) if decoded else None,
-        "predicted_per_second": round(decoded / t.decode_s, 2) if t.decode_s else None,
+        "predicted_per_token_ms": round(t.decode_s * 1000 / decoded, 3) if decoded else 0.0,
+        "predicted_per_second": round(decoded / t.decode_s, 2) if t.decode_s else 0.0,
+        **drafted,
         "ttft_ms": round(t.ttft_s * 1000, 3),
     }
 

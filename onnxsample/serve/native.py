@@ -18,7 +18,8 @@ The answer is llama-server's: ``content``, ``tokens`` (with ``return_tokens``), 
 and, with ``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` above 1) give a
 list. A stream sends one ``data:`` event per token (``stop`` false, ``tokens`` the token,
 ``content`` the text it lets out: empty while a possible stop string waits), then the final object
-with ``stop`` true, and no ``[DONE]``; an error after the status line is an ``error`` event. As on
+with ``stop`` true, and no ``[DONE]``; with ``timings_per_token`` every event has the
+``timings`` so far, as on llama-server; an error after the status line is an ``error`` event. As on
 llama-server, a token that leaves a UTF-8 character unfinished has no event and no
 ``completion_probabilities`` entry: the next token's entry carries its bytes. The body is read as
 JSON whatever its content type, as llama-server reads it.
@@ -110,8 +111,9 @@ def add_native_routes(
         seqs, texts = await asyncio.to_thread(prepared)
         requests = enqueue(e, seqs, metrics)
         shaped = Answer(
-            e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings
-        )
+            e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings,
+            body.timings_per_token,
+        )  # fmt: skip
         if body.stream:
             return sse(shaped.stream(requests, metrics, stopping))
         done = await collect(requests, request, metrics, stopping)

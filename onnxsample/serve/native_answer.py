@@ -105,8 +105,10 @@ class Answer:
         model: str,
         limit: int | None,
         endings: Endings,
+        timings_per_token: bool = False,
     ) -> None:
         self.tokenizer, self.endings = tokenizer, endings
+        self.timings_per_token = timings_per_token
         self.seqs = {s.index: s for s in seqs}
         self.texts = {s.index: t for s, t in zip(seqs, texts, strict=True)}
         self.stops, self.n_probs, self.return_tokens = stops, n_probs, return_tokens
@@ -167,7 +169,7 @@ class Answer:
             "stopping_word": self._stopping_word(c),
             # the positions left in the cache: the last token was never fed back
             "tokens_cached": len(c.prompt_token_ids) + max(len(ended) - 1, 0),
-            "timings": {k: v for k, v in convert.timings(c).items() if k != "ttft_ms"},
+            "timings": _llama_timings(convert.timings(c)),
         }
         if self.n_probs and not streamed:
             shown = len(self.tokenizer.encode(result["stopping_word"], add_special_tokens=False))
@@ -192,6 +194,8 @@ class Answer:
             "tokens_predicted": predicted,
             "tokens_evaluated": len(self.seqs[event.index].prompt),
         }
+        if self.timings_per_token:
+            result["timings"] = _llama_timings(convert.event_timings(event))
         if event.logprob is not None:
             probs = self._probs([event.token_id], [event.logprob], [event.top_logprobs or []], text)
             if not probs:
@@ -221,3 +225,8 @@ class Answer:
             await events.aclose()  # at once, so a client that went away frees its slots now
         if stopping():
             yield shutdown_chunk()
+
+
+def _llama_timings(timings: dict) -> dict:
+    """llama-server's own routes' ``timings``: the OpenAI routes' without ``ttft_ms``."""
+    return {k: v for k, v in timings.items() if k != "ttft_ms"}

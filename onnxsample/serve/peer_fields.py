@@ -116,7 +116,6 @@ _TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 # llama-server's own /completion: what it adds to its answer, or stops on, that this one does not.
 _NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "timings_per_token": (_is(False), "timings come with the final object"),
     "return_progress": (_is(False), "the prompt's progress is not streamed"),
     "verbose": (_is(False), "the answer has llama-server's fields only"),
 }  # t_max_prompt_ms is not here: llama-server does not implement it either (a TODO), and ignores it

@@ -72,6 +72,7 @@ class SamplingFields(_Body):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    timings_per_token: StrictBool = False  # llama-server: every streamed chunk has its timings
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

@@ -206,14 +206,23 @@ class Job:
     metrics: Metrics
     object: str
     stopping: Callable[[], bool] = lambda: False
+    timings_per_token: bool = False
 
-    def chunk(self, choice: dict, **extra) -> dict:
+    def chunk(self, choice: dict, timings: dict | None = None) -> dict:
+        """A chunk of one choice; `timings` go beside the choices, llama-server's place."""
         return {
             **self.meta,
             "object": self.object,
-            "choices": [{**choice, **extra}],
+            "choices": [choice],
             **({"usage": None} if self.include_usage else {}),
+            **({"timings": timings} if timings is not None else {}),
         }
+
+    def token_chunk(self, choice: dict, event: StreamEvent) -> dict:
+        """A chunk of a token's piece; with llama-server's ``timings_per_token``, the timings
+        when it came."""
+        timed = self.timings_per_token and event.token_id is not None
+        return self.chunk(choice, convert.event_timings(event) if timed else None)
 
     async def framed(
         self, chunks: AsyncIterator[dict], done: list[Completion]
@@ -239,6 +248,11 @@ class Job:
         yield "[DONE]"
 
 
+def _piece(index: int, delta: dict, logprobs: dict | None = None) -> dict:
+    """A chat chunk's choice that is not its last."""
+    return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
+
+
 def chat_stream(
     job: Job, plan: ToolPlan | None = None, opened: bool | None = None
 ) -> AsyncIterator[dict | str]:
@@ -251,8 +265,7 @@ def chat_stream(
 
     async def chunks() -> AsyncIterator[dict]:
         for seq in job.seqs:
-            yield job.chunk({"index": seq.index, "delta": {"role": "assistant", "content": ""},
-                             "logprobs": None, "finish_reason": None})  # fmt: skip
+            yield job.chunk(_piece(seq.index, {"role": "assistant", "content": ""}))
         watch = ToolWatch(plan, len(job.requests)) if plan is not None else None
         thoughts = [ThoughtStream(opened) for _ in job.requests] if opened is not None else None
         written = [""] * len(job.requests)  # each choice's text so far
@@ -269,19 +282,17 @@ def chat_stream(
                     delta["reasoning_content"] = thought
             if watch is not None:
                 if delta:
-                    yield job.chunk({"index": event.index, "delta": delta, "logprobs": None,
-                                     "finish_reason": None})  # fmt: skip
+                    yield job.token_chunk(_piece(event.index, delta), event)
                 for tool_delta in watch.feed_text(k, answer):
-                    yield job.chunk({"index": event.index, "delta": tool_delta, "logprobs": None,
-                                     "finish_reason": None})  # fmt: skip
+                    yield job.token_chunk(_piece(event.index, tool_delta), event)
                 if watch.repeated(k):
                     ended.add(k)
                     job.requests[k].cancel()  # the model loops on a call: the answer ends here
                 if c is not None:
                     done.append(c)
                     _, _, finish = watch.streams[k].message(convert.FINISH[c.finish_reason])
-                    yield job.chunk({"index": c.index, "delta": {}, "logprobs": None,
-                                     "finish_reason": finish}, timings=convert.timings(c))  # fmt: skip
+                    yield job.chunk({**_piece(c.index, {}), "finish_reason": finish},
+                                    convert.timings(c))  # fmt: skip
                 continue
             if len(answer) > sent[k]:
                 delta["content"], sent[k] = answer[sent[k] :], len(answer)
@@ -295,13 +306,14 @@ def chat_stream(
                 )
                 logprobs = {"content": content}
             if delta or logprobs:
-                yield job.chunk({"index": event.index, "delta": delta or {"content": ""},
-                                 "logprobs": logprobs, "finish_reason": None})  # fmt: skip
+                yield job.token_chunk(
+                    _piece(event.index, delta or {"content": ""}, logprobs), event
+                )
             if c is not None:
                 done.append(c)
-                yield job.chunk({"index": c.index, "delta": {}, "logprobs": None,
-                                 "finish_reason": convert.FINISH[c.finish_reason]},
-                                timings=convert.timings(c))  # fmt: skip
+                finish = convert.FINISH[c.finish_reason]
+                yield job.chunk({**_piece(c.index, {}), "finish_reason": finish},
+                                convert.timings(c))  # fmt: skip
 
     return job.framed(chunks(), done)
 
@@ -315,9 +327,9 @@ def completion_stream(
     done: list[Completion] = []
     tokenizer = job.engine.tokenizer
 
-    def chunk(index: int, text: str, finish=None, logprobs=None, **extra) -> dict:
+    def chunk(index: int, text: str, finish=None, logprobs=None, timings=None) -> dict:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        return job.chunk(choice, **extra)
+        return job.chunk(choice, timings)
 
     # Where each choice's next token starts in its whole text (the echoed prompt included), so
     # that text_offset counts from the start of the choice as in a response that is not streamed.
@@ -346,7 +358,9 @@ def completion_stream(
                     logprobs = logprobs_of(
                         event.index, [event.token_id], [event.logprob], [event.top_logprobs]
                     )
-                yield chunk(event.index, event.text, logprobs=logprobs)
+                choice = {"index": event.index, "text": event.text, "logprobs": logprobs,
+                          "finish_reason": None}  # fmt: skip
+                yield job.token_chunk(choice, event)
             if (c := event.completion) is not None:
                 if not score_only:
                     done.append(c)

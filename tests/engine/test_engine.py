@@ -140,6 +140,11 @@ def test_async_iteration_and_result(engine):
     pieces, other = asyncio.run(main())
     assert pieces[-1].completion.token_ids == expected.token_ids == other.token_ids
     assert "".join(e.text for e in pieces) == expected.text
+    # each event has the request's timings when its token came: copies, not the live object
+    timings = [e.timings for e in pieces]
+    assert [t.generated_tokens for t in timings] == list(range(1, len(pieces) + 1))
+    assert [t.decode_s for t in timings] == sorted(t.decode_s for t in timings)
+    assert timings[-1] == pieces[-1].completion.timings and timings[0] is not timings[-1]
 
 
 @pytest.mark.parametrize("chunk", [None, 7, 32, 64])

@@ -240,7 +240,7 @@ def _events(url: str, body: dict) -> list[dict]:
 def test_completion_answers_as_llama_servers(llama_cpp):
     """`POST /completion`, llama-server's own endpoint, on the same file and request: only
     llama-server's keys, each with a value of its JSON type, whole and streamed (no ``[DONE]``
-    on either); the same prompt, ``stop_type`` and counts; the same greedy tokens until llama.cpp's
+    on either; with ``timings_per_token``, the timings on every event); the same prompt, ``stop_type`` and counts; the same greedy tokens until llama.cpp's
     top two come within 2 * TOL of each other, and its likely tokens' logprobs within TOL there."""
     path = models.gguf("qwen2", "Q8_0", llama_cpp)
     body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0,
@@ -248,17 +248,20 @@ def test_completion_answers_as_llama_servers(llama_cpp):
     folder = _export(path, "Q8_0").output
     eos = Tokenizer.from_folder(folder).eos_token_id  # biased: the answer ends at once
     ending = {**body, "logit_bias": [[eos, 100]], "ignore_eos": False, "n_probs": 0}
+    timed = {**body, "timings_per_token": True}
     with served(folder, "--threads", "1") as ours:
         code, mine = post(ours.port, "/completion", json.dumps(body).encode())
         my_events = _events(f"http://127.0.0.1:{ours.port}", body)
         my_end = post(ours.port, "/completion", json.dumps(ending).encode())[1]
         my_end_events = _events(f"http://127.0.0.1:{ours.port}", ending)
+        my_timed = _events(f"http://127.0.0.1:{ours.port}", timed)
     assert code == 200, mine
     with LlamaServer(llama_cpp, path) as server:
         theirs = server.post("/completion", body)
         their_events = _events(server.url, body)
         their_end = server.post("/completion", ending)
         their_end_events = _events(server.url, ending)
+        their_timed = _events(server.url, timed)
     keys = ("content", "tokens", "tokens_predicted", "stop_type")
     assert [my_end[k] for k in keys] == [their_end[k] for k in keys] == ["", [eos], 1, "eos"]
     pieces = [
@@ -277,6 +280,14 @@ def test_completion_answers_as_llama_servers(llama_cpp):
         [(e["tokens"], e["content"]) for e in ev[:-1]][:same] for ev in (my_events, their_events)
     ]
     assert streamed[0] == streamed[1]  # an event a token, with the text it lets out
+    # timings_per_token: every event has llama-server's timings, counting the tokens so far
+    for events in (my_timed, their_timed):
+        counts = [e["timings"]["predicted_n"] for e in events[:-1]]
+        assert counts and counts == [e["tokens_predicted"] for e in events[:-1]], events
+    for mine_event in my_timed:
+        their_event = their_timed[0 if not mine_event["stop"] else -1]
+        assert _same_kinds(mine_event, their_event) == []
+        assert mine_event["timings"].keys() == their_event["timings"].keys()
 
 
 CHATS = [

@@ -78,6 +78,25 @@ def test_a_stream_adds_up_to_the_whole_answer(port):
     assert last["stop_type"] == whole["stop_type"]
 
 
+@pytest.mark.parametrize("per_token", [False, True])
+def test_timings_per_token_give_every_event_the_timings_so_far(port, per_token):
+    """As llama-server's ``timings_per_token``: every event has the timings when its token came
+    (``predicted_n`` its ``tokens_predicted``), with the final object's keys; without it, only
+    the final object has them."""
+    body = {"prompt": "Once upon a time", "n_predict": 6, "temperature": 0, "ignore_eos": True}
+    *pieces, last = stream(port, {**body, "timings_per_token": per_token})
+    assert "timings" in last
+    if not per_token:
+        assert not any("timings" in e for e in pieces)
+        return
+    timings = [e["timings"] for e in pieces]
+    assert all(t.keys() == last["timings"].keys() for t in timings)
+    assert [t["predicted_n"] for t in timings] == [e["tokens_predicted"] for e in pieces]
+    assert {t["prompt_n"] for t in timings} == {last["timings"]["prompt_n"]}
+    spent = [t["predicted_ms"] for t in timings] + [last["timings"]["predicted_ms"]]
+    assert spent == sorted(spent) and spent[0] == 0  # the first token comes from the prompt
+
+
 def test_the_end_of_sequence_token_ends_the_tokens(port, models):
     """As llama-server's: the end-of-sequence token is the answer's last token (no text), and
     counted; streamed, it is an event of its own."""
@@ -146,7 +165,7 @@ def test_several_prompts_get_a_list_in_order(port):
         ("response_fields", "content"),
         ("n_indent", -1),
         ("t_max_predict_ms", "soon"),
-        ("timings_per_token", True),
+        ("timings_per_token", "yes"),
         ("return_progress", True),
         ("verbose", True),
         ("n_predict", "many"),

@@ -137,6 +137,32 @@ def test_streamed_text_offsets_count_from_the_start_of_the_choice(client, echo):
     assert offsets == whole.text_offset
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_streamed_timings_sit_beside_the_choices(client, route, per_token):
+    """llama-server's place for a stream's timings: beside the choices, on the last chunk, and
+    with ``timings_per_token`` (llama.cpp's web UI sends it) on every chunk of a token, counting
+    its tokens so far."""
+    extra = {"extra_body": {"timings_per_token": per_token}}
+    kw = dict(max_tokens=6, temperature=0, stream=True, stream_options={"include_usage": True})
+    if route == "chat":
+        chunks = list(chat(client, **kw, **extra))[1:]  # the role's chunk comes first
+    else:
+        chunks = list(client.completions.create(model="tiny", prompt="The sea", **kw, **extra))
+    *pieces, last, usage = chunks
+    assert last.choices[0].finish_reason and usage.choices == []
+    assert not any("timings" in c.choices[0].model_extra for c in [*pieces, last])
+    final = last.model_extra["timings"]
+    assert final["predicted_n"] == usage.usage.completion_tokens
+    timed = [c.model_extra.get("timings") for c in pieces]
+    if not per_token:
+        assert timed == [None] * len(pieces)
+        return
+    assert all(t.keys() == final.keys() for t in timed)
+    counts = [t["predicted_n"] for t in timed]
+    assert counts == sorted(counts) and counts[0] == 1 and counts[-1] <= final["predicted_n"]
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="tiny", prompt="Once", max_tokens=20, temperature=0)
     text = full.choices[0].text
@@ -288,18 +314,23 @@ def test_speculative_serving_gives_the_same_answers(models, client):
 
     def answers(c, model):
         return [
-            c.completions.create(model=model, prompt=prompt, max_tokens=24, **kw).choices[0].text
-            for kw in asks
+            c.completions.create(model=model, prompt=prompt, max_tokens=24, **kw) for kw in asks
         ]
 
     plain = answers(client, "tiny")
     with served(models["drafts"], "--threads", "1", "--speculative", "ngram") as server:
         url = f"http://127.0.0.1:{server.port}/v1"
         fast = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
-        assert answers(fast, fast.models.list().data[0].id) == plain
+        drafts = answers(fast, fast.models.list().data[0].id)
         drafted = metric_value(server.port, "onnxsample_spec_decode_draft_tokens_total")
         kept = metric_value(server.port, "onnxsample_spec_decode_accepted_tokens_total")
+    assert [a.choices[0].text for a in drafts] == [a.choices[0].text for a in plain]
     assert 0 < kept <= drafted
+    # llama-server's timings say what was drafted and kept, and only where drafting ran
+    timings = [a.model_extra["timings"] for a in drafts]
+    assert sum(t["draft_n"] for t in timings) == drafted
+    assert sum(t["draft_n_accepted"] for t in timings) == kept
+    assert not any("draft_n" in a.model_extra["timings"] for a in plain)
 
 
 def test_a_chat_template_given_to_serve_renders_the_chats(models, tmp_path):

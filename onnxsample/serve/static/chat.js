@@ -114,10 +114,10 @@ async function ask(question) {
             answer.textContent = text;
             $("messages").scrollTop = $("messages").scrollHeight;
           }
-          if (choice.timings) {
+          if (choice.finish_reason && chunk.timings) {
             const line = document.createElement("div");
             line.className = "timings";
-            line.textContent = describe(choice.timings);
+            line.textContent = describe(chunk.timings);
             answer.after(line);
           }
         }
