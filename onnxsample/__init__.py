@@ -15,7 +15,13 @@ from onnxsample.chain import SamplerChain  # noqa: E402
 from onnxsample.constraint import Constraint  # noqa: E402
 from onnxsample.engine import Engine  # noqa: E402
 from onnxsample.engine.generator import Generator  # noqa: E402
-from onnxsample.engine.request import Completion, Request, StreamEvent, Timings  # noqa: E402
+from onnxsample.engine.request import (  # noqa: E402
+    Completion,
+    PromptProgress,
+    Request,
+    StreamEvent,
+    Timings,
+)
 from onnxsample.errors import (  # noqa: E402
     EngineClosed,
     ExportError,
@@ -70,6 +76,7 @@ __all__ = [
     "ModelError",
     "OnnxSampleError",
     "OutOfMemory",
+    "PromptProgress",
     "QueueFull",
     "Request",
     "RuntimeUnavailable",

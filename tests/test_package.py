@@ -31,6 +31,7 @@ PUBLIC = [
     "ModelError",
     "OnnxSampleError",
     "OutOfMemory",
+    "PromptProgress",
     "QueueFull",
     "Request",
     "RuntimeUnavailable",

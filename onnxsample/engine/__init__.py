@@ -16,7 +16,13 @@ from onnxsample.engine._engine import (
 )
 from onnxsample.engine._scheduler import Stats
 from onnxsample.engine.generator import Generator
-from onnxsample.engine.request import Completion, Request, StreamEvent, Timings
+from onnxsample.engine.request import (
+    Completion,
+    PromptProgress,
+    Request,
+    StreamEvent,
+    Timings,
+)
 from onnxsample.text import Prompt
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "Engine",
     "Generator",
     "Prompt",
+    "PromptProgress",
     "Request",
     "Stats",
     "StreamEvent",

@@ -145,6 +145,8 @@ class Scheduler:
             seq.timings.cached_tokens = seq.computed
             self.stats.cached_tokens += seq.computed
             self.prefilling.append(seq)
+            if seq.report_progress:
+                seq.request._push(seq.progress())
 
     # ---- prefill and decode -------------------------------------------------------------------
 
@@ -283,6 +285,8 @@ class Scheduler:
                     host.get("sampler.prompt_top_logprobs"),
                 )
             seq.computed = call.end
+            if seq.report_progress:
+                seq.request._push(seq.progress())
             if seq.prefilled:
                 self.prefilling.remove(seq)
                 self.decoding.append(seq)

@@ -14,7 +14,14 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from onnxsample.engine._drafter import DraftStats
-from onnxsample.engine.request import Completion, Request, StreamEvent, Timings, TopLogprobs
+from onnxsample.engine.request import (
+    Completion,
+    PromptProgress,
+    Request,
+    StreamEvent,
+    Timings,
+    TopLogprobs,
+)
 from onnxsample.params import SamplingParams
 from onnxsample.text import TextStream
 from onnxsample.text._grammar import Matcher
@@ -61,6 +68,7 @@ class Sequence:
     matcher: Matcher | None = None
     end_token: int | None = None  # the end-of-sequence token that finished it
     t_max_predict_ms: float = 0  # > 0: end at a new line once generating took longer (ms)
+    report_progress: bool = False  # an event when it gets its slot and after each prompt call
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -168,6 +176,14 @@ class Sequence:
             return False
         first = self.request.submitted + self.timings.ttft_s
         return (now - first) * 1e3 > self.t_max_predict_ms
+
+    def progress(self) -> StreamEvent:
+        """An event that says how far the prompt is (llama-server's ``return_progress``)."""
+        spent_ms = int((time.perf_counter() - self.admitted) * 1000)
+        state = PromptProgress(
+            len(self.prompt), self.timings.cached_tokens, self.computed, spent_ms
+        )
+        return StreamEvent(self.index, "", None, timings=replace(self.timings), progress=state)
 
     def cancel(self) -> StreamEvent:
         """Finish now, with what was generated so far (``finish_reason`` ``cancelled``)."""

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["Completion", "Request", "StreamEvent", "Timings"]
+__all__ = ["Completion", "PromptProgress", "Request", "StreamEvent", "Timings"]
 
 TopLogprobs = list[tuple[int, float]]
 
@@ -118,6 +118,22 @@ class Completion:
         return data
 
 
+@dataclass(frozen=True)
+class PromptProgress:
+    """How far a request's prompt is (llama-server's ``prompt_progress``): of its ``total``
+    tokens, ``cache`` were reused from the slot's cache and ``processed`` are in the cache now
+    (the reused ones included); ``time_ms`` since the request got its slot."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+    def to_json(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed,
+                "time_ms": self.time_ms}  # fmt: skip
+
+
 @dataclass
 class StreamEvent:
     """A piece of one request's text; `completion` is set on the event that finishes it.
@@ -126,7 +142,9 @@ class StreamEvent:
     request, such as a cancel); ``text`` may be empty while a multi-byte character or a possible
     stop string is held back. ``logprob`` / ``top_logprobs`` are the token's, when the request asked
     for them (not for an end-of-sequence token, which is no part of the output). ``timings`` are
-    the request's when the token came (a copy; llama-server's ``timings_per_token``).
+    the request's when the token came (a copy; llama-server's ``timings_per_token``). An event
+    with ``progress`` (and no token) says how far the prompt is, for a sequence that asked
+    (:attr:`~onnxsample.engine._sequence.Sequence.report_progress`).
     """
 
     index: int
@@ -136,6 +154,7 @@ class StreamEvent:
     logprob: float | None = None
     top_logprobs: TopLogprobs | None = None
     timings: Timings | None = None
+    progress: PromptProgress | None = None
 
 
 class Request:

@@ -34,6 +34,7 @@ from onnxsample.serve.llama_fields import apply_llama_names
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
 from onnxsample.serve.native import add_native_routes
+from onnxsample.serve.native_answer import Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.props import server_props
 from onnxsample.serve.schemas import (
@@ -42,7 +43,15 @@ from onnxsample.serve.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from onnxsample.serve.streaming import Job, chat_stream, collect, completion_stream, enqueue, sse
+from onnxsample.serve.streaming import (
+    Job,
+    chat_stream,
+    collect,
+    completion_stream,
+    enqueue,
+    progressing,
+    sse,
+)
 from onnxsample.serve.tokenize import applied_template, tokenized
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
@@ -189,6 +198,7 @@ def create_app(
         e = engine()
         check_model(body.model)
         apply_llama_names(body)  # n_predict, repeat_penalty: llama-server's names
+        endings = Endings.read(body.model_extra, fields=False)  # n_indent, t_max_predict_ms
         refuse_unsupported(body.model_extra, route="chat", sampling=body)
         tools.check_text_only(body)
         native = tools.native_format(e.tokenizer)
@@ -211,9 +221,10 @@ def create_app(
 
         def prepared() -> list:
             prompt = tools.chat_prompt(e.tokenizer, body, native, plan)
-            return [
+            seqs = [
                 e.prepare(prompt, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
             ]
+            return endings.apply(progressing(seqs, body))
 
         seqs = await asyncio.to_thread(prepared)
         opened = None  # where the thought goes apart: whether the prompt opened it
@@ -264,6 +275,7 @@ def create_app(
         e = engine()
         check_model(body.model)
         apply_llama_names(body)  # n_predict, repeat_penalty: llama-server's names
+        endings = Endings.read(body.model_extra, fields=False)  # n_indent, t_max_predict_ms
         refuse_unsupported(body.model_extra, route="completion", sampling=body)
         prompts = convert.prompts(body.prompt)
         n_logprobs = body.logprobs
@@ -286,6 +298,7 @@ def create_app(
                 for k, prompt in enumerate(prompts)
                 for j, p in enumerate(params)
             ]
+            endings.apply(progressing(seqs, body))
             if not body.echo:
                 return seqs, {}
             return seqs, {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs}

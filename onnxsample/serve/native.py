@@ -19,8 +19,9 @@ and, with ``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` a
 list. A stream sends one ``data:`` event per token (``stop`` false, ``tokens`` the token,
 ``content`` the text it lets out: empty while a possible stop string waits), then the final object
 with ``stop`` true, and no ``[DONE]``; with ``timings_per_token`` every event has the
-``timings`` so far, as on llama-server; an error after the status line is an ``error`` event. As on
-llama-server, a token that leaves a UTF-8 character unfinished has no event and no
+``timings`` so far, and with ``return_progress`` events without a token say how far the prompt
+is (``prompt_progress``), as on llama-server; an error after the status line is an ``error``
+event. As on llama-server, a token that leaves a UTF-8 character unfinished has no event and no
 ``completion_probabilities`` entry: the next token's entry carries its bytes. The body is read as
 JSON whatever its content type, as llama-server reads it.
 """
@@ -45,7 +46,7 @@ from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.native_answer import Answer, Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.schemas import CompletionRequest
-from onnxsample.serve.streaming import collect, enqueue, sse
+from onnxsample.serve.streaming import collect, enqueue, progressing, sse
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["add_native_routes"]
@@ -103,8 +104,7 @@ def add_native_routes(
                 for k, prompt in enumerate(prompts)
                 for j, p in enumerate(params)
             ]
-            for seq in seqs:
-                seq.end_lines(endings.n_indent, endings.t_max_predict_ms)
+            endings.apply(progressing(seqs, body))
             texts = [e.tokenizer.decode(s.prompt, skip_special_tokens=False) for s in seqs]
             return seqs, texts
 

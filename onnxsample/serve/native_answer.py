@@ -35,8 +35,9 @@ class Endings:
     fields: tuple[str, ...] = ()
 
     @classmethod
-    def read(cls, extra: dict) -> Endings:
-        """Take the three from a request's `extra` fields, checked."""
+    def read(cls, extra: dict, fields: bool = True) -> Endings:
+        """Take the three from a request's `extra` fields, checked (without `fields`, the first
+        two: llama-server reads ``response_fields`` on its own routes only)."""
         indent = extra.pop("n_indent", None)
         indent = 0 if indent is None else indent
         if isinstance(indent, bool) or not isinstance(indent, int) or indent < 0:
@@ -47,12 +48,18 @@ class Endings:
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms):
             raise APIError(400, f"t_max_predict_ms must be a number, got {ms!r}",
                            param="t_max_predict_ms")  # fmt: skip
-        fields = extra.pop("response_fields", None)
-        fields = [] if fields is None else fields
-        if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        kept = extra.pop("response_fields", None) if fields else None
+        kept = [] if kept is None else kept
+        if not isinstance(kept, list) or not all(isinstance(f, str) for f in kept):
             raise APIError(400, "response_fields must be a list of field names",
                            param="response_fields")  # fmt: skip
-        return cls(indent, max(ms, 0), tuple(fields))
+        return cls(indent, max(ms, 0), tuple(kept))
+
+    def apply(self, seqs: list) -> list:
+        """`seqs`, which end their text as these endings say."""
+        for seq in seqs:
+            seq.end_lines(self.n_indent, self.t_max_predict_ms)
+        return seqs
 
     def kept(self, result: dict) -> dict:
         """`result` with only the ``response_fields`` it has (all without any)."""
@@ -203,6 +210,21 @@ class Answer:
             result["completion_probabilities"] = probs
         return result
 
+    def progress(self, event: StreamEvent, predicted: int) -> dict:
+        """An event that says how far the prompt is (``return_progress``), as llama-server's."""
+        result = {
+            "index": event.index,
+            "content": "",
+            "tokens": [],
+            "stop": False,
+            "tokens_predicted": predicted,
+            "tokens_evaluated": len(self.seqs[event.index].prompt),
+        }
+        if self.timings_per_token:
+            result["timings"] = _llama_timings(convert.event_timings(event))
+        result["prompt_progress"] = event.progress.to_json()
+        return result
+
     async def stream(
         self, requests: list, metrics: Metrics, stopping: Callable[[], bool]
     ) -> AsyncIterator[dict]:
@@ -211,6 +233,8 @@ class Answer:
         texts = {i: _Characters(self.tokenizer) for i in self.seqs}
         try:
             async for _, event in events:
+                if event.progress is not None:
+                    yield self.progress(event, predicted[event.index])
                 if event.token_id is not None:  # an event a token, as llama-server's
                     predicted[event.index] += 1
                     piece = self.partial(event, predicted[event.index], texts[event.index])

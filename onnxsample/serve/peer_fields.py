@@ -74,8 +74,6 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     "top_n_sigma": (_disabled, "use top_k, top_p, min_p or typical_p"),
     "tfs_z": (_is(1.0), "use top_k, top_p, min_p or typical_p"),
     "n_probs": (_is(0), "use logprobs"),
-    "t_max_predict_ms": (_is(0), "use max_tokens"),
-    "n_indent": (_is(0), "use stop strings"),
     "min_keep": (
         lambda v: v is None or (v in (0, 1) and not isinstance(v, bool)),
         "cuts keep one token",
@@ -116,7 +114,6 @@ _TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 # llama-server's own /completion: what it adds to its answer, or stops on, that this one does not.
 _NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "return_progress": (_is(False), "the prompt's progress is not streamed"),
     "verbose": (_is(False), "the answer has llama-server's fields only"),
 }  # t_max_prompt_ms is not here: llama-server does not implement it either (a TODO), and ignores it
 # /tokenize: text is llama-server's (and vLLM's), a chat gives the ids the chat route would use.

@@ -73,6 +73,7 @@ class SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     timings_per_token: StrictBool = False  # llama-server: every streamed chunk has its timings
+    return_progress: StrictBool = False  # llama-server: a stream says how far the prompt is
     logit_bias: dict[str, float] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None

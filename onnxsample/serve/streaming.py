@@ -24,6 +24,7 @@ from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, ClientGone, from_library
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.reasoning import ThoughtStream
+from onnxsample.serve.schemas import SamplingFields
 from onnxsample.serve.tools import ToolPlan, ToolWatch
 
 __all__ = [
@@ -208,21 +209,26 @@ class Job:
     stopping: Callable[[], bool] = lambda: False
     timings_per_token: bool = False
 
-    def chunk(self, choice: dict, timings: dict | None = None) -> dict:
-        """A chunk of one choice; `timings` go beside the choices, llama-server's place."""
+    def chunk(
+        self, choice: dict, timings: dict | None = None, progress: dict | None = None
+    ) -> dict:
+        """A chunk of one choice; `timings` and the prompt's `progress` go beside the choices,
+        llama-server's place."""
         return {
             **self.meta,
             "object": self.object,
             "choices": [choice],
             **({"usage": None} if self.include_usage else {}),
             **({"timings": timings} if timings is not None else {}),
+            **({"prompt_progress": progress} if progress is not None else {}),
         }
 
     def token_chunk(self, choice: dict, event: StreamEvent) -> dict:
-        """A chunk of a token's piece; with llama-server's ``timings_per_token``, the timings
-        when it came."""
-        timed = self.timings_per_token and event.token_id is not None
-        return self.chunk(choice, convert.event_timings(event) if timed else None)
+        """A chunk of a token's piece, or of the prompt's progress (llama-server's
+        ``return_progress``); with its ``timings_per_token``, the timings when it came."""
+        progress = event.progress.to_json() if event.progress is not None else None
+        timed = self.timings_per_token and (event.token_id is not None or progress is not None)
+        return self.chunk(choice, convert.event_timings(event) if timed else None, progress)
 
     async def framed(
         self, chunks: AsyncIterator[dict], done: list[Completion]
@@ -253,6 +259,19 @@ def _piece(index: int, delta: dict, logprobs: dict | None = None) -> dict:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
 
 
+def progressing(seqs: list, body: SamplingFields) -> list:
+    """`seqs`, which report how far their prompts are when `body` asks a stream for it
+    (llama-server's ``return_progress``; a whole answer has nowhere to put it)."""
+    for seq in seqs:
+        seq.report_progress = body.stream and body.return_progress
+    return seqs
+
+
+def _text_piece(index: int, text: str, logprobs: dict | None = None) -> dict:
+    """A text completion chunk's choice that is not its last."""
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": None}
+
+
 def chat_stream(
     job: Job, plan: ToolPlan | None = None, opened: bool | None = None
 ) -> AsyncIterator[dict | str]:
@@ -272,6 +291,10 @@ def chat_stream(
         sent = [0] * len(job.requests)  # of its answer, sent as content (without tools)
         ended: set[int] = set()
         async for k, event in merged_events(job.requests, job.metrics, ended):
+            if event.progress is not None:  # llama-server's: the role again, and the progress
+                yield job.token_chunk(_piece(event.index, {"role": "assistant", "content": None}),
+                                      event)  # fmt: skip
+                continue
             c = event.completion
             written[k] = c.text if c is not None else written[k] + event.text
             delta: dict = {}
@@ -344,6 +367,9 @@ def completion_stream(
     async def chunks() -> AsyncIterator[dict]:
         started: set[int] = set()
         async for k, event in merged_events(job.requests, job.metrics):
+            if event.progress is not None:
+                yield job.token_chunk(_text_piece(event.index, ""), event)
+                continue
             if event.index in echo and event.index not in started:
                 seq, logprobs = job.seqs[k], None
                 if n_logprobs is not None:  # written by the engine before this first event
@@ -358,9 +384,7 @@ def completion_stream(
                     logprobs = logprobs_of(
                         event.index, [event.token_id], [event.logprob], [event.top_logprobs]
                     )
-                choice = {"index": event.index, "text": event.text, "logprobs": logprobs,
-                          "finish_reason": None}  # fmt: skip
-                yield job.token_chunk(choice, event)
+                yield job.token_chunk(_text_piece(event.index, event.text, logprobs), event)
             if (c := event.completion) is not None:
                 if not score_only:
                     done.append(c)

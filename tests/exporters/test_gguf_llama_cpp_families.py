@@ -240,7 +240,8 @@ def _events(url: str, body: dict) -> list[dict]:
 def test_completion_answers_as_llama_servers(llama_cpp):
     """`POST /completion`, llama-server's own endpoint, on the same file and request: only
     llama-server's keys, each with a value of its JSON type, whole and streamed (no ``[DONE]``
-    on either; with ``timings_per_token``, the timings on every event); the same prompt, ``stop_type`` and counts; the same greedy tokens until llama.cpp's
+    on either; with ``timings_per_token``, the timings on every event, and with
+    ``return_progress`` the prompt's progress first); the same prompt, ``stop_type`` and counts; the same greedy tokens until llama.cpp's
     top two come within 2 * TOL of each other, and its likely tokens' logprobs within TOL there."""
     path = models.gguf("qwen2", "Q8_0", llama_cpp)
     body = {"prompt": "The capital of France is", "n_predict": 12, "temperature": 0,
@@ -248,7 +249,7 @@ def test_completion_answers_as_llama_servers(llama_cpp):
     folder = _export(path, "Q8_0").output
     eos = Tokenizer.from_folder(folder).eos_token_id  # biased: the answer ends at once
     ending = {**body, "logit_bias": [[eos, 100]], "ignore_eos": False, "n_probs": 0}
-    timed = {**body, "timings_per_token": True}
+    timed = {**body, "timings_per_token": True, "return_progress": True}
     with served(folder, "--threads", "1") as ours:
         code, mine = post(ours.port, "/completion", json.dumps(body).encode())
         my_events = _events(f"http://127.0.0.1:{ours.port}", body)
@@ -280,14 +281,25 @@ def test_completion_answers_as_llama_servers(llama_cpp):
         [(e["tokens"], e["content"]) for e in ev[:-1]][:same] for ev in (my_events, their_events)
     ]
     assert streamed[0] == streamed[1]  # an event a token, with the text it lets out
-    # timings_per_token: every event has llama-server's timings, counting the tokens so far
+    # timings_per_token: every event has llama-server's timings, counting the tokens so far;
+    # return_progress: events without a token first (llama-server lists token 0 in them, we
+    # list none), from the cached part of the prompt to all of it
+    before, tokens = [], []
     for events in (my_timed, their_timed):
-        counts = [e["timings"]["predicted_n"] for e in events[:-1]]
-        assert counts and counts == [e["tokens_predicted"] for e in events[:-1]], events
-    for mine_event in my_timed:
-        their_event = their_timed[0 if not mine_event["stop"] else -1]
-        assert _same_kinds(mine_event, their_event) == []
-        assert mine_event["timings"].keys() == their_event["timings"].keys()
+        first = next(i for i, e in enumerate(events) if "prompt_progress" not in e)
+        before.append(events[:first])
+        tokens.append(events[first:])
+        counts = [e["timings"]["predicted_n"] for e in tokens[-1][:-1]]
+        assert counts and counts == [e["tokens_predicted"] for e in tokens[-1][:-1]], events
+    for mine, theirs in (before, tokens):
+        for mine_event in mine:
+            their_event = theirs[0 if not mine_event["stop"] else -1]
+            assert _same_kinds(mine_event, their_event) == []
+            assert mine_event["timings"].keys() == their_event["timings"].keys()
+    progress = [[e["prompt_progress"] for e in events] for events in before]
+    for mine, theirs in zip(*progress, strict=False):
+        assert mine.keys() == theirs.keys() and mine["total"] == theirs["total"]
+    assert [p[-1]["processed"] for p in progress] == [p[-1]["total"] for p in progress]
 
 
 CHATS = [

@@ -97,6 +97,33 @@ def test_timings_per_token_give_every_event_the_timings_so_far(port, per_token):
     assert spent == sorted(spent) and spent[0] == 0  # the first token comes from the prompt
 
 
+@pytest.mark.parametrize("per_token", [False, True])
+def test_return_progress_streams_how_far_the_prompt_is(port, per_token):
+    """llama-server's ``return_progress``: before the tokens, events without one say how much of
+    the prompt is in the cache (from what was reused, to all of it); a second request reuses the
+    first's prompt; a whole answer is the same as without it."""
+    prompt = "Once upon a time " * 30  # several prompt calls
+    body = {"prompt": prompt, "n_predict": 3, "temperature": 0, "ignore_eos": True,
+            "return_progress": True, "timings_per_token": per_token}  # fmt: skip
+    for _ in range(2):
+        events = stream(port, body)
+        first_token = next(i for i, e in enumerate(events) if e["tokens"])
+        progress = [e["prompt_progress"] for e in events[:first_token]]
+        assert all("prompt_progress" not in e for e in events[first_token:])
+        assert all(e["content"] == "" and not e["stop"] for e in events[:first_token])
+        assert all(("timings" in e) == per_token for e in events[:first_token])
+        total = events[-1]["tokens_evaluated"]
+        assert {p["total"] for p in progress} == {total} and len(
+            {p["cache"] for p in progress}
+        ) == 1
+        done = [p["processed"] for p in progress]
+        assert done[0] == progress[0]["cache"] and done[-1] == total and done == sorted(done)
+    assert progress[0]["cache"] > 0 and len(done) >= 2  # the second time, the prompt was reused
+    whole = {**body, "n_predict": 3}
+    plain = {k: v for k, v in whole.items() if k not in ("return_progress", "timings_per_token")}
+    assert complete(port, whole)["content"] == complete(port, plain)["content"]
+
+
 def test_the_end_of_sequence_token_ends_the_tokens(port, models):
     """As llama-server's: the end-of-sequence token is the answer's last token (no text), and
     counted; streamed, it is an event of its own."""
@@ -166,7 +193,7 @@ def test_several_prompts_get_a_list_in_order(port):
         ("n_indent", -1),
         ("t_max_predict_ms", "soon"),
         ("timings_per_token", "yes"),
-        ("return_progress", True),
+        ("return_progress", 1),
         ("verbose", True),
         ("n_predict", "many"),
         ("prompt", {"text": "Hi"}),
@@ -209,6 +236,34 @@ def test_code_completion_fields_are_llama_servers(port, models):
     assert (cut["content"], cut["tokens_predicted"], cut["stop_type"]) == ("\n", 3, "limit")
     timed = complete(port, {**body, "t_max_predict_ms": 0.001})
     assert timed["stop_type"] == "limit" and timed["tokens_predicted"] == 2
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_code_completion_endings_hold_on_the_openai_routes(port, models, path):
+    """llama-server ends any route's text at ``n_indent`` and ``t_max_predict_ms`` (they are the
+    slot's): the same cuts as on /completion, finishing as the token limit does; a bad value is
+    refused by name."""
+    tokenizer = Tokenizer.from_folder(models["four"].parent)
+    lines = {str(t): 100 for t in tokenizer.encode("\n", add_special_tokens=False)}
+    body = {"max_tokens": 24, "temperature": 0, "ignore_eos": True, "logit_bias": lines}
+    body |= (
+        {"messages": [{"role": "user", "content": "Hi"}]} if "chat" in path else {"prompt": "Hi"}
+    )
+
+    def text(extra: dict) -> tuple[str, str]:
+        code, data = post(port, path, json.dumps({**body, **extra}).encode())
+        assert code == 200, data
+        choice = data["choices"][0]
+        return choice["message"]["content"] if "chat" in path else choice["text"], choice[
+            "finish_reason"
+        ]
+
+    assert text({}) == ("\n" * 24, "length")
+    assert text({"n_indent": 1}) == ("\n", "length")
+    assert text({"t_max_predict_ms": 0.001}) == ("\n" * 2, "length")
+    for field, value in (("n_indent", -1), ("t_max_predict_ms", "soon")):
+        code, data = post(port, path, json.dumps({**body, field: value}).encode())
+        assert code == 400 and data["error"]["param"] == field, data
 
 
 def test_infill_needs_the_models_fim_tokens(port):

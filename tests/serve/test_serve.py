@@ -163,6 +163,30 @@ def test_streamed_timings_sit_beside_the_choices(client, route, per_token):
     assert counts == sorted(counts) and counts[0] == 1 and counts[-1] <= final["predicted_n"]
 
 
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_return_progress_streams_the_prompts_progress_first(client, route):
+    """llama-server's ``return_progress`` (llama.cpp's web UI sends it): chunks without text, the
+    prompt's progress beside their choice, before the first token (a chat's repeat the role)."""
+    kw = dict(max_tokens=4, temperature=0, stream=True, extra_body={"return_progress": True})
+    if route == "chat":
+        chunks = list(chat(client, **kw))[1:]  # the role's chunk comes first
+    else:
+        chunks = list(client.completions.create(model="tiny", prompt="The sea", **kw))
+    progress = [
+        c.model_extra["prompt_progress"] for c in chunks if "prompt_progress" in c.model_extra
+    ]
+    assert progress and all("prompt_progress" in c.model_extra for c in chunks[: len(progress)])
+    assert progress[-1]["processed"] == progress[-1]["total"] > 0
+    for c in chunks[: len(progress)]:
+        if route == "chat":
+            assert c.choices[0].delta.role == "assistant" and c.choices[0].delta.content is None
+        else:
+            assert c.choices[0].text == ""
+    text = [c.choices[0].delta.content if route == "chat" else c.choices[0].text
+            for c in chunks[len(progress) :]]  # fmt: skip
+    assert "".join(t or "" for t in text)
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="tiny", prompt="Once", max_tokens=20, temperature=0)
     text = full.choices[0].text

@@ -360,8 +360,6 @@ PEER_FIELDS = [
     ("xtc_probability", 0.5, 0),
     ("top_n_sigma", 1.0, -1),
     ("n_probs", 5, 0),
-    ("t_max_predict_ms", 100, 0),
-    ("n_indent", 4, 0),
     ("min_keep", 5, 1),
     ("post_sampling_probs", True, False),
     ("return_tokens", True, False),
