@@ -69,6 +69,7 @@ class Sequence:
     end_token: int | None = None  # the end-of-sequence token that finished it
     t_max_predict_ms: float = 0  # > 0: end at a new line once generating took longer (ms)
     report_progress: bool = False  # an event when it gets its slot and after each prompt call
+    report_timings: bool = False  # each event with the request's timings when it came
     rng: np.random.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -155,7 +156,7 @@ class Sequence:
         event = (
             self._finished(piece, token)
             if self.finish
-            else StreamEvent(self.index, piece, token, timings=replace(self.timings))
+            else StreamEvent(self.index, piece, token, timings=self._timings_now())
         )
         if self.params.logprobs or self.params.top_logprobs:
             event.logprob = self.logprobs[-1]
@@ -183,7 +184,7 @@ class Sequence:
         state = PromptProgress(
             len(self.prompt), self.timings.cached_tokens, self.computed, spent_ms
         )
-        return StreamEvent(self.index, "", None, timings=replace(self.timings), progress=state)
+        return StreamEvent(self.index, "", None, timings=self._timings_now(), progress=state)
 
     def cancel(self) -> StreamEvent:
         """Finish now, with what was generated so far (``finish_reason`` ``cancelled``)."""
@@ -209,6 +210,8 @@ class Sequence:
         )
 
     def _finished(self, piece: str, token: int | None) -> StreamEvent:
-        return StreamEvent(
-            self.index, piece, token, self.completion(), timings=replace(self.timings)
-        )
+        return StreamEvent(self.index, piece, token, self.completion(), timings=self._timings_now())
+
+    def _timings_now(self) -> Timings | None:
+        """A copy of the timings as they are, for a sequence that asked (``report_timings``)."""
+        return replace(self.timings) if self.report_timings else None

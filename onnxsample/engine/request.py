@@ -142,9 +142,10 @@ class StreamEvent:
     request, such as a cancel); ``text`` may be empty while a multi-byte character or a possible
     stop string is held back. ``logprob`` / ``top_logprobs`` are the token's, when the request asked
     for them (not for an end-of-sequence token, which is no part of the output). ``timings`` are
-    the request's when the token came (a copy; llama-server's ``timings_per_token``). An event
-    with ``progress`` (and no token) says how far the prompt is, for a sequence that asked
-    (:attr:`~onnxsample.engine._sequence.Sequence.report_progress`).
+    the request's when the token came (a copy; llama-server's ``timings_per_token``), and an
+    event with ``progress`` (and no token) says how far the prompt is, for a sequence that asked
+    (:class:`~onnxsample.engine._sequence.Sequence`'s ``report_timings`` and
+    ``report_progress``).
     """
 
     index: int

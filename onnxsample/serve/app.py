@@ -49,7 +49,7 @@ from onnxsample.serve.streaming import (
     collect,
     completion_stream,
     enqueue,
-    progressing,
+    reporting,
     sse,
 )
 from onnxsample.serve.tokenize import applied_template, tokenized
@@ -224,7 +224,7 @@ def create_app(
             seqs = [
                 e.prepare(prompt, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
             ]
-            return endings.apply(progressing(seqs, body))
+            return endings.apply(reporting(seqs, body))
 
         seqs = await asyncio.to_thread(prepared)
         opened = None  # where the thought goes apart: whether the prompt opened it
@@ -239,7 +239,6 @@ def create_app(
                 e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
             )
             job.stopping = lambda: state.stopping
-            job.timings_per_token = body.timings_per_token
             return sse(chat_stream(job, plan, opened))
         done = await collect(
             requests, request, metrics, lambda: state.stopping, tools.loop_watch(plan, len(seqs))
@@ -298,7 +297,7 @@ def create_app(
                 for k, prompt in enumerate(prompts)
                 for j, p in enumerate(params)
             ]
-            endings.apply(progressing(seqs, body))
+            endings.apply(reporting(seqs, body))
             if not body.echo:
                 return seqs, {}
             return seqs, {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs}
@@ -311,7 +310,6 @@ def create_app(
             unique = [s.prompt for s in seqs[:: body.n]]
             job = Job(e, requests, seqs, unique, meta, usage, metrics, "text_completion")
             job.stopping = lambda: state.stopping
-            job.timings_per_token = body.timings_per_token
             return sse(completion_stream(job, echo, n_logprobs, score_only))
         done = await collect(requests, request, metrics, lambda: state.stopping)
         choices = [

@@ -146,8 +146,8 @@ def infill_body(tokenizer: Tokenizer, context: int, data: Any) -> dict:
 def with_infill_sampler(engine: Engine, params: list[SamplingParams]) -> list[SamplingParams]:
     """`params` with llama.cpp's ``infill`` sampler as their host sampler, for a request whose
     ``samplers`` lists it last. It picks from the graph's candidates, so the served model must
-    have been composed with them (``serve --candidates K``, which draft tokens exclude) and the request's
-    top-k must keep at most K. A greedy request needs none of it: of the one token greedy
+    have been composed with them (``serve --candidates K``, which draft tokens exclude) and the
+    request's top-k must keep at most K. A greedy request needs none of it: of the one token greedy
     decoding leaves, the sampler keeps that token."""
     k = engine.meta.output_candidates
     tokenizer = engine.tokenizer

@@ -46,7 +46,7 @@ from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.native_answer import Answer, Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.schemas import CompletionRequest
-from onnxsample.serve.streaming import collect, enqueue, progressing, sse
+from onnxsample.serve.streaming import collect, enqueue, reporting, sse
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["add_native_routes"]
@@ -104,16 +104,15 @@ def add_native_routes(
                 for k, prompt in enumerate(prompts)
                 for j, p in enumerate(params)
             ]
-            endings.apply(progressing(seqs, body))
+            endings.apply(reporting(seqs, body))
             texts = [e.tokenizer.decode(s.prompt, skip_special_tokens=False) for s in seqs]
             return seqs, texts
 
         seqs, texts = await asyncio.to_thread(prepared)
         requests = enqueue(e, seqs, metrics)
         shaped = Answer(
-            e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings,
-            body.timings_per_token,
-        )  # fmt: skip
+            e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings
+        )
         if body.stream:
             return sse(shaped.stream(requests, metrics, stopping))
         done = await collect(requests, request, metrics, stopping)

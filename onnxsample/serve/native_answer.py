@@ -112,10 +112,8 @@ class Answer:
         model: str,
         limit: int | None,
         endings: Endings,
-        timings_per_token: bool = False,
     ) -> None:
         self.tokenizer, self.endings = tokenizer, endings
-        self.timings_per_token = timings_per_token
         self.seqs = {s.index: s for s in seqs}
         self.texts = {s.index: t for s, t in zip(seqs, texts, strict=True)}
         self.stops, self.n_probs, self.return_tokens = stops, n_probs, return_tokens
@@ -201,7 +199,7 @@ class Answer:
             "tokens_predicted": predicted,
             "tokens_evaluated": len(self.seqs[event.index].prompt),
         }
-        if self.timings_per_token:
+        if event.timings is not None:  # timings_per_token
             result["timings"] = _llama_timings(convert.event_timings(event))
         if event.logprob is not None:
             probs = self._probs([event.token_id], [event.logprob], [event.top_logprobs or []], text)
@@ -220,7 +218,7 @@ class Answer:
             "tokens_predicted": predicted,
             "tokens_evaluated": len(self.seqs[event.index].prompt),
         }
-        if self.timings_per_token:
+        if event.timings is not None:  # timings_per_token
             result["timings"] = _llama_timings(convert.event_timings(event))
         result["prompt_progress"] = event.progress.to_json()
         return result

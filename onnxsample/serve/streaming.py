@@ -207,7 +207,6 @@ class Job:
     metrics: Metrics
     object: str
     stopping: Callable[[], bool] = lambda: False
-    timings_per_token: bool = False
 
     def chunk(
         self, choice: dict, timings: dict | None = None, progress: dict | None = None
@@ -227,7 +226,7 @@ class Job:
         """A chunk of a token's piece, or of the prompt's progress (llama-server's
         ``return_progress``); with its ``timings_per_token``, the timings when it came."""
         progress = event.progress.to_json() if event.progress is not None else None
-        timed = self.timings_per_token and (event.token_id is not None or progress is not None)
+        timed = event.timings is not None
         return self.chunk(choice, convert.event_timings(event) if timed else None, progress)
 
     async def framed(
@@ -259,11 +258,13 @@ def _piece(index: int, delta: dict, logprobs: dict | None = None) -> dict:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
 
 
-def progressing(seqs: list, body: SamplingFields) -> list:
-    """`seqs`, which report how far their prompts are when `body` asks a stream for it
-    (llama-server's ``return_progress``; a whole answer has nowhere to put it)."""
+def reporting(seqs: list, body: SamplingFields) -> list:
+    """`seqs`, which report how far their prompts are and their timings at each token when
+    `body` asks a stream for them (llama-server's ``return_progress`` and ``timings_per_token``;
+    a whole answer has nowhere to put them)."""
     for seq in seqs:
         seq.report_progress = body.stream and body.return_progress
+        seq.report_timings = body.stream and body.timings_per_token
     return seqs
 
 

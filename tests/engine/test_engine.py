@@ -131,7 +131,9 @@ def test_async_iteration_and_result(engine):
 
     async def main():
         pieces = []
-        request = engine.submit(PROMPTS[2], seeded(9), max_new_tokens=12, chat=False)
+        seq = engine.prepare(PROMPTS[2], seeded(9), 12, None, False, None)
+        seq.report_timings = True  # each event with the timings when its token came
+        [request] = engine.enqueue([seq])
         async for event in request:
             pieces.append(event)
         other = await engine.submit(PROMPTS[2], seeded(9), max_new_tokens=12, chat=False).aresult()
@@ -145,6 +147,9 @@ def test_async_iteration_and_result(engine):
     assert [t.generated_tokens for t in timings] == list(range(1, len(pieces) + 1))
     assert [t.decode_s for t in timings] == sorted(t.decode_s for t in timings)
     assert timings[-1] == pieces[-1].completion.timings and timings[0] is not timings[-1]
+    # a request that did not ask gets none: no copy on every token
+    plain = engine.submit(PROMPTS[2], seeded(9), max_new_tokens=4, chat=False)
+    assert [e.timings for e in plain] == [None] * 4
 
 
 @pytest.mark.parametrize("chunk", [None, 7, 32, 64])
