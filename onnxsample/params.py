@@ -69,6 +69,14 @@ class SamplingParams:
     most likely first, −inf where a filter dropped the token) and returns the token to take (one
     the filters kept, or one of the model's end-of-sequence ids); the graph needs
     ``sampler.candidate_ids`` (``onnxsample compose --candidates K``).
+    ``post_sampling_probs`` (None = off) asks, in place of the model's logprobs, for the chosen
+    token's log-probability and the ``post_sampling_probs`` most likely tokens' under the
+    distribution the draw uses, after every filter and at the draw's temperature (llama-server's
+    ``post_sampling_probs``): tokens of probability 0 are left out, and greedy decoding gives the
+    chosen token alone, at 0. They come as the events' and the completion's logprobs. Unless the
+    temperature is 0, the graph needs at least that many candidates (``onnxsample compose
+    --candidates K``) and the filters must keep fewer than K tokens: a step where they keep K or
+    more fails the request with :class:`InvalidParameter`.
     """
 
     temperature: float = 1.0
@@ -89,6 +97,7 @@ class SamplingParams:
     min_tokens: int = 0
     constraint: Constraint | None = None
     host_sampler: Callable[[np.ndarray, np.ndarray], int] | None = None
+    post_sampling_probs: int | None = None
 
     def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Raise :class:`InvalidParameter` for the first value outside its range; return ``self``.
@@ -151,7 +160,32 @@ class SamplingParams:
                     "logprobs are not reported for a host-sampled request (the host picks the "
                     "token from the candidates, whose logits are the filtered ones)"
                 )
+        post = self.post_sampling_probs
+        if post is not None:
+            if not _is_int(post) or post < 0:
+                raise InvalidParameter(
+                    f"post_sampling_probs must be None or an integer >= 0, got {post!r}"
+                )
+            if self.logprobs or self.top_logprobs:
+                raise InvalidParameter(
+                    "post_sampling_probs replaces logprobs and top_logprobs: ask for one of them"
+                )
+            if self.host_sampler is not None:
+                raise InvalidParameter(
+                    "post_sampling_probs cannot be combined with a host sampler, which picks the "
+                    "token after the graph's distribution"
+                )
         return self
+
+    @property
+    def reports_logprobs(self) -> bool:
+        """Whether each token comes with a logprob (the model's, or the final distribution's)."""
+        return bool(self.logprobs or self.top_logprobs or self.post_sampling_probs is not None)
+
+    @property
+    def reported_tops(self) -> int:
+        """How many most likely tokens come with each token."""
+        return self.top_logprobs or self.post_sampling_probs or 0
 
     @property
     def temperature_moves(self) -> bool:

@@ -29,10 +29,11 @@ import numpy as np
 from onnxsample.engine._drafter import NgramDrafter
 from onnxsample.engine._layout import Call, KVLayout
 from onnxsample.engine._placement import Placement
+from onnxsample.engine._post_sampling import post_sampling
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import SlotState
-from onnxsample.errors import GenerationError, OnnxSampleError, first_line
+from onnxsample.errors import GenerationError, InvalidParameter, OnnxSampleError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -333,11 +334,17 @@ class Scheduler:
         for i in range(accepted + 1):
             names = _FIRST if i == 0 else _DRAFTED
             at = (s,) if i == 0 else (s, i - 1)
-            tops = None
-            if seq.params.top_logprobs:
+            token, logprob, tops = int(host[names[0]][at]), host[names[1]][at], None
+            if seq.params.post_sampling_probs is not None:  # no drafts: the graph has candidates
+                try:
+                    logprob, tops = post_sampling(seq.params, s, host, token)
+                except InvalidParameter as exc:
+                    self._fail(seq, exc)
+                    return
+            elif seq.params.top_logprobs:
                 ids, lps = host[names[2]][at], host[names[3]][at]
                 tops = [(int(t), float(v)) for t, v in zip(ids, lps, strict=True)]
-            events.append(seq.accept(int(host[names[0]][at]), host[names[1]][at], tops))
+            events.append(seq.accept(token, logprob, tops))
             self.stats.generated_tokens += 1
             if seq.finish is not None:
                 break

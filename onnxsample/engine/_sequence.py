@@ -139,10 +139,10 @@ class Sequence:
         self.ids.append(token)
         if self.matcher is not None:
             self.matcher.consume(token)
-        if self.params.logprobs or self.params.top_logprobs:
+        if self.params.reports_logprobs:
             self.logprobs.append(float(logprob) if logprob is not None else float("nan"))
-        if self.params.top_logprobs and tops is not None:
-            self.tops.append(tops[: self.params.top_logprobs])
+        if self.params.reported_tops and tops is not None:
+            self.tops.append(tops[: self.params.reported_tops])
         piece = self.stops.add(self.detok.add(token))
         if self.stops.stopped:
             self.finish = "length" if self.stops.indented else "stop"
@@ -158,9 +158,9 @@ class Sequence:
             if self.finish
             else StreamEvent(self.index, piece, token, timings=self._timings_now())
         )
-        if self.params.logprobs or self.params.top_logprobs:
+        if self.params.reports_logprobs:
             event.logprob = self.logprobs[-1]
-            event.top_logprobs = self.tops[-1] if self.params.top_logprobs else None
+            event.top_logprobs = self.tops[-1] if self.params.reported_tops else None
         return event
 
     def end_lines(self, n_indent: int, t_max_predict_ms: float) -> None:
@@ -192,7 +192,7 @@ class Sequence:
         return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), None)
 
     def completion(self) -> Completion:
-        want_logprobs = self.params.logprobs or self.params.top_logprobs
+        want_logprobs = self.params.reports_logprobs
         prompt = self.wants_prompt_logprobs
         return Completion(
             index=self.index,
@@ -202,7 +202,7 @@ class Sequence:
             prompt_token_ids=self.prompt,
             seed=self.seed,
             logprobs=list(self.logprobs) if want_logprobs else None,
-            top_logprobs=list(self.tops) if self.params.top_logprobs else None,
+            top_logprobs=list(self.tops) if self.params.reported_tops else None,
             prompt_logprobs=list(self.prompt_logprobs) if prompt else None,
             prompt_top_logprobs=list(self.prompt_tops) if prompt else None,
             timings=self.timings,

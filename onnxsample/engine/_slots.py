@@ -109,6 +109,13 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
             "a host sampler needs a model composed with candidates "
             "(onnxsample compose --candidates K)"
         )
+    k, post = meta.output_candidates, params.post_sampling_probs
+    if post is not None and params.temperature > 0 and (not k or post > k):
+        raise InvalidParameter(
+            f"post_sampling_probs={post} needs a model composed with at least {max(post, 1)} "
+            f"candidates (this one: {k}; onnxsample compose --candidates K, or serve "
+            "--candidates K): the final distribution is read from them"
+        )
     if params.prompt_logprobs is not None and not meta.prompt_logprobs:
         raise InvalidParameter(
             "prompt_logprobs needs a model composed with prompt logprobs "

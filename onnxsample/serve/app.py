@@ -30,7 +30,7 @@ from onnxsample.engine.request import Completion
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve import convert, reasoning, tools
 from onnxsample.serve.errors import APIError, install
-from onnxsample.serve.llama_fields import apply_llama_names
+from onnxsample.serve.llama_fields import apply_llama_names, take_post_sampling
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
 from onnxsample.serve.native import add_native_routes
@@ -199,6 +199,8 @@ def create_app(
         check_model(body.model)
         apply_llama_names(body)  # n_predict, repeat_penalty: llama-server's names
         endings = Endings.read(body.model_extra, fields=False)  # n_indent, t_max_predict_ms
+        # llama-server's: the final distribution's probabilities, when there are logprobs
+        post_sampling = take_post_sampling(body.model_extra or {}) and bool(body.logprobs)
         refuse_unsupported(body.model_extra, route="chat", sampling=body)
         tools.check_text_only(body)
         native = tools.native_format(e.tokenizer)
@@ -210,11 +212,11 @@ def create_app(
             raise InvalidParameter(
                 "logprobs with tools are returned by responses that are not streamed (stream=false)"
             )
+        asked = {"post_sampling_probs": top} if post_sampling else {}
+        if not post_sampling:
+            asked = {"logprobs": body.logprobs, "top_logprobs": top}
         params = convert.choice_params(
-            body,
-            logprobs=body.logprobs,
-            top_logprobs=top,
-            tools=plan.constraint if plan is not None else None,
+            body, tools=plan.constraint if plan is not None else None, **asked
         )
         given = body.max_completion_tokens
         limit = convert.token_limit(body.max_tokens if given is None else given, None)
@@ -249,7 +251,11 @@ def create_app(
             logprobs = None
             if body.logprobs:
                 content = convert.chat_logprobs(
-                    e.tokenizer, c.token_ids, c.logprobs or [], c.top_logprobs
+                    e.tokenizer,
+                    c.token_ids,
+                    c.logprobs or [],
+                    c.top_logprobs,
+                    post_sampling=post_sampling,
                 )
                 logprobs = {"content": content}
             choices.append(

@@ -3,6 +3,7 @@ llama-server-style timings out."""
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,7 @@ def choice_params(
     top_logprobs: int = 0,
     prompt_logprobs: int | None = None,
     tools: Constraint | None = None,
+    post_sampling_probs: int | None = None,
 ) -> list[SamplingParams]:
     """One SamplingParams per choice (``n``), seeded seed, seed + 1, ...: the same request gives the
     same n choices every time. Without a seed, a random one stands in. `tools` is the constraint
@@ -67,6 +69,7 @@ def choice_params(
             logprobs=logprobs,
             top_logprobs=top_logprobs,
             prompt_logprobs=prompt_logprobs,
+            post_sampling_probs=post_sampling_probs,
             ignore_eos=body.ignore_eos,
             min_tokens=body.min_tokens,
             constraint=constraint,
@@ -162,16 +165,38 @@ def _entry(tokenizer: Tokenizer, token: int, logprob: float) -> dict:
 
 
 def chat_logprobs(
-    tokenizer: Tokenizer, tokens: Sequence[int], logprobs: Sequence[float], tops
+    tokenizer: Tokenizer,
+    tokens: Sequence[int],
+    logprobs: Sequence[float],
+    tops,
+    *,
+    post_sampling: bool = False,
 ) -> list[dict]:
-    """``logprobs.content``: each token's text, logprob, bytes and top alternatives."""
+    """``logprobs.content``: each token's text, logprob, bytes and top alternatives;
+    `post_sampling`: the final distribution's, in llama-server's form
+    (:func:`post_sampling_entry`)."""
     content = []
     for i, (token, lp) in enumerate(zip(tokens, logprobs, strict=False)):
         entry = _entry(tokenizer, token, lp)
         alternatives: TopLogprobs = tops[i] if tops is not None and i < len(tops) else []
         entry["top_logprobs"] = [_entry(tokenizer, t, v) for t, v in alternatives]
+        if post_sampling:
+            entry = post_sampling_entry({"id": token, **entry}, [t for t, _ in alternatives])
         content.append(entry)
     return content
+
+
+def post_sampling_entry(entry: dict, ids: Sequence[int]) -> dict:
+    """A token's logprobs `entry` (``id``, ``token``, ``bytes``, ``logprob``, ``top_logprobs``)
+    as llama-server writes it for ``post_sampling_probs``: probabilities (``prob``, ``top_probs``),
+    each alternative with its id (`ids`)."""
+    tops = entry.pop("top_logprobs")
+    entry["prob"] = math.exp(entry.pop("logprob"))
+    entry["top_probs"] = [
+        {"id": t, "token": a["token"], "bytes": a["bytes"], "prob": math.exp(a["logprob"])}
+        for t, a in zip(ids, tops, strict=True)
+    ]
+    return entry
 
 
 def legacy_logprobs(

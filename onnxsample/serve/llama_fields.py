@@ -29,6 +29,7 @@ __all__ = [
     "order_refusal",
     "penalty_refusal",
     "take_infill",
+    "take_post_sampling",
     "window_refusal",
 ]
 
@@ -113,6 +114,16 @@ def take_infill(extra: dict[str, Any]) -> bool:
     else:
         extra["samplers"] = [v for v in value if _NAMES.get(v.lower()) != "infill"]
     return True
+
+
+def take_post_sampling(extra: dict[str, Any]) -> bool:
+    """llama-server's ``post_sampling_probs``, taken out of a request's `extra` fields: whether
+    its probabilities are those of the distribution the draw uses, after the whole chain,
+    rather than the model's (:attr:`~onnxsample.SamplingParams.post_sampling_probs`)."""
+    value = extra.pop("post_sampling_probs", None)
+    if value is not None and not isinstance(value, bool):
+        raise InvalidParameter(f"post_sampling_probs must be a boolean, got {value!r}")
+    return bool(value)
 
 
 def _misordered(listed: list[str], on: dict[str, Any], order: tuple[str, ...]) -> tuple | None:

@@ -41,7 +41,7 @@ from onnxsample.engine import Engine
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.infill import infill_body, with_infill_sampler
-from onnxsample.serve.llama_fields import apply_llama_names, take_infill
+from onnxsample.serve.llama_fields import apply_llama_names, take_infill, take_post_sampling
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.native_answer import Answer, Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
@@ -77,6 +77,7 @@ def add_native_routes(
         return_tokens = extra.pop("return_tokens", False)
         endings = Endings.read(extra)
         infill = take_infill(extra)  # llama.cpp's infill sampler, run on the host
+        post_sampling = take_post_sampling(extra)
         if n_probs is not None and (not isinstance(n_probs, int) or isinstance(n_probs, bool)):
             raise APIError(400, f"n_probs must be an integer, got {n_probs!r}", param="n_probs")
         if not isinstance(return_tokens, bool):
@@ -88,12 +89,20 @@ def add_native_routes(
         apply_llama_names(body)  # n_predict, repeat_penalty, samplers
         refuse_unsupported(extra, route="native", sampling=body)
         n_probs = n_probs or 0
-        if not 0 <= n_probs <= e.meta.top_logprobs:
-            raise APIError(400, f"n_probs must be in [0, {e.meta.top_logprobs}], got {n_probs}",
+        post_sampling = post_sampling and n_probs > 0  # llama-server's: only with n_probs
+        bound = None if post_sampling else e.meta.top_logprobs  # post: the model's candidates
+        if n_probs < 0 or (bound is not None and n_probs > bound):
+            raise APIError(400, f"n_probs must be in [0, {bound}], got {n_probs}",
                            param="n_probs")  # fmt: skip
         prompts = convert.prompts(body.prompt)
         limit = convert.token_limit(body.max_tokens, None)
-        params = convert.choice_params(body, logprobs=n_probs > 0, top_logprobs=n_probs)
+        if post_sampling:
+            if infill:
+                raise APIError(400, "post_sampling_probs cannot be combined with the infill "
+                               "sampler here", param="post_sampling_probs")  # fmt: skip
+            params = convert.choice_params(body, post_sampling_probs=n_probs)
+        else:
+            params = convert.choice_params(body, logprobs=n_probs > 0, top_logprobs=n_probs)
         if infill:
             params = with_infill_sampler(e, params)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])

@@ -117,6 +117,8 @@ class Answer:
         self.seqs = {s.index: s for s in seqs}
         self.texts = {s.index: t for s, t in zip(seqs, texts, strict=True)}
         self.stops, self.n_probs, self.return_tokens = stops, n_probs, return_tokens
+        # llama-server's post_sampling_probs: the final distribution's probabilities
+        self.post_sampling = any(s.params.post_sampling_probs is not None for s in seqs)
         self.model, self.limit = model, limit
 
     def _probs(
@@ -137,7 +139,10 @@ class Answer:
                 {"id": t, **shown} for (t, _), shown in zip(top, entry["top_logprobs"], strict=True)
             ]
             entry.update(token=pending.decode("utf-8", "replace"), bytes=list(pending))
-            listed.append({"id": token, **entry})
+            entry = {"id": token, **entry}
+            if self.post_sampling:
+                entry = convert.post_sampling_entry(entry, [t for t, _ in top])
+            listed.append(entry)
         return listed
 
     def _stopping_word(self, c: Completion) -> str:

@@ -78,7 +78,6 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
         lambda v: v is None or (v in (0, 1) and not isinstance(v, bool)),
         "cuts keep one token",
     ),
-    "post_sampling_probs": (_is(False), "logprobs are the model's, before the sampler"),
     "return_tokens": (_is(False), "use /tokenize"),
     "response_fields": (_absent, "responses have OpenAI's fields"),
     "lora": (_absent, "this server has no adapters"),
@@ -111,6 +110,10 @@ _CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 _TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
     "add_special_tokens": (_is(True), "a text prompt gets the model's special tokens"),
+    "post_sampling_probs": (
+        _is(False),
+        "this route's logprobs are OpenAI's lists: use /completion or a chat",
+    ),
 }
 # llama-server's own /completion: what it adds to its answer, or stops on, that this one does not.
 _NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {

@@ -39,10 +39,10 @@ def generation_settings(
         "n_predict": n_predict,
         "ignore_eos": params.ignore_eos,
         "stream": False,
-        "n_probs": params.top_logprobs,
+        "n_probs": params.reported_tops,
         **({} if reasoning_format is None else {"reasoning_format": reasoning_format}),
         "samplers": order,
-        "post_sampling_probs": False,
+        "post_sampling_probs": params.post_sampling_probs is not None,
     }
     return {**settings, **more}
 

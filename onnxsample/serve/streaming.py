@@ -327,6 +327,7 @@ def chat_stream(
                     [event.token_id],
                     [event.logprob],
                     [event.top_logprobs or []],
+                    post_sampling=job.seqs[k].params.post_sampling_probs is not None,
                 )
                 logprobs = {"content": content}
             if delta or logprobs:

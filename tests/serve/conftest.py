@@ -1,5 +1,7 @@
 """The serve tests' fixtures: the tiny model composed for serving (four slots, two slots, and with
-draft tokens), a real server on 127.0.0.1 for each module (its `port`), and an `openai` client of it."""
+draft tokens), a real server on 127.0.0.1 for each module (its `port`), an `openai` client of it,
+and the export of a GGUF file that llama.cpp's own converter wrote (`fim_export`), for the tests
+held to llama-server."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from pathlib import Path
 
 import openai
 import pytest
+from _exports import export_cached
+from _fim_model import fim_gguf
 from _http import served
 
 from onnxsample.composer import compose
@@ -38,3 +42,10 @@ def port(models):
 @pytest.fixture(scope="module")
 def client(port) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def fim_export(llama_cpp) -> Path:
+    """The export of a tiny Qwen2 GGUF with Qwen2.5's FIM tokens (tests/_fim_model.py)."""
+    path = fim_gguf(llama_cpp)
+    return export_cached(path, path.with_name(path.stem + "-onnx"), verify_tokens=0).output

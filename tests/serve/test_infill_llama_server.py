@@ -136,12 +136,6 @@ SERVE_CANDIDATES = ("--candidates", "64", "--max-slots", "2")
 
 
 @pytest.fixture(scope="module")
-def fim_export(llama_cpp) -> Path:
-    path = fim_gguf(llama_cpp)
-    return export_cached(path, path.with_name(path.stem + "-onnx"), verify_tokens=0).output
-
-
-@pytest.fixture(scope="module")
 def candidates_model(fim_export) -> Path:
     """The FIM file's export composed with the candidates the infill sampler picks from, as
     `serve FOLDER --candidates 64 --max-slots 2` composes it (and then finds it up to date)."""

@@ -194,6 +194,7 @@ def test_several_prompts_get_a_list_in_order(port):
         ("t_max_predict_ms", "soon"),
         ("timings_per_token", "yes"),
         ("return_progress", 1),
+        ("post_sampling_probs", "yes"),
         ("verbose", True),
         ("n_predict", "many"),
         ("prompt", {"text": "Hi"}),
@@ -204,6 +205,21 @@ def test_what_it_cannot_do_is_refused_by_name(port, field, value):
     code, data = post(port, "/completion", json.dumps(body).encode())
     assert code == 400, data
     assert field in json.dumps(data["error"]), data
+
+
+def test_post_sampling_probs_need_the_candidates_unless_greedy(port):
+    """This model has no candidates: greedy decoding's probabilities are known (its token's is 1,
+    as on llama-server), a draw's are refused by name with what to do."""
+    body = {"prompt": "Hi", "n_predict": 3, "n_probs": 2, "post_sampling_probs": True}
+    greedy = complete(port, {**body, "temperature": 0, "ignore_eos": True})
+    assert greedy["generation_settings"]["post_sampling_probs"] is True
+    for entry in greedy["completion_probabilities"]:
+        assert entry["prob"] == 1.0 and entry["top_probs"] == [
+            {"id": entry["id"], "token": entry["token"], "bytes": entry["bytes"], "prob": 1.0}
+        ]
+    code, data = post(port, "/completion", json.dumps({**body, "temperature": 0.7}).encode())
+    assert code == 400 and data["error"]["param"] == "post_sampling_probs", data
+    assert "serve --candidates K" in data["error"]["message"], data
 
 
 def test_a_body_that_is_not_json_is_a_400(port):

@@ -361,7 +361,6 @@ PEER_FIELDS = [
     ("top_n_sigma", 1.0, -1),
     ("n_probs", 5, 0),
     ("min_keep", 5, 1),
-    ("post_sampling_probs", True, False),
     ("return_tokens", True, False),
     ("response_fields", ["content"], None),
     ("lora", [{"id": 0, "scale": 1.0}], []),
@@ -370,6 +369,8 @@ PEER_FIELDS = [
     ("reasoning_budget_tokens", 100, -1),
     ("adaptive_target", 0.5, -1),
 ]
+# /v1/completions' own: its prompt's special tokens, and logprobs in OpenAI's lists only.
+COMPLETION_FIELDS = [("add_special_tokens", False, True), ("post_sampling_probs", True, False)]
 CHAT_FIELDS = [
     ("add_generation_prompt", False, True),
     ("continue_final_message", True, False),
@@ -388,7 +389,7 @@ APPLY_TEMPLATE_FIELDS = [*CHAT_FIELDS[:2], CHAT_FIELDS[4]]
 
 @pytest.mark.parametrize(("path", "field", "value"), [
     *[("/v1/chat/completions", f, v) for f, v, _ in PEER_FIELDS + CHAT_FIELDS],
-    *[("/v1/completions", f, v) for f, v, _ in [*PEER_FIELDS, ("add_special_tokens", False, True)]],
+    *[("/v1/completions", f, v) for f, v, _ in [*PEER_FIELDS, *COMPLETION_FIELDS]],
     *[("/tokenize", f, v) for f, v, _ in TOKENIZE_FIELDS],
     *[("/tokenize chat", f, v) for f, v, _ in TOKENIZE_CHAT_FIELDS],
     *[("/apply-template chat", f, v) for f, v, _ in APPLY_TEMPLATE_FIELDS],

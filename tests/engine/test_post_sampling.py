@@ -1,0 +1,145 @@
+"""Post-sampling probabilities (llama-server's ``post_sampling_probs``): each token's probability and
+the most likely tokens' under the distribution the draw used, read from the graph's candidates.
+Held to the numpy reference chain run over the model's own top logprobs of the same steps, alone
+and in a batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxsample import Engine, InvalidParameter, SamplingParams
+from onnxsample import reference as ref
+from onnxsample.composer import compose
+
+K = 8
+F32 = np.float32
+
+
+@pytest.fixture(scope="module")
+def paths(tiny_gqa_export, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("post")
+    common = {"max_slots": 4, "top_logprobs": K}
+    with_candidates = compose(
+        tiny_gqa_export.output, None, folder / "candidates.onnx", output_candidates=K, **common
+    )
+    plain = compose(tiny_gqa_export.output, None, folder / "plain.onnx", **common)
+    return with_candidates, plain
+
+
+@pytest.fixture(scope="module")
+def engine(paths, tiny_gqa_export):
+    with Engine(paths[0], tokenizer=tiny_gqa_export.output, threads=1) as e:
+        yield e
+
+
+def _final(raw: list[tuple[int, float]], p: SamplingParams) -> dict[int, float]:
+    """The reference chain's final distribution over a row that holds the model's top logprobs
+    (every token the filters can keep: top-k is at most their number)."""
+    ids = np.array([t for t, _ in raw])
+    row = np.full((1, int(ids.max()) + 1), -np.inf, F32)
+    row[0, ids] = [v for _, v in raw]
+    z = ref.temperature(row, np.array([p.temperature], F32))
+    z = ref.top_k(z, np.array([p.top_k]))
+    z = ref.top_p(z, np.array([p.top_p], F32))
+    z = ref.min_p(z, np.array([p.min_p], F32))
+    probs = ref.softmax(z)[0]
+    return {int(t): float(probs[t]) for t in ids if probs[t] > 0}
+
+
+CASES = {
+    "top_k": SamplingParams(temperature=0.7, top_k=4, seed=1),
+    "top_k, top_p": SamplingParams(temperature=1.3, top_k=6, top_p=0.8, seed=2),
+    "top_k, min_p": SamplingParams(top_k=7, min_p=0.1, seed=3),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_probabilities_are_the_reference_chains_final_distribution(engine, name):
+    p = CASES[name]
+    raw = engine.submit("Once upon", _with(p, top_logprobs=K), max_new_tokens=10, chat=False)
+    post = engine.submit("Once upon", _with(p, post_sampling_probs=K), max_new_tokens=10,
+                         chat=False)  # fmt: skip
+    raw, post = raw.result(60), post.result(60)
+    assert post.token_ids == raw.token_ids  # the same draws: only what is reported differs
+    for step, token in enumerate(post.token_ids):
+        expected = _final(raw.top_logprobs[step], p)
+        mine = {t: float(np.exp(v)) for t, v in post.top_logprobs[step]}
+        assert mine.keys() == expected.keys(), (step, mine, expected)
+        assert list(mine) == sorted(mine, key=mine.get, reverse=True)  # most likely first
+        for t, value in expected.items():
+            assert mine[t] == pytest.approx(value, rel=1e-5, abs=1e-7), (step, t)
+        assert np.exp(post.logprobs[step]) == pytest.approx(expected[token], rel=1e-5)
+
+
+def test_greedy_decoding_gives_the_token_all_of_it(paths, tiny_gqa_export):
+    """No candidates needed: the one token greedy decoding leaves has probability 1."""
+    with Engine(paths[1], tokenizer=tiny_gqa_export.output, threads=1) as e:
+        done = e.submit(
+            "Hello", SamplingParams(temperature=0, post_sampling_probs=5), max_new_tokens=6,
+            chat=False,
+        ).result(60)  # fmt: skip
+    assert done.logprobs == [0.0] * len(done.token_ids)
+    assert done.top_logprobs == [[(t, 0.0)] for t in done.token_ids]
+
+
+def test_a_batch_gives_each_row_what_it_gets_alone(engine):
+    requests = [
+        ("Once upon", _with(CASES["top_k"], post_sampling_probs=3)),
+        ("The weather", SamplingParams(temperature=0, post_sampling_probs=2)),
+        ("Hello", SamplingParams(temperature=0.9, seed=8, top_logprobs=2)),
+        ("Pick:", _with(CASES["top_k, top_p"], post_sampling_probs=K)),
+    ]
+    together = [engine.submit(t, p, max_new_tokens=8, chat=False) for t, p in requests]
+    together = [r.result(60) for r in together]
+    for (text, p), done in zip(requests, together, strict=True):
+        alone = engine.submit(text, p, max_new_tokens=8, chat=False).result(60)
+        assert (alone.token_ids, alone.logprobs, alone.top_logprobs) == (
+            done.token_ids,
+            done.logprobs,
+            done.top_logprobs,
+        ), text
+
+
+def test_a_kept_set_past_the_candidates_fails_the_request_alone(engine):
+    """With no cut, the filters keep the whole vocabulary: the candidates cannot show its
+    distribution, and that request fails with a typed error while the other one finishes."""
+    wide = engine.submit("Once", SamplingParams(seed=4, post_sampling_probs=2), max_new_tokens=4,
+                         chat=False)  # fmt: skip
+    fine = engine.submit("Once", SamplingParams(seed=4, top_k=3), max_new_tokens=4, chat=False)
+    with pytest.raises(InvalidParameter, match="kept 8 tokens or more, past the model's 8"):
+        wide.result(60)
+    assert len(fine.result(60).token_ids) >= 1
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (dict(post_sampling_probs=2, logprobs=True), "replaces logprobs and top_logprobs"),
+        (dict(post_sampling_probs=-1), "post_sampling_probs must be None or an integer >= 0"),
+        (dict(post_sampling_probs=True), "post_sampling_probs must be None or an integer"),
+        (dict(post_sampling_probs=2, host_sampler=lambda i, z: 0), "host sampler"),
+    ],
+)
+def test_invalid_requests_are_refused(params, message):
+    with pytest.raises(InvalidParameter, match=message):
+        SamplingParams(**params).validate()
+
+
+@pytest.mark.parametrize(
+    ("which", "n", "message"),
+    [
+        (1, 2, r"post_sampling_probs=2 needs a model composed with at least 2 candidates"),
+        (0, K + 1, rf"at least {K + 1} candidates \(this one: {K}"),
+    ],
+)
+def test_the_graph_must_have_the_candidates(paths, tiny_gqa_export, which, n, message):
+    engine = Engine(paths[which], tokenizer=tiny_gqa_export.output, threads=1)
+    with engine as e, pytest.raises(InvalidParameter, match=message):
+        e.submit("Hi", SamplingParams(top_k=2, post_sampling_probs=n), max_new_tokens=2)
+
+
+def _with(p: SamplingParams, **changes) -> SamplingParams:
+    from dataclasses import replace
+
+    return replace(p, **changes)

@@ -1,0 +1,110 @@
+"""llama-server's ``post_sampling_probs``, held to a real llama-server on the same GGUF file (a tiny
+Qwen2 converted by llama.cpp's own converter): with ``n_probs``, ``/completion`` answers the
+probabilities of the distribution the draw uses, after the whole chain. The same kept tokens, most
+likely first, their probabilities within TOL in log space, the same entry's keys and types; and
+the chat route's ``logprobs`` in the same form."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _fim_model import fim_gguf
+from _http import post, served
+from _llama_cpp import TOL, LlamaServer
+
+pytestmark = pytest.mark.slow
+PROMPT = "def fibonacci(n):\n    "
+N_PROBS = 12
+# llama-server's sampler order (the temperature after the cuts) is listed, as its web UI lists it
+ORDER = ["top_k", "typ_p", "top_p", "min_p", "temperature"]
+# every cut set: a field left out takes each server's own default (llama-server: top-p 0.95)
+OFF = {"top_k": 0, "top_p": 1.0, "min_p": 0.0, "typical_p": 1.0}
+CASES = {
+    "top_k": {**OFF, "top_k": 10, "temperature": 0.8},
+    "the web UI's cuts": {**OFF, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "temperature": 0.8},
+    "min_p": {**OFF, "top_k": 60, "min_p": 0.02, "temperature": 1.5},
+    "top_p": {**OFF, "top_k": 50, "top_p": 0.5, "temperature": 1.0},
+    "greedy": {**OFF, "temperature": 0},
+}
+
+
+def _body(case: dict) -> dict:
+    return {"prompt": PROMPT, "n_predict": 1, "seed": 5, "samplers": ORDER, "n_probs": N_PROBS,
+            "post_sampling_probs": True, "cache_prompt": False, **case}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def answers(llama_cpp, fim_export) -> dict[str, tuple[dict, dict]]:
+    """Each case's first token, ours (`serve FOLDER --candidates 64`) and llama-server's."""
+    mine = {}
+    with served(fim_export, "--threads", "1", "--candidates", "64", "--max-slots", "2") as ours:
+        for name, case in CASES.items():
+            code, data = post(ours.port, "/completion", json.dumps(_body(case)).encode())
+            assert code == 200, (name, data)
+            mine[name] = data
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "top_k": 5,
+                "logprobs": True, "top_logprobs": 3, "post_sampling_probs": True}  # fmt: skip
+        code, data = post(ours.port, "/v1/chat/completions", json.dumps(chat).encode())
+        assert code == 200, data
+        mine["chat"] = data
+        wide = json.dumps(_body({**OFF, "temperature": 1.0})).encode()  # the whole vocabulary
+        mine["wide"] = post(ours.port, "/completion", wide)
+    found = {}
+    with LlamaServer(llama_cpp, fim_gguf(llama_cpp)) as server:
+        for name, case in CASES.items():
+            found[name] = (mine[name], server.post("/completion", _body(case)))
+    found["chat"] = (mine["chat"], {})
+    found["wide"] = mine["wide"]
+    return found
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_kept_distribution_is_llama_servers(answers, name):
+    mine, theirs = answers[name]
+    (entry,) = mine["completion_probabilities"]
+    (their,) = theirs["completion_probabilities"]
+    assert list(entry) == list(their) == ["id", "token", "bytes", "prob", "top_probs"]
+    assert [list(t) for t in entry["top_probs"]] == [["id", "token", "bytes", "prob"]] * len(
+        entry["top_probs"]
+    )
+    assert mine["generation_settings"]["post_sampling_probs"] is True
+    ours = {t["id"]: t["prob"] for t in entry["top_probs"]}
+    them = {t["id"]: t["prob"] for t in their["top_probs"]}
+    assert list(ours.values()) == sorted(ours.values(), reverse=True)
+    if name == "greedy":
+        assert ours == them == {entry["id"]: 1.0} and entry["prob"] == 1.0
+        assert entry["id"] == their["id"]
+        return
+    if entry["id"] in ours:  # the token drawn is in the kept set, at its probability there
+        assert entry["prob"] == ours[entry["id"]]
+    assert sum(ours.values()) == pytest.approx(1.0, abs=1e-5) or len(ours) == N_PROBS
+    if ours.keys() != them.keys():
+        # a cut's boundary between two tokens that the two sides' logits (TOL apart) order
+        # differently: one side keeps a token or two more, the shared ones compared among
+        # themselves
+        short, long = sorted((ours, them), key=len)
+        assert short.keys() < long.keys() and len(long) - len(short) <= 2, (name, ours, them)
+        shared = sum(ours[t] for t in short), sum(them[t] for t in short)
+        ours = {t: ours[t] / shared[0] for t in short}
+        them = {t: them[t] / shared[1] for t in short}
+    for t in ours:
+        assert abs(np.log(ours[t]) - np.log(them[t])) < TOL, (name, t, ours, them)
+
+
+def test_the_chat_routes_logprobs_take_llama_servers_form(answers):
+    mine, _ = answers["chat"]
+    content = mine["choices"][0]["logprobs"]["content"]
+    assert content and all(list(e) == ["id", "token", "bytes", "prob", "top_probs"]
+                           for e in content)  # fmt: skip
+    for e in content:
+        probs = [t["prob"] for t in e["top_probs"]]
+        assert 1 <= len(probs) <= 3 and probs == sorted(probs, reverse=True)
+        assert e["prob"] in probs or e["prob"] <= probs[-1]
+
+
+def test_a_kept_set_past_the_candidates_is_a_400_naming_the_fix(answers):
+    code, data = answers["wide"]
+    assert code == 400 and data["error"]["param"] == "post_sampling_probs", data
+    assert "past the model's 64 candidates" in data["error"]["message"], data
