@@ -337,7 +337,9 @@ class Scheduler:
             token, logprob, tops = int(host[names[0]][at]), host[names[1]][at], None
             if seq.params.post_sampling_probs is not None:  # no drafts: the graph has candidates
                 try:
-                    logprob, tops = post_sampling(seq.params, s, host, token)
+                    logprob, tops = post_sampling(
+                        seq.params, s, host, token, self.state.meta.vocab_size
+                    )
                 except InvalidParameter as exc:
                     self._fail(seq, exc)
                     return

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from onnxsample.chain import TEMPERATURE_LAST
+from onnxsample.chain import GREEDY_BELOW, TEMPERATURE_LAST
 from onnxsample.engine._row_copy import NUMPY_TYPES, RowCopy, runs
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import TEMPERATURE_LAST_SINCE, ComposedMetadata
@@ -110,7 +110,7 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
             "(onnxsample compose --candidates K)"
         )
     k, post = meta.output_candidates, params.post_sampling_probs
-    if post is not None and params.temperature > 0 and (not k or post > k):
+    if post is not None and params.temperature >= GREEDY_BELOW and (not k or post > k):
         raise InvalidParameter(
             f"post_sampling_probs={post} needs a model composed with at least {max(post, 1)} "
             f"candidates (this one: {k}; onnxsample compose --candidates K, or serve "

@@ -30,7 +30,11 @@ from onnxsample.engine.request import Completion
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve import convert, reasoning, tools
 from onnxsample.serve.errors import APIError, install
-from onnxsample.serve.llama_fields import apply_llama_names, take_post_sampling
+from onnxsample.serve.llama_fields import (
+    apply_llama_names,
+    post_sampling_bound,
+    take_post_sampling,
+)
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
 from onnxsample.serve.native import add_native_routes
@@ -208,6 +212,10 @@ def create_app(
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise InvalidParameter("top_logprobs needs logprobs=true")
+        bound = post_sampling_bound(body, e.meta.output_candidates) if post_sampling else None
+        if post_sampling and (top < 0 or (bound is not None and top > bound)):
+            within = ">= 0" if bound is None else f"in [0, {bound}] (the model's candidates)"
+            raise InvalidParameter(f"top_logprobs must be {within}, got {top}")
         if plan is not None and body.stream and body.logprobs:
             raise InvalidParameter(
                 "logprobs with tools are returned by responses that are not streamed (stream=false)"

@@ -74,10 +74,11 @@ class APIError(Exception):
         self.headers = headers or {}
 
 
-def error_response(
-    status: int, message: str, param: str | None = None, code: str | None = None, headers=None
-) -> JSONResponse:
-    body = {
+def error_body(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict:
+    """OpenAI's error object: an answer's body, or a stream's last event."""
+    return {
         "error": {
             "message": message,
             "type": _TYPES.get(status, "invalid_request_error"),
@@ -85,6 +86,12 @@ def error_response(
             "code": code or status,
         }
     }
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers=None
+) -> JSONResponse:
+    body = error_body(status, message, param, code)
     return JSONResponse(body, status_code=status, headers=headers)
 
 

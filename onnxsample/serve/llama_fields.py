@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from onnxsample.chain import CUTS, SAMPLER_NAMES
+from onnxsample.chain import CUTS, GREEDY_BELOW, SAMPLER_NAMES
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import samplers_on
 
@@ -28,6 +28,7 @@ __all__ = [
     "apply_llama_names",
     "order_refusal",
     "penalty_refusal",
+    "post_sampling_bound",
     "take_infill",
     "take_post_sampling",
     "window_refusal",
@@ -124,6 +125,14 @@ def take_post_sampling(extra: dict[str, Any]) -> bool:
     if value is not None and not isinstance(value, bool):
         raise InvalidParameter(f"post_sampling_probs must be a boolean, got {value!r}")
     return bool(value)
+
+
+def post_sampling_bound(body: Any, candidates: int) -> int | None:
+    """How many probabilities a ``post_sampling_probs`` request may ask for: the model's
+    candidates, where it draws and the model has them (greedy decoding needs none; a model
+    without them is refused by the engine, naming the field)."""
+    greedy = body.temperature is not None and body.temperature < GREEDY_BELOW
+    return None if greedy or not candidates else candidates
 
 
 def _misordered(listed: list[str], on: dict[str, Any], order: tuple[str, ...]) -> tuple | None:

@@ -41,7 +41,12 @@ from onnxsample.engine import Engine
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.infill import infill_body, with_infill_sampler
-from onnxsample.serve.llama_fields import apply_llama_names, take_infill, take_post_sampling
+from onnxsample.serve.llama_fields import (
+    apply_llama_names,
+    post_sampling_bound,
+    take_infill,
+    take_post_sampling,
+)
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.native_answer import Answer, Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
@@ -90,10 +95,12 @@ def add_native_routes(
         refuse_unsupported(extra, route="native", sampling=body)
         n_probs = n_probs or 0
         post_sampling = post_sampling and n_probs > 0  # llama-server's: only with n_probs
-        bound = None if post_sampling else e.meta.top_logprobs  # post: the model's candidates
+        bound = e.meta.top_logprobs
+        if post_sampling:
+            bound = post_sampling_bound(body, e.meta.output_candidates)
         if n_probs < 0 or (bound is not None and n_probs > bound):
-            raise APIError(400, f"n_probs must be in [0, {bound}], got {n_probs}",
-                           param="n_probs")  # fmt: skip
+            within = ">= 0" if bound is None else f"in [0, {bound}]"
+            raise APIError(400, f"n_probs must be {within}, got {n_probs}", param="n_probs")
         prompts = convert.prompts(body.prompt)
         limit = convert.token_limit(body.max_tokens, None)
         if post_sampling:

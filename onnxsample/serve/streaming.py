@@ -21,7 +21,7 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
 from onnxsample.errors import OnnxSampleError, QueueFull
 from onnxsample.serve import convert
-from onnxsample.serve.errors import APIError, ClientGone, from_library
+from onnxsample.serve.errors import APIError, ClientGone, error_body, from_library
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.reasoning import ThoughtStream
 from onnxsample.serve.schemas import SamplingFields
@@ -188,9 +188,13 @@ def sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
 
 
 def error_chunk(exc: BaseException) -> dict:
-    err = from_library(exc) if isinstance(exc, OnnxSampleError) else None
-    message = err.message if err else f"internal error: {type(exc).__name__}"
-    return {"error": {"message": message, "type": "server_error", "param": None, "code": 500}}
+    """The event that ends a stream whose request failed: the error the answer would have been
+    (a client's mistake found mid-way, such as a step whose kept set is past the candidates, is
+    a 400 naming its field), or an internal error."""
+    if isinstance(exc, OnnxSampleError):
+        err = from_library(exc)
+        return error_body(err.status, err.message, err.param, err.code)
+    return error_body(500, f"internal error: {type(exc).__name__}")
 
 
 @dataclass

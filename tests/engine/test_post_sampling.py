@@ -72,13 +72,12 @@ def test_the_probabilities_are_the_reference_chains_final_distribution(engine, n
         assert np.exp(post.logprobs[step]) == pytest.approx(expected[token], rel=1e-5)
 
 
-def test_greedy_decoding_gives_the_token_all_of_it(paths, tiny_gqa_export):
+@pytest.mark.parametrize("temperature", [0.0, 1e-6])  # the graph decodes both greedily
+def test_greedy_decoding_gives_the_token_all_of_it(paths, tiny_gqa_export, temperature):
     """No candidates needed: the one token greedy decoding leaves has probability 1."""
+    greedy = SamplingParams(temperature=temperature, post_sampling_probs=5)
     with Engine(paths[1], tokenizer=tiny_gqa_export.output, threads=1) as e:
-        done = e.submit(
-            "Hello", SamplingParams(temperature=0, post_sampling_probs=5), max_new_tokens=6,
-            chat=False,
-        ).result(60)  # fmt: skip
+        done = e.submit("Hello", greedy, max_new_tokens=6, chat=False).result(60)
     assert done.logprobs == [0.0] * len(done.token_ids)
     assert done.top_logprobs == [[(t, 0.0)] for t in done.token_ids]
 

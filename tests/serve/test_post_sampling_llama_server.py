@@ -6,6 +6,7 @@ the chat route's ``logprobs`` in the same form."""
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import numpy as np
@@ -35,6 +36,18 @@ def _body(case: dict) -> dict:
             "post_sampling_probs": True, "cache_prompt": False, **case}  # fmt: skip
 
 
+def _events(port: int, path: str, body: dict) -> list[dict]:
+    """A stream's events, as JSON."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    lines = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
+    return [json.loads(line) for line in lines if line != "[DONE]"]
+
+
 @pytest.fixture(scope="module")
 def answers(llama_cpp, fim_export) -> dict[str, tuple[dict, dict]]:
     """Each case's first token, ours (`serve FOLDER --candidates 64`) and llama-server's."""
@@ -49,14 +62,20 @@ def answers(llama_cpp, fim_export) -> dict[str, tuple[dict, dict]]:
         code, data = post(ours.port, "/v1/chat/completions", json.dumps(chat).encode())
         assert code == 200, data
         mine["chat"] = data
-        wide = json.dumps(_body({**OFF, "temperature": 1.0})).encode()  # the whole vocabulary
-        mine["wide"] = post(ours.port, "/completion", wide)
+        wide = _body({**OFF, "temperature": 1.0})  # the filters keep the whole vocabulary
+        mine["wide"] = post(ours.port, "/completion", json.dumps(wide).encode())
+        streamed = {**chat, "stream": True, "top_k": 0, "top_p": 1.0}
+        mine["wide streams"] = [
+            _events(ours.port, "/completion", {**wide, "stream": True}),
+            _events(ours.port, "/v1/chat/completions", streamed),
+        ]
     found = {}
     with LlamaServer(llama_cpp, fim_gguf(llama_cpp)) as server:
         for name, case in CASES.items():
             found[name] = (mine[name], server.post("/completion", _body(case)))
     found["chat"] = (mine["chat"], {})
     found["wide"] = mine["wide"]
+    found["wide streams"] = mine["wide streams"]
     return found
 
 
@@ -108,3 +127,10 @@ def test_a_kept_set_past_the_candidates_is_a_400_naming_the_fix(answers):
     code, data = answers["wide"]
     assert code == 400 and data["error"]["param"] == "post_sampling_probs", data
     assert "past the model's 64 candidates" in data["error"]["message"], data
+
+
+def test_in_a_stream_it_ends_with_that_400s_error(answers):
+    for events in answers["wide streams"]:
+        error = events[-1]["error"]
+        assert (error["code"], error["type"]) == (400, "invalid_request_error"), events[-1]
+        assert error["param"] == "post_sampling_probs", events[-1]
