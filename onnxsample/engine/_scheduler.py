@@ -335,7 +335,7 @@ class Scheduler:
             names = _FIRST if i == 0 else _DRAFTED
             at = (s,) if i == 0 else (s, i - 1)
             token, logprob, tops = int(host[names[0]][at]), host[names[1]][at], None
-            if seq.params.post_sampling_probs is not None:  # no drafts: the graph has candidates
+            if seq.params.post_sampling_probs is not None:  # drafting: greedy (reads no candidates)
                 try:
                     logprob, tops = post_sampling(
                         seq.params, s, host, token, self.state.meta.vocab_size
