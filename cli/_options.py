@@ -153,6 +153,15 @@ ServeCandidates = Annotated[
         min=0,
     ),
 ]
+ServeOutputProbs = Annotated[
+    bool,
+    typer.Option(
+        "--output-probs",
+        help="Compose the model with the whole distribution each token is drawn from instead of "
+        "draft verification, for llama-server's post_sampling_probs with any filters (a little "
+        "more work a step).",
+    ),
+]
 PromptLogprobs = Annotated[
     bool,
     typer.Option(
@@ -333,21 +342,34 @@ def engine_options(
     return {**spec, **graph, "chat_template": chat_template}
 
 
-def preparation(provider: str, spec: dict, attention: str = "gqa", candidates: int = 0) -> dict:
+def preparation(
+    provider: str, spec: dict, attention: str = "gqa", candidates: int = 0, probs: bool = False
+) -> dict:
     """What `prepare` builds for these options: the GPU export for --provider cuda, a static
     chain for --cuda-graph, the exact-attention export for --attention exact, the graph's
-    candidates instead of draft verification for --candidates."""
+    candidates (--candidates) or final distribution (--output-probs) instead of draft
+    verification."""
     from onnxsample.errors import InvalidParameter
 
-    if candidates and spec.get("speculative") is not None:
-        raise InvalidParameter(
-            "--candidates composes the candidates instead of draft verification: drop "
-            "--speculative, or --candidates"
-        )
+    for name, on, what in (
+        ("--candidates", candidates, "the candidates"),
+        ("--output-probs", probs, "the final distribution"),
+    ):
+        if on and spec.get("speculative") is not None:
+            raise InvalidParameter(
+                f"{name} composes {what} instead of draft verification: drop --speculative, "
+                f"or {name}"
+            )
     graph = _captured(provider, spec.get("speculative"), spec.get("cuda_graph"))
+    if probs and graph:
+        raise InvalidParameter(
+            "--output-probs gives the branching chain's final distribution, and CUDA graphs "
+            "replay the static chain: add --no-cuda-graph, or drop --output-probs"
+        )
     return {
         "device": "cuda" if provider == "cuda" else "cpu",
         "static": graph,
         "attention": attention,
         "candidates": candidates,
+        "probs": probs,
     }

@@ -95,6 +95,7 @@ def serve(
     draft_tokens: opt.DraftTokens = None,
     ngram: opt.Ngram = DEFAULT_NGRAM,
     candidates: opt.ServeCandidates = 0,
+    output_probs: opt.ServeOutputProbs = False,
     replicas: Annotated[
         int | None,
         typer.Option(
@@ -176,7 +177,7 @@ def serve(
     spec = opt.engine_options(
         speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
     )
-    how = opt.preparation(provider, spec, attention, candidates)
+    how = opt.preparation(provider, spec, attention, candidates, output_probs)
     if replicas is not None or ray_address is not None or min_replicas is not None:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,

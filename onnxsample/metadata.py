@@ -120,6 +120,13 @@ class ComposedMetadata:
     source: str = ""
     versions: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def final_probs(self) -> bool:
+        """Whether ``sampler.probs`` is the distribution each slot's token was drawn from: a
+        branching chain's (a static chain draws its rows past its candidates again on the host,
+        which that output does not follow)."""
+        return self.output_probs and not self.static
+
     def to_props(self) -> dict[str, str]:
         """The ``onnxsample.*`` metadata entries, as strings."""
         props: dict[str, str] = {}

@@ -58,7 +58,12 @@ def _composed(path: Path) -> ComposedMetadata | None:
 
 
 def _up_to_date(
-    composed: Path, model: Path, slots: int, static: bool = False, candidates: int = 0
+    composed: Path,
+    model: Path,
+    slots: int,
+    static: bool = False,
+    candidates: int = 0,
+    probs: bool = False,
 ) -> bool:
     if not composed.is_file():
         return False
@@ -72,6 +77,7 @@ def _up_to_date(
         and meta.max_slots == slots
         and meta.static == static
         and meta.output_candidates == candidates
+        and meta.output_probs == probs
     )
 
 
@@ -84,6 +90,7 @@ def prepare(
     static: bool = False,
     attention: str = "gqa",
     candidates: int = 0,
+    probs: bool = False,
 ) -> Path:
     """The composed model to run for `model`, exporting and composing it first when needed.
 
@@ -93,7 +100,9 @@ def prepare(
     apart: ``composed-s16.onnx``); `static` composes the chain without control flow and without
     draft verification (``composed-static.onnx``); `candidates` K > 0 composes the graph's K
     candidates instead of draft verification, for host samplers such as llama.cpp's infill
-    sampler (``composed-c64.onnx``). `device` ``cuda`` exports the embedded model, a
+    sampler (``composed-c64.onnx``); `probs` composes the final distribution each token is drawn
+    from (``sampler.probs``) instead of draft verification, for llama-server's
+    ``post_sampling_probs`` (``composed-p.onnx``). `device` ``cuda`` exports the embedded model, a
     .gguf file or a Hugging Face folder for the GPU (fp16); `attention` ``exact`` exports them with
     exact attention (speculative decoding and echo then give exactly what one-token steps give;
     see ``onnxsample export --attention``)."""
@@ -106,6 +115,8 @@ def prepare(
         raise InvalidParameter(f"attention must be gqa or exact, got {attention!r}")
     if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 0:
         raise InvalidParameter(f"candidates must be an integer >= 0, got {candidates!r}")
+    if not isinstance(probs, bool):
+        raise InvalidParameter(f"probs must be a boolean, got {probs!r}")
     source = model is not None and _is_source(Path(model).expanduser())
     if attention == "exact" and model is not None and not source:
         raise InvalidParameter(
@@ -117,6 +128,7 @@ def prepare(
         ("-static" if static else "")
         + ("" if slots == RUN_COMPOSE_OPTIONS["max_slots"] else f"-s{slots}")
         + (f"-c{candidates}" if candidates else "")
+        + ("-p" if probs else "")
     )
     if model is None:
         from onnxsample.exporters._options import export_name
@@ -139,31 +151,38 @@ def prepare(
             if path.suffix != ".onnx":
                 raise ModelError(f"{path} is not an .onnx file, a .gguf file or an export folder")
             if _composed(path) is not None:
-                return _checked(path, candidates)
+                return _checked(path, candidates, probs)
             folder = path.parent
             if path.name != "model.onnx":
                 target = path.with_name(f"{path.stem}.composed{suffix}.onnx")
-                if _up_to_date(target, path, slots, static, candidates):
+                if _up_to_date(target, path, slots, static, candidates, probs):
                     return target
-                return _compose(path, target, progress, slots, static, candidates)
+                return _compose(path, target, progress, slots, static, candidates, probs)
         elif path.is_dir():
             folder = path
         else:
             raise ModelError(f"no such model file or folder: {path}")
     target = folder / f"composed{suffix}.onnx"
-    if _up_to_date(target, folder / "model.onnx", slots, static, candidates):
+    if _up_to_date(target, folder / "model.onnx", slots, static, candidates, probs):
         log.info("using %s", target)
         return target
-    return _compose(folder, target, progress, slots, static, candidates)
+    return _compose(folder, target, progress, slots, static, candidates, probs)
 
 
-def _checked(composed: Path, candidates: int) -> Path:
-    """A composed file runs as it is: asked for candidates, it must have them."""
-    have = _composed(composed).output_candidates
+def _checked(composed: Path, candidates: int, probs: bool = False) -> Path:
+    """A composed file runs as it is: asked for candidates or the final distribution, it must
+    have them."""
+    meta = _composed(composed)
+    have = meta.output_candidates
     if candidates and have < candidates:
         raise InvalidParameter(
             f"{composed} was composed with {have} candidates, not {candidates}: serve its export "
             f"folder, or compose it again with --candidates {candidates} --draft-tokens 0"
+        )
+    if probs and not meta.final_probs:
+        raise InvalidParameter(
+            f"{composed} was not composed with the final distribution of a branching chain: "
+            "serve its export folder, or compose it again with --output-probs --draft-tokens 0"
         )
     return composed
 
@@ -206,7 +225,13 @@ def _export_cached(source: Path | None, folder: Path, progress, options: dict) -
 
 
 def _compose(
-    source: Path, target: Path, progress, slots: int, static: bool = False, candidates: int = 0
+    source: Path,
+    target: Path,
+    progress,
+    slots: int,
+    static: bool = False,
+    candidates: int = 0,
+    probs: bool = False,
 ) -> Path:
     from onnxsample.composer import compose  # onnxscript: only when a graph is built
 
@@ -215,4 +240,6 @@ def _compose(
         options.update(static=True, draft_tokens=0)
     if candidates:  # the candidates describe one position per slot: no draft verification
         options.update(output_candidates=candidates, draft_tokens=0)
+    if probs:  # likewise: the distribution of one position per slot
+        options.update(output_probs=True, draft_tokens=0)
     return compose(source, None, target, progress=progress, **options)

@@ -26,6 +26,7 @@ from onnxsample.engine._allowed import ALLOWED, DRAFT_ALLOWED, AllowedTokens
 from onnxsample.engine._fallback import FALLBACK_FLAGS, FALLBACK_ROWS, HostFallback
 from onnxsample.engine._graphs import UNCAPTURED, CapturedDecode, run_options
 from onnxsample.engine._layout import Call
+from onnxsample.engine._post_sampling import PROBS
 from onnxsample.engine._row_copy import runs
 from onnxsample.engine._slots import (
     COUNTS_OUT,
@@ -49,6 +50,7 @@ HOST_OUTPUTS = (
     "sampler.draft_top_logprobs",
     "sampler.candidate_ids",
     "sampler.candidate_logits",
+    PROBS,
     FALLBACK_FLAGS,
 )
 DRAFT_TOKENS, DRAFT_UNIFORM = "sampler.draft_tokens", "sampler.draft_uniform"
@@ -90,6 +92,8 @@ class Runner:
             )
         self.host: dict[str, np.ndarray] = {}
         for out in session.get_outputs():
+            if out.name == PROBS and not meta.final_probs:
+                continue  # a static chain's: read by nothing here
             if out.name in HOST_OUTPUTS:
                 shape = list(out.shape)
                 if slots.bucketed:  # the symbolic slot dimension: S rows on the host

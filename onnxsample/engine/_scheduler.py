@@ -337,9 +337,7 @@ class Scheduler:
             token, logprob, tops = int(host[names[0]][at]), host[names[1]][at], None
             if seq.params.post_sampling_probs is not None:  # drafting: greedy (reads no candidates)
                 try:
-                    logprob, tops = post_sampling(
-                        seq.params, s, host, token, self.state.meta.vocab_size
-                    )
+                    logprob, tops = post_sampling(seq.params, s, host, token, self.state.meta)
                 except InvalidParameter as exc:
                     self._fail(seq, exc)
                     return

@@ -110,11 +110,13 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
             "(onnxsample compose --candidates K)"
         )
     k, post = meta.output_candidates, params.post_sampling_probs
-    if post is not None and params.temperature >= GREEDY_BELOW and (not k or post > k):
+    drawing = post is not None and params.temperature >= GREEDY_BELOW
+    if drawing and not meta.final_probs and (not k or post > k):
         raise InvalidParameter(
-            f"post_sampling_probs={post} needs a model composed with at least {max(post, 1)} "
-            f"candidates (this one: {k}; onnxsample compose --candidates K, or serve "
-            "--candidates K): the final distribution is read from them"
+            f"post_sampling_probs={post} needs a model composed with the final distribution "
+            f"(onnxsample compose --output-probs) or at least {max(post, 1)} candidates (this "
+            f"one: {k}; onnxsample compose --candidates K, or serve --candidates K): it is read "
+            "from them"
         )
     if params.prompt_logprobs is not None and not meta.prompt_logprobs:
         raise InvalidParameter(

@@ -212,7 +212,7 @@ def create_app(
         top = body.top_logprobs or 0
         if top and not body.logprobs:
             raise InvalidParameter("top_logprobs needs logprobs=true")
-        bound = post_sampling_bound(body, e.meta.output_candidates) if post_sampling else None
+        bound = post_sampling_bound(body, e.meta) if post_sampling else None
         if post_sampling and (top < 0 or (bound is not None and top > bound)):
             within = ">= 0" if bound is None else f"in [0, {bound}] (the model's candidates)"
             raise InvalidParameter(f"top_logprobs must be {within}, got {top}")

@@ -127,12 +127,15 @@ def take_post_sampling(extra: dict[str, Any]) -> bool:
     return bool(value)
 
 
-def post_sampling_bound(body: Any, candidates: int) -> int | None:
-    """How many probabilities a ``post_sampling_probs`` request may ask for: the model's
-    candidates, where it draws and the model has them (greedy decoding needs none; a model
-    without them is refused by the engine, naming the field)."""
+def post_sampling_bound(body: Any, meta: Any) -> int | None:
+    """How many probabilities a ``post_sampling_probs`` request may ask for: the candidates of
+    the model `meta` describes, where it draws and the model has them but not the whole final
+    distribution (greedy decoding needs neither; a model with neither is refused by the engine,
+    naming the field)."""
     greedy = body.temperature is not None and body.temperature < GREEDY_BELOW
-    return None if greedy or not candidates else candidates
+    if greedy or meta.final_probs or not meta.output_candidates:
+        return None
+    return meta.output_candidates
 
 
 def _misordered(listed: list[str], on: dict[str, Any], order: tuple[str, ...]) -> tuple | None:

@@ -97,7 +97,7 @@ def add_native_routes(
         post_sampling = post_sampling and n_probs > 0  # llama-server's: only with n_probs
         bound = e.meta.top_logprobs
         if post_sampling:
-            bound = post_sampling_bound(body, e.meta.output_candidates)
+            bound = post_sampling_bound(body, e.meta)
         if n_probs < 0 or (bound is not None and n_probs > bound):
             within = ">= 0" if bound is None else f"in [0, {bound}]"
             raise APIError(400, f"n_probs must be {within}, got {n_probs}", param="n_probs")

@@ -118,7 +118,29 @@ ERROR_CASES = {
         lambda t: ["serve", "--candidates", "64", "--speculative", "ngram"],
         "--candidates composes the candidates instead of draft verification",
     ),
+    "final distribution with drafts": (
+        lambda t: ["serve", "--output-probs", "--speculative", "ngram"],
+        "--output-probs composes the final distribution instead of draft verification",
+    ),
 }
+
+
+@pytest.mark.parametrize(
+    ("provider", "cuda_graph", "refused"),
+    [("cuda", None, True), ("cuda", True, True), ("cuda", False, False), ("cpu", None, False)],
+)
+def test_the_final_distribution_is_a_branching_chains(provider, cuda_graph, refused):
+    """`serve --output-probs` reads the branching chain's distribution: a CUDA graph's static
+    chain (the default on the GPU) is refused by name before anything is prepared."""
+    from onnxsample.cli._options import preparation
+    from onnxsample.errors import InvalidParameter
+
+    spec = {"speculative": None, "cuda_graph": cuda_graph}
+    if refused:
+        with pytest.raises(InvalidParameter, match="add --no-cuda-graph, or drop --output-probs"):
+            preparation(provider, spec, probs=True)
+    else:
+        assert preparation(provider, spec, probs=True)["probs"] is True
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))

@@ -345,6 +345,35 @@ def test_prepare_composes_candidates_instead_of_drafts_beside_the_plain_composit
         prepare(plain, candidates=8)
 
 
+def test_prepare_composes_the_final_distribution_apart(tiny_export, tmp_path):
+    """`serve --output-probs`: sampler.probs (llama-server's post_sampling_probs over any kept
+    set) instead of draft verification, kept apart from the plain composition."""
+    import shutil
+
+    import onnx
+
+    from onnxsample.composer import composed_metadata
+    from onnxsample.prepare import prepare
+
+    def meta(path):
+        return composed_metadata(onnx.load(str(path), load_external_data=False))
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export.output, folder)
+    composed = prepare(folder, probs=True)
+    assert composed == folder / "composed-p.onnx"
+    assert (meta(composed).output_probs, meta(composed).draft_tokens) == (True, 0)
+    written = composed.stat().st_mtime_ns
+    assert prepare(folder, probs=True).stat().st_mtime_ns == written
+    assert prepare(composed, probs=True) == composed  # a composed file with them runs as it is
+    plain = prepare(folder)
+    assert plain == folder / "composed.onnx" and not meta(plain).output_probs
+    with pytest.raises(InvalidParameter, match="not composed with the final distribution"):
+        prepare(plain, probs=True)
+    with pytest.raises(InvalidParameter, match="probs must be a boolean, got 1"):
+        prepare(folder, probs=1)
+
+
 @pytest.mark.parametrize("candidates", [-1, True, 2.0])
 def test_prepare_refuses_candidates_that_are_not_a_count(candidates, tmp_path):
     from onnxsample.prepare import prepare

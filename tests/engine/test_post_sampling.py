@@ -128,7 +128,12 @@ def test_invalid_requests_are_refused(params, message):
 @pytest.mark.parametrize(
     ("which", "n", "message"),
     [
-        (1, 2, r"post_sampling_probs=2 needs a model composed with at least 2 candidates"),
+        (
+            1,
+            2,
+            r"post_sampling_probs=2 needs a model composed with the final distribution "
+            r"\(onnxsample compose --output-probs\) or at least 2 candidates",
+        ),
         (0, K + 1, rf"at least {K + 1} candidates \(this one: {K}"),
     ],
 )
@@ -142,3 +147,94 @@ def _with(p: SamplingParams, **changes) -> SamplingParams:
     from dataclasses import replace
 
     return replace(p, **changes)
+
+
+# ---- the whole final distribution (compose --output-probs): any kept set ----------------------
+
+WIDE = {  # no top-k: kept sets of hundreds or thousands of tokens, past any candidates
+    "top_p": SamplingParams(temperature=0.9, top_p=0.9, seed=5),
+    "min_p": SamplingParams(temperature=1.2, min_p=0.02, seed=6),
+    "top_p, min_p, top_k": SamplingParams(top_k=300, top_p=0.95, min_p=0.01, seed=7),
+    "no cut": SamplingParams(temperature=0.8, seed=9),
+}
+
+
+@pytest.fixture(scope="module")
+def probs_paths(tiny_gqa_export, tmp_path_factory):
+    """The tiny model composed with sampler.probs, and with as many candidates as its vocabulary
+    (where the candidates always show the whole kept set): the two sources, one chain."""
+    folder = tmp_path_factory.mktemp("post-probs")
+    common = {"max_slots": 4, "top_logprobs": K}
+    probs = compose(tiny_gqa_export.output, None, folder / "probs.onnx", output_probs=True,
+                    **common)  # fmt: skip
+    vocab = compose(tiny_gqa_export.output, None, folder / "vocab.onnx",
+                    output_candidates=49152, **common)  # fmt: skip
+    return probs, vocab
+
+
+@pytest.fixture(scope="module")
+def probs_engine(probs_paths, tiny_gqa_export):
+    with Engine(probs_paths[0], tokenizer=tiny_gqa_export.output, threads=1) as e:
+        yield e
+
+
+@pytest.mark.parametrize("name", list(WIDE))
+def test_the_whole_distribution_gives_the_reference_chains_first_step(
+    probs_engine, tiny_gqa_export, name
+):
+    """The first token's distribution, against the reference chain over the model's whole row
+    (its prefill logits, computed apart)."""
+    from tests._family_models import export_logits
+
+    p = _with(WIDE[name], post_sampling_probs=20)
+    done = probs_engine.submit("Once upon", p, max_new_tokens=1, chat=False).result(60)
+    ids = done.prompt_token_ids
+    row = export_logits(tiny_gqa_export.output / "model.onnx", ids)[-1:].astype(F32)
+    z = ref.temperature(row, np.array([p.temperature], F32))
+    z = ref.top_k(z, np.array([p.top_k]))
+    z = ref.top_p(z, np.array([p.top_p], F32))
+    z = ref.min_p(z, np.array([p.min_p], F32))
+    expected = ref.softmax(z)[0]
+    kept = np.flatnonzero(expected > 0)
+    assert kept.size > K  # past what the candidates of the model above would show
+    tops = done.top_logprobs[0]
+    assert [t for t, _ in tops] == list(kept[np.lexsort((kept, -expected[kept]))][:20])
+    for t, v in tops:
+        assert np.exp(v) == pytest.approx(expected[t], rel=1e-4), t
+    token = done.token_ids[0]
+    assert np.exp(done.logprobs[0]) == pytest.approx(expected[token], rel=1e-4)
+
+
+@pytest.mark.parametrize("name", list(WIDE))
+def test_the_whole_distribution_agrees_with_candidates_that_show_every_token(
+    probs_engine, probs_paths, tiny_gqa_export, name
+):
+    """Step after step, the same draws and the same probabilities as candidates as many as the
+    vocabulary (computed on the host as llama.cpp's dist sampler computes them)."""
+    p = _with(WIDE[name], post_sampling_probs=12)
+    mine = probs_engine.submit("The weather", p, max_new_tokens=8, chat=False).result(60)
+    with Engine(probs_paths[1], tokenizer=tiny_gqa_export.output, threads=1) as e:
+        theirs = e.submit("The weather", p, max_new_tokens=8, chat=False).result(60)
+    assert mine.token_ids == theirs.token_ids
+    for step, (a, b) in enumerate(zip(mine.top_logprobs, theirs.top_logprobs, strict=True)):
+        assert [t for t, _ in a] == [t for t, _ in b], step
+        np.testing.assert_allclose([v for _, v in a], [v for _, v in b], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mine.logprobs, theirs.logprobs, rtol=1e-5, atol=1e-6)
+
+
+def test_the_whole_distribution_in_a_batch_gives_each_row_what_it_gets_alone(probs_engine):
+    requests = [
+        ("Once upon", _with(WIDE["top_p"], post_sampling_probs=5)),
+        ("The weather", SamplingParams(temperature=0, post_sampling_probs=2)),
+        ("Hello", SamplingParams(temperature=0.9, seed=8, top_logprobs=2)),
+        ("Pick:", _with(WIDE["no cut"], post_sampling_probs=K)),
+    ]
+    together = [probs_engine.submit(t, p, max_new_tokens=6, chat=False) for t, p in requests]
+    together = [r.result(60) for r in together]
+    for (text, p), done in zip(requests, together, strict=True):
+        alone = probs_engine.submit(text, p, max_new_tokens=6, chat=False).result(60)
+        assert (alone.token_ids, alone.logprobs, alone.top_logprobs) == (
+            done.token_ids,
+            done.logprobs,
+            done.top_logprobs,
+        ), text

@@ -31,6 +31,14 @@ CASES = {
 }
 
 
+# no top-k: kept sets past any candidates, read from a model composed with sampler.probs
+WIDE = {
+    "top_p, no top_k": {**OFF, "top_p": 0.9, "temperature": 0.9},
+    "min_p, no top_k": {**OFF, "min_p": 0.01, "temperature": 1.2},
+    "no cut": {**OFF, "temperature": 1.0},
+}
+
+
 def _body(case: dict) -> dict:
     return {"prompt": PROMPT, "n_predict": 1, "seed": 5, "samplers": ORDER, "n_probs": N_PROBS,
             "post_sampling_probs": True, "cache_prompt": False, **case}  # fmt: skip
@@ -50,7 +58,8 @@ def _events(port: int, path: str, body: dict) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def answers(llama_cpp, fim_export) -> dict[str, tuple[dict, dict]]:
-    """Each case's first token, ours (`serve FOLDER --candidates 64`) and llama-server's."""
+    """Each case's first token, ours (`serve FOLDER --candidates 64`; the wide ones `serve
+    FOLDER --output-probs`) and llama-server's."""
     mine = {}
     with served(fim_export, "--threads", "1", "--candidates", "64", "--max-slots", "2") as ours:
         for name, case in CASES.items():
@@ -69,9 +78,14 @@ def answers(llama_cpp, fim_export) -> dict[str, tuple[dict, dict]]:
             _events(ours.port, "/completion", {**wide, "stream": True}),
             _events(ours.port, "/v1/chat/completions", streamed),
         ]
+    with served(fim_export, "--threads", "1", "--output-probs", "--max-slots", "2") as ours:
+        for name, case in WIDE.items():
+            code, data = post(ours.port, "/completion", json.dumps(_body(case)).encode())
+            assert code == 200, (name, data)
+            mine[name] = data
     found = {}
     with LlamaServer(llama_cpp, fim_gguf(llama_cpp)) as server:
-        for name, case in CASES.items():
+        for name, case in {**CASES, **WIDE}.items():
             found[name] = (mine[name], server.post("/completion", _body(case)))
     found["chat"] = (mine["chat"], {})
     found["wide"] = mine["wide"]
@@ -110,6 +124,29 @@ def test_the_kept_distribution_is_llama_servers(answers, name):
         them = {t: them[t] / shared[1] for t in short}
     for t in ours:
         assert abs(np.log(ours[t]) - np.log(them[t])) < TOL, (name, t, ours, them)
+
+
+@pytest.mark.parametrize("name", list(WIDE))
+def test_any_kept_set_is_llama_servers_with_the_whole_distribution(answers, name):
+    """Kept sets of many tokens: the N_PROBS most likely are llama-server's (the last one or two
+    may trade places with the next across the two sides' logits), each within TOL in log space,
+    normalised over the whole kept set."""
+    mine, theirs = answers[name]
+    (entry,) = mine["completion_probabilities"]
+    (their,) = theirs["completion_probabilities"]
+    assert list(entry) == list(their) == ["id", "token", "bytes", "prob", "top_probs"]
+    ours = {t["id"]: t["prob"] for t in entry["top_probs"]}
+    them = {t["id"]: t["prob"] for t in their["top_probs"]}
+    assert len(ours) == len(them) == N_PROBS
+    assert sum(ours.values()) < 1 - 1e-3  # the kept set is past the tokens listed
+    assert list(ours.values()) == sorted(ours.values(), reverse=True)
+    assert list(ours)[:2] == list(them)[:2], (ours, them)
+    shared = ours.keys() & them.keys()
+    assert len(shared) >= N_PROBS - 2, (ours, them)
+    for t in shared:
+        assert abs(np.log(ours[t]) - np.log(them[t])) < TOL, (name, t, ours, them)
+    if entry["id"] in ours:
+        assert entry["prob"] == ours[entry["id"]]
 
 
 def test_the_chat_routes_logprobs_take_llama_servers_form(answers):
