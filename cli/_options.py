@@ -317,10 +317,12 @@ def engine_options(
     speculative decoding, the CUDA-graph mode (None: on for --provider cuda without
     --speculative) and its row buckets, a CUDA provider that is there, and the chat template's
     text (read from its file) that parses."""
+    from onnxsample.engine._drafter import check_method
     from onnxsample.engine._session import require_provider
     from onnxsample.errors import InvalidParameter
     from onnxsample.text import read_chat_template
 
+    check_method(speculative)
     require_provider(provider)
     if chat_template is not None:
         chat_template = read_chat_template(chat_template)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,7 @@ import typer
 from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import PREPARE_LABELS, err, stages
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK
-from onnxsample.errors import OnnxSampleError, RuntimeUnavailable
+from onnxsample.errors import InvalidParameter, OnnxSampleError, RuntimeUnavailable
 
 _RAY = "Ray Serve replicas"
 
@@ -193,8 +194,12 @@ def serve(
     from onnxsample.engine import Engine
 
     hosts = hosts_for(host, allowed_hosts or ())
-
-    composed, name = _prepared(model, max_slots, served_model_name, how)
+    listening = _listen(host, port)  # before the model: a port in use fails at once
+    try:
+        composed, name = _prepared(model, max_slots, served_model_name, how)
+    except BaseException:
+        listening.close()
+        raise
 
     def load() -> Engine:
         return Engine(
@@ -231,7 +236,7 @@ def serve(
     config.app = create_app(load, settings, on_load_error=on_load_error)
     logging.getLogger("onnxsample").setLevel(logging.INFO)
     _announce(name, composed, host, port, api_key)
-    server.run()
+    server.run(sockets=[listening])
     if failed:
         exc = failed[0]
         raise exc if isinstance(exc, OnnxSampleError) else OnnxSampleError(str(exc))
@@ -296,6 +301,23 @@ def _prepared(model: Path | None, max_slots: int | None, served_name: str | None
     with stages(PREPARE_LABELS) as progress:
         composed = prepare(model, progress=progress, max_slots=max_slots, **how).resolve()
     return composed, served_name or composed.parent.name
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port`, as uvicorn binds one (IPv6 where the host is an IPv6
+    address), for the server to listen on."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise InvalidParameter(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} (--host, --port)"
+        ) from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _announce(

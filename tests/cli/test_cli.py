@@ -118,6 +118,10 @@ ERROR_CASES = {
         lambda t: ["serve", "--candidates", "64", "--speculative", "ngram"],
         "--candidates composes the candidates instead of draft verification",
     ),
+    "unknown speculative method": (
+        lambda t: ["serve", "--speculative", "foo"],
+        "speculative must be 'ngram' (None: off), got 'foo'",
+    ),
     "final distribution with drafts": (
         lambda t: ["serve", "--output-probs", "--speculative", "ngram"],
         "--output-probs composes the final distribution instead of draft verification",
@@ -141,6 +145,21 @@ def test_the_final_distribution_is_a_branching_chains(provider, cuda_graph, refu
             preparation(provider, spec, probs=True)
     else:
         assert preparation(provider, spec, probs=True)["probs"] is True
+
+
+def test_serve_on_a_port_in_use_is_one_line_before_anything_is_prepared(tmp_path, capsys):
+    """No banner, no model prepared, no uvicorn log: the port is taken at once, or refused."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out, err = run_cli(capsys, "serve", str(tmp_path / "none.gguf"), "--port", str(port))
+    assert code == 1 and "Traceback" not in err + out
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use "
+                     "(--host, --port)"]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
