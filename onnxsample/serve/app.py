@@ -44,8 +44,6 @@ from onnxsample.serve.props import server_props
 from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
 )
 from onnxsample.serve.streaming import (
     Job,
@@ -56,7 +54,6 @@ from onnxsample.serve.streaming import (
     reporting,
     sse,
 )
-from onnxsample.serve.tokenize import applied_template, tokenized
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
 
@@ -340,26 +337,6 @@ def create_app(
     add_native_routes(
         app, engine, check_model, settings.served_model_name, metrics, lambda: state.stopping
     )
-
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest) -> dict:
-        e = engine()
-        return await asyncio.to_thread(tokenized, e.tokenizer, body, e.limit)
-
-    @app.post("/apply-template")
-    async def apply_template(body: ChatRequest) -> dict:
-        e = engine()
-        check_model(body.model)
-        return await asyncio.to_thread(applied_template, e.tokenizer, body)
-
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest) -> dict:
-        e = engine()
-        bad = [t for t in body.tokens if not 0 <= t < e.vocab_size]
-        if bad:
-            raise InvalidParameter(f"tokens must be in [0, {e.vocab_size}), got {bad[0]}")
-        text = await asyncio.to_thread(e.tokenizer.decode, body.tokens)
-        return {"prompt": text, "content": text}
 
     return app
 

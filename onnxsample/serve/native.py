@@ -1,5 +1,7 @@
-"""llama-server's own completion endpoints, ``POST /completion`` (and ``/completions``) and
-``POST /infill`` (code infill: :mod:`~onnxsample.serve.infill` builds its prompt).
+"""llama-server's own endpoints: completions, ``POST /completion`` (and ``/completions``) and
+``POST /infill`` (code infill: :mod:`~onnxsample.serve.infill` builds its prompt), and the
+prompt's tools, ``POST /tokenize``, ``/detokenize`` and ``/apply-template``
+(:mod:`~onnxsample.serve.tokenize`).
 
 The request is llama-server's: ``prompt`` (text, token ids, or several prompts), ``n_predict`` (-1
 or absent: until the end of the sequence or the context; 0 samples one token, as llama-server's),
@@ -22,8 +24,8 @@ with ``stop`` true, and no ``[DONE]``; with ``timings_per_token`` every event ha
 ``timings`` so far, and with ``return_progress`` events without a token say how far the prompt
 is (``prompt_progress``), as on llama-server; an error after the status line is an ``error``
 event. As on llama-server, a token that leaves a UTF-8 character unfinished has no event and no
-``completion_probabilities`` entry: the next token's entry carries its bytes. The body is read as
-JSON whatever its content type, as llama-server reads it.
+``completion_probabilities`` entry: the next token's entry carries its bytes. Every route reads
+its body as JSON whatever its content type, as llama-server reads it (curl's ``-d`` says a form).
 """
 
 from __future__ import annotations
@@ -31,13 +33,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from onnxsample.engine import Engine
+from onnxsample.errors import InvalidParameter
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.infill import infill_body, with_infill_sampler
@@ -50,11 +53,19 @@ from onnxsample.serve.llama_fields import (
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.native_answer import Answer, Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
-from onnxsample.serve.schemas import CompletionRequest
+from onnxsample.serve.schemas import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
 from onnxsample.serve.streaming import collect, enqueue, reporting, sse
+from onnxsample.serve.tokenize import applied_template, tokenized
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["add_native_routes"]
+
+_Body = TypeVar("_Body", bound=BaseModel)
 
 
 def add_native_routes(
@@ -65,8 +76,9 @@ def add_native_routes(
     metrics: Metrics,
     stopping: Callable[[], bool],
 ) -> None:
-    """``POST /completion``, ``/completions`` and ``/infill`` on `app`, over the engine `engine()`
-    serves; their answers are :class:`~onnxsample.serve.native_answer.Answer`'s."""
+    """``POST /completion``, ``/completions``, ``/infill``, ``/tokenize``, ``/detokenize`` and
+    ``/apply-template`` on `app`, over the engine `engine()` serves; the completions' answers are
+    :class:`~onnxsample.serve.native_answer.Answer`'s."""
 
     async def answer(request: Request, data: Any, e: Engine):
         if isinstance(data, dict) and isinstance(data.get("logit_bias"), (list, dict)):
@@ -147,6 +159,26 @@ def add_native_routes(
         app.post(path)(completion)
     app.post("/infill")(infill)
 
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        body, e = _read(await request.body(), TokenizeRequest), engine()
+        return await asyncio.to_thread(tokenized, e.tokenizer, body, e.limit)
+
+    @app.post("/apply-template")
+    async def apply_template(request: Request) -> dict:
+        body, e = _read(await request.body(), ChatRequest), engine()
+        check_model(body.model)
+        return await asyncio.to_thread(applied_template, e.tokenizer, body)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        body, e = _read(await request.body(), DetokenizeRequest), engine()
+        bad = [t for t in body.tokens if not 0 <= t < e.vocab_size]
+        if bad:
+            raise InvalidParameter(f"tokens must be in [0, {e.vocab_size}), got {bad[0]}")
+        text = await asyncio.to_thread(e.tokenizer.decode, body.tokens)
+        return {"prompt": text, "content": text}
+
 
 def _json(raw: bytes) -> Any:
     """The body, read as JSON whatever its content type says, as llama-server reads it (curl
@@ -157,9 +189,14 @@ def _json(raw: bytes) -> Any:
         raise APIError(400, f"the body is not JSON: {exc}") from None
 
 
-def _validated(data: Any) -> CompletionRequest:
+def _read(raw: bytes, model: type[_Body]) -> _Body:
+    """The body as `model`, read as JSON whatever its content type says (:func:`_json`)."""
+    return _validated(_json(raw), model)
+
+
+def _validated(data: Any, model: type[_Body] = CompletionRequest) -> _Body:
     try:
-        return CompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
 

@@ -115,6 +115,10 @@ _TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
         "this route's logprobs are OpenAI's lists: use /completion or a chat",
     ),
 }
+# OpenAI's /v1/completions alone (llama-server's /completion has no such field and ignores it)
+_OPENAI_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "suffix": (_absent, "fill-in-the-middle is /infill's, with input_prefix and input_suffix"),
+}
 # llama-server's own /completion: what it adds to its answer, or stops on, that this one does not.
 _NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "verbose": (_is(False), "the answer has llama-server's fields only"),
@@ -125,7 +129,7 @@ _TOKENIZE: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 _TABLES = {
     "chat": {**_BOTH, **_CHAT},
-    "completion": {**_BOTH, **_TEXT_COMPLETION},
+    "completion": {**_BOTH, **_TEXT_COMPLETION, **_OPENAI_TEXT},
     "native": {**_BOTH, **_TEXT_COMPLETION, **_NATIVE},
     "tokenize": _TOKENIZE,
     # /apply-template writes the prompt's text: only what changes that text counts

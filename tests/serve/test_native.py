@@ -60,6 +60,26 @@ def test_an_answer_has_llama_servers_fields(port):
     assert code == 200 and plain["content"] == whole["content"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/tokenize", {"content": "Hello world"}),
+        ("/detokenize", {"tokens": [1, 2, 3]}),
+        ("/apply-template", {"messages": [{"role": "user", "content": "Hi"}]}),
+        ("/infill", {"input_prefix": "def f(", "input_suffix": ")", "n_predict": 2}),
+    ],
+)
+def test_every_llama_server_route_reads_json_whatever_the_content_type(port, path, body):
+    """curl -d sends a form's content type; llama-server reads every body as JSON."""
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    code, plain = post(port, path, json.dumps(body).encode(), form)
+    code_json, typed = post(port, path, json.dumps(body).encode())
+    assert (code, plain) == (code_json, typed), plain
+    assert code == (501 if path == "/infill" else 200), plain  # the tiny model has no FIM tokens
+    code, data = post(port, path, b"{not json", form)
+    assert code == 400 and "the body is not JSON" in data["error"]["message"], data
+
+
 def test_a_stream_adds_up_to_the_whole_answer(port):
     body = {"prompt": "Once upon a time", "n_predict": 8, "temperature": 0.8, "seed": 11}
     whole = complete(port, {**body, "return_tokens": True})

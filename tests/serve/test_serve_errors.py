@@ -370,7 +370,11 @@ PEER_FIELDS = [
     ("adaptive_target", 0.5, -1),
 ]
 # /v1/completions' own: its prompt's special tokens, and logprobs in OpenAI's lists only.
-COMPLETION_FIELDS = [("add_special_tokens", False, True), ("post_sampling_probs", True, False)]
+COMPLETION_FIELDS = [
+    ("add_special_tokens", False, True),
+    ("post_sampling_probs", True, False),
+    ("suffix", "return x", None),
+]
 CHAT_FIELDS = [
     ("add_generation_prompt", False, True),
     ("continue_final_message", True, False),
@@ -422,7 +426,7 @@ def test_the_peers_fields_at_their_neutral_values_are_accepted(port):
     changes nothing, so it passes, as do fields this server does not know."""
     neutral = {f: n for f, _, n in PEER_FIELDS} | {"store": False, "metadata": {"k": "v"}}
     chat = {"messages": CHAT, **neutral, **{f: n for f, _, n in CHAT_FIELDS}}
-    text = {"prompt": "Hi", **neutral, "add_special_tokens": True}
+    text = {"prompt": "Hi", **neutral, **{f: n for f, _, n in COMPLETION_FIELDS}}
     for path, body in (("/v1/chat/completions", chat), ("/v1/completions", text)):
         code, data = post(port, path, json.dumps({**body, "max_tokens": 2}).encode())
         assert code == 200, data
