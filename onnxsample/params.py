@@ -121,8 +121,8 @@ class SamplingParams:
             )
         for token, value in self.logit_bias.items():
             if not _is_int(token) or token < 0 or (vocab_size is not None and token >= vocab_size):
-                bound = f"[0, {vocab_size})" if vocab_size is not None else ">= 0"
-                raise InvalidParameter(f"logit_bias token id must be in {bound}, got {token!r}")
+                bound = f"in [0, {vocab_size})" if vocab_size is not None else "an integer >= 0"
+                raise InvalidParameter(f"logit_bias token id must be {bound}, got {token!r}")
             _check_range(f"logit_bias[{token}]", value, -100.0, 100.0, "in [-100, 100]")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
             raise InvalidParameter(f"seed must be an integer in [0, 2**64), got {self.seed!r}")

@@ -67,6 +67,11 @@ class Requests:
                 f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
             )
         check_params(self.meta, params)
+        if not open_ended and params.min_tokens > max_new_tokens:
+            raise InvalidParameter(
+                f"min_tokens must be at most the new tokens asked for ({max_new_tokens}), "
+                f"got {params.min_tokens}"
+            )
         early = self.early_params(params)
         stops = stop_strings(stop)
         ids = prompt_tokens(self.tokenizer, prompt, chat, system, self.meta.vocab_size, self.limit)

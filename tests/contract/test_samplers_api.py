@@ -89,6 +89,10 @@ def test_chain_rejects_bad_names_and_lists_valid_ones(spec, message):
     ],
 )
 def test_validate_rejects_with_vllm_style_message(field, value, message):
+    """Against a vocabulary of 100; without one, a token id's bound is its sign alone."""
+    if field == "logit_bias" and "token id" in message and -1 in value:
+        with pytest.raises(InvalidParameter, match=r"must be an integer >= 0, got -1$"):
+            SamplingParams(**{field: value}).validate()
     with pytest.raises(InvalidParameter) as err:
         SamplingParams(**{field: value}).validate(vocab_size=100)
     assert str(err.value) == message

@@ -27,6 +27,10 @@ from onnxsample.params import SamplingParams
         ({"params": SamplingParams(top_logprobs=5)}, "top_logprobs"),
         ({"params": SamplingParams(prompt_logprobs=4)}, "prompt_logprobs=4 is more than"),
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1, got 0"),
+        (
+            {"params": SamplingParams(min_tokens=5), "max_new_tokens": 2},
+            "min_tokens must be at most the new tokens asked for (2), got 5",
+        ),
         ({"prompt": "word " * 700}, "does not fit the model's context of 512 tokens"),
         ({"prompt": [1, 2, 10**9]}, "token ids must be integers in [0, 49152)"),
         ({"prompt": []}, "the prompt is empty"),

@@ -30,6 +30,7 @@ KEY = "sk-test-key"
         ({"top_logprobs": 3}, "top_logprobs", "top_logprobs needs logprobs=true"),
         ({"n": 0}, "n", "n must be in [1, 32], got 0"),
         ({"extra_body": {"temperature": "hot"}}, "temperature", "temperature"),
+        ({"extra_body": {"min_tokens": 5}}, "min_tokens", "must be at most the new tokens asked"),
     ],
 )
 def test_invalid_values_are_400_naming_the_parameter(client, kwargs, param, message):
