@@ -82,24 +82,6 @@ def test_greedy_decoding_gives_the_token_all_of_it(paths, tiny_gqa_export, tempe
     assert done.top_logprobs == [[(t, 0.0)] for t in done.token_ids]
 
 
-def test_a_batch_gives_each_row_what_it_gets_alone(engine):
-    requests = [
-        ("Once upon", _with(CASES["top_k"], post_sampling_probs=3)),
-        ("The weather", SamplingParams(temperature=0, post_sampling_probs=2)),
-        ("Hello", SamplingParams(temperature=0.9, seed=8, top_logprobs=2)),
-        ("Pick:", _with(CASES["top_k, top_p"], post_sampling_probs=K)),
-    ]
-    together = [engine.submit(t, p, max_new_tokens=8, chat=False) for t, p in requests]
-    together = [r.result(60) for r in together]
-    for (text, p), done in zip(requests, together, strict=True):
-        alone = engine.submit(text, p, max_new_tokens=8, chat=False).result(60)
-        assert (alone.token_ids, alone.logprobs, alone.top_logprobs) == (
-            done.token_ids,
-            done.logprobs,
-            done.top_logprobs,
-        ), text
-
-
 def test_a_kept_set_past_the_candidates_fails_the_request_alone(engine):
     """With no cut, the filters keep the whole vocabulary: the candidates cannot show its
     distribution, and that request fails with a typed error while the other one finishes."""
@@ -222,17 +204,27 @@ def test_the_whole_distribution_agrees_with_candidates_that_show_every_token(
     np.testing.assert_allclose(mine.logprobs, theirs.logprobs, rtol=1e-5, atol=1e-6)
 
 
-def test_the_whole_distribution_in_a_batch_gives_each_row_what_it_gets_alone(probs_engine):
+@pytest.mark.parametrize(
+    ("source", "cases"),
+    [
+        ("engine", (CASES["top_k"], CASES["top_k, top_p"])),
+        ("probs_engine", (WIDE["top_p"], WIDE["no cut"])),
+    ],
+)
+def test_a_batch_gives_each_row_what_it_gets_alone(request, source, cases):
+    """From the candidates and from the whole distribution: the same tokens and probabilities
+    in a mixed batch as alone, bit for bit."""
+    engine = request.getfixturevalue(source)
     requests = [
-        ("Once upon", _with(WIDE["top_p"], post_sampling_probs=5)),
+        ("Once upon", _with(cases[0], post_sampling_probs=3)),
         ("The weather", SamplingParams(temperature=0, post_sampling_probs=2)),
         ("Hello", SamplingParams(temperature=0.9, seed=8, top_logprobs=2)),
-        ("Pick:", _with(WIDE["no cut"], post_sampling_probs=K)),
+        ("Pick:", _with(cases[1], post_sampling_probs=K)),
     ]
-    together = [probs_engine.submit(t, p, max_new_tokens=6, chat=False) for t, p in requests]
+    together = [engine.submit(t, p, max_new_tokens=8, chat=False) for t, p in requests]
     together = [r.result(60) for r in together]
     for (text, p), done in zip(requests, together, strict=True):
-        alone = probs_engine.submit(text, p, max_new_tokens=6, chat=False).result(60)
+        alone = engine.submit(text, p, max_new_tokens=8, chat=False).result(60)
         assert (alone.token_ids, alone.logprobs, alone.top_logprobs) == (
             done.token_ids,
             done.logprobs,
