@@ -322,7 +322,10 @@ def engine_options(
     from onnxsample.errors import InvalidParameter
     from onnxsample.text import read_chat_template
 
-    check_method(speculative)
+    try:
+        check_method(speculative)
+    except InvalidParameter:
+        raise InvalidParameter(f"--speculative must be ngram, got {speculative!r}") from None
     require_provider(provider)
     if chat_template is not None:
         chat_template = read_chat_template(chat_template)

@@ -313,10 +313,10 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
         raise InvalidParameter(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc} (--host, --port)"
+            f"cannot listen on {where}: {exc.strerror or exc} (--host, --port)"
         ) from None
-    sock.set_inheritable(True)
     return sock
 
 

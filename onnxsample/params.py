@@ -74,9 +74,10 @@ class SamplingParams:
     distribution the draw uses, after every filter and at the draw's temperature (llama-server's
     ``post_sampling_probs``): tokens of probability 0 are left out, and greedy decoding gives the
     chosen token alone, at 0. They come as the events' and the completion's logprobs. Unless the
-    temperature is 0, the graph needs at least that many candidates (``onnxsample compose
-    --candidates K``) and the filters must keep fewer than K tokens: a step where they keep K or
-    more fails the request with :class:`InvalidParameter`.
+    temperature is 0, the graph needs the whole final distribution of a branching chain
+    (``onnxsample compose --output-probs``: any filters), or at least that many candidates
+    (``onnxsample compose --candidates K``), where the filters must keep fewer than K tokens: a
+    step where they keep K or more fails the request with :class:`InvalidParameter`.
     """
 
     temperature: float = 1.0

@@ -117,6 +117,11 @@ def prepare(
         raise InvalidParameter(f"candidates must be an integer >= 0, got {candidates!r}")
     if not isinstance(probs, bool):
         raise InvalidParameter(f"probs must be a boolean, got {probs!r}")
+    if probs and static:
+        raise InvalidParameter(
+            "probs gives a branching chain's final distribution, and static composes the static "
+            "chain (which the host draws again past its candidates): choose one"
+        )
     source = model is not None and _is_source(Path(model).expanduser())
     if attention == "exact" and model is not None and not source:
         raise InvalidParameter(

@@ -54,6 +54,8 @@ def post_sampling(
 
 
 def _from_probs(row: np.ndarray, token: int, n: int) -> tuple[float, TopLogprobs]:
+    if not row.any():  # no finite logit: token 0, as the candidates' row [0, -inf...] gives it
+        return 0.0, [(int(token), 0.0)][:n]
     n = min(n, int(np.count_nonzero(row > 0)))
     top = np.empty(0, np.int64)
     if n:  # the n largest without sorting the row: those above the n-th, then equal ones by id
@@ -77,7 +79,7 @@ def _from_candidates(
         raise InvalidParameter(
             f"post_sampling_probs: the filters kept {k} tokens or more, past the model's {k} "
             f"candidates; keep fewer (top_k below {k}), or serve the model with more "
-            "(--candidates) or with the whole distribution (compose --output-probs)"
+            "(serve --candidates) or with the whole distribution (serve --output-probs)"
         )
     ids, z = ids[finite], logits[finite].astype(np.float32)
     e = np.exp(z - z[0]).astype(np.float32)

@@ -112,11 +112,17 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
     k, post = meta.output_candidates, params.post_sampling_probs
     drawing = post is not None and params.temperature >= GREEDY_BELOW
     if drawing and not meta.final_probs and (not k or post > k):
+        static = (
+            " (this one's sampler.probs is a static chain's, which the host draws again past its "
+            "candidates: compose it without --static)"
+            if meta.output_probs
+            else ""
+        )
         raise InvalidParameter(
-            f"post_sampling_probs={post} needs a model composed with the final distribution "
-            f"(onnxsample compose --output-probs) or at least {max(post, 1)} candidates (this "
-            f"one: {k}; onnxsample compose --candidates K, or serve --candidates K): it is read "
-            "from them"
+            f"post_sampling_probs={post} needs a model composed with the final distribution of "
+            f"a branching chain{static} (onnxsample compose --output-probs, or serve "
+            f"--output-probs) or at least {max(post, 1)} candidates (this one: {k}; onnxsample "
+            "compose --candidates K, or serve --candidates K): it is read from them"
         )
     if params.prompt_logprobs is not None and not meta.prompt_logprobs:
         raise InvalidParameter(

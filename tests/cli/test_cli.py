@@ -120,7 +120,7 @@ ERROR_CASES = {
     ),
     "unknown speculative method": (
         lambda t: ["serve", "--speculative", "foo"],
-        "speculative must be 'ngram' (None: off), got 'foo'",
+        "--speculative must be ngram, got 'foo'",
     ),
     "final distribution with drafts": (
         lambda t: ["serve", "--output-probs", "--speculative", "ngram"],

@@ -372,6 +372,8 @@ def test_prepare_composes_the_final_distribution_apart(tiny_export, tmp_path):
         prepare(plain, probs=True)
     with pytest.raises(InvalidParameter, match="probs must be a boolean, got 1"):
         prepare(folder, probs=1)
+    with pytest.raises(InvalidParameter, match="static composes the static chain"):
+        prepare(folder, probs=True, static=True)
 
 
 @pytest.mark.parametrize("candidates", [-1, True, 2.0])

