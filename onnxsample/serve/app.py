@@ -374,5 +374,5 @@ def _completion_choice(
         "text": (echo or "") + text,
         "logprobs": logprobs,
         "finish_reason": "length" if score_only else convert.FINISH[c.finish_reason],
-        "timings": convert.timings(c),
+        "timings": convert.timings(c, score_only=score_only),
     }

@@ -114,9 +114,10 @@ def usage(completions: Sequence[Completion], prompts: Sequence[list[int]]) -> di
     }
 
 
-def timings(completion: Completion) -> dict:
-    """llama-server's ``timings`` object for one choice."""
-    return _timings(completion.timings, len(completion.token_ids))
+def timings(completion: Completion, *, score_only: bool = False) -> dict:
+    """llama-server's ``timings`` object for one choice; with `score_only` (echo with max_tokens
+    0) the token drawn after the prompt is not part of the answer, so nothing was predicted."""
+    return _timings(completion.timings, 0 if score_only else len(completion.token_ids))
 
 
 def event_timings(event: StreamEvent) -> dict:
@@ -206,13 +207,24 @@ def legacy_logprobs(
     tops: Sequence[TopLogprobs | None],
     offset: int = 0,
 ) -> dict:
-    """The completions API's ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``."""
+    """The completions API's ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``.
+
+    As OpenAI's legacy API (and vLLM): a position's ``top_logprobs`` holds the most likely tokens
+    and always the chosen one, so up to logprobs + 1 entries (with ``logprobs: 0``, the chosen
+    token alone); a position without a logprob (a prompt's first token) has none."""
     texts = [_text(tokenizer, t) for t in tokens]
     offsets = []
     for text in texts:
         offsets.append(offset)
         offset += len(text)
-    top_dicts = [None if top is None else {_text(tokenizer, t): v for t, v in top} for top in tops]
+    top_dicts: list[dict | None] = []
+    for text, logprob, top in zip(texts, logprobs, tops, strict=True):
+        if logprob is None:
+            top_dicts.append(None)
+            continue
+        found = {_text(tokenizer, t): v for t, v in top or []}
+        found.setdefault(text, logprob)
+        top_dicts.append(found)
     return {
         "tokens": texts,
         "token_logprobs": list(logprobs),

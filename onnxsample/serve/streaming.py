@@ -395,6 +395,6 @@ def completion_stream(
                 if not score_only:
                     done.append(c)
                 finish = "length" if score_only else convert.FINISH[c.finish_reason]
-                yield chunk(c.index, "", finish, timings=convert.timings(c))
+                yield chunk(c.index, "", finish, timings=convert.timings(c, score_only=score_only))
 
     return job.framed(chunks(), done)

@@ -113,8 +113,12 @@ def test_echo_scores_the_prompt(client):
     assert choice.text == prompt and done.usage.completion_tokens == 0
     lp = choice.logprobs
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    assert all(v <= 0 for v in lp.token_logprobs[1:]) and len(lp.top_logprobs[1]) == 2
+    assert all(v <= 0 for v in lp.token_logprobs[1:])
+    prompt_positions = zip(lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True)
+    for token, logprob, top in prompt_positions:
+        assert len(top) in (2, 3) and top[token] == logprob  # the 2 likeliest and the prompt's
     assert "".join(lp.tokens) == prompt and lp.text_offset[0] == 0
+    assert done.model_extra["timings"]["predicted_n"] == 0  # as usage: nothing was generated
     more = client.completions.create(
         model="tiny", prompt=prompt, max_tokens=3, echo=True, logprobs=1, temperature=0
     )
@@ -122,6 +126,25 @@ def test_echo_scores_the_prompt(client):
     assert more.choices[0].logprobs.token_logprobs[: len(lp.tokens)] == pytest.approx(
         [None, *lp.token_logprobs[1:]], abs=1e-4
     )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_0_gives_each_chosen_token_alone(client, stream):
+    """OpenAI's legacy logprobs: top_logprobs always holds the chosen token, so up to logprobs + 1
+    entries; logprobs 0 gives the chosen token alone, for the echoed prompt and the answer."""
+    kw = dict(model="tiny", prompt="The cat sat on", max_tokens=4, echo=True, logprobs=0)
+    if stream:
+        parts = [p.choices[0].logprobs for p in client.completions.create(stream=True, **kw)]
+        parts = [p for p in parts if p is not None]
+        tokens = [t for p in parts for t in p.tokens]
+        logprobs = [v for p in parts for v in p.token_logprobs]
+        tops = [top for p in parts for top in p.top_logprobs]
+    else:
+        lp = client.completions.create(**kw).choices[0].logprobs
+        tokens, logprobs, tops = lp.tokens, lp.token_logprobs, lp.top_logprobs
+    assert tops[0] is None and logprobs[0] is None  # the prompt's first token
+    chosen = [{t: v} for t, v in zip(tokens[1:], logprobs[1:], strict=True)]
+    assert len(tokens) > 4 and tops[1:] == chosen
 
 
 @pytest.mark.parametrize("echo", [False, True])
