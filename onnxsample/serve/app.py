@@ -41,19 +41,12 @@ from onnxsample.serve.native import add_native_routes
 from onnxsample.serve.native_answer import Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.props import server_props
+from onnxsample.serve.relay import collect, enqueue
 from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
 )
-from onnxsample.serve.streaming import (
-    Job,
-    chat_stream,
-    collect,
-    completion_stream,
-    enqueue,
-    reporting,
-    sse,
-)
+from onnxsample.serve.streaming import Job, chat_stream, completion_stream, reporting, sse
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
 

@@ -53,13 +53,14 @@ from onnxsample.serve.llama_fields import (
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.native_answer import Answer, Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
+from onnxsample.serve.relay import collect, enqueue
 from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from onnxsample.serve.streaming import collect, enqueue, reporting, sse
+from onnxsample.serve.streaming import reporting, sse
 from onnxsample.serve.tokenize import applied_template, tokenized
 from onnxsample.text.tokenizer import Tokenizer
 

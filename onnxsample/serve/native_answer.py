@@ -16,7 +16,8 @@ from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.props import generation_settings
-from onnxsample.serve.streaming import error_chunk, merged_events, shutdown_chunk
+from onnxsample.serve.relay import merged_events
+from onnxsample.serve.streaming import error_chunk, shutdown_chunk
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["Answer", "Endings"]

@@ -355,7 +355,7 @@ class ToolWatch:
 
 
 def loop_watch(plan: ToolPlan | None, choices: int):
-    """For :func:`~onnxsample.serve.streaming.collect`: whether a choice's answer repeated a call
+    """For :func:`~onnxsample.serve.relay.collect`: whether a choice's answer repeated a call
     it already wrote, so that it ends there."""
     if plan is None:
         return lambda k, event: False
