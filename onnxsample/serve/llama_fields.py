@@ -14,17 +14,25 @@ it was), and greedy decoding (temperature 0) commutes with every cut (each keeps
 token). A listed order that one of the two orders gives is taken (with ``temperature_last`` where
 only the second does); otherwise the field is refused, naming the pair. A sampler the request
 turns on but the list leaves out (llama-server would skip it) is refused too.
+
+llama-server's own routes (``/completion``, ``/infill``) take llama-server's defaults for what a
+request leaves out (:func:`apply_llama_defaults`): temperature 0.8, top-k 40, top-p 0.95, min-p
+0.05, and its sampler order. OpenAI's routes take OpenAI's (the neutral values), as vLLM's do.
+Penalties are OpenAI's rules here, so llama-server's ``presence_penalty`` and
+``frequency_penalty`` (counted over the prompt too, in its window) are refused on its routes.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from onnxsample.chain import CUTS, GREEDY_BELOW, SAMPLER_NAMES
+from onnxsample.chain import CUTS, GREEDY_BELOW, SAMPLER_NAMES, SamplerChain
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import samplers_on
 
 __all__ = [
+    "LLAMA_DEFAULTS",
+    "apply_llama_defaults",
     "apply_llama_names",
     "order_refusal",
     "penalty_refusal",
@@ -80,6 +88,30 @@ _LETTERS = {  # common_sampler_type_to_chr
 _NOT_HERE = ("infill", "adaptive_p")
 _ORDER = tuple(s for s in SAMPLER_NAMES if s not in ("logit_bias", "dist"))
 _ORDER_LAST = (*(s for s in _ORDER if s != "temperature"), "temperature")
+
+# llama-server's sampling where a request leaves it out (common_params_sampling's defaults) ...
+LLAMA_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+class _DefaultOrder(list):
+    """... and its sampler order (common_params_sampling's ``samplers``), as a request without
+    ``samplers`` takes it."""
+
+
+def _default_order() -> _DefaultOrder:
+    return _DefaultOrder(
+        [
+            "penalties",
+            "dry",
+            "top_n_sigma",
+            "top_k",
+            "typ_p",
+            "top_p",
+            "min_p",
+            "xtc",
+            "temperature",
+        ]
+    )
 
 
 def _commute(a: str, b: str, on: dict[str, float]) -> bool:
@@ -178,6 +210,11 @@ def order_refusal(value: Any, body: Any) -> str | None:
     if pair is None:
         return None
     a, b = pair
+    if isinstance(value, _DefaultOrder):
+        return (
+            f"without samplers, llama-server runs {b} before {a}; this server runs "
+            f"{', '.join(_ORDER_LAST)}: send samplers in that order, or turn one of them off"
+        )
     if _last(body):
         return f"it runs {b} before {a}; with temperature_last this server's order is " + (
             ", ".join(_ORDER_LAST)
@@ -197,6 +234,29 @@ def window_refusal(value: Any, body: Any) -> str | None:
     if "penalties" not in samplers_on(body):
         return None
     return "penalties count the whole sequence: send -1"
+
+
+def apply_llama_defaults(body: Any, chain: SamplerChain) -> None:
+    """On llama-server's own routes: set what `body` leaves out of llama-server's default
+    sampling (:data:`LLAMA_DEFAULTS`, those `chain` draws with; and its ``samplers`` order, so the
+    temperature comes after the cuts); :class:`InvalidParameter` for a presence or frequency
+    penalty, which llama-server counts over the prompt and answer in its window, and this server
+    over the answer alone. Before :func:`apply_llama_names`."""
+    extra = body.model_extra if body.model_extra is not None else {}
+    if extra.get("samplers") is None:
+        extra["samplers"] = _default_order()
+    listed = _listed(extra["samplers"])  # a sampler left out is skipped: no default for it
+    for name, value in LLAMA_DEFAULTS.items():
+        wanted = isinstance(listed, list) and name in listed and chain.samples and name in chain
+        if getattr(body, name) is None and wanted:
+            setattr(body, name, value)
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name) not in (None, 0, 0.0):
+            raise InvalidParameter(
+                f"{name} is not supported on this route (llama-server counts it over the prompt "
+                "and the answer, here it counts the answer's tokens as OpenAI's does): use "
+                "/v1/completions, or repeat_penalty with repeat_last_n -1"
+            )
 
 
 def apply_llama_names(body: Any) -> None:

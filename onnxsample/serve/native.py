@@ -45,6 +45,7 @@ from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.infill import infill_body, with_infill_sampler
 from onnxsample.serve.llama_fields import (
+    apply_llama_defaults,
     apply_llama_names,
     post_sampling_bound,
     take_infill,
@@ -104,6 +105,9 @@ def add_native_routes(
         if body.echo:
             raise APIError(400, "echo is not a field of /completion: use /v1/completions",
                            param="echo")  # fmt: skip
+        apply_llama_defaults(
+            body, e.meta.chain
+        )  # llama-server's sampling where the request sets none
         apply_llama_names(body)  # n_predict, repeat_penalty, samplers
         refuse_unsupported(extra, route="native", sampling=body)
         n_probs = n_probs or 0
@@ -177,8 +181,9 @@ def add_native_routes(
         bad = [t for t in body.tokens if not 0 <= t < e.vocab_size]
         if bad:
             raise InvalidParameter(f"tokens must be in [0, {e.vocab_size}), got {bad[0]}")
-        text = await asyncio.to_thread(e.tokenizer.decode, body.tokens)
-        return {"prompt": text, "content": text}
+        # special tokens' text included, as llama-server's and vLLM's (and the /tokenize inverse)
+        text = await asyncio.to_thread(e.tokenizer.decode, body.tokens, skip_special_tokens=False)
+        return {"prompt": text, "content": text}  # vLLM's name, llama-server's
 
 
 def _json(raw: bytes) -> Any:

@@ -100,8 +100,6 @@ _BY_REQUEST: dict[str, Callable[[Any, Any], str | None]] = {
 # A chat's own (vLLM); a text completion takes its `echo` and its prompt's special tokens as
 # fields of its own.
 _CHAT: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "add_generation_prompt": (_is(True), "the template always adds the assistant's turn"),
-    "continue_final_message": (_is(False), "send a text completion of the rendered chat"),
     "add_special_tokens": (_is(False), "the chat template writes the special tokens"),
     "echo": (_is(False), "use a text completion with echo"),
     "documents": (_absent, "put the documents in a message"),

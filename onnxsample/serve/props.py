@@ -1,15 +1,16 @@
 """``GET /props``: llama-server's description of the server, which llama.cpp's web UI and other
 llama-server clients read when they connect: the context and slots, the model's name, chat
-template, BOS and EOS, what it takes in (text only), and the sampling a request gets when it sets
-nothing, under llama-server's names."""
+template, BOS and EOS, what it takes in (text only), and the sampling a request to ``/completion``
+gets when it sets nothing, under llama-server's names."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from onnxsample import __version__
-from onnxsample.chain import SAMPLER_NAMES
+from onnxsample.chain import SAMPLER_NAMES, SamplerChain
 from onnxsample.params import SamplingParams
+from onnxsample.serve.llama_fields import LLAMA_DEFAULTS
 
 __all__ = ["generation_settings", "server_props"]
 
@@ -47,11 +48,14 @@ def generation_settings(
     return {**settings, **more}
 
 
-def _default_params(reasoning_format: str) -> dict[str, Any]:
-    """A request's sampling when it sets nothing: the neutral values (``SamplingParams()``), no
-    token limit for a chat (a text completion's is OpenAI's 16), the temperature first, and the
-    server's reasoning format."""
-    return generation_settings(SamplingParams(), n_predict=-1, reasoning_format=reasoning_format)
+def _default_params(chain: SamplerChain, reasoning_format: str) -> dict[str, Any]:
+    """The sampling a request to llama-server's ``/completion`` gets when it sets nothing:
+    llama-server's defaults (:data:`~onnxsample.serve.llama_fields.LLAMA_DEFAULTS`, those `chain`
+    draws with) with the temperature after the cuts, no token limit, and the server's reasoning
+    format. (OpenAI's routes take OpenAI's neutral values, as vLLM's do.)"""
+    on = {k: v for k, v in LLAMA_DEFAULTS.items() if chain.samples and k in chain}
+    params = SamplingParams(**on, temperature_last=True)
+    return generation_settings(params, n_predict=-1, reasoning_format=reasoning_format)
 
 
 def server_props(engine: Any, name: str, reasoning_format: str) -> dict[str, Any]:
@@ -64,7 +68,7 @@ def server_props(engine: Any, name: str, reasoning_format: str) -> dict[str, Any
 
     return {
         "default_generation_settings": {
-            "params": _default_params(reasoning_format),
+            "params": _default_params(engine.meta.chain, reasoning_format),
             "n_ctx": engine.limit,
         },
         "total_slots": engine.concurrency,

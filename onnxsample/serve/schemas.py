@@ -119,12 +119,13 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None  # a tool message: the call it answers
 
     def text(self) -> str:
-        """The message as one string (text parts joined); other parts are refused upstream."""
+        """The message as one string: text parts joined by a newline, as llama-server and vLLM
+        join them for a template that takes a string; other parts are refused upstream."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text or "" for part in self.content)
+        return "\n".join(part.text or "" for part in self.content)
 
 
 class FunctionDefinition(_Body):
@@ -155,6 +156,17 @@ class ChatPromptFields(_Body):
     reasoning_effort: StrictStr | None = None  # OpenAI's: a template variable, as peers pass it
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # vLLM's: open the assistant's turn after the messages (the default), or leave the final
+    # message open for the answer to continue it (transformers' rule)
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
+
+    def template_options(self) -> dict[str, bool]:
+        """The chat template's ``add_generation_prompt`` and ``continue_final_message``."""
+        return {
+            "add_generation_prompt": self.add_generation_prompt is not False,
+            "continue_final_message": bool(self.continue_final_message),
+        }
 
 
 class ChatRequest(SamplingFields, ChatPromptFields):

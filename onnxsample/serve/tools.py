@@ -186,9 +186,11 @@ def chat_prompt(
     the request's variables, else the messages (tool calls and results in the envelope), which the
     engine renders as :meth:`~onnxsample.text.Tokenizer.apply_chat_template` does."""
     messages, listed, variables = _template_call(body, native, plan)
-    if native is None and variables is None:
+    options = body.template_options()
+    engines = options == {"add_generation_prompt": True, "continue_final_message": False}
+    if native is None and variables is None and engines:  # as the engine renders messages
         return messages
-    return tokenizer.apply_chat_template(messages, tools=listed, variables=variables)
+    return tokenizer.apply_chat_template(messages, tools=listed, variables=variables, **options)
 
 
 def chat_text(
@@ -196,7 +198,8 @@ def chat_text(
 ) -> str:
     """The text the chat template makes of a chat: what :func:`chat_prompt` tokenises."""
     messages, listed, variables = _template_call(body, native, plan)
-    return tokenizer.render_chat(messages, tools=listed, variables=variables)
+    options = body.template_options()
+    return tokenizer.render_chat(messages, tools=listed, variables=variables, **options)
 
 
 def template_variables(body: ChatRequest) -> dict[str, Any] | None:

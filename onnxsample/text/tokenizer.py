@@ -187,13 +187,23 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         variables: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """The chat template applied to `messages` (and `tools`, in OpenAI's shape, for a template
         that writes them), as text. For a template that writes no system message (Phi-3's,
         Gemma 2's), a system message's text starts the next user message, as llama.cpp renders
         it. `variables` are more of the template's variables (``enable_thinking``: vLLM's and
         llama-server's ``chat_template_kwargs``, transformers' keyword arguments); one of the names
-        the template is given already raises :class:`InvalidParameter`."""
+        the template is given already raises :class:`InvalidParameter`.
+
+        `continue_final_message` (transformers' and vLLM's) leaves the final message open: the
+        text ends where that message's text does (its trailing spaces too where the template
+        keeps them), so an answer continues it; it excludes `add_generation_prompt`."""
+        if add_generation_prompt and continue_final_message:
+            raise InvalidParameter(
+                "continue_final_message and add_generation_prompt cannot both be true: send "
+                "add_generation_prompt false to continue the final message"
+            )
         if self._template_error:
             raise ModelError(self._template_error)
         if self._template is None:
@@ -201,6 +211,8 @@ class Tokenizer:
                 "this model has no chat template: send a plain completion, or give one "
                 "(--chat-template, Engine(chat_template=...))"
             )
+        if continue_final_message:
+            messages = _tag_final(messages)
         if self._folds_system:
             messages = fold_system(messages)
         try:
@@ -212,7 +224,7 @@ class Tokenizer:
                 f"the chat template refused the messages: {first_line(exc)}"
             ) from exc
         _check_unicode(text)
-        return text
+        return _open_final(text) if continue_final_message else text
 
     def _render(
         self,
@@ -240,13 +252,54 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
         variables: dict[str, Any] | None = None,
+        continue_final_message: bool = False,
     ) -> list[int]:
         """Token ids of the rendered chat (:meth:`render_chat`); as in transformers, no special
         tokens are added to it."""
         text = self.render_chat(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools, variables=variables
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            variables=variables,
+            continue_final_message=continue_final_message,
         )
         return self._backend.encode(text, add_special_tokens=False).ids  # checked by render_chat
+
+
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tag_final(messages: list[dict]) -> list[dict]:
+    """`messages` with a tag after the final message's text (its last text part), where
+    :func:`_open_final` cuts, as transformers marks it."""
+    final = dict(messages[-1])
+    content = final.get("content")
+    if isinstance(content, list):
+        parts = [dict(p) if isinstance(p, dict) else p for p in content]
+        texts = [p for p in parts if isinstance(p, dict) and "text" in p]
+        if not texts:
+            raise InvalidParameter("continue_final_message: the final message has no text")
+        texts[-1]["text"] = f"{texts[-1]['text']}{_CONTINUE_TAG}"
+        final["content"] = parts
+    elif isinstance(content, str):
+        final["content"] = content + _CONTINUE_TAG
+    else:
+        raise InvalidParameter("continue_final_message: the final message has no text")
+    return [*messages[:-1], final]
+
+
+def _open_final(text: str) -> str:
+    """`text`, rendered from :func:`_tag_final`'s messages, cut where the tag is: the final
+    message left open (less its trailing spaces where the template strips them), as transformers
+    cuts it."""
+    tag = _CONTINUE_TAG.strip()
+    if tag not in text:
+        raise InvalidParameter(
+            "continue_final_message: the final message's text does not appear in the chat the "
+            "template writes, so there is nothing to continue"
+        )
+    at = text.rindex(tag)
+    return text[:at] if text.startswith(_CONTINUE_TAG, at) else text[:at].rstrip()
 
 
 def _check_unicode(text: str) -> None:

@@ -28,6 +28,8 @@ CASES = {
     "min_p": {**OFF, "top_k": 60, "min_p": 0.02, "temperature": 1.5},
     "top_p": {**OFF, "top_k": 50, "top_p": 0.5, "temperature": 1.0},
     "greedy": {**OFF, "temperature": 0},
+    # no sampling field and no samplers: each server's defaults for /completion, llama-server's
+    "defaults": {},
 }
 
 
@@ -41,7 +43,8 @@ WIDE = {
 
 
 def _body(case: dict) -> dict:
-    return {"prompt": PROMPT, "n_predict": 1, "seed": 5, "samplers": ORDER, "n_probs": N_PROBS,
+    order = {"samplers": ORDER} if case else {}
+    return {"prompt": PROMPT, "n_predict": 1, "seed": 5, **order, "n_probs": N_PROBS,
             "post_sampling_probs": True, "cache_prompt": False, **case}  # fmt: skip
 
 
@@ -104,6 +107,12 @@ def test_the_kept_distribution_is_llama_servers(answers, name):
         entry["top_probs"]
     )
     assert mine["generation_settings"]["post_sampling_probs"] is True
+    if name == "defaults":  # what a request that sets nothing gets is llama-server's
+        keys = ("temperature", "top_k", "top_p", "min_p", "typical_p")
+        settings = [
+            {k: answer["generation_settings"][k] for k in keys} for answer in (mine, theirs)
+        ]
+        assert settings[0] == pytest.approx(settings[1]), settings
     ours = {t["id"]: t["prob"] for t in entry["top_probs"]}
     them = {t["id"]: t["prob"] for t in their["top_probs"]}
     assert list(ours.values()) == sorted(ours.values(), reverse=True)

@@ -226,7 +226,12 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
     code, data = post(port, "/tokenize", b'{"content": "Hello world"}')
     assert code == 200 and data["count"] == len(data["tokens"]) and data["max_model_len"] == 512
     code, back = post(port, "/detokenize", json.dumps({"tokens": data["tokens"]}).encode())
-    assert code == 200 and back["prompt"] == "Hello world"
+    assert code == 200 and back["prompt"] == back["content"] == "Hello world"
+    special = "<|im_start|>user\nHi<|im_end|>"  # special tokens' text is kept, as by the peers
+    code, data = post(port, "/tokenize", json.dumps({"content": special}).encode())
+    assert code == 200 and len(data["tokens"]) < len(special) // 2, data
+    code, back = post(port, "/detokenize", json.dumps({"tokens": data["tokens"]}).encode())
+    assert code == 200 and back["content"] == special, back
     assert post(port, "/detokenize", b'{"tokens": [-1]}')[0] == 400
     assert [m.id for m in client.models.list()] == ["tiny"]
     code, page = get(port, "/")
@@ -245,19 +250,35 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
 
 def test_props_default_sampling_is_what_a_request_gets_without_it(port):
     """llama.cpp's web UI reads /props and sends its default sampling back with each request
-    (llama-server's names, its samplers order): the answer a request gets without them."""
+    (llama-server's names, its samplers order): the answer /completion gives without them, which
+    are llama-server's defaults; OpenAI's route keeps OpenAI's (temperature 1, no cut)."""
     code, raw = get(port, "/props")
     assert code == 200
     props = json.loads(raw)
     assert props["default_generation_settings"]["n_ctx"] == 512 and props["total_slots"] == 4
     params = props["default_generation_settings"]["params"]
-    base = {"prompt": "Once upon a time", "max_tokens": 8, "seed": 3}
+    assert {k: params[k] for k in ("temperature", "top_k", "top_p", "min_p")} == {
+        "temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
+    }  # fmt: skip
+    assert params["samplers"][-1] == "temperature"
+    base = {"prompt": "Once upon a time", "n_predict": 8, "seed": 3, "ignore_eos": True}
     answers = []
-    for body in ({**base, **params, "max_tokens": 8, "n_predict": 8}, base):
-        code, data = post(port, "/v1/completions", json.dumps(body).encode())
+    for body in ({**params, **base, "max_tokens": 8}, base):
+        code, data = post(port, "/completion", json.dumps(body).encode())
         assert code == 200, data
-        answers.append(data["choices"][0]["text"])
+        answers.append(data["content"])
     assert answers[0] == answers[1]
+    mine = post(port, "/completion", json.dumps(base).encode())[1]["generation_settings"]
+    assert {k: mine[k] for k in ("temperature", "top_k", "samplers")} == {
+        k: params[k] for k in ("temperature", "top_k", "samplers")
+    }
+    openai_route = {"prompt": "Once upon a time", "max_tokens": 8, "seed": 3}
+    neutral = {**openai_route, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    texts = [
+        post(port, "/v1/completions", json.dumps(b).encode())[1]["choices"][0]["text"]
+        for b in (openai_route, neutral)
+    ]
+    assert texts[0] == texts[1]
 
 
 def test_tokenize_takes_llama_servers_and_vllms_text_options(port, models):
@@ -335,6 +356,42 @@ def test_apply_template_gives_the_text_the_chat_route_tokenises(port, tools):
     assert post(port, "/apply-template", json.dumps(sampled).encode()) == (200, data)
     code, error = post(port, "/apply-template", json.dumps({**body, "chat_template": "x"}).encode())
     assert code == 400 and error["error"]["param"] == "chat_template", error
+
+
+def test_the_chat_templates_options_as_vllm_and_llama_server_give_them(port, client):
+    """vLLM's add_generation_prompt and continue_final_message on /apply-template, /tokenize and
+    the chat route; text parts joined by a newline, as both peers join them."""
+    start = [{"role": "user", "content": "Name a fruit."}]
+    partial = [*start, {"role": "assistant", "content": "My favourite is the"}]
+
+    def text(messages, **options) -> str:
+        code, data = post(
+            port, "/apply-template", json.dumps({"messages": messages, **options}).encode()
+        )
+        assert code == 200, data
+        return data["prompt"]
+
+    opened = text(start)
+    closed = text(start, add_generation_prompt=False)
+    assert opened.startswith(closed) and len(opened) > len(closed)
+    continued = text(partial, add_generation_prompt=False, continue_final_message=True)
+    assert continued == opened + "My favourite is the"
+    ids = post(port, "/tokenize", json.dumps({"prompt": continued}).encode())[1]["tokens"]
+    chat_ids = {"messages": partial, "add_generation_prompt": False, "continue_final_message": True}
+    assert post(port, "/tokenize", json.dumps(chat_ids).encode())[1]["tokens"] == ids
+    done = client.chat.completions.create(
+        model="tiny", messages=partial, max_tokens=3, temperature=0,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True},
+    )  # fmt: skip
+    assert done.usage.prompt_tokens == len(ids)
+    code, error = post(
+        port, "/apply-template", json.dumps({**chat_ids, "add_generation_prompt": True}).encode()
+    )
+    assert code == 400 and "cannot both be true" in error["error"]["message"], error
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "A"}, {"type": "text", "text": "B"}]}
+    ]
+    assert text(parts) == text([{"role": "user", "content": "A\nB"}])
 
 
 def test_64_concurrent_streams_each_get_their_own_answer(client):

@@ -376,20 +376,15 @@ COMPLETION_FIELDS = [
     ("post_sampling_probs", True, False),
     ("suffix", "return x", None),
 ]
-CHAT_FIELDS = [
-    ("add_generation_prompt", False, True),
-    ("continue_final_message", True, False),
-    ("add_special_tokens", True, False),
-    ("echo", True, False),
-    ("chat_template", "{{ messages }}", None),
-]
+TEMPLATE_FIELD = ("chat_template", "{{ messages }}", None)
+CHAT_FIELDS = [("add_special_tokens", True, False), ("echo", True, False), TEMPLATE_FIELD]
 
 
 # /tokenize: llama-server's text option, and a chat's (vLLM's) as on the chat route.
 TOKENIZE_FIELDS = [("parse_special", False, True)]
-TOKENIZE_CHAT_FIELDS = [*CHAT_FIELDS[:3], ("add_special", True, False), CHAT_FIELDS[4]]
+TOKENIZE_CHAT_FIELDS = [CHAT_FIELDS[0], ("add_special", True, False), TEMPLATE_FIELD]
 # /apply-template: what would change the chat's text (its sampling fields are left alone).
-APPLY_TEMPLATE_FIELDS = [*CHAT_FIELDS[:2], CHAT_FIELDS[4]]
+APPLY_TEMPLATE_FIELDS = [TEMPLATE_FIELD]
 
 
 @pytest.mark.parametrize(("path", "field", "value"), [

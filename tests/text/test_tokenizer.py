@@ -187,6 +187,29 @@ def test_encode_and_decode_as_transformers(pair, text, special):
         )
 
 
+@pytest.mark.parametrize(
+    "final",
+    ["The answer is", " spaced out \n"],
+    ids=["text", "spaces"],
+)
+def test_continuing_the_final_message_as_transformers(pair, final):
+    """transformers' and vLLM's continue_final_message: the text ends where the final message's
+    text does (less the trailing spaces a template strips), so the answer continues it."""
+    ours, theirs = pair
+    if theirs.chat_template is None:
+        return
+    chat = [*CHATS[2], {"role": "assistant", "content": final}]
+    want = theirs.apply_chat_template(chat, continue_final_message=True, tokenize=False)
+    assert ours.render_chat(chat, add_generation_prompt=False, continue_final_message=True) == want
+    ids = ours.apply_chat_template(chat, add_generation_prompt=False, continue_final_message=True)
+    assert ids == list(theirs.apply_chat_template(chat, continue_final_message=True))
+    with pytest.raises(InvalidParameter, match="cannot both be true"):
+        ours.render_chat(chat, continue_final_message=True)
+    with pytest.raises(InvalidParameter, match="no text"):
+        empty = [*CHATS[0], {"role": "assistant", "content": None}]
+        ours.render_chat(empty, add_generation_prompt=False, continue_final_message=True)
+
+
 @pytest.mark.parametrize("generation", [True, False])
 @pytest.mark.parametrize("chat", CHATS, ids=["user", "system-user", "multi-turn"])
 def test_chat_templates_as_transformers(pair, chat, generation):
