@@ -58,11 +58,16 @@ def stages(labels: dict[str, str]) -> Iterator:
             progress.update(current[-1], total=1, completed=1)
         current.append(progress.add_task(labels.get(stage, stage), total=None))
 
-    with progress:
-        try:
-            yield advance
-        except BaseException:
-            progress.live.transient = True  # the error line that follows is all the user needs
-            raise
-        if current:
-            progress.update(current[-1], total=1, completed=1)
+    progress.start()
+    try:
+        yield advance
+    except BaseException:
+        # The error line that follows is all the user needs, and its first line: the stages are
+        # wiped (on a terminal), and Progress.stop() is not called, which off a terminal (a pipe,
+        # a log file) ends with an empty line.
+        progress.live.transient = True
+        progress.live.stop()
+        raise
+    if current:
+        progress.update(current[-1], total=1, completed=1)
+    progress.stop()

@@ -1,4 +1,5 @@
-"""`onnxsample inspect`: what an ONNX file holds; `--netron` serves it to a browser."""
+"""`onnxsample inspect`: what an ONNX file (or a GGUF file) holds; `--netron` serves it to a
+browser."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from onnxsample.errors import OnnxSampleError
 
 def inspect(
     file: Annotated[
-        Path, typer.Argument(help="An .onnx file or an export folder.", show_default=False)
+        Path,
+        typer.Argument(help="An .onnx file, an export folder or a .gguf file.", show_default=False),
     ],
     netron: Annotated[
         bool,
@@ -30,13 +32,63 @@ def inspect(
         bool, typer.Option("--no-browser", help="With --netron, do not open a browser.")
     ] = False,
 ) -> None:
-    """Summarise a model: inputs and outputs, sampler chain and slots, op counts, size, metadata."""
+    """Summarise a model: inputs and outputs, sampler chain and slots, op counts, size, metadata
+    (a GGUF file: its model, tensor types, how it exports, its tokenizer)."""
     from onnxsample.composer.inspection import inspect_model
 
-    summary = inspect_model(file)
-    render_summary(summary)
-    if netron:
-        _serve(summary.path, port, browse=not no_browser)
+    if _is_gguf(file):  # a model source, as `run` and `export` take it
+        render_gguf(file)
+        path = file
+    else:
+        summary = inspect_model(file)
+        render_summary(summary)
+        path = summary.path
+    if netron:  # Netron reads GGUF files too
+        _serve(path, port, browse=not no_browser)
+
+
+def _is_gguf(file: Path) -> bool:
+    try:
+        with open(file, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False  # a folder, or not readable: inspect_model names what is wrong
+
+
+def render_gguf(file: Path) -> None:
+    """What a GGUF file holds, as `export` reads it: the model, its tensor types and whether
+    the export keeps them as they are, the tokenizer and chat template the file carries."""
+    from onnxsample.exporters import gguf
+    from onnxsample.exporters._options import untransplantable
+
+    info = gguf.inspect_gguf(file)
+    meta, arch = info.metadata, info.architecture
+    head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_column(style="bold")
+    head.add_column(overflow="fold")
+    head.add_row("file", f"{file} (GGUF)")
+    head.add_row("size", human_bytes(file.stat().st_size))
+    context = meta.get(f"{arch}.context_length", "unknown")
+    head.add_row(
+        "model",
+        f"{meta.get('general.name', file.stem)}: {arch}, {info.n_params / 1e6:.0f}M parameters, "
+        f"context {context}",
+    )
+    head.add_row("tensors", ", ".join(f"{t} {n}" for t, n in info.tensor_types.most_common()))
+    bad = untransplantable(info)
+    head.add_row(
+        "export",
+        "its own blocks, bit for bit (onnxsample export FILE)"
+        if not bad
+        else f"float32: {', '.join(bad)} cannot be transplanted (onnxsample export FILE)",
+    )
+    template = "a chat template" if meta.get("tokenizer.chat_template") else "no chat template"
+    head.add_row(
+        "tokenizer",
+        f"{meta.get('tokenizer.ggml.model', 'none')} (pre-tokenizer "
+        f"{meta.get('tokenizer.ggml.pre', 'default')}), {template}",
+    )
+    out.print(head)
 
 
 def render_summary(s, *, brief: bool = False) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "VOCABULARY_SIZES",
     "FastGGUFReader",
     "HeaderReader",
+    "TruncatedGGUF",
     "array_length",
     "config_gguf_reader",
     "fast_gguf_reader",
@@ -35,8 +36,28 @@ __all__ = [
 _U64 = struct.Struct("<Q")
 
 
+class TruncatedGGUF(ValueError):
+    """The file ends before its header, or before a tensor's data, does: what was cut off, where
+    it would end and the file's size (the message is the reason, without the file's name)."""
+
+    def __init__(self, part: str, end: int, size: int) -> None:
+        self.part, self.end, self.size = part, end, size
+        if part == "tensor data":
+            message = f"its tensor data ends at byte {end} but the file has {size} bytes"
+        else:
+            message = f"the header ends before its {part} does (the file has {size} bytes)"
+        super().__init__(message)
+
+
 class FastGGUFReader(gguf.GGUFReader):
-    """A `gguf.GGUFReader` whose fields and tensors equal the original's, read faster."""
+    """A `gguf.GGUFReader` whose fields and tensors equal the original's, read faster.
+
+    A short file raises :class:`TruncatedGGUF` before anything past its end is read, where
+    `gguf.GGUFReader` raises what numpy raises on a short view (or, for tensor data, reads on
+    and fails reshaping it): the header's end is checked at each read, and every tensor's data
+    end before any tensor is made."""
+
+    _part = "metadata"  # the part of the header being read: what a short read cut off
 
     def _get(
         self, offset: int, dtype: Any, count: int = 1, override_order: Any = None
@@ -46,6 +67,8 @@ class FastGGUFReader(gguf.GGUFReader):
             flat = self._flat = self.data.view(np.ndarray)
         count = int(count)
         itemsize = np.dtype(dtype).itemsize
+        if offset + itemsize * count > len(flat):
+            raise TruncatedGGUF(self._part, offset + itemsize * count, len(flat))
         arr = flat[offset : offset + itemsize * count].view(dtype=dtype)[:count]
         order = self.byte_order if override_order is None else override_order
         return arr if order == "I" else arr.view(arr.dtype.newbyteorder(order))
@@ -80,16 +103,16 @@ class FastGGUFReader(gguf.GGUFReader):
             flat, u64 = self._flat, np.dtype(np.uint64)
             buffer = memoryview(flat)
             for _ in range(count):
+                if offs + 8 > len(flat):
+                    raise TruncatedGGUF(self._part, offs + 8, len(flat))
                 (size,) = _U64.unpack_from(buffer, offs)
                 if offs + 8 + size > len(flat):
-                    raise ValueError(f"a string at byte {offs} runs past the end of the file")
+                    raise TruncatedGGUF(self._part, offs + 8 + size, len(flat))
                 parts += [flat[offs : offs + 8].view(u64), flat[offs + 8 : offs + 8 + size]]
                 offs += 8 + size
             data = list(range(3, len(parts), 2))
         elif (nptype := self.gguf_scalar_to_np.get(item)) is not None:
             values = self._get(offs, nptype, count)
-            if len(values) < count:
-                raise ValueError(f"an array at byte {orig_offs} runs past the end of the file")
             parts += [values[i : i + 1] for i in range(count)]
             offs += values.nbytes
             data = list(range(2, len(parts)))
@@ -104,14 +127,39 @@ class FastGGUFReader(gguf.GGUFReader):
         if item == GGUFValueType.STRING:
             buffer, unpack = memoryview(flat), _U64.unpack_from
             for _ in range(count):
+                if offs + 8 > len(flat):
+                    raise TruncatedGGUF(self._part, offs + 8, len(flat))
                 offs += 8 + unpack(buffer, offs)[0]
                 if offs > len(flat):
-                    raise ValueError(f"a string before byte {offs} runs past the end of the file")
+                    raise TruncatedGGUF(self._part, offs, len(flat))
             return offs
         offs += count * np.dtype(self.gguf_scalar_to_np[item]).itemsize
         if offs > len(flat):
-            raise ValueError(f"an array before byte {offs} runs past the end of the file")
+            raise TruncatedGGUF(self._part, offs, len(flat))
         return offs
+
+    def _build_tensor_info(self, offs: int, count: int) -> tuple[int, list]:
+        self._part = "tensor table"
+        try:
+            return super()._build_tensor_info(offs, count)
+        finally:
+            self._part = "metadata"
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        """Every tensor's data inside the file, checked before gguf makes a view of any (a file
+        without tensors may end before the data's alignment, as llama.cpp's vocabularies do)."""
+        end = 0
+        for field in fields:
+            dims, raw_type, offset = field.parts[3], field.parts[4], field.parts[5]
+            try:
+                block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(raw_type[0])]
+            except (ValueError, KeyError):
+                continue  # gguf names the unknown type
+            n_bytes = int(np.prod(dims, dtype=np.uint64)) * type_size // block
+            end = max(end, start_offs + int(offset[0]) + n_bytes)
+        if end > len(self.data):
+            raise TruncatedGGUF("tensor data", end, len(self.data))
+        super()._build_tensors(start_offs, fields)
 
 
 def array_length(field) -> int:

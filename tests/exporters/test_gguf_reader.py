@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from onnxsample.exporters import embedded_gguf
-from onnxsample.exporters._gguf_reader import FastGGUFReader, fast_gguf_reader
+from onnxsample.exporters._gguf_reader import (
+    FastGGUFReader,
+    HeaderReader,
+    TruncatedGGUF,
+    fast_gguf_reader,
+)
 
 
 def _assert_same(path: Path) -> None:
@@ -69,12 +74,39 @@ def test_every_kind_of_array(tmp_path):
     _assert_same(_every_array(tmp_path / "arrays.gguf"))
 
 
-def test_truncated_string_array(tmp_path):
-    whole = _every_array(tmp_path / "whole.gguf").read_bytes()
-    cut = tmp_path / "cut.gguf"
-    cut.write_bytes(whole[: whole.index(b"x" * 100)])
-    with pytest.raises(ValueError, match="past the end"):
-        FastGGUFReader(str(cut))
+# Where a file is cut (from the whole file's bytes and gguf's reader of it), and what the reader
+# says was cut off: a short header names its part, short tensor data where it would end.
+CUTS = {
+    "after the magic": (lambda whole, r: 4, "metadata"),
+    "inside the counts": (lambda whole, r: 20, "metadata"),
+    "inside a string array": (lambda whole, r: whole.index(b"x" * 100), "metadata"),
+    "inside the tensor table": (lambda whole, r: r.tensors[0].field.offset + 5, "tensor table"),
+    "before the tensor data": (lambda whole, r: r.data_offset, "tensor data"),
+    "inside the tensor data": (lambda whole, r: len(whole) - 1, "tensor data"),
+}
+
+
+@pytest.mark.parametrize("reader", [FastGGUFReader, HeaderReader])
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_truncated_file_names_what_was_cut_off(cut, reader, tmp_path):
+    """A short file raises TruncatedGGUF before anything past its end is read (gguf's own
+    reader raises numpy's errors on a short view, or fails reshaping short tensor data)."""
+    path = _every_array(tmp_path / "whole.gguf")
+    whole, at, part = path.read_bytes(), *CUTS[cut]
+    keep = at(whole, gguf.GGUFReader(str(path)))
+    (tmp_path / "cut.gguf").write_bytes(whole[:keep])
+    with pytest.raises(TruncatedGGUF) as info:
+        reader(str(tmp_path / "cut.gguf"))
+    assert (info.value.part, info.value.size) == (part, keep)
+    if part == "tensor data":
+        assert (
+            str(info.value)
+            == f"its tensor data ends at byte {len(whole)} but the file has {keep} bytes"
+        )
+    else:
+        assert (
+            str(info.value) == f"the header ends before its {part} does (the file has {keep} bytes)"
+        )
 
 
 def test_lent_to_libraries():
