@@ -19,7 +19,11 @@ Output = Annotated[
 Force = Annotated[
     bool,
     typer.Option(
-        "--force", "-f", help="Overwrite what the output folder holds instead of reusing it."
+        "--force",
+        "-f",
+        help="Replace the export in the output folder instead of reusing it (or refusing a "
+        "different one). Only an export's own files are replaced: other files in the folder are "
+        "kept, and one the export would write over is an error.",
     ),
 ]
 Layout = Annotated[
@@ -237,11 +241,16 @@ ChatTemplate = Annotated[
         show_default=False,
     ),
 ]
-Threads = Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads.", min=1)]
+Threads = Annotated[
+    int | None,
+    typer.Option("--threads", "-t", help="ONNX Runtime intra-op threads.", min=1),
+]
 MaxLen = Annotated[
     int | None,
     typer.Option(
         "--max-len",
+        "--ctx-size",
+        "-c",
         help="KV positions per sequence, prompt included (default: the model's context).",
         min=2,
         show_default=False,

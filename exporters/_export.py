@@ -161,10 +161,14 @@ def export(
         gguf.check_architecture(info, optimum=layout == "optimum")
     elif layout == "optimum":
         hf.check_model_type(model_type, f"model type {model_type!r}")
+    own = _manifest.own_files(out)
+    if out.is_dir():  # forced: what no export wrote stays, and no export writes over it
+        kept = [p.name for p in out.iterdir() if p.name not in own]
+        _fs.check_kept(out, kept, _manifest.EXPORT_NAMES)
     _fs.check_disk(out, _disk_needed(src, info, precision, keep_hf))
     skip_verify = _verify_skipped(src, info, layout) if verify_tokens else ""
 
-    with _fs.staged_folder(out) as tmp:
+    with _fs.staged_folder(out, own) as tmp:
         if layout == "gqa":
             reference = 0 if skip_verify else verify_tokens
             config, generation, tokenizer, vocab, model = _export_gqa(

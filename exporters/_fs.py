@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from onnxsample.errors import ExportError
+
+log = logging.getLogger(__name__)
 
 
 def _umask() -> int:
@@ -49,15 +52,32 @@ def check_disk(output: Path, need: int) -> None:
         )
 
 
+def check_kept(output: Path, kept: Collection[str], written: Collection[str]) -> None:
+    """Refuse to write an export over a file of `output` that no export wrote there (`kept`)."""
+    clash = sorted(set(kept) & set(written))
+    if clash:
+        raise ExportError(
+            f"{output} holds {', '.join(clash)}, which no export wrote there and this export "
+            "would replace; --force replaces an export's own files only: move them or choose "
+            "another folder"
+        )
+
+
 _OWNER = ".owner"
 
 
 @contextlib.contextmanager
-def staged_folder(output: Path) -> Iterator[Path]:
+def staged_folder(output: Path, own: Collection[str] = ()) -> Iterator[Path]:
     """A temporary folder beside `output`; on success it replaces `output`, on failure it vanishes.
 
+    Of what `output` held, only the names in `own` (the files an export wrote there) go: every
+    other entry (a user's notes, a composed model) is moved into the new folder. One that the new
+    export would write over is an error, and then nothing changes.
+
     A process killed mid-export (no `finally` runs) leaves its staging folder behind: the next
-    export of the same output removes those whose process is gone (each records its pid)."""
+    export of the same output removes those whose process is gone (each records its pid). Killed
+    after `output` was moved aside, it leaves that folder, the entries it kept included, as
+    ``.NAME.old-*`` beside it."""
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         _remove_abandoned(output)
@@ -71,16 +91,32 @@ def staged_folder(output: Path) -> Iterator[Path]:
     try:
         yield stage
         (stage / _OWNER).unlink(missing_ok=True)
+        kept = [p.name for p in output.iterdir() if p.name not in own] if output.exists() else []
+        check_kept(output, kept, {p.name for p in stage.iterdir()})
         old = None
         if output.exists():
             old = output.with_name(f".{output.name}.old-{stage.name.split('.')[-2]}")
             output.rename(old)
         stage.rename(output)
-        if old is not None:
+        if old is not None and _move_back(old, output, kept):
             shutil.rmtree(old, ignore_errors=True)
     finally:
         if stage.exists():
             shutil.rmtree(stage, ignore_errors=True)
+
+
+def _move_back(old: Path, output: Path, names: list[str]) -> bool:
+    """Move the entries `names` of the replaced folder `old` into `output`; False (and `old` is
+    kept, with a warning) if one cannot be moved."""
+    for name in names:
+        try:
+            (old / name).rename(output / name)
+        except OSError as exc:
+            log.warning(
+                "%s could not be moved back into %s (%s): it is in %s", name, output, exc, old
+            )
+            return False
+    return True
 
 
 def _remove_abandoned(output: Path) -> None:

@@ -120,6 +120,43 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
         raise ExportError(f"{path} cannot be read: {exc.strerror or exc}") from exc
 
 
+# The names an export writes (optimum's tokenizer files and a kept HF folder included; not every
+# export writes each): its own files in a folder whose manifest does not list them (an exporter
+# before `files.written`).
+EXPORT_NAMES = frozenset(
+    {
+        "model.onnx",
+        MANIFEST_NAME,
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+        "vocab.json",
+        "merges.txt",
+        "tokenizer.model",
+        "added_tokens.json",
+        "hf",
+    }
+)
+
+
+def own_files(folder: Path) -> set[str]:
+    """The names in `folder` that its export wrote: what another export forced into it replaces
+    (every other file stays). None in a folder without a manifest."""
+    if not (folder / MANIFEST_NAME).is_file():
+        return set()
+    try:
+        files = (read_manifest(folder) or {}).get("files", {})
+    except ExportError:  # an unreadable manifest: the names an export writes
+        files = {}
+    if isinstance(files.get("written"), list):
+        return {MANIFEST_NAME, *files["written"]}
+    model = files.get("model", "model.onnx")
+    return {MANIFEST_NAME, model, *files.get("external_data", []), *EXPORT_NAMES}
+
+
 def manifest_matches(manifest: dict[str, Any], key: dict[str, Any]) -> bool:
     same = all(manifest.get(k, d) == key.get(k, d) for k, d in _RECORDED_WHEN_NOT.items())
     return same and all(manifest.get(k) == v for k, v in key.items())
@@ -201,11 +238,10 @@ def build_manifest(
     """The manifest of an export staged in `folder`: the request `key`, the source and its
     fingerprint, the model's and tokenizer's facts (`tokens`: :func:`tokenizer_facts`), the files,
     the inputs and outputs, the verify result `checked`, and the time since `start`."""
-    files = sorted(
-        p.name
-        for p in folder.iterdir()
-        if p.name.startswith("model.onnx") and p.name != "model.onnx"
+    written = sorted(
+        {p.name for p in folder.iterdir() if not p.name.startswith(".")} | {MANIFEST_NAME}
     )
+    files = [n for n in written if n.startswith("model.onnx") and n != "model.onnx"]
     return {
         **key,
         "source": {
@@ -233,7 +269,12 @@ def build_manifest(
             "chat_template": tokens["chat_template"],
             "add_bos_token": tokens["add_bos_token"],
         },
-        "files": {"model": "model.onnx", "external_data": files, "bytes": _fs.folder_size(folder)},
+        "files": {
+            "model": "model.onnx",
+            "external_data": files,
+            "bytes": _fs.folder_size(folder),
+            "written": written,  # what another export forced into the folder replaces
+        },
         "io": describe_io(folder / "model.onnx"),
         "verify": checked.to_json(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -272,18 +272,55 @@ def test_folder_without_manifest_is_not_overwritten(tmp_path, tiny_hf):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_force_replaces_the_folder_with_an_fp16_export(tmp_path, tiny_hf):
+def test_force_writes_an_fp16_export_beside_a_users_files(tmp_path, tiny_hf):
     target = tmp_path / "fp16"
     target.mkdir()
     (target / "junk.txt").write_text("old")
     result = export(tiny_hf, target, precision="fp16", force=True, verify_tokens=4)
-    assert not (target / "junk.txt").exists()
+    assert (target / "junk.txt").read_text() == "old"
     assert result.manifest["precision"] == "fp16"
     assert result.manifest["io"]["kv_cache"]["dtype"] == "float16"
     # The CPU provider may lack fp16 kernels: then the verify step says so instead of passing.
     verify = result.manifest["verify"]
     assert verify["ok"] is True or (verify["ok"] is None and verify["note"])
     assert not list(tmp_path.glob(".*partial"))
+
+
+# An export forced into a folder holding one: how its manifest names its own files ("written": as
+# this exporter writes it, "older": without that list, as exporters before it wrote it).
+@pytest.mark.parametrize("manifest", ["written", "older"])
+def test_force_replaces_an_exports_own_files_and_keeps_the_others(manifest, copied_export, tiny_hf):
+    """As optimum-cli writes into a folder: the old export's files go (a stale external-data
+    file it listed included), a user's notes and a composed model stay."""
+    path = copied_export / MANIFEST_NAME
+    old = json.loads(path.read_text())
+    if manifest == "written":
+        old["files"]["written"].append("model.onnx.stale")
+        (copied_export / "model.onnx.stale").write_text("the old export's")
+    else:
+        del old["files"]["written"]
+    path.write_text(json.dumps(old))
+    for name in ("notes.txt", "composed.onnx"):
+        (copied_export / name).write_text("mine")
+    result = export(tiny_hf, copied_export, precision="fp16", force=True, verify_tokens=0)
+    assert result.manifest["precision"] == "fp16"
+    written = set(result.manifest["files"]["written"])
+    assert {p.name for p in copied_export.iterdir()} == written | {"notes.txt", "composed.onnx"}
+    assert (copied_export / "notes.txt").read_text() == "mine"
+    assert (copied_export / "composed.onnx").read_text() == "mine"
+    assert not [p for p in copied_export.parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.onnx"])
+def test_force_never_writes_over_a_file_no_export_wrote(name, tmp_path, tiny_hf):
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / name).write_text("mine")
+    with pytest.raises(ExportError, match=rf"holds {name}, which no export wrote there"):
+        export(tiny_hf, target, force=True, verify_tokens=0)
+    assert [p.name for p in target.iterdir()] == [name]
+    assert (target / name).read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["mine"]
 
 
 @pytest.mark.parametrize("layout", ["optimum", "gqa"])
