@@ -114,14 +114,21 @@ def _verify_text(v: dict) -> str:
     quality = ""
     if v.get("onnx_logprob") is not None:
         quality = (
-            f"; mean logprob of its tokens {v['onnx_logprob']:.3f} "
-            f"(transformers {v['reference_logprob']:.3f})"
+            f"; mean logprob of the reference's tokens: the export {v['onnx_logprob']:.3f}, "
+            f"transformers {v['reference_logprob']:.3f}"
         )
     if v["ok"]:
         return f"[green]greedy tokens match transformers[/] ({v['matched']}/{v['tokens']}){quality}"
+    parted = (
+        f"greedy tokens agree with transformers' fp32 reference for {v['matched']} of {v['tokens']}"
+    )
+    if v.get("reference_gap") is not None:
+        parted += (
+            f", then part where its token is {v['reference_gap']:.2f} above the export's in logprob"
+        )
     if v.get("lossy"):  # int8 activations or re-quantised weights: the mean logprobs tell
-        return f"[yellow]differs[/]: {v['note']} ({v['matched']}/{v['tokens']} match){quality}"
-    return f"[red]MISMATCH[/]: {v['note']} ({v['matched']}/{v['tokens']} match){quality}"
+        return f"[yellow]expected with {v['lossy']}[/]: {parted}{quality}"
+    return f"[red]MISMATCH[/]: {parted}{quality}"
 
 
 def _rel(path: Path) -> str:

@@ -115,6 +115,35 @@ def test_quality_score_is_recorded(other_precision):
     assert verify["onnx_logprob"] == pytest.approx(score, abs=1e-3)
 
 
+@pytest.mark.parametrize(("lossy", "parts_at"), [("int8 activations", 0), ("", 2)])
+def test_verify_says_where_the_greedy_tokens_part(
+    lossy, parts_at, tiny_gqa_export, tiny_hf, monkeypatch
+):
+    """Where the export's greedy tokens leave transformers', the verify step records how far
+    transformers' own token was ahead of the export's there (a near tie is what int8 activations
+    tip), and says whether the difference is expected."""
+    from transformers import AutoTokenizer
+
+    from onnxsample.exporters import _verify
+    from onnxsample.exporters.hf import load_hf
+
+    model = load_hf(tiny_hf)[0]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_gqa_export.output)
+    ids = _verify.prompt_ids(tokenizer)
+    reference = _verify.torch_greedy(model, ids, 4)
+    other = [*reference[:parts_at], (reference[parts_at] + 1) % 49152, *reference[parts_at + 1 :]]
+    monkeypatch.setattr(_verify, "ort_greedy", lambda *_args, **_kw: other)
+    result = _verify.verify_export(tiny_gqa_export.model_path, model, tokenizer, 4, lossy=lossy)
+    logits = _verify._torch_logits(model, ids, reference)[parts_at]
+    gap = logits[reference[parts_at]] - logits[other[parts_at]]
+    assert (result.ok, result.matched) == (False, parts_at)
+    assert result.reference_gap == pytest.approx(gap, abs=1e-4)
+    assert result.note == (
+        f"greedy tokens agree for {parts_at} of 4, then part where transformers' token is "
+        f"{gap:.2f} above the export's in logprob" + (f" (expected with {lossy})" if lossy else "")
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_a_half_checkpoint_exports_as_its_values_in_float32(dtype, tiny_hf, tmp_path):
     """An fp16 or bf16 checkpoint's matrices are read in their own two bytes a value, not as
