@@ -39,7 +39,8 @@ def run(
         typer.Option("--prompt", "-p", help="A prompt; repeat -p to run several as one batch."),
     ] = (),
     temperature: Annotated[
-        float, typer.Option(help="0 = greedy.", rich_help_panel=_SAMPLING)
+        float,
+        typer.Option("--temperature", "--temp", help="0 = greedy.", rich_help_panel=_SAMPLING),
     ] = 0.8,
     top_k: Annotated[
         int, typer.Option(help="Keep the k most likely tokens.", rich_help_panel=_SAMPLING)
@@ -65,7 +66,12 @@ def run(
     ] = False,
     repetition_penalty: Annotated[
         float,
-        typer.Option(help="> 1 discourages prompt and output tokens.", rich_help_panel=_SAMPLING),
+        typer.Option(
+            "--repetition-penalty",
+            "--repeat-penalty",
+            help="> 1 discourages prompt and output tokens.",
+            rich_help_panel=_SAMPLING,
+        ),
     ] = 1.0,
     presence_penalty: Annotated[
         float, typer.Option(help="OpenAI's, in [-2, 2].", rich_help_panel=_SAMPLING)
@@ -82,7 +88,8 @@ def run(
         typer.Option(help="Seed of every prompt's own generator.", rich_help_panel=_SAMPLING),
     ] = None,
     max_new_tokens: Annotated[
-        int, typer.Option("--max-new-tokens", "-n", help="Tokens to generate at most.")
+        int,
+        typer.Option("--max-new-tokens", "--n-predict", "-n", help="Tokens to generate at most."),
     ] = 256,
     stop: Annotated[list[str], typer.Option(help="Stop string (not printed); repeatable.")] = (),
     system: Annotated[str | None, typer.Option(help="System prompt (chat mode).")] = None,

@@ -121,9 +121,10 @@ _OPENAI_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = {
 _NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "verbose": (_is(False), "the answer has llama-server's fields only"),
 }  # t_max_prompt_ms is not here: llama-server does not implement it either (a TODO), and ignores it
-# /tokenize: text is llama-server's (and vLLM's), a chat gives the ids the chat route would use.
+# /tokenize: text is llama-server's (and vLLM's, its parse_special read by the route), a chat
+# gives the ids the chat route would use.
 _TOKENIZE: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "parse_special": (_is(True), "special tokens written in the text are always parsed"),
+    "parse_special": (_is(True), "a chat's template writes its special tokens"),
 }
 _TABLES = {
     "chat": {**_BOTH, **_CHAT},

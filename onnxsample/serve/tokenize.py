@@ -1,4 +1,5 @@
-"""``/tokenize``: llama-server's text (``content``, ``add_special``, ``with_pieces``), vLLM's text
+"""``/tokenize``: llama-server's text (``content``, ``add_special``, ``parse_special``,
+``with_pieces``), vLLM's text
 (``prompt``, ``add_special_tokens``, ``return_token_strs``) and vLLM's chat (``messages`` with
 ``tools``, ``tool_choice``, ``chat_template_kwargs`` and ``reasoning_effort``), whose ids are those
 the chat route gives the engine for the same chat, so ``count`` is the chat's ``prompt_tokens``.
@@ -30,11 +31,15 @@ def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
         refuse_unsupported({**(body.model_extra or {}), **special}, route="tokenize_chat")
         ids = _chat_ids(tokenizer, body)
     else:
-        refuse_unsupported(body.model_extra, route="tokenize")
+        extra = dict(body.model_extra or {})
+        parse = extra.pop("parse_special", True)  # llama-server's; a chat's template writes them
+        if not isinstance(parse, bool):
+            raise APIError(400, f"parse_special must be a boolean, got {parse!r}", "parse_special")
+        refuse_unsupported(extra, route="tokenize")
         text = body.content if body.content is not None else body.prompt
         if text is None:
             raise InvalidParameter("content: give the text to tokenise (or messages)")
-        ids = tokenizer.encode(text, add_special_tokens=_adds_special(body))
+        ids = tokenizer.encode(text, add_special_tokens=_adds_special(body), parse_special=parse)
     answer: dict = {"tokens": ids, "count": len(ids), "max_model_len": limit}
     if body.with_pieces:
         answer["tokens"] = [{"id": i, "piece": _piece(tokenizer.token_bytes(i))} for i in ids]

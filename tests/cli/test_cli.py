@@ -61,7 +61,7 @@ ERROR_CASES = {
     ),
     "truncated gguf": (
         lambda t: ["export", _case_file(t, "cut.gguf", b"GGUF\x03\x00")],
-        "cut.gguf is truncated or damaged",
+        "cut.gguf is truncated: the header ends before its metadata does (the file has 6 bytes)",
     ),
     "unsupported gguf architecture": (
         lambda t: ["export", str(write_gguf(t / "a.gguf", "rwkv6", np.zeros(32, np.float32)))],
@@ -174,6 +174,44 @@ def test_bad_input_gives_one_line_and_exit_1(case, tmp_path, capsys):
     assert lines[0].startswith("error: ")
 
 
+def _cut_gguf(tmp: Path, keep: int) -> Path:
+    """A one-tensor GGUF (its header 128 bytes, its tensor data 256) cut after `keep` bytes (< 0:
+    that many before its end)."""
+    whole = write_gguf(tmp / "whole.gguf", "llama", np.zeros(64, np.float32)).read_bytes()
+    (tmp / "whole.gguf").unlink()
+    (tmp / "cut.gguf").write_bytes(whole[:keep])
+    return tmp / "cut.gguf"
+
+
+@pytest.mark.parametrize(
+    ("keep", "message"),
+    [
+        (4, "the header ends before its metadata does (the file has 4 bytes)"),
+        (30, "the header ends before its metadata does (the file has 30 bytes)"),
+        (80, "the header ends before its tensor table does (the file has 80 bytes)"),
+        (128, "its tensor data ends at byte 384 but the file has 128 bytes"),
+        (-1, "its tensor data ends at byte 384 but the file has 383 bytes"),
+    ],
+)
+@pytest.mark.parametrize("command", ["export", "run"])
+def test_a_truncated_gguf_is_the_first_and_only_line(
+    command, keep, message, tmp_path, monkeypatch, capsys
+):
+    """What was cut off and where, not numpy's reason; the error is stderr's first line (no empty
+    line before it from the stages' display), and no export folder is left behind."""
+    monkeypatch.setenv("ONNXSAMPLE_CACHE", str(tmp_path / "cache"))
+    file = str(_cut_gguf(tmp_path, keep))
+    argv = (
+        ["export", file, "-o", str(tmp_path / "out")]
+        if command == "export"
+        else ["run", file, "-p", "hi"]
+    )
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1 and out == ""
+    assert err.splitlines() == [f"error: cut.gguf is truncated: {message}"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["export", "--help"]])
 def test_help(argv, capsys):
     code, out, _ = run_cli(capsys, *argv)
@@ -190,6 +228,47 @@ def test_help(argv, capsys):
             "--keep-hf",
         ):
             assert option in out
+
+
+_VERIFIED = {"tokens": 8, "reference_logprob": -0.355, "onnx_logprob": -0.419, "lossy": ""}
+
+
+@pytest.mark.parametrize(
+    ("verify", "line"),
+    [
+        (
+            {**_VERIFIED, "ok": True, "matched": 8, "onnx_logprob": -0.355},
+            "greedy tokens match transformers (8/8); mean logprob of the reference's tokens: "
+            "the export -0.355, transformers -0.355",
+        ),
+        (  # the default GGUF export: what was compared, why it parts, and the score that matters
+            {
+                **_VERIFIED,
+                "ok": False,
+                "matched": 0,
+                "reference_gap": 0.082,
+                "lossy": "int8 activations",
+            },
+            "expected with int8 activations: greedy tokens agree with transformers' fp32 reference "
+            "for 0 of 8, then part where its token is 0.08 above the export's in logprob; mean "
+            "logprob of the reference's tokens: the export -0.419, transformers -0.355",
+        ),
+        (
+            {**_VERIFIED, "ok": False, "matched": 3, "reference_gap": 4.5},
+            "MISMATCH: greedy tokens agree with transformers' fp32 reference for 3 of 8, then part "
+            "where its token is 4.50 above the export's in logprob; mean logprob of the "
+            "reference's tokens: the export -0.419, transformers -0.355",
+        ),
+    ],
+)
+def test_the_verify_line_says_what_was_compared(verify, line):
+    """A new user reads "0/8 match" as a failure: an expected difference says it is expected,
+    against what, and where the tokens part."""
+    from rich.text import Text
+
+    from onnxsample.cli.export import _verify_text
+
+    assert Text.from_markup(_verify_text(verify)).plain == line
 
 
 def test_console_script_reports_errors_without_traceback(tmp_path):
@@ -283,6 +362,23 @@ def test_inspect_shows_chain_slots_and_io(cli_composed, capsys):
         "IR ",
     ):
         assert text in out, text
+
+
+def test_inspect_describes_a_gguf_file_as_export_reads_it(capsys):
+    """A GGUF is a model source, as `run` and `export` take it: its model, tensor types, whether
+    the export keeps its blocks, and the tokenizer and chat template it carries."""
+    from onnxsample.exporters import embedded_gguf
+
+    code, out, err = run_cli(capsys, "inspect", str(embedded_gguf()))
+    assert code == 0, err
+    text = " ".join(out.split())
+    for part in (
+        "llama, 135M parameters, context 8192",
+        "Q4_1 210, F32 61, Q8_0 1",
+        "its own blocks, bit for bit",
+        "gpt2 (pre-tokenizer smollm), a chat template",
+    ):
+        assert part in text, (part, out)
 
 
 def test_inspect_plain_export(tiny_export, capsys):
@@ -426,6 +522,21 @@ def test_run_samples_with_llama_cpps_defaults_and_order(order, run_folder, capsy
     with Generator(run_folder / "composed.onnx", threads=1) as gen:
         [done] = gen.generate("Hello", params, max_new_tokens=12, chat=False)
     assert json.loads(out)["token_ids"] == done.token_ids
+
+
+def test_run_takes_llama_cpps_option_names(run_folder, capsys):
+    """llama-cli's names for the same options (--temp, --n-predict, -c / --ctx-size, -t,
+    --repeat-penalty) give what ours give."""
+    base = ["run", str(run_folder), "-p", "Hello", "--seed", "5", "--no-chat", "--json"]
+    ours = ["--temperature", "0.7", "-n", "6", "--max-len", "64", "--threads", "1",
+            "--repetition-penalty", "1.2"]  # fmt: skip
+    theirs = ["--temp", "0.7", "--n-predict", "6", "-c", "64", "-t", "1", "--repeat-penalty", "1.2"]
+    answers = []
+    for names in (ours, theirs, [*theirs[:4], "--ctx-size", "64", *theirs[6:]]):
+        code, out, err = run_cli(capsys, *base, *names)
+        assert code == 0, err
+        answers.append(json.loads(out)["token_ids"])
+    assert answers[0] == answers[1] == answers[2] and len(answers[0]) <= 6
 
 
 def test_run_streams_one_prompt(run_folder, capsys):
@@ -585,7 +696,7 @@ def test_run_exports_a_hugging_face_folder_on_first_use(tiny_hf, tmp_path, monke
     [
         ("model.txt", b"hello", "is not an .onnx file, a .gguf file or an export folder"),
         ("model.gguf", b"hello", "is not a GGUF file"),
-        ("cut.gguf", b"GGUF\x03\x00", "cut.gguf is truncated or damaged"),
+        ("cut.gguf", b"GGUF\x03\x00", "cut.gguf is truncated: the header ends before its"),
     ],
 )
 @pytest.mark.parametrize("command", ["run", "serve"])

@@ -164,16 +164,23 @@ def test_the_export_tokenizes_as_llama_cpp(family, llama_cpp):
 
 @pytest.mark.parametrize("family", ["gemma3", "llama3", "qwen2"])
 def test_the_servers_tokenize_answers_as_llama_servers(family, llama_cpp):
-    """`/tokenize` with llama-server's fields (``content``, ``add_special``, ``with_pieces``) gives
-    llama-server's JSON on the same file: BOS only when asked, and each piece as text or, where a
-    byte-fallback piece is part of a character (Gemma's emoji), as its bytes."""
+    """`/tokenize` with llama-server's fields (``content``, ``add_special``, ``parse_special``,
+    ``with_pieces``) gives llama-server's JSON on the same file: BOS only when asked, special
+    tokens' text read as text with ``parse_special: false``, and each piece as text or, where a
+    byte-fallback piece is part of a character (Gemma's emoji), as its bytes; `/detokenize` of
+    those ids gives llama-server's text, special tokens' text included."""
     path = models.gguf(family, "Q8_0", llama_cpp)
     folder = _export(path, "Q8_0").output
     texts = [*HARD[:30], models.CHAT[family]]
     bodies = [
         {"content": t, **extra}
         for t in texts
-        for extra in ({}, {"add_special": True}, {"add_special": False, "with_pieces": True})
+        for extra in (
+            {},
+            {"add_special": True},
+            {"add_special": False, "with_pieces": True},
+            {"add_special": True, "parse_special": False},
+        )
     ]
     with LlamaServer(llama_cpp, path) as theirs, served(folder, "--threads", "1") as ours:
         wrong = [
@@ -182,7 +189,19 @@ def test_the_servers_tokenize_answers_as_llama_servers(family, llama_cpp):
             if (want := theirs.post("/tokenize", body)["tokens"])
             != (got := post(ours.port, "/tokenize", json.dumps(body).encode())[1]["tokens"])
         ]
-    assert not wrong, f"{len(wrong)} of {len(bodies)} differ, first: {wrong[0]}"
+        assert not wrong, f"{len(wrong)} of {len(bodies)} differ, first: {wrong[0]}"
+        ids = [theirs.tokenize(text) for text in texts]
+        unlike = [
+            (want, got)
+            for i in ids
+            if (want := theirs.post("/detokenize", {"tokens": i})["content"])
+            != (
+                got := post(ours.port, "/detokenize", json.dumps({"tokens": i}).encode())[1][
+                    "content"
+                ]
+            )
+        ]
+    assert not unlike, f"{len(unlike)} of {len(ids)} differ, first: {unlike[0]}"
 
 
 _JSON_KINDS = (bool, int, float, str, list, dict, type(None))
@@ -410,6 +429,9 @@ def test_apply_template_answers_as_llama_server(family, template, llama_cpp, tmp
         ours_args = ("--chat-template", str(tmp_path / "chat.jinja"))
     bodies = [{"messages": chat} for chat in CHATS]
     bodies.append({"messages": CHATS[1], "chat_template_kwargs": {"enable_thinking": False}})
+    bodies.append({"messages": CHATS[1], "add_generation_prompt": False})
+    parts = [{"type": "text", "text": "Name a fruit."}, {"type": "text", "text": "Be brief."}]
+    bodies.append({"messages": [{"role": "user", "content": parts}]})  # joined by a newline
     folder = _export(path, "Q8_0").output
     with (
         LlamaServer(llama_cpp, path, args=theirs_args) as theirs,

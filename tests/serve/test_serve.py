@@ -308,6 +308,14 @@ def test_tokenize_takes_llama_servers_and_vllms_text_options(port, models):
     body = {"content": text, "add_special": True, "add_special_tokens": False}
     code, data = post(port, "/tokenize", json.dumps(body).encode())
     assert code == 400 and data["error"]["param"] == "add_special", data
+    literal = tokenizer.encode(text, add_special_tokens=False, parse_special=False)
+    assert len(literal) > len(tokenizer.encode(text, add_special_tokens=False))
+    code, data = post(
+        port, "/tokenize", json.dumps({"content": text, "parse_special": False}).encode()
+    )
+    assert code == 200 and data["tokens"] == literal  # llama-server's: the text as text
+    code, data = post(port, "/tokenize", json.dumps({"content": text, "parse_special": 0}).encode())
+    assert code == 400 and data["error"]["param"] == "parse_special", data
 
 
 WEATHER = {

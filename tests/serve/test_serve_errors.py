@@ -381,8 +381,10 @@ CHAT_FIELDS = [("add_special_tokens", True, False), ("echo", True, False), TEMPL
 
 
 # /tokenize: llama-server's text option, and a chat's (vLLM's) as on the chat route.
-TOKENIZE_FIELDS = [("parse_special", False, True)]
-TOKENIZE_CHAT_FIELDS = [CHAT_FIELDS[0], ("add_special", True, False), TEMPLATE_FIELD]
+TOKENIZE_FIELDS: list = []  # parse_special is read (test_native_llama_server.py)
+TOKENIZE_CHAT_FIELDS = [
+    CHAT_FIELDS[0], ("add_special", True, False), TEMPLATE_FIELD, ("parse_special", False, True)
+]  # fmt: skip
 # /apply-template: what would change the chat's text (its sampling fields are left alone).
 APPLY_TEMPLATE_FIELDS = [TEMPLATE_FIELD]
 
