@@ -29,14 +29,6 @@ log = logging.getLogger(__name__)
 
 STAGES = ("check", "load", "export", "verify")
 
-_KEEP_FROM_HF = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-)
 
 ProgressFn = Callable[[str], None]
 # What exporting and verifying import (the `export` extra); the runtime needs none of them.
@@ -280,7 +272,7 @@ def _export_gqa(
 
 
 def _copy_hf_files(hf_dir: Path, tmp: Path) -> None:
-    for name in _KEEP_FROM_HF:
+    for name in _manifest.KEPT_FROM_HF:
         if (hf_dir / name).is_file() and not (tmp / name).is_file():
             shutil.copy2(hf_dir / name, tmp / name)
 

@@ -123,16 +123,20 @@ def read_manifest(folder: Path) -> dict[str, Any] | None:
 # The names an export writes (optimum's tokenizer files and a kept HF folder included; not every
 # export writes each): its own files in a folder whose manifest does not list them (an exporter
 # before `files.written`).
+# The Hugging Face files an export keeps beside its model (the configs, tokenizer, template).
+KEPT_FROM_HF = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 EXPORT_NAMES = frozenset(
     {
         "model.onnx",
         MANIFEST_NAME,
-        "config.json",
-        "generation_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-        "chat_template.jinja",
+        *KEPT_FROM_HF,
         "vocab.json",
         "merges.txt",
         "tokenizer.model",
