@@ -132,7 +132,10 @@ class SamplingParams:
                 f"temperature_last must be a bool, got {self.temperature_last!r}"
             )
         if not isinstance(self.logprobs, (bool, np.bool_)):
-            raise InvalidParameter(f"logprobs must be a bool, got {self.logprobs!r}")
+            raise InvalidParameter(
+                f"logprobs must be a bool, got {self.logprobs!r} (top_logprobs is how many of the "
+                "most likely tokens each step reports)"
+            )
         top = self.top_logprobs
         if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise InvalidParameter(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")

@@ -33,6 +33,7 @@ from onnxsample.engine._drafter import (
 from onnxsample.engine._kv_concat import ConcatLayout
 from onnxsample.engine._kv_shared import SharedKV, SharedLayout, kv_specs
 from onnxsample.engine._loaded import load_model
+from onnxsample.engine._options import checked_options, positions_limit
 from onnxsample.engine._requests import Requests
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._scheduler import Scheduler, Stats
@@ -70,9 +71,9 @@ class Engine:
     read from `tokenizer` (default: the model's folder); `chat_template` (jinja text) replaces the
     folder's chat template. `provider` is ``auto``, ``cpu`` or ``cuda``;
     `threads` sets ONNX Runtime's intra-op threads. `max_len` caps the KV positions of a sequence
-    (default: the model's context). `max_queue` bounds the requests waiting for a slot (None: no
+    (default, and at most: the model's context). `max_queue` bounds the requests waiting for a slot (None: no
     bound). `prefill_chunk` is how many prompt tokens a step computes while other sequences decode
-    (None: a whole prompt at once). `prefix_reuse` lets a request reuse the cached prefix a finished
+    (None or 0: a whole prompt at once). `prefix_reuse` lets a request reuse the cached prefix a finished
     request left in its slot (llama-server's ``cache_prompt``). `speculative` ``"ngram"`` turns
     on speculative decoding with drafts from n-gram prompt lookup: up to `draft_tokens` tokens per
     step (default 8, at most what the model was composed for), matched on the last `ngram`
@@ -112,15 +113,7 @@ class Engine:
         row_buckets: bool = True,
         chat_template: str | None = None,
     ) -> None:
-        for name, value, low in (
-            ("max_len", max_len, 2),
-            ("max_queue", max_queue, 0),
-            ("prefill_chunk", prefill_chunk, 1),
-        ):
-            if value is not None and (
-                not isinstance(value, int) or isinstance(value, bool) or value < low
-            ):
-                raise InvalidParameter(f"{name} must be None or an integer >= {low}, got {value!r}")
+        prefill_chunk = checked_options(model, max_len, max_queue, prefill_chunk)
         check_method(speculative)  # before the model loads
         loaded = load_model(
             Path(model),
@@ -141,7 +134,7 @@ class Engine:
         self.prefill_chunk, self.prefix_reuse = prefill_chunk, bool(prefix_reuse)
         self.row_buckets = bool(row_buckets)
         self.tokenizer = self.info.tokenizer
-        self.limit = min(x for x in (self.info.context_length, max_len, 2**62) if x)
+        self.limit = positions_limit(self.info.context_length, max_len)
         meta = self.meta
         grammars = GrammarVocabulary(self.tokenizer, meta.vocab_size, self.info.eos_ids)
         self._requests = Requests(

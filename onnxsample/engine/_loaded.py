@@ -67,6 +67,11 @@ def load_model(
     combination it cannot run raises a typed error."""
     if chat_template is not None:
         check_chat_template(chat_template)  # before the model's load, not after
+    if path.is_dir():
+        raise ModelError(
+            f"{path} is a folder: give its composed model ({path / 'composed.onnx'}), or compose "
+            f"one with onnxsample.prepare({str(path)!r})"
+        )
     if not path.is_file():
         raise ModelError(f"no such composed model: {path}")
     if cuda_graph is None:

@@ -220,9 +220,9 @@ def create_app(
         limit = convert.token_limit(body.max_tokens if given is None else given, None)
 
         def prepared() -> list:
-            prompt = tools.chat_prompt(e.tokenizer, body, native, plan)
+            prompt = tools.chat_prompt(e.tokenizer, body, native, plan)  # messages, or ids
             seqs = [
-                e.prepare(prompt, p, limit, body.stop, True, None, i) for i, p in enumerate(params)
+                e.prepare(prompt, p, limit, body.stop, None, None, i) for i, p in enumerate(params)
             ]
             return endings.apply(reporting(seqs, body))
 

@@ -46,6 +46,8 @@ def choice_params(
     if not 1 <= body.n <= MAX_N:
         raise InvalidParameter(f"n must be in [1, {MAX_N}], got {body.n}")
     values = {name: getattr(body, name) for name in _FIELDS if getattr(body, name) is not None}
+    if values.get("top_k") == -1 and type(values["top_k"]) is int:
+        values["top_k"] = 0  # vLLM's and llama-server's "no top-k" as well as 0
     bias = {}
     for key, value in (body.logit_bias or {}).items():
         try:

@@ -30,6 +30,10 @@ def prompt_tokens(
     cover is refused before it is tokenised (a token stands for at most ``tok.max_token_chars``
     characters of normalised text), so a multi-megabyte prompt costs a length check, not seconds
     of tokenising."""
+    if chat is not None and not isinstance(chat, (bool, np.bool_)):
+        raise InvalidParameter(f"chat must be a bool or None, got {chat!r}")
+    if system is not None and not isinstance(system, str):
+        raise InvalidParameter(f"system must be a string, got {type(system).__name__}")
     if limit is not None:
         _check_length(tok, prompt, system, limit)
     if isinstance(prompt, str):
@@ -44,14 +48,16 @@ def prompt_tokens(
                 raise InvalidParameter("a system prompt needs chat mode")
             ids = tok.encode(prompt)
     elif isinstance(prompt, Seq) and prompt and all(isinstance(m, dict) for m in prompt):
-        messages = ([{"role": "system", "content": system}] if system else []) + list(prompt)
-        for m in messages:
-            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise InvalidParameter(
-                    "each chat message needs a string 'role' and a string 'content'"
-                )
+        messages = [_message(m) for m in prompt]
+        if system and any(m["role"] == "system" for m in messages):
+            raise InvalidParameter("the messages hold a system message already: leave out system")
+        messages = ([{"role": "system", "content": system}] if system else []) + messages
         ids = tok.apply_chat_template(messages, add_generation_prompt=True)
     elif isinstance(prompt, Seq) and not isinstance(prompt, (bytes, bytearray)):
+        if chat or system is not None:
+            raise InvalidParameter(
+                "token ids are the prompt as it is: chat and system apply to text or messages"
+            )
         ids = list(prompt)
         bad = [t for t in ids if not isinstance(t, (int, np.integer)) or isinstance(t, bool)]
         bad += [t for t in ids if isinstance(t, (int, np.integer)) and not 0 <= t < vocab_size]
@@ -68,6 +74,23 @@ def prompt_tokens(
     if not ids:
         raise InvalidParameter("the prompt is empty after tokenisation")
     return ids
+
+
+def _message(m: dict) -> dict:
+    """A chat message with its content as a string: text parts (OpenAI's ``{"type": "text",
+    "text": ...}``) joined by a newline, as the server and its peers join them."""
+    content = m.get("content")
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        m = {**m, "content": "\n".join(p["text"] for p in content)}
+    if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        raise InvalidParameter(
+            "each chat message needs a string 'role' and a 'content' that is a string or a list "
+            "of text parts"
+        )
+    return m
 
 
 def _check_length(tok: Tokenizer, prompt: Prompt, system: str | None, limit: int) -> None:
@@ -95,6 +118,8 @@ def stop_strings(stop: str | Seq[str] | None) -> list[str]:
         return []
     if isinstance(stop, str):
         return [stop]
+    if not isinstance(stop, Seq):
+        raise InvalidParameter(f"stop must be a string or a list of strings, got {stop!r}")
     stops = list(stop)
     if not all(isinstance(s, str) for s in stops):
         raise InvalidParameter("stop must be a string or a list of strings")

@@ -38,17 +38,61 @@ from onnxsample.params import SamplingParams
         ({"prompt": [{"role": "user"}]}, "'content'"),
         ({"prompt": 3.5}, "a prompt is a string"),
         ({"stop": ["a", 3]}, "stop must be a string or a list of strings"),
+        ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
+        ({"system": 5}, "system must be a string, got int"),
+        ({"chat": "no"}, "chat must be a bool or None, got 'no'"),
+        ({"prompt": [1, 2, 3], "system": "Be brief."}, "token ids are the prompt as it is"),
+        ({"prompt": [1, 2, 3], "chat": True}, "token ids are the prompt as it is"),
+        (
+            {"prompt": [{"role": "system", "content": "A"}, {"role": "user", "content": "B"}],
+             "system": "C"},
+            "the messages hold a system message already",
+        ),
+        ({"prompt": [{"role": "user", "content": [{"type": "image_url"}]}]}, "list of text parts"),
     ],
-)
+)  # fmt: skip
 def test_bad_requests_fail_at_submit(engine, kwargs, message):
     kwargs = dict(kwargs)  # the table is shared by both layouts
     prompt = kwargs.pop("prompt", PROMPTS[0])
     params = kwargs.pop("params", GREEDY)
+    chat = kwargs.pop("chat", False)
     before = engine.stats()
     with pytest.raises(InvalidParameter) as info:
-        engine.submit(prompt, params, chat=False, **kwargs)
+        engine.submit(prompt, params, chat=chat, **kwargs)
     assert message in str(info.value)
     assert engine.stats() == before
+
+
+def test_a_messages_text_parts_are_its_text_joined_by_newlines(engine):
+    """OpenAI's content parts, as vLLM's LLM.chat takes them: the text parts joined by a newline,
+    as the server and its peers join them."""
+    parts = [{"type": "text", "text": "Name a fruit."}, {"type": "text", "text": "Be brief."}]
+    joined = engine.submit([{"role": "user", "content": "Name a fruit.\nBe brief."}], GREEDY,
+                           max_new_tokens=2)  # fmt: skip
+    split = engine.submit([{"role": "user", "content": parts}], GREEDY, max_new_tokens=2)
+    want = joined.result(timeout=60)
+    assert split.result(timeout=60).prompt_token_ids == want.prompt_token_ids
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "error", "message"),
+    [
+        (None, {}, InvalidParameter, "model must be the path of a composed .onnx file"),
+        ("{folder}", {}, ModelError, "is a folder: give its composed model"),
+        ("{path}", {"max_len": 10**6}, InvalidParameter,
+         "max_len must be at most the model's context (512 positions), got 1000000"),
+    ],
+)  # fmt: skip
+def test_an_engine_refuses_what_it_cannot_open(models, layout, model, options, error, message):
+    path, folder = models[layout, 4]
+    given = {"{folder}": str(folder), "{path}": str(path)}.get(model, model)
+    with pytest.raises(error) as info:
+        Engine(given, tokenizer=folder, threads=1, **options)
+    assert message in str(info.value)
+
+
+def test_a_prefill_chunk_of_0_is_whole_prompts_as_on_the_command_line(fresh):
+    assert fresh(prefill_chunk=0).prefill_chunk is None
 
 
 def test_a_plain_stop_string_is_one_stop_string(engine):

@@ -281,6 +281,19 @@ def test_props_default_sampling_is_what_a_request_gets_without_it(port):
     assert texts[0] == texts[1]
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/completion"])
+def test_top_k_minus_1_is_no_top_k_as_vllm_and_llama_server_read_it(port, path):
+    base = {"prompt": "Once upon a time", "max_tokens": 8, "seed": 4, "temperature": 1.0}
+    texts = []
+    for top_k in (-1, 0):
+        code, data = post(port, path, json.dumps({**base, "top_k": top_k}).encode())
+        assert code == 200, data
+        texts.append(data["content"] if path == "/completion" else data["choices"][0]["text"])
+        if path == "/completion":
+            assert data["generation_settings"]["top_k"] == 0
+    assert texts[0] == texts[1]
+
+
 def test_tokenize_takes_llama_servers_and_vllms_text_options(port, models):
     """llama-server's `content` gets no special tokens unless `add_special`, vLLM's `prompt` gets
     them unless `add_special_tokens` is false; `with_pieces` gives each token's text, or its bytes
