@@ -60,14 +60,17 @@ def render_gguf(file: Path) -> None:
     the export keeps them as they are, the tokenizer and chat template the file carries."""
     from onnxsample.exporters import gguf
     from onnxsample.exporters._options import untransplantable
+    from onnxsample.exporters._source import split_parts
 
     info = gguf.inspect_gguf(file)
     meta, arch = info.metadata, info.architecture
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
     head.add_column(overflow="fold")
-    head.add_row("file", f"{file} (GGUF)")
-    head.add_row("size", human_bytes(file.stat().st_size))
+    parts = split_parts(file) or (file,)  # a split file named by its first part: every part
+    split = f", {len(parts)} parts" if len(parts) > 1 else ""
+    head.add_row("file", f"{file} (GGUF{split})")
+    head.add_row("size", human_bytes(sum(p.stat().st_size for p in parts)))
     context = meta.get(f"{arch}.context_length", "unknown")
     head.add_row(
         "model",

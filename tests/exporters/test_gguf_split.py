@@ -101,3 +101,16 @@ def test_a_whole_file_named_like_a_part_is_one_file_as_for_llama_cpp(llama_cpp, 
     mine, reference = _initializers(ours.output), _initializers(theirs.output)
     assert mine.keys() == reference.keys()
     assert all(np.array_equal(mine[k], reference[k]) for k in mine)
+
+
+def test_inspect_describes_a_split_file_by_its_first_part(split, capsys):
+    from onnxsample.cli import main
+    from onnxsample.cli._ui import human_bytes
+
+    with pytest.raises(SystemExit) as done:
+        main(["inspect", str(split[0])])
+        raise SystemExit(0)
+    out = " ".join(capsys.readouterr().out.split())
+    assert done.value.code == 0
+    assert f"(GGUF, {len(split)} parts)" in out
+    assert human_bytes(sum(p.stat().st_size for p in split)) in out
