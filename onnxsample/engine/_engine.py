@@ -71,10 +71,10 @@ class Engine:
     read from `tokenizer` (default: the model's folder); `chat_template` (jinja text) replaces the
     folder's chat template. `provider` is ``auto``, ``cpu`` or ``cuda``;
     `threads` sets ONNX Runtime's intra-op threads. `max_len` caps the KV positions of a sequence
-    (default, and at most: the model's context). `max_queue` bounds the requests waiting for a slot (None: no
-    bound). `prefill_chunk` is how many prompt tokens a step computes while other sequences decode
-    (None or 0: a whole prompt at once). `prefix_reuse` lets a request reuse the cached prefix a finished
-    request left in its slot (llama-server's ``cache_prompt``). `speculative` ``"ngram"`` turns
+    (default, and at most: the model's context). `max_queue` bounds the requests waiting for a
+    slot (None: no bound). `prefill_chunk` is how many prompt tokens a step computes while other
+    sequences decode (None or 0: a whole prompt at once). `prefix_reuse` lets a request reuse the
+    cached prefix a finished request left in its slot (llama-server's ``cache_prompt``). `speculative` ``"ngram"`` turns
     on speculative decoding with drafts from n-gram prompt lookup: up to `draft_tokens` tokens per
     step (default 8, at most what the model was composed for), matched on the last `ngram`
     tokens or fewer; the graph verifies them with each request's own sampler chain, so the
