@@ -32,8 +32,8 @@ FORMAT_VERSION = 1
 # LM head over its table); 5, an fp16 Gemma export keeps its residual stream in float32; 6, float
 # matrices of bfloat16 values (bf16 checkpoints, BF16 GGUFs) stored as bfloat16; 7, GGUF queries
 # and keys one weight where the value projection's blocks differ (one linear and one minimums'
-# correction less).
-EXPORTER_REVISION = 7
+# correction less); 8, a GGUF's rope_freqs (Llama 3.1+) divide the rotary frequencies.
+EXPORTER_REVISION = 8
 _STACK = ("onnxsample", "torch", "transformers", "optimum", "optimum-onnx", "onnx", "gguf")
 _ELEM = {v: k for k, v in onnx.TensorProto.DataType.items()}
 

@@ -131,9 +131,11 @@ def read_gguf(
     reader = open_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
     family = gguf_family(metadata.get("general.architecture"), path.name)
+    used: set[str] = set()  # a tensor the graph has no place for would be dropped: refused below
 
     def read(name: str) -> np.ndarray | None:
         t = tensors.get(name)
+        used.add(name)
         return None if t is None else _float(np.asarray(t.data), t.tensor_type, name)
 
     spec = family.gguf_spec(metadata, set(tensors), path.name, read)
@@ -141,6 +143,7 @@ def read_gguf(
     def tensor(name: str):
         if name not in tensors:
             raise ExportError(f"{path.name}: tensor {name} is missing")
+        used.add(name)
         return tensors[name]
 
     def load(name: str, *, linear: bool, order: np.ndarray | None = None):
@@ -175,8 +178,19 @@ def read_gguf(
             _unpack_when_taken(weights, family, spec, shapes, f"layers.{i}")
     # a tied LM head is the embedding's own object: the graph stores its blocks once
     weights["lm_head"] = embed if spec.tied else later("output.weight")
+    _check_unused(sorted(set(tensors) - used), family.name, path.name)
     _check_shapes(weights, shapes, path.name)
     return spec, weights
+
+
+def _check_unused(names: list[str], family: str, what: str) -> None:
+    """Refuse a file with tensors the export would leave out: llama.cpp computes with them."""
+    if names:
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        raise ExportError(
+            f"{what} holds tensors the {family} graph has no place for: "
+            f"{', '.join(names[:3])}{more}"
+        )
 
 
 def _unpack_when_taken(

@@ -184,11 +184,18 @@ def cached(name: str, tiny_hf: Path, seed: int = 0) -> Path:
     return folder
 
 
-def write_gguf(folder: Path, path: Path, arch: str, linear_types: dict[str, str]) -> None:
+def write_gguf(
+    folder: Path,
+    path: Path,
+    arch: str,
+    linear_types: dict[str, str],
+    extra: dict[str, np.ndarray] | None = None,
+) -> None:
     """`folder`'s model as a GGUF of architecture `arch`, tokenizer from the embedded SmolLM2.
 
     `linear_types` maps a projection's GGUF name part (``attn_q``, ``ffn_down``...) to its type
-    (F32, Q8_0, Q4_0; F32 when absent); norms, biases and the embedding are F32. The names come
+    (F32, Q8_0, Q4_0; F32 when absent); norms, biases and the embedding are F32; `extra` adds
+    F32 tensors by name. The names come
     from gguf's map for the architecture, so they are llama.cpp's, not the exporter's; the
     metadata and the changes to tensors are those of llama.cpp's convert_hf_to_gguf.py for the
     architecture (Phi-3: no head size, rotated dimensions, window, LongRoPE factors as tensors;
@@ -252,6 +259,8 @@ def write_gguf(folder: Path, path: Path, arch: str, linear_types: dict[str, str]
         else:
             kind = gguf.GGMLQuantizationType[qtype]
             writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
+    for name, data in (extra or {}).items():  # tensors of another model's (F32)
+        writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -204,11 +204,11 @@ STEPS = 24
 
 
 def compare_with_llama_cpp(
-    model: Path, server: LlamaServer, prompt: list[int], steps: int = STEPS
+    model: Path, server: LlamaServer, prompt: list[int], steps: int = STEPS, likely: float = LIKELY
 ) -> dict:
     """Our export's logprobs along llama.cpp's greedy continuation of `prompt` (teacher forced),
     and our own free-running greedy tokens, against llama-server's: the largest |Δ logprob| of
-    its likely tokens (``worst``), the steps where its top two are more than 2 * TOL apart
+    its likely tokens (logprob above `likely`; of its top 8) (``worst``), the steps where its top two are more than 2 * TOL apart
     (``decisive``) and how many of them our greedy token agrees on (``agree``), the first step
     where they are not (``close``) and the first where our free-running greedy token differs
     (``same``)."""
@@ -223,8 +223,8 @@ def compare_with_llama_cpp(
     ours = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     worst, decisive, agree = 0.0, 0, 0
     for i, top in enumerate(tops):
-        likely = {k: v for k, v in top.items() if v > LIKELY}
-        worst = max([worst, *(abs(float(ours[i, k]) - v) for k, v in likely.items())])
+        listed = {k: v for k, v in top.items() if v > likely}
+        worst = max([worst, *(abs(float(ours[i, k]) - v) for k, v in listed.items())])
         best = sorted(top.values())[-2:]
         if best[1] - best[0] > 2 * TOL:
             decisive += 1

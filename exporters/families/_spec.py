@@ -38,6 +38,8 @@ class DecoderSpec:
     max_positions: int
     tied: bool
     rope_scaling: dict[str, Any] | None = None
+    # llama.cpp's `rope_freqs` tensor (Llama 3.1+ files): rotary frequency i is divided by factor i.
+    rope_freq_factors: tuple[float, ...] | None = None
     # The family (names the graph) and its variations of the Llama graph:
     family: str = "llama"
     qkv_bias: bool = False  # Q, K and V projections add a bias (the output projection does not)
@@ -78,9 +80,11 @@ class DecoderSpec:
 
     def inv_freq(self, theta: float | None = None, scaled: bool = True) -> np.ndarray:
         """float64 [rotary_dims / 2]: rotary frequencies, with the configured scaling (llama3,
-        linear, longrope's short factors) unless not `scaled`."""
+        linear, longrope's short factors) and a GGUF's frequency factors unless not `scaled`."""
         dim = self.rotary_dims
         inv = 1.0 / (theta or self.rope_theta) ** (np.arange(0, dim, 2) / dim)
+        if scaled and self.rope_freq_factors is not None:  # as llama.cpp's rope: theta / factor
+            inv = inv / np.asarray(self.rope_freq_factors, np.float64)
         scaling = (self.rope_scaling or {}) if scaled else {}
         rope_type = scaling.get("rope_type", scaling.get("type"))
         if rope_type == "linear":
@@ -145,6 +149,15 @@ def check_spec(spec: DecoderSpec, what: str) -> None:
             f"{what}: longrope short_factor must have {spec.rotary_dims // 2} values (rotary "
             f"dimensions / 2), got {len(scaling.get('short_factor') or [])}"
         )
+    factors = spec.rope_freq_factors
+    if factors is not None:
+        bad = [f for f in factors if not (math.isfinite(f) and f > 0)]
+        if len(factors) != spec.rotary_dims // 2 or bad:
+            got = f"the factor {bad[0]}" if bad else f"{len(factors)} factors"
+            raise ExportError(
+                f"{what}: rope_freqs must hold {spec.rotary_dims // 2} positive factors (rotary "
+                f"dimensions / 2), got {got}"
+            )
     if spec.rotary_dims % 2 or not 0 < spec.rotary_dims <= spec.head_dim:
         raise ExportError(
             f"{what}: a rotary dimension of {spec.rotary_dims} does not fit heads of "

@@ -14,6 +14,7 @@ import pytest
 from _family_models import PROMPT, STEPS, build, write_gguf
 from _family_models import export_logits as _logits
 
+from onnxsample.errors import ExportError
 from onnxsample.exporters import export
 from onnxsample.exporters._verify import ort_greedy
 
@@ -101,6 +102,30 @@ def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
     np.testing.assert_allclose(
         _logits(blocks.model_path, PROMPT), _logits(floats.model_path, PROMPT), atol=1e-3
     )
+
+
+@pytest.mark.parametrize(
+    ("name", "extra", "message"),
+    [
+        # Llama 3.1+'s frequency factors: one per rotary frequency (8 here), and positive
+        ("llama", {"rope_freqs.weight": np.full(4, 2.0, np.float32)}, "must hold 8 positive"),
+        ("llama", {"rope_freqs.weight": np.zeros(8, np.float32)}, "must hold 8 positive"),
+        # llama.cpp's Qwen2 has no frequency factors (it refuses a file with them), nor sinks
+        ("qwen2", {"rope_freqs.weight": np.ones(8, np.float32)}, "no place for: rope_freqs"),
+        ("qwen2", {"blk.0.attn_sinks.weight": np.zeros(4, np.float32)}, "no place for: blk.0"),
+    ],
+    ids=["short-rope-factors", "zero-rope-factors", "rope-factors-on-qwen2", "attention-sinks"],
+)
+def test_tensors_the_graph_cannot_use_are_refused(name, extra, message, tiny_hf, tmp_path):
+    """A tensor llama.cpp computes with is never left out: it is used, or the export says why not."""
+    folder = tiny_hf  # the tiny Llama (its GGUF's Q/K rows unpermuted: it is never run)
+    if name != "llama":
+        folder = tmp_path / "hf"
+        build(name, folder, tiny_hf)
+    write_gguf(folder, tmp_path / "extra.gguf", name, {}, extra=extra)
+    with pytest.raises(ExportError, match=f"extra.gguf.*{message}"):
+        export(tmp_path / "extra.gguf", tmp_path / "out", verify_tokens=0)
+    assert not (tmp_path / "out").exists()
 
 
 def _gemma_metadata(arch: str, layers: int, hidden: int, heads: int, head_dim: int) -> dict:

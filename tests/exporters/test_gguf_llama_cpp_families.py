@@ -146,6 +146,27 @@ def test_the_export_decodes_as_llama_server(made, llama_cpp):
     assert found["same"] >= found["close"], found
 
 
+# Far from the start the rotary embedding's details show: Llama 3.1+'s files carry rope_freqs, which
+# divide its low frequencies by up to 32. At position 20 that moves no logprob by 0.1; at 840, by 5.
+FAR = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 60)
+
+
+@pytest.mark.parametrize("family", models.FAMILIES)
+def test_far_positions_decode_as_llama_server(family, llama_cpp):
+    """Every token llama-server lists (its top 8, however unlikely: a tiny random model with
+    Llama 3's 128k vocabulary has no likely one) after a prompt of some 840 tokens."""
+    path = models.gguf(family, "Q8_0", llama_cpp)
+    result = _export(path, "Q8_0")
+    with LlamaServer(llama_cpp, path) as server:
+        prompt = server.tokenize(FAR)
+        assert len(prompt) > 800, len(prompt)
+        found = compare_with_llama_cpp(
+            Path(result.output) / "model.onnx", server, prompt, 2, likely=-np.inf
+        )
+    assert found["worst"] <= TOL, found
+    assert found["agree"] == found["decisive"], found
+
+
 @pytest.mark.parametrize("family", models.FAMILIES)
 def test_the_export_tokenizes_as_llama_cpp(family, llama_cpp):
     path = models.gguf(family, "Q4_K_M", llama_cpp)
