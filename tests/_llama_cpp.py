@@ -190,11 +190,28 @@ class LlamaServer:
             "post_sampling_probs": False,
         }
         out = self.post("/completion", body)
+        tokens = [int(t) for t in out["tokens"]]
+        entries = by_step(tokens, out.get("completion_probabilities", []))
         probs = [
-            {t["id"]: t["logprob"] for t in p.get("top_logprobs", [])}
-            for p in out.get("completion_probabilities", [])
+            None if e is None else {t["id"]: t["logprob"] for t in e.get("top_logprobs", [])}
+            for e in entries
         ]
-        return [int(t) for t in out["tokens"]], probs
+        return tokens, probs
+
+
+def by_step(tokens: list[int], entries: list[dict]) -> list[dict | None]:
+    """llama-server's ``completion_probabilities`` put at the steps they belong to: it lists one
+    entry a piece of text, so a token that leaves a UTF-8 character unfinished has none (its bytes
+    go to the next entry, whose `id` is the token sampled at that step). None where it has none."""
+    steps: list[dict | None] = [None] * len(tokens)
+    step = 0
+    for entry in entries:
+        while step < len(tokens) and tokens[step] != entry["id"]:
+            step += 1
+        assert step < len(tokens), ("an entry for no token", entry["id"], tokens)
+        steps[step] = entry
+        step += 1
+    return steps
 
 
 # How close our export and llama.cpp must be (tests/exporters/test_gguf_llama_cpp.py says why).
@@ -223,6 +240,8 @@ def compare_with_llama_cpp(
     ours = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     worst, decisive, agree = 0.0, 0, 0
     for i, top in enumerate(tops):
+        if top is None:  # llama-server gave this step's token no entry of its own
+            continue
         listed = {k: v for k, v in top.items() if v > likely}
         worst = max([worst, *(abs(float(ours[i, k]) - v) for k, v in listed.items())])
         best = sorted(top.values())[-2:]
@@ -230,7 +249,8 @@ def compare_with_llama_cpp(
             decisive += 1
             agree += int(ours[i].argmax()) == tokens[i]
     free = ort_greedy(model, prompt, steps)
-    margins = [np.subtract(*sorted(top.values())[-1:-3:-1]) for top in tops]
+    # a step without llama.cpp's numbers counts as a near-tie: nothing says it is decisive
+    margins = [0.0 if top is None else np.subtract(*sorted(top.values())[-1:-3:-1]) for top in tops]
     close = next((i for i, m in enumerate(margins) if m <= 2 * TOL), steps)
     same = next((i for i, (a, b) in enumerate(zip(free, tokens, strict=True)) if a != b), steps)
     return {"worst": worst, "decisive": decisive, "agree": agree, "close": close, "same": same}
@@ -245,7 +265,9 @@ def same_answer_until_a_near_tie(mine: dict, theirs: dict, steps: int) -> int:
     pairs = enumerate(zip(mine["tokens"], theirs["tokens"], strict=True))
     same = next((i for i, (a, b) in pairs if a != b), steps)
     if same < steps:
-        top = probs[same]["top_logprobs"]
+        entry = by_step(theirs["tokens"], probs)[same]
+        assert entry is not None, ("llama-server lists nothing for the step they part at", same)
+        top = entry["top_logprobs"]
         assert top[0]["logprob"] - top[1]["logprob"] <= 2 * TOL, (same, top)
     for a, b in zip(mine["completion_probabilities"][: same + 1], probs[: same + 1], strict=True):
         ours = {t["id"]: t["logprob"] for t in a["top_logprobs"]}
