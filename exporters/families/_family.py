@@ -217,6 +217,12 @@ class Family:
                 raise ExportError(f"{what}: GGUF metadata {arch}.{key} is missing")
             return value
 
+        experts = metadata.get(f"{arch}.expert_count")
+        if experts:  # Mixtral's GGUFs are `llama` files with experts in place of one MLP
+            raise ExportError(
+                f"{what}: a mixture of experts ({experts} experts a layer) is not a decoder the "
+                "gqa layout writes; use --layout optimum"
+            )
         heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
         rope_scaling = None
         if metadata.get(f"{arch}.rope.scaling.type") not in (None, "none"):

@@ -159,3 +159,13 @@ def test_gemma_gguf_headers_read_as_llama_cpp_reads_them():
     assert one_b.layer_windows == ((4096,) * 5 + (None,)) * 4 + (4096, 4096)
     assert one_b.local_rope_theta == 10000.0 and one_b.scale == pytest.approx(256**-0.5)
     assert one_b.attn_softcap is None and one_b.final_softcap is None
+
+
+def test_a_mixture_of_experts_is_refused_by_name():
+    """Mixtral's GGUFs are llama.cpp `llama` files with `llama.expert_count`: said as such, not as
+    the one MLP's tensors missing."""
+    from onnxsample.exporters.families import llama
+
+    metadata = {"general.architecture": "llama", "llama.expert_count": 8}
+    with pytest.raises(ExportError, match=r"mixtral.gguf: a mixture of experts \(8 experts"):
+        llama.FAMILY.gguf_spec(metadata, {"token_embd.weight"}, "mixtral.gguf")
