@@ -150,7 +150,7 @@ def export(
     # and an export of this very request by these exporter versions passed them when it was made.
     # The gqa layout's families were checked by resolve_options; it never imports optimum.
     if info is not None:
-        gguf.check_architecture(info, optimum=layout == "optimum")
+        gguf.check_architecture(info, optimum=layout == "optimum", what=src.name)
     elif layout == "optimum":
         hf.check_model_type(model_type, f"model type {model_type!r}")
     own = _manifest.own_files(out)

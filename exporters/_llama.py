@@ -17,7 +17,6 @@ __all__ = [
     "LLAMA_GGUF_ARCHITECTURES",
     "LLAMA_HF_TYPES",
     "LlamaSpec",
-    "gguf_spec",
     "hf_spec",
     "read_gguf",
     "read_hf",
@@ -35,8 +34,3 @@ def hf_spec(config: dict[str, Any], what: str) -> DecoderSpec:
 
         raise ExportError(f"{what} is not a Llama-family model; use --layout optimum")
     return FAMILY.hf_spec(config, what)
-
-
-def gguf_spec(metadata: dict[str, Any], tensor_names: set[str], what: str) -> DecoderSpec:
-    """The spec of a GGUF Llama header."""
-    return FAMILY.gguf_spec(metadata, tensor_names, what)

@@ -94,10 +94,14 @@ def _refuse_leftovers(raw: dict[str, np.ndarray], what: str) -> None:
     """A weight the family does not read would be silently dropped: refuse instead."""
     left = sorted(n for n in raw if not n.endswith("rotary_emb.inv_freq"))
     if left:
-        shown = ", ".join(left[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
         raise ExportError(
-            f"{what}: weights the gqa layout does not use ({shown}); use --layout optimum"
+            f"{what}: weights the gqa layout does not use ({_listed(left)}); use --layout optimum"
         )
+
+
+def _listed(names: list[str]) -> str:
+    """The first few of `names`, and how many more."""
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 # ---- GGUF files ----------------------------------------------------------------------------------
@@ -131,7 +135,7 @@ def read_gguf(
     reader = open_gguf(path)
     tensors = {t.name: t for t in reader.tensors}
     family = gguf_family(metadata.get("general.architecture"), path.name)
-    used: set[str] = set()  # a tensor the graph has no place for would be dropped: refused below
+    used: set[str] = set()  # by the family's spec (its rope factors)
 
     def read(name: str) -> np.ndarray | None:
         t = tensors.get(name)
@@ -143,7 +147,6 @@ def read_gguf(
     def tensor(name: str):
         if name not in tensors:
             raise ExportError(f"{path.name}: tensor {name} is missing")
-        used.add(name)
         return tensors[name]
 
     def load(name: str, *, linear: bool, order: np.ndarray | None = None):
@@ -160,6 +163,17 @@ def read_gguf(
         rows = int(np.prod(rest, dtype=np.int64))
         return _Later(lambda: load(name, linear=True, order=order), (rows, cols))
 
+    # What the graph takes, named before anything is read: a tensor it has no place for would be
+    # left out, and llama.cpp computes with every tensor it loads (it refuses a file with others).
+    taken = {"token_embd.weight", "output_norm.weight", *used}
+    taken |= {f"blk.{i}.{n.gguf}" for i in range(spec.num_layers) for n in family.tensors.values()}
+    if not spec.tied:
+        taken.add("output.weight")
+    left = sorted(set(tensors) - taken)
+    if left:
+        raise ExportError(
+            f"{path.name}: tensors the {family.name} graph has no place for: {_listed(left)}"
+        )
     embed = load("token_embd.weight", linear=True)  # gathered from its blocks when quantized
     if spec.vocab_size == 0:
         rows = embed.n if isinstance(embed, _gguf_quant.QuantizedWeight) else embed.shape[0]
@@ -178,19 +192,8 @@ def read_gguf(
             _unpack_when_taken(weights, family, spec, shapes, f"layers.{i}")
     # a tied LM head is the embedding's own object: the graph stores its blocks once
     weights["lm_head"] = embed if spec.tied else later("output.weight")
-    _check_unused(sorted(set(tensors) - used), family.name, path.name)
     _check_shapes(weights, shapes, path.name)
     return spec, weights
-
-
-def _check_unused(names: list[str], family: str, what: str) -> None:
-    """Refuse a file with tensors the export would leave out: llama.cpp computes with them."""
-    if names:
-        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-        raise ExportError(
-            f"{what} holds tensors the {family} graph has no place for: "
-            f"{', '.join(names[:3])}{more}"
-        )
 
 
 def _unpack_when_taken(

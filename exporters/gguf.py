@@ -43,6 +43,8 @@ _TOKEN_KEYS = {
     "unk": "tokenizer.ggml.unknown_token_id",
     "pad": "tokenizer.ggml.padding_token_id",
 }
+# Llama 3.1+'s rope scaling as llama.cpp's converter writes it: a factor per rotary frequency.
+_ROPE_FREQS = "rope_freqs.weight"
 # End-of-generation tokens besides EOS, as llama.cpp's vocabulary reads them.
 _EOG_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
@@ -177,9 +179,18 @@ def _check(info: GGUFInfo, path: Path) -> None:
         )
 
 
-def check_architecture(info: GGUFInfo, *, optimum: bool = True) -> None:
-    """Refuse an architecture transformers cannot read from a GGUF, or (with `optimum`, the
-    optimum layout's question) optimum cannot export as a decoder with a KV cache."""
+def check_architecture(info: GGUFInfo, *, optimum: bool = True, what: str = "the GGUF") -> None:
+    """Refuse a mixture of experts, an architecture transformers cannot read from a GGUF, or
+    (with `optimum`, the optimum layout's question) optimum cannot export as a decoder with a KV
+    cache."""
+    from onnxsample.exporters.families._family import refuse_experts
+
+    refuse_experts(info.metadata, what)
+    if optimum and _ROPE_FREQS in info.tensors:
+        raise ExportError(
+            f"{what}: transformers' GGUF loader, which the optimum layout exports from, leaves out "
+            f"its {_ROPE_FREQS} (Llama 3.1+'s rope scaling); the gqa layout (the default) reads it"
+        )
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     from onnxsample.exporters.hf import check_model_type
@@ -237,6 +248,7 @@ def gguf_config(path: Path):
 
 def gguf_model(path: Path, info: GGUFInfo, eog_ids: Sequence[int] = ()):
     """The GGUF de-quantised to an fp32 transformers model."""
+    import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -250,6 +262,10 @@ def gguf_model(path: Path, info: GGUFInfo, eog_ids: Sequence[int] = ()):
             )
     except Exception as exc:
         raise ExportError(f"transformers cannot load {path.name}: {exc}") from exc
+    if _ROPE_FREQS in info.tensors:  # the loader leaves them out: divided here, as llama.cpp does
+        factors = next(t for t in open_gguf(path).tensors if t.name == _ROPE_FREQS)
+        rotary = model.model.rotary_emb  # original_inv_freq is the same tensor
+        rotary.inv_freq.div_(torch.from_numpy(np.array(factors.data, np.float32).reshape(-1)))
     model.generation_config = gguf_generation_config(info, eog_ids)
     return model.eval()
 

@@ -195,10 +195,9 @@ def write_gguf(
 
     `linear_types` maps a projection's GGUF name part (``attn_q``, ``ffn_down``...) to its type
     (F32, Q8_0, Q4_0; F32 when absent); norms, biases and the embedding are F32; `extra` adds
-    F32 tensors by name. The names come
-    from gguf's map for the architecture, so they are llama.cpp's, not the exporter's; the
-    metadata and the changes to tensors are those of llama.cpp's convert_hf_to_gguf.py for the
-    architecture (Phi-3: no head size, rotated dimensions, window, LongRoPE factors as tensors;
+    F32 tensors by name. The names come from gguf's map for the architecture, so they are
+    llama.cpp's, not the exporter's; the metadata and the changes to tensors are those of
+    llama.cpp's convert_hf_to_gguf.py for the architecture (Phi-3: no head size, rotated dimensions, window, LongRoPE factors as tensors;
     Gemma: 1 added to every norm weight, soft-caps, window, Gemma 3's linear scaling).
     """
     import gguf
@@ -259,7 +258,7 @@ def write_gguf(
         else:
             kind = gguf.GGMLQuantizationType[qtype]
             writer.add_tensor(name, gguf.quants.quantize(data, kind), raw_dtype=kind)
-    for name, data in (extra or {}).items():  # tensors of another model's (F32)
+    for name, data in (extra or {}).items():  # F32 tensors this model does not have
         writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -175,9 +175,10 @@ class LlamaServer:
         body = {"content": text, "add_special": bos, "parse_special": True}
         return [int(i) for i in self.post("/tokenize", body)["tokens"]]
 
-    def greedy(self, ids: list[int], n: int, top: int = 0) -> tuple[list[int], list[dict]]:
+    def greedy(self, ids: list[int], n: int, top: int = 0) -> tuple[list[int], list[dict | None]]:
         """`n` greedy tokens after the prompt `ids` (no BOS added), and per token the raw
-        distribution's `top` most likely ids with their logprobs ({id: logprob})."""
+        distribution's `top` most likely ids with their logprobs ({id: logprob}); None for a
+        token llama-server lists nothing for (see :func:`by_step`)."""
         body = {
             "prompt": ids,
             "n_predict": n,
@@ -202,7 +203,10 @@ class LlamaServer:
 def by_step(tokens: list[int], entries: list[dict]) -> list[dict | None]:
     """llama-server's ``completion_probabilities`` put at the steps they belong to: it lists one
     entry a piece of text, so a token that leaves a UTF-8 character unfinished has none (its bytes
-    go to the next entry, whose `id` is the token sampled at that step). None where it has none."""
+    go to the next entry, whose `id` is the token sampled at that step). None where it has none.
+    An entry goes to the first step on from the last one with its id, so where a skipped token has
+    the id of the one that completes its character (two equal continuation bytes), the entry lands
+    a step early: a false difference, never a hidden one."""
     steps: list[dict | None] = [None] * len(tokens)
     step = 0
     for entry in entries:
@@ -227,8 +231,8 @@ def compare_with_llama_cpp(
     and our own free-running greedy tokens, against llama-server's: the largest |Δ logprob| of
     its likely tokens (logprob above `likely`; of its top 8) (``worst``), the steps where its top two are more than 2 * TOL apart
     (``decisive``) and how many of them our greedy token agrees on (``agree``), the first step
-    where they are not (``close``) and the first where our free-running greedy token differs
-    (``same``)."""
+    where they are not (``close``), the first where our free-running greedy token differs
+    (``same``), and how many steps llama-server gave numbers for (``compared``)."""
     import numpy as np
     from _family_models import export_logits
 
@@ -238,10 +242,11 @@ def compare_with_llama_cpp(
     logits = export_logits(model, prompt + tokens)[len(prompt) - 1 :]
     logits = logits - logits.max(-1, keepdims=True)
     ours = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    worst, decisive, agree = 0.0, 0, 0
+    worst, decisive, agree, compared = 0.0, 0, 0, 0
     for i, top in enumerate(tops):
         if top is None:  # llama-server gave this step's token no entry of its own
             continue
+        compared += 1
         listed = {k: v for k, v in top.items() if v > likely}
         worst = max([worst, *(abs(float(ours[i, k]) - v) for k, v in listed.items())])
         best = sorted(top.values())[-2:]
@@ -253,7 +258,14 @@ def compare_with_llama_cpp(
     margins = [0.0 if top is None else np.subtract(*sorted(top.values())[-1:-3:-1]) for top in tops]
     close = next((i for i, m in enumerate(margins) if m <= 2 * TOL), steps)
     same = next((i for i, (a, b) in enumerate(zip(free, tokens, strict=True)) if a != b), steps)
-    return {"worst": worst, "decisive": decisive, "agree": agree, "close": close, "same": same}
+    return {
+        "worst": worst,
+        "decisive": decisive,
+        "agree": agree,
+        "close": close,
+        "same": same,
+        "compared": compared,
+    }
 
 
 def same_answer_until_a_near_tie(mine: dict, theirs: dict, steps: int) -> int:
@@ -269,7 +281,11 @@ def same_answer_until_a_near_tie(mine: dict, theirs: dict, steps: int) -> int:
         assert entry is not None, ("llama-server lists nothing for the step they part at", same)
         top = entry["top_logprobs"]
         assert top[0]["logprob"] - top[1]["logprob"] <= 2 * TOL, (same, top)
-    for a, b in zip(mine["completion_probabilities"][: same + 1], probs[: same + 1], strict=True):
+    mine_by_step = by_step(mine["tokens"], mine["completion_probabilities"])
+    their_by_step = by_step(theirs["tokens"], probs)
+    for a, b in zip(mine_by_step[: same + 1], their_by_step[: same + 1], strict=True):
+        if a is None or b is None:  # a token that left a character unfinished, on either side
+            continue
         ours = {t["id"]: t["logprob"] for t in a["top_logprobs"]}
         both = [t for t in b["top_logprobs"] if t["id"] in ours]
         assert both and all(abs(ours[t["id"]] - t["logprob"]) < TOL for t in both), (a, b)

@@ -27,6 +27,7 @@ __all__ = [
     "longrope",
     "no_windows",
     "refuse_biases",
+    "refuse_experts",
     "typed_windows",
     "uniform_window",
 ]
@@ -74,7 +75,8 @@ FeaturesFn = Callable[[dict[str, Any]], dict[str, Any]]
 UnpackFn = Callable[[dict[str, Any], DecoderSpec, str], None]
 # A GGUF's spec fields beyond the common ones: from meta(key) (the architecture's metadata key,
 # None when absent), read(name) (a float32 tensor of the file, None when absent) and the common
-# fields; as llama.cpp reads that architecture.
+# fields; as llama.cpp reads that architecture. A tensor read counts as taken by the export (any
+# other beyond the layers' is refused), so a family reads only what its spec applies.
 GgufFeaturesFn = Callable[
     [Callable[[str], Any], Callable[[str], Any], dict[str, Any]], dict[str, Any]
 ]
@@ -102,6 +104,18 @@ def typed_windows(config: dict[str, Any], layers: int) -> tuple[int | None, ...]
     ]
     windows = tuple(int(window) if t == "sliding_attention" else None for t in types)
     return windows if any(w is not None for w in windows) else ()
+
+
+def refuse_experts(metadata: Mapping[str, Any], what: str) -> None:
+    """A GGUF mixture of experts (Mixtral's are `llama` files with `llama.expert_count`): the gqa
+    graph has one MLP a layer, and transformers' GGUF loader reads such a file as a dense model,
+    its experts left out, so neither layout may take it."""
+    experts = metadata.get(f"{metadata.get('general.architecture')}.expert_count")
+    if experts:
+        raise ExportError(
+            f"{what}: a mixture of experts ({experts} experts a layer) is not a model "
+            "onnxsample exports"
+        )
 
 
 def refuse_biases(config: dict[str, Any], what: str) -> None:
@@ -208,7 +222,8 @@ class Family:
         read: Callable[[str], Any] | None = None,
     ) -> DecoderSpec:
         """The spec of a GGUF header (llama.cpp's keys, prefixed with the architecture); `read`
-        gives a float32 tensor of the file by name (Phi-3's rope factors), None when absent."""
+        gives a float32 tensor of the file by name (Llama's and Phi-3's rope factors), None when
+        absent."""
         arch = metadata.get("general.architecture")
 
         def get(key: str, default=None):
@@ -217,12 +232,7 @@ class Family:
                 raise ExportError(f"{what}: GGUF metadata {arch}.{key} is missing")
             return value
 
-        experts = metadata.get(f"{arch}.expert_count")
-        if experts:  # Mixtral's GGUFs are `llama` files with experts in place of one MLP
-            raise ExportError(
-                f"{what}: a mixture of experts ({experts} experts a layer) is not a decoder the "
-                "gqa layout writes; use --layout optimum"
-            )
+        refuse_experts(metadata, what)
         heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
         rope_scaling = None
         if metadata.get(f"{arch}.rope.scaling.type") not in (None, "none"):

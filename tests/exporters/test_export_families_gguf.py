@@ -111,8 +111,8 @@ def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
         ("llama", {"rope_freqs.weight": np.full(4, 2.0, np.float32)}, "must hold 8 positive"),
         ("llama", {"rope_freqs.weight": np.zeros(8, np.float32)}, "must hold 8 positive"),
         # llama.cpp's Qwen2 has no frequency factors (it refuses a file with them), nor sinks
-        ("qwen2", {"rope_freqs.weight": np.ones(8, np.float32)}, "no place for: rope_freqs"),
-        ("qwen2", {"blk.0.attn_sinks.weight": np.zeros(4, np.float32)}, "no place for: blk.0"),
+        ("qwen2", {"rope_freqs.weight": np.ones(8, np.float32)}, "has no place for: rope_freqs"),
+        ("qwen2", {"blk.0.attn_sinks.weight": np.zeros(4, np.float32)}, "has no place for: blk.0"),
     ],
     ids=["short-rope-factors", "zero-rope-factors", "rope-factors-on-qwen2", "attention-sinks"],
 )
@@ -162,10 +162,19 @@ def test_gemma_gguf_headers_read_as_llama_cpp_reads_them():
 
 
 def test_a_mixture_of_experts_is_refused_by_name():
-    """Mixtral's GGUFs are llama.cpp `llama` files with `llama.expert_count`: said as such, not as
-    the one MLP's tensors missing."""
+    """Mixtral's GGUFs are llama.cpp `llama` files with `llama.expert_count`: said as such by
+    either layout (the gqa graph has one MLP a layer; transformers' GGUF loader would read the file
+    as a dense model, its experts left out), not as the one MLP's tensors missing."""
+    from collections import Counter
+
     from onnxsample.exporters.families import llama
+    from onnxsample.exporters.gguf import GGUFInfo, check_architecture
 
     metadata = {"general.architecture": "llama", "llama.expert_count": 8}
-    with pytest.raises(ExportError, match=r"mixtral.gguf: a mixture of experts \(8 experts"):
+    refused = r"mixtral.gguf: a mixture of experts \(8 experts a layer\) is not a model"
+    with pytest.raises(ExportError, match=refused):
         llama.FAMILY.gguf_spec(metadata, {"token_embd.weight"}, "mixtral.gguf")
+    info = GGUFInfo("llama", Counter(), 0, metadata=metadata)
+    for optimum in (True, False):
+        with pytest.raises(ExportError, match=refused):
+            check_architecture(info, optimum=optimum, what="mixtral.gguf")

@@ -161,10 +161,31 @@ def test_far_positions_decode_as_llama_server(family, llama_cpp):
         prompt = server.tokenize(FAR)
         assert len(prompt) > 800, len(prompt)
         found = compare_with_llama_cpp(
-            Path(result.output) / "model.onnx", server, prompt, 2, likely=-np.inf
+            Path(result.output) / "model.onnx", server, prompt, 3, likely=-np.inf
         )
+    assert found["compared"] >= 2, found  # steps llama-server gave numbers for
     assert found["worst"] <= TOL, found
     assert found["agree"] == found["decisive"], found
+
+
+def test_llama3_files_turn_as_their_hf_folder(llama_cpp):
+    """The Llama 3 file's rope_freqs (what the converter made of the HF folder's llama3 scaling)
+    give the folder's rotary frequencies: in the export, and in the verify step's reference, which
+    transformers' GGUF loader makes without them. The optimum layout, which exports that loader's
+    model, refuses the file."""
+    from onnxsample.errors import ExportError
+    from onnxsample.exporters._weights import read_hf
+    from onnxsample.exporters.gguf import check_architecture, gguf_model
+
+    path = models.gguf("llama3", "Q8_0", llama_cpp)
+    info = inspect_gguf(path)
+    spec, _ = read_gguf(path, info.metadata, quantized=True)
+    hf_spec, _ = read_hf(models.hf_folder("llama3", llama_cpp))
+    np.testing.assert_allclose(spec.inv_freq(), hf_spec.inv_freq(), rtol=1e-6)
+    reference = gguf_model(path, info).model.rotary_emb.inv_freq.numpy()
+    np.testing.assert_allclose(reference, spec.inv_freq(), rtol=1e-6)
+    with pytest.raises(ExportError, match=r"leaves out its rope_freqs\.weight"):
+        check_architecture(info, optimum=True, what=path.name)
 
 
 @pytest.mark.parametrize("family", models.FAMILIES)
