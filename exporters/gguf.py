@@ -43,8 +43,6 @@ _TOKEN_KEYS = {
     "unk": "tokenizer.ggml.unknown_token_id",
     "pad": "tokenizer.ggml.padding_token_id",
 }
-# Llama 3.1+'s rope scaling as llama.cpp's converter writes it: a factor per rotary frequency.
-_ROPE_FREQS = "rope_freqs.weight"
 # End-of-generation tokens besides EOS, as llama.cpp's vocabulary reads them.
 _EOG_KEYS = ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
@@ -184,12 +182,13 @@ def check_architecture(info: GGUFInfo, *, optimum: bool = True, what: str = "the
     (with `optimum`, the optimum layout's question) optimum cannot export as a decoder with a KV
     cache."""
     from onnxsample.exporters.families._family import refuse_experts
+    from onnxsample.exporters.families.llama import ROPE_FREQS
 
     refuse_experts(info.metadata, what)
-    if optimum and _ROPE_FREQS in info.tensors:
+    if optimum and ROPE_FREQS in info.tensors:
         raise ExportError(
             f"{what}: transformers' GGUF loader, which the optimum layout exports from, leaves out "
-            f"its {_ROPE_FREQS} (Llama 3.1+'s rope scaling); the gqa layout (the default) reads it"
+            f"its {ROPE_FREQS} (Llama 3.1+'s rope scaling); the gqa layout (the default) reads it"
         )
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
@@ -253,6 +252,7 @@ def gguf_model(path: Path, info: GGUFInfo, eog_ids: Sequence[int] = ()):
     from transformers import AutoModelForCausalLM
 
     from onnxsample.exporters._gguf_reader import fast_gguf_reader
+    from onnxsample.exporters.families.llama import ROPE_FREQS
     from onnxsample.exporters.hf import quiet
 
     try:
@@ -262,8 +262,8 @@ def gguf_model(path: Path, info: GGUFInfo, eog_ids: Sequence[int] = ()):
             )
     except Exception as exc:
         raise ExportError(f"transformers cannot load {path.name}: {exc}") from exc
-    if _ROPE_FREQS in info.tensors:  # the loader leaves them out: divided here, as llama.cpp does
-        factors = next(t for t in open_gguf(path).tensors if t.name == _ROPE_FREQS)
+    if ROPE_FREQS in info.tensors:  # the loader leaves them out: divided here, as llama.cpp does
+        factors = next(t for t in open_gguf(path).tensors if t.name == ROPE_FREQS)
         rotary = model.model.rotary_emb  # original_inv_freq is the same tensor
         rotary.inv_freq.div_(torch.from_numpy(np.array(factors.data, np.float32).reshape(-1)))
     model.generation_config = gguf_generation_config(info, eog_ids)

@@ -229,8 +229,8 @@ def compare_with_llama_cpp(
 ) -> dict:
     """Our export's logprobs along llama.cpp's greedy continuation of `prompt` (teacher forced),
     and our own free-running greedy tokens, against llama-server's: the largest |Δ logprob| of
-    its likely tokens (logprob above `likely`; of its top 8) (``worst``), the steps where its top two are more than 2 * TOL apart
-    (``decisive``) and how many of them our greedy token agrees on (``agree``), the first step
+    its likely tokens (those of its top 8 with a logprob above `likely`) (``worst``), the steps
+    where its top two are more than 2 * TOL apart (``decisive``) and how many of them our greedy token agrees on (``agree``), the first step
     where they are not (``close``), the first where our free-running greedy token differs
     (``same``), and how many steps llama-server gave numbers for (``compared``)."""
     import numpy as np
@@ -273,16 +273,15 @@ def same_answer_until_a_near_tie(mine: dict, theirs: dict, steps: int) -> int:
     the same greedy request: their tokens agree until a step where llama.cpp's top two are within
     2 * TOL (a tiny random model's often are), and up to there the top tokens both list have
     logprobs within TOL. The steps they agree on."""
-    probs = theirs["completion_probabilities"]
+    their_by_step = by_step(theirs["tokens"], theirs["completion_probabilities"])
     pairs = enumerate(zip(mine["tokens"], theirs["tokens"], strict=True))
     same = next((i for i, (a, b) in pairs if a != b), steps)
     if same < steps:
-        entry = by_step(theirs["tokens"], probs)[same]
+        entry = their_by_step[same]
         assert entry is not None, ("llama-server lists nothing for the step they part at", same)
         top = entry["top_logprobs"]
         assert top[0]["logprob"] - top[1]["logprob"] <= 2 * TOL, (same, top)
     mine_by_step = by_step(mine["tokens"], mine["completion_probabilities"])
-    their_by_step = by_step(theirs["tokens"], probs)
     for a, b in zip(mine_by_step[: same + 1], their_by_step[: same + 1], strict=True):
         if a is None or b is None:  # a token that left a character unfinished, on either side
             continue

@@ -9,10 +9,13 @@ from typing import Any
 
 from onnxsample.exporters.families._family import Family, refuse_biases
 
+# Llama 3.1+'s rope scaling as the converter writes it: a factor per rotary frequency.
+ROPE_FREQS = "rope_freqs.weight"
+
 
 def _gguf_features(meta, read, fields: dict[str, Any]) -> dict[str, Any]:
     """The frequency factors of a llama.cpp ``llama`` GGUF, where it has them."""
-    factors = read("rope_freqs.weight")
+    factors = read(ROPE_FREQS)
     if factors is None:
         return {}
     return {"rope_freq_factors": tuple(float(f) for f in factors.reshape(-1))}
