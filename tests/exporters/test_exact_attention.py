@@ -18,17 +18,17 @@ from onnxsample.composer.loading import check_model
 from onnxsample.errors import ExportError
 from onnxsample.exporters import export
 from onnxsample.exporters._gguf_quant import from_gguf
-from onnxsample.exporters._llama import LlamaSpec
 from onnxsample.exporters._options import export_name
 from onnxsample.exporters._verify import ort_greedy
+from onnxsample.exporters.families import DecoderSpec
 from onnxsample.exporters.gqa import build_gqa_model
 
 PROMPT = [1, 504, 3458, 314, 260, 1000, 77, 9]
 BUFFER = 32  # positions of the test's KV buffers
 
 
-def _spec(heads: int, kv_heads: int, intermediate: int = 48) -> LlamaSpec:
-    return LlamaSpec(
+def _spec(heads: int, kv_heads: int, intermediate: int = 48) -> DecoderSpec:
+    return DecoderSpec(
         vocab_size=96,
         hidden_size=16 * heads,
         intermediate_size=intermediate,
@@ -43,7 +43,7 @@ def _spec(heads: int, kv_heads: int, intermediate: int = 48) -> LlamaSpec:
     )
 
 
-def _weights(spec: LlamaSpec, seed: int = 0) -> dict[str, np.ndarray]:
+def _weights(spec: DecoderSpec, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     h, d, f = spec.hidden_size, spec.head_dim, spec.intermediate_size
     shapes = {"embed": (spec.vocab_size, h), "norm": (h,), "lm_head": (spec.vocab_size, h)}
