@@ -113,8 +113,16 @@ def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
         # llama.cpp's Qwen2 has no frequency factors (it refuses a file with them), nor sinks
         ("qwen2", {"rope_freqs.weight": np.ones(8, np.float32)}, "has no place for: rope_freqs"),
         ("qwen2", {"blk.0.attn_sinks.weight": np.zeros(4, np.float32)}, "has no place for: blk.0"),
+        # Qwen3-Reranker's files: a generator's tensors and a head that scores the text
+        ("qwen3", {"cls.output.weight": np.zeros((1, 64), np.float32)}, "is a reranker"),
     ],
-    ids=["short-rope-factors", "zero-rope-factors", "rope-factors-on-qwen2", "attention-sinks"],
+    ids=[
+        "short-rope-factors",
+        "zero-rope-factors",
+        "rope-factors-on-qwen2",
+        "attention-sinks",
+        "reranker",
+    ],
 )
 def test_tensors_the_graph_cannot_use_are_refused(name, extra, message, tiny_hf, tmp_path):
     """A tensor llama.cpp computes with is never left out: it is used, or the export says why not."""
