@@ -27,6 +27,12 @@ same run. Our engine is alive only for its own runs (ONNX Runtime's threads spin
 would starve llama-server's), after a warm-up run of the same length (a new session's first pass
 through each cache length allocates); llama-server's idle threads sleep.
 
+``--no-repack`` adds a second peer, llama-server with ``--no-repack``: on an x86 CPU with AVX2
+llama.cpp re-lays Q4_0, Q4_K and IQ4_NL weights at load into interleaved rows its own matrix-vector
+kernels read (its ``CPU_REPACK`` buffer; Q4_1, Q5_x, Q6_K and Q8_0 stay as the file has them). The
+second peer shows how much of llama-server's speed on a file is that repacking, which no ONNX
+Runtime kernel does (ratio_no_repack = ours ÷ that peer).
+
 ``--profile`` adds, per model and thread count, where one of our batch-1 decode steps goes (ONNX
 Runtime's profiler over 32 steps of the composed graph: the LM head, the sampler chain, the GGUF
 minimums' corrections, the rest of the model), so a 262k vocabulary's share is measured, not guessed.
@@ -36,6 +42,7 @@ Output: stdout and ``--output`` (``benchmarks/results/gguf_files.json``) with th
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import statistics
 import sys
@@ -51,6 +58,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # _llama_cpp.py: where llama.cpp is bui
 import _llama_cpp
 
 log = logger("gguf_files")
+NO_REPACK = "llama-server-no-repack"
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -174,6 +182,34 @@ def _profile(folder: Path, vocab: int, threads: int, calls: int = 32) -> dict:
     }
 
 
+def _cell(composed: Path, servers: dict, ids: list[int], threads: int, batch: int, args) -> dict:
+    """One (threads, batch) cell: every engine's runs, alternating, and ours over each peer."""
+    import onnxsample
+
+    runs: dict[str, list[dict]] = {"onnxsample": [], **{peer: [] for peer in servers}}
+    for r in range(args.repeats + 1):  # the first round warms up
+        for who in list(runs)[:: 1 if r % 2 == 0 else -1]:
+            if who == "onnxsample":  # alive only for its own runs: ONNX Runtime's threads
+                # spin between calls and would starve llama-server's. A warm-up as long as the
+                # run: a new session's first pass over each cache length allocates (the embedded
+                # model decodes 10-18% slower), as llama-server, alive all along, did long before
+                with onnxsample.Generator(composed, threads=threads) as gen:
+                    _run_ours(gen, ids, batch, args.new_tokens)
+                    run = _run_ours(gen, ids, batch, args.new_tokens)
+            else:
+                run = _run_llama(servers[who], ids, batch, args.new_tokens)
+            if r:
+                runs[who].append(run)
+    cell: dict = {"threads": threads, "batch": batch}
+    for key in ("decode_tok_s", "prompt_tok_s"):
+        cell[key] = {who: _summary(found, key) for who, found in runs.items()}
+        ours = cell[key]["onnxsample"]["median"]
+        for peer in servers:
+            suffix = "" if peer == "llama-server" else "_no_repack"
+            cell[key]["ratio" + suffix] = round(ours / cell[key][peer]["median"], 2)
+    return cell
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--models", default="smollm2,gemma3")
@@ -182,6 +218,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--no-repack", action="store_true", help="also time llama-server --no-repack")
     p.add_argument("--output", default=str(RESULTS / "gguf_files.json"))
     args = p.parse_args()
     built = built_llama_cpp()
@@ -203,33 +240,19 @@ def main() -> None:
             "same_prompt_ids": ids == ids_llama,
             "cells": [],
         }
+        peers = {"llama-server": ()} | ({NO_REPACK: ("--no-repack",)} if args.no_repack else {})
         for threads in ints(args.threads, "--threads"):
-            with _llama_cpp.LlamaServer(built, path, threads=threads, ctx=8 * 512, slots=8) as srv:
-                for batch in ints(args.batch, "--batch"):
-                    ours, theirs = [], []
-                    for r in range(args.repeats + 1):  # the first pair warms up
-                        for who in ("ours", "llama")[:: 1 if r % 2 == 0 else -1]:
-                            if who == "ours":  # alive only for its own runs: ONNX Runtime's
-                                # threads spin between calls and would starve llama-server's.
-                                # A warm-up as long as the run: a new session's first pass over
-                                # each cache length allocates (the embedded model decodes 10-18%
-                                # slower), as llama-server, alive all along, did long before
-                                with onnxsample.Generator(composed, threads=threads) as gen:
-                                    _run_ours(gen, ids, batch, args.new_tokens)
-                                    run = _run_ours(gen, ids, batch, args.new_tokens)
-                            else:
-                                run = _run_llama(srv, ids, batch, args.new_tokens)
-                            if r:
-                                (ours if who == "ours" else theirs).append(run)
-                    cell = {"threads": threads, "batch": batch}
-                    for key in ("decode_tok_s", "prompt_tok_s"):
-                        cell[key] = {"onnxsample": _summary(ours, key),
-                                     "llama-server": _summary(theirs, key)}  # fmt: skip
-                        a, b = (
-                            cell[key]["onnxsample"]["median"],
-                            cell[key]["llama-server"]["median"],
+            with contextlib.ExitStack() as stack:
+                servers = {
+                    peer: stack.enter_context(
+                        _llama_cpp.LlamaServer(
+                            built, path, threads=threads, ctx=8 * 512, slots=8, args=extra
                         )
-                        cell[key]["ratio"] = round(a / b, 2)
+                    )
+                    for peer, extra in peers.items()
+                }
+                for batch in ints(args.batch, "--batch"):
+                    cell = _cell(composed, servers, ids, threads, batch, args)
                     log(f"{name} t={threads} b={batch}: {cell}")
                     entry["cells"].append(cell)
             if args.profile:

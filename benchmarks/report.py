@@ -26,6 +26,7 @@ from report_gguf import (
     kernels_section,
     minimums_section,
     mixes_section,
+    repack_section,
 )
 from report_overhead import overhead_section
 from report_speculative import speculative_section
@@ -131,6 +132,7 @@ def render(
     lines += gguf_section((engine or {}).get("gguf_files"))
     lines += mixes_section((engine or {}).get("gguf_mixes"))
     lines += k_quants_section((engine or {}).get("gguf_k_quants"))
+    lines += repack_section((engine or {}).get("gguf_repack"))
     lines += minimums_section((engine or {}).get("gguf_minimums"))
     lines += codes_section((engine or {}).get("gguf_codes"))
     lines += kernels_section((engine or {}).get("gguf_kernels"))

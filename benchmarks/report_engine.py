@@ -24,6 +24,7 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "gguf_files",
         "gguf_mixes",
         "gguf_k_quants",
+        "gguf_repack",
         "gguf_minimums",
         "gguf_codes",
         "gguf_kernels",

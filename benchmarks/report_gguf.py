@@ -73,6 +73,47 @@ def k_quants_section(data: dict | None) -> list[str]:
     return lines + _models(data, "####")
 
 
+def repack_section(data: dict | None) -> list[str]:
+    """Batch-1 decode against llama-server with and without its weight repacking (``gguf_files.py
+    --no-repack``), one row per file and thread count (nothing without results)."""
+    if not data:
+        return []
+    lines = [
+        "### llama.cpp's weight repacking",
+        "",
+        "`python benchmarks/gguf_files.py --models smollm2,smollm2:Q4_0,smollm2:Q4_K_M,"
+        "llama256:Q4_0,llama256:Q4_K_M --batch 1 --no-repack --output "
+        "benchmarks/results/gguf_repack.json`: at load, llama.cpp's CPU backend re-lays Q4_0, "
+        "Q4_K and IQ4_NL weights into interleaved rows that its own AVX2 matrix-vector kernels "
+        "read (the `CPU_REPACK` buffer); Q4_1, Q5_0, Q6_K and Q8_0 stay as the file has them. "
+        "A second llama-server with `--no-repack` on the same file, alternating with the first and "
+        "with ours, shows how much of a batch-1 decode that is. Ours: the export of the file as "
+        "above, whose 4-bit codes `MatMulNBits` reads in its own layout; a weight with minimums "
+        "(Q4_1, Q4_K) adds their correction (see the forms below). Decode tok/s, medians of the "
+        "repetitions, batch 1.",
+        "",
+    ]
+    head = ["file", "threads", "ours", "llama-server", "ratio", "--no-repack", "ratio"]
+    rows = []
+    for name, entry in data.get("models", {}).items():
+        for c in entry["cells"]:
+            d = c["decode_tok_s"]
+            peer = d.get("llama-server-no-repack") or {}
+            rows.append(
+                [
+                    f"`{name}`",
+                    c["threads"],
+                    num(d["onnxsample"]["median"], 1),
+                    num(d["llama-server"]["median"], 1),
+                    times(d["ratio"]),
+                    num(peer.get("median"), 1),
+                    times(d.get("ratio_no_repack")),
+                ]
+            )
+    lines += [*table(head, "lrrrrrr", rows), ""]
+    return lines + _machine_and_load(data.get("run") or {})
+
+
 def _models(data: dict, heading: str) -> list[str]:
     """Each model's table (and profile), under a `heading`-level title."""
     lines: list[str] = []

@@ -413,6 +413,24 @@ def test_report_renders_the_k_quant_mixes(bench) -> None:
     assert gguf.k_quants_section(None) == []
 
 
+def test_report_renders_llama_server_with_and_without_repacking(bench) -> None:
+    gguf = bench("report_gguf")
+    decode = {
+        "onnxsample": {"median": 115.0},
+        "llama-server": {"median": 125.0},
+        "llama-server-no-repack": {"median": 100.0},
+        "ratio": 0.92,
+        "ratio_no_repack": 1.15,
+    }
+    cell = {"threads": 2, "batch": 1, "decode_tok_s": decode}
+    data = {"models": {"smollm2-Q4_0": {"cells": [cell]}}, "run": _run("AMD EPYC", 0.5, 1.7)}
+    text = "\n".join(gguf.repack_section(data))
+    assert "### llama.cpp's weight repacking" in text
+    assert "| `smollm2-Q4_0` | 2 | 115.0 | 125.0 | 0.92× | 100.0 | 1.15× |" in text
+    assert "Machine: AMD EPYC, 2 cores." in text and "during the runs: 0.5–1.7" in text
+    assert gguf.repack_section(None) == []
+
+
 def test_report_renders_llama_cpps_kernels_beside_ours(bench) -> None:
     gguf = bench("report_gguf")
     parts = {"linear": 10.0, "lm_head": 5.0, "rest": 3.0}
