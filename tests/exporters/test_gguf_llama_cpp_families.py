@@ -34,6 +34,7 @@ from _exports import export_cached
 from _hard_texts import HARD, hard_corpus
 from _http import get, post, served
 from _llama_cpp import (
+    FLAT_TOL,
     TOL,
     LlamaServer,
     compare_with_llama_cpp,
@@ -141,7 +142,9 @@ def test_the_export_decodes_as_llama_server(made, llama_cpp):
     with LlamaServer(llama_cpp, path) as server:
         prompt = server.tokenize("The capital of France is")
         found = compare_with_llama_cpp(Path(result.output) / "model.onnx", server, prompt, 16)
+    assert found["compared"] >= 12, found
     assert found["worst"] <= TOL, found
+    assert found["flat"] <= FLAT_TOL, found  # Gemma 2's fixture has no likely token at any step
     assert found["agree"] == found["decisive"], found
     assert found["same"] >= found["close"], found
 
