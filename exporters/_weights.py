@@ -107,11 +107,6 @@ def _listed(names: list[str]) -> str:
 # ---- GGUF files ----------------------------------------------------------------------------------
 
 
-# llama.cpp's classification head (LLM_TENSOR_CLS, LLM_TENSOR_CLS_OUT): a reranker's, whose output
-# is a score per text, not a next token
-_CLASSIFIER = ("cls.weight", "cls.bias", "cls.output.")
-
-
 def _unpermute_order(rows: int, heads: int) -> np.ndarray:
     """Row order that turns llama.cpp's interleaved Q/K rows back into transformers' halves."""
     return np.arange(rows).reshape(heads, -1, 2).transpose(0, 2, 1).reshape(-1)
@@ -175,11 +170,6 @@ def read_gguf(
     if not spec.tied:
         taken.add("output.weight")
     left = sorted(set(tensors) - taken)
-    if heads := [name for name in left if name.startswith(_CLASSIFIER)]:
-        raise ExportError(
-            f"{path.name} is a reranker or classifier (its {_listed(heads)} scores a text, "
-            "llama.cpp's --rerank / --pooling rank): onnxsample exports text generators"
-        )
     if left:
         raise ExportError(
             f"{path.name}: tensors the {family.name} graph has no place for: {_listed(left)}"

@@ -177,14 +177,25 @@ def _check(info: GGUFInfo, path: Path) -> None:
         )
 
 
+# llama.cpp's classification head (LLM_TENSOR_CLS, _CLS_OUT, _CLS_NORM): a reranker's or a
+# classifier's, whose output is a score per text, not a next token. transformers' GGUF loader skips
+# it, so the optimum layout would export the file as a generator without it.
+_CLASSIFIER = ("cls.weight", "cls.bias", "cls.output.", "cls.norm.")
+
+
 def check_architecture(info: GGUFInfo, *, optimum: bool = True, what: str = "the GGUF") -> None:
-    """Refuse a mixture of experts, an architecture transformers cannot read from a GGUF, or
+    """Refuse a mixture of experts, a reranker, an architecture transformers cannot read from a GGUF, or
     (with `optimum`, the optimum layout's question) optimum cannot export as a decoder with a KV
     cache."""
     from onnxsample.exporters.families._family import refuse_experts
     from onnxsample.exporters.families.llama import ROPE_FREQS
 
     refuse_experts(info.metadata, what)
+    if heads := sorted(name for name in info.tensors if name.startswith(_CLASSIFIER)):
+        raise ExportError(
+            f"{what} is a reranker or classifier (its {', '.join(heads)} scores a text, as "
+            "llama.cpp's --rerank / --pooling rank run it): onnxsample exports text generators"
+        )
     if optimum and ROPE_FREQS in info.tensors:
         raise ExportError(
             f"{what}: transformers' GGUF loader, which the optimum layout exports from, leaves out "

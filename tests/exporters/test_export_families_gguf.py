@@ -113,16 +113,8 @@ def test_gguf_blocks_give_the_fp32_exports_tokens(hf_and_ggufs, tmp_path):
         # llama.cpp's Qwen2 has no frequency factors (it refuses a file with them), nor sinks
         ("qwen2", {"rope_freqs.weight": np.ones(8, np.float32)}, "has no place for: rope_freqs"),
         ("qwen2", {"blk.0.attn_sinks.weight": np.zeros(4, np.float32)}, "has no place for: blk.0"),
-        # Qwen3-Reranker's files: a generator's tensors and a head that scores the text
-        ("qwen3", {"cls.output.weight": np.zeros((1, 64), np.float32)}, "is a reranker"),
     ],
-    ids=[
-        "short-rope-factors",
-        "zero-rope-factors",
-        "rope-factors-on-qwen2",
-        "attention-sinks",
-        "reranker",
-    ],
+    ids=["short-rope-factors", "zero-rope-factors", "rope-factors-on-qwen2", "attention-sinks"],
 )
 def test_tensors_the_graph_cannot_use_are_refused(name, extra, message, tiny_hf, tmp_path):
     """A tensor llama.cpp computes with is never left out: it is used, or the export says why not."""
@@ -167,6 +159,21 @@ def test_gemma_gguf_headers_read_as_llama_cpp_reads_them():
     assert one_b.layer_windows == ((4096,) * 5 + (None,)) * 4 + (4096, 4096)
     assert one_b.local_rope_theta == 10000.0 and one_b.scale == pytest.approx(256**-0.5)
     assert one_b.attn_softcap is None and one_b.final_softcap is None
+
+
+@pytest.mark.parametrize("layout", ["gqa", "optimum"])
+def test_a_reranker_is_refused_as_one(layout, tiny_hf, tmp_path):
+    """Qwen3-Reranker's files are a generator's tensors and a head that scores the text
+    (``cls.output.weight``): refused by either layout (transformers' GGUF loader skips the head, so
+    the optimum layout's export would be a generator without it)."""
+    folder = tmp_path / "hf"
+    build("qwen3", folder, tiny_hf)
+    head = {"cls.output.weight": np.zeros((1, 64), np.float32)}
+    write_gguf(folder, tmp_path / "rerank.gguf", "qwen3", {}, extra=head)
+    refused = r"rerank is a reranker or classifier \(its cls.output.weight scores a text"
+    with pytest.raises(ExportError, match=refused):
+        export(tmp_path / "rerank.gguf", tmp_path / "out", layout=layout, verify_tokens=0)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_mixture_of_experts_is_refused_by_name():
