@@ -22,8 +22,8 @@ many concurrent ``/completion`` requests, continuous batching). Decode tok/s: ev
 tokens after the first over the decode time (ours: the engine's decode calls; llama-server: the
 longest request's ``predicted_ms``); prompt tok/s: batch x prompt tokens over the prefill time
 (llama-server: each request's ``prompt_per_second``, summed). The median and the spread over
-``--repeats`` runs after a warm-up pair, the engines alternating; ratios ours / llama-server in the
-same run. Our engine is alive only for its own runs (ONNX Runtime's threads spin between calls and
+``--repeats`` runs after a warm-up round (a run of each engine), the engines alternating; ratios
+ours / llama-server in the same run. Our engine is alive only for its own runs (ONNX Runtime's threads spin between calls and
 would starve llama-server's), after a warm-up run of the same length (a new session's first pass
 through each cache length allocates); llama-server's idle threads sleep.
 
@@ -225,7 +225,7 @@ def main() -> None:
     import onnxsample
 
     load_before = load_average()
-    report = {"run": None, "new_tokens": args.new_tokens, "models": {}}
+    report = {"run": None, "new_tokens": args.new_tokens, "repeats": args.repeats, "models": {}}
     for name in args.models.split(","):
         path = gguf_path(name)
         name = path.stem if name.endswith(".gguf") or ":" in name else name

@@ -82,12 +82,13 @@ def repack_section(data: dict | None) -> list[str]:
         "### llama.cpp's weight repacking",
         "",
         "`python benchmarks/gguf_files.py --models smollm2,smollm2:Q4_0,smollm2:Q4_K_M,"
-        "llama256:Q4_0,llama256:Q4_K_M --batch 1 --no-repack --output "
+        "llama256:Q4_0,llama256:Q4_K_M --threads 1,2 --batch 1 --repeats 5 --no-repack --output "
         "benchmarks/results/gguf_repack.json`: at load, llama.cpp's CPU backend re-lays Q4_0, "
         "Q4_K and IQ4_NL weights into interleaved rows that its own AVX2 matrix-vector kernels "
         "read (the `CPU_REPACK` buffer); Q4_1, Q5_0, Q6_K and Q8_0 stay as the file has them. "
         "A second llama-server with `--no-repack` on the same file, alternating with the first and "
-        "with ours, shows how much of a batch-1 decode that is. Ours: the export of the file as "
+        "with ours, shows how much of a batch-1 decode that is (on Q4_1, which has nothing to "
+        "repack, the two servers differ only by the run's noise). Ours: the export of the file as "
         "above, whose 4-bit codes `MatMulNBits` reads in its own layout; a weight with minimums "
         "(Q4_1, Q4_K) adds their correction (see the forms below). Decode tok/s, medians of the "
         "repetitions, batch 1.",
