@@ -23,9 +23,10 @@ tokens after the first over the decode time (ours: the engine's decode calls; ll
 longest request's ``predicted_ms``); prompt tok/s: batch x prompt tokens over the prefill time
 (llama-server: each request's ``prompt_per_second``, summed). The median and the spread over
 ``--repeats`` runs after a warm-up round (a run of each engine), the engines alternating; ratios
-ours / llama-server in the same run. Our engine is alive only for its own runs (ONNX Runtime's threads spin between calls and
-would starve llama-server's), after a warm-up run of the same length (a new session's first pass
-through each cache length allocates); llama-server's idle threads sleep.
+ours / llama-server in the same run. Our engine is alive only for its own runs (ONNX Runtime's
+threads spin between calls and would starve llama-server's), after a warm-up run of the same
+length (a new session's first pass through each cache length allocates); llama-server's idle
+threads sleep.
 
 ``--no-repack`` adds a second peer, llama-server with ``--no-repack``: on an x86 CPU with AVX2
 llama.cpp re-lays Q4_0, Q4_K and IQ4_NL weights at load into interleaved rows its own matrix-vector
@@ -58,7 +59,9 @@ sys.path.insert(0, str(ROOT / "tests"))  # _llama_cpp.py: where llama.cpp is bui
 import _llama_cpp
 
 log = logger("gguf_files")
-NO_REPACK = "llama-server-no-repack"
+# The peers: llama-server's name in the JSON, its extra options, the key of ours over it.
+PEER = ("llama-server", (), "ratio")
+NO_REPACK = ("llama-server-no-repack", ("--no-repack",), "ratio_no_repack")
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -182,8 +185,11 @@ def _profile(folder: Path, vocab: int, threads: int, calls: int = 32) -> dict:
     }
 
 
-def _cell(composed: Path, servers: dict, ids: list[int], threads: int, batch: int, args) -> dict:
-    """One (threads, batch) cell: every engine's runs, alternating, and ours over each peer."""
+def _cell(
+    composed: Path, servers: dict, ratios: dict, ids: list[int], threads: int, batch: int, args
+) -> dict:
+    """One (threads, batch) cell: every engine's runs, alternating, and ours over each peer
+    (`ratios`: a peer's name -> the key of that ratio)."""
     import onnxsample
 
     runs: dict[str, list[dict]] = {"onnxsample": [], **{peer: [] for peer in servers}}
@@ -204,9 +210,8 @@ def _cell(composed: Path, servers: dict, ids: list[int], threads: int, batch: in
     for key in ("decode_tok_s", "prompt_tok_s"):
         cell[key] = {who: _summary(found, key) for who, found in runs.items()}
         ours = cell[key]["onnxsample"]["median"]
-        for peer in servers:
-            suffix = "" if peer == "llama-server" else "_no_repack"
-            cell[key]["ratio" + suffix] = round(ours / cell[key][peer]["median"], 2)
+        for peer, key_ratio in ratios.items():
+            cell[key][key_ratio] = round(ours / cell[key][peer]["median"], 2)
     return cell
 
 
@@ -240,7 +245,8 @@ def main() -> None:
             "same_prompt_ids": ids == ids_llama,
             "cells": [],
         }
-        peers = {"llama-server": ()} | ({NO_REPACK: ("--no-repack",)} if args.no_repack else {})
+        peers = [PEER, NO_REPACK] if args.no_repack else [PEER]
+        ratios = {peer: ratio for peer, _, ratio in peers}
         for threads in ints(args.threads, "--threads"):
             with contextlib.ExitStack() as stack:
                 servers = {
@@ -249,10 +255,10 @@ def main() -> None:
                             built, path, threads=threads, ctx=8 * 512, slots=8, args=extra
                         )
                     )
-                    for peer, extra in peers.items()
+                    for peer, extra, _ in peers
                 }
                 for batch in ints(args.batch, "--batch"):
-                    cell = _cell(composed, servers, ids, threads, batch, args)
+                    cell = _cell(composed, servers, ratios, ids, threads, batch, args)
                     log(f"{name} t={threads} b={batch}: {cell}")
                     entry["cells"].append(cell)
             if args.profile:

@@ -184,9 +184,9 @@ _CLASSIFIER = ("cls.weight", "cls.bias", "cls.output.", "cls.norm.")
 
 
 def check_architecture(info: GGUFInfo, *, optimum: bool = True, what: str = "the GGUF") -> None:
-    """Refuse a mixture of experts, a reranker, an architecture transformers cannot read from a GGUF, or
-    (with `optimum`, the optimum layout's question) optimum cannot export as a decoder with a KV
-    cache."""
+    """Refuse a mixture of experts, a reranker, an architecture transformers cannot read from a
+    GGUF, or (with `optimum`, the optimum layout's question) optimum cannot export as a decoder with
+    a KV cache."""
     from onnxsample.exporters.families._family import refuse_experts
     from onnxsample.exporters.families.llama import ROPE_FREQS
 
