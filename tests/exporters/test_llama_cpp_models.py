@@ -1,6 +1,7 @@
-"""The llama.cpp-made GGUF fixtures themselves (tests/_llama_cpp_models.py): each file is the family's
-architecture with the tensor types its mix stands for, carries its real vocabulary token for token,
-and llama.cpp tokenizes with it as with the source vocabulary (and transformers with the HF folder).
+"""The llama.cpp-made GGUF fixtures themselves (tests/_llama_cpp_models.py, their tokenizers from
+tests/_llama_cpp_vocab.py): each file is the family's architecture with the tensor types its mix
+stands for, carries its real vocabulary token for token, and llama.cpp tokenizes with it as with
+the source vocabulary (and transformers with the HF folder).
 
 gguf.GGUFReader reads the Q4_K_M file of each family (seconds each over a 262k vocabulary); the
 other tests read headers and vocabularies with the fixtures' own quick reader, which must agree with
@@ -13,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import _llama_cpp_models as fixtures
+import _llama_cpp_vocab as vocabs
 import pytest
+from _gguf_header import read_header
 from _llama_cpp import LlamaCpp
 
 pytestmark = pytest.mark.slow  # builds the fixtures once; llama-tokenize runs per string
@@ -60,7 +63,7 @@ def _need(family: str, llama_cpp: LlamaCpp) -> None:
 @pytest.mark.parametrize("family", fixtures.FAMILIES)
 def test_architecture_and_tensor_types(family: str, mix: str, llama_cpp: LlamaCpp) -> None:
     _need(family, llama_cpp)
-    header = fixtures.read_header(fixtures.gguf(family, mix, llama_cpp))
+    header = read_header(fixtures.gguf(family, mix, llama_cpp))
     fields = header.fields
     arch = fixtures.ARCHITECTURES[family]
     assert fields["general.architecture"] == arch
@@ -75,7 +78,7 @@ def test_architecture_and_tensor_types(family: str, mix: str, llama_cpp: LlamaCp
     for name, (kind, shape) in header.tensors.items():  # rows of whole K-quant super-blocks
         assert len(shape) == 1 or shape[0] % 256 == 0, (name, kind, shape)
     # every mix carries the converted vocabulary and metadata but the file type
-    converted = fixtures.read_header(fixtures.gguf(family, "F32", llama_cpp)).fields
+    converted = read_header(fixtures.gguf(family, "F32", llama_cpp)).fields
     assert {k: v for k, v in fields.items() if k != "general.file_type"} == {
         k: v for k, v in converted.items() if k != "general.file_type"
     }
@@ -89,7 +92,7 @@ def test_gguf_reader_loads(family: str, llama_cpp: LlamaCpp) -> None:
     _need(family, llama_cpp)
     path = fixtures.gguf(family, "Q4_K_M", llama_cpp)
     reader = gguf.GGUFReader(str(path))
-    header = fixtures.read_header(path)
+    header = read_header(path)
     fields = {k: v.contents() for k, v in reader.fields.items() if not k.startswith("GGUF.")}
     assert fields == header.fields
     tensors = {t.name: (t.tensor_type.name, tuple(int(d) for d in t.shape)) for t in reader.tensors}
@@ -102,14 +105,14 @@ def test_vocabulary_is_the_source(family: str, llama_cpp: LlamaCpp) -> None:
     from a GGUF, scores and types of every token but the padding the converter adds itself)."""
     _need(family, llama_cpp)
     path = fixtures.gguf(family, "F32", llama_cpp)
-    ours = fixtures.read_vocab(path)
+    ours = vocabs.read_vocab(path)
     assert ours.tokens == fixtures.expected_tokens(family, llama_cpp)
-    source_path = fixtures.vocab_source(family, llama_cpp)
-    source = fixtures.read_vocab(source_path)
+    source_path = vocabs.vocab_source(family, llama_cpp)
+    source = vocabs.read_vocab(source_path)
     if source.merges is not None:
         assert ours.merges == source.merges
     if source_path.suffix == ".gguf" and source.scores is not None:
-        kept = [i for i, t in enumerate(source.tokens) if not fixtures.is_padding(t)]
+        kept = [i for i, t in enumerate(source.tokens) if not vocabs.is_padding(t)]
         assert [ours.types[i] for i in kept] == [source.types[i] for i in kept]
         assert [ours.scores[i] for i in kept] == [source.scores[i] for i in kept]
     for kind in ("bos", "eos", "unknown", "padding"):
@@ -120,9 +123,7 @@ def test_vocabulary_is_the_source(family: str, llama_cpp: LlamaCpp) -> None:
         assert ours.meta.get(name) == source.meta.get(name), name
 
 
-@pytest.mark.parametrize(
-    "family", [f for f in fixtures.FAMILIES if fixtures.VOCABS[f].kind == "spm"]
-)
+@pytest.mark.parametrize("family", [f for f in fixtures.FAMILIES if vocabs.VOCABS[f].kind == "spm"])
 def test_sentencepiece_model_loads(family: str, llama_cpp: LlamaCpp) -> None:
     from sentencepiece import SentencePieceProcessor
 
@@ -130,7 +131,7 @@ def test_sentencepiece_model_loads(family: str, llama_cpp: LlamaCpp) -> None:
     model = fixtures.hf_folder(family, llama_cpp) / "tokenizer.model"
     processor = SentencePieceProcessor(model_file=str(model))
     expected = fixtures.expected_tokens(family, llama_cpp)
-    pieces = fixtures.VOCABS[family].pieces or len(expected)
+    pieces = vocabs.VOCABS[family].pieces or len(expected)
     assert processor.vocab_size() == pieces
     assert processor.unk_id() >= 0 and processor.bos_id() >= 0
     ids = processor.encode("The capital of France is Paris.")
@@ -145,7 +146,7 @@ def test_llama_tokenize_as_the_source(family: str, llama_cpp: LlamaCpp) -> None:
 
     _need(family, llama_cpp)
     path = fixtures.gguf(family, "Q4_K_M", llama_cpp)
-    source = fixtures.vocab_source(family, llama_cpp)
+    source = vocabs.vocab_source(family, llama_cpp)
     tokenizer = AutoTokenizer.from_pretrained(fixtures.hf_folder(family, llama_cpp))
     for text in [*TEXTS, fixtures.CHAT[family]]:
         ids = llama_cpp.tokenize(path, text)

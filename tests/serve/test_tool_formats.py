@@ -9,8 +9,8 @@ import json
 import random
 import shutil
 
-import _llama_cpp_models as models
 import pytest
+from _llama_cpp_vocab import write_tokenizer
 from _structured_cases import ADD, ANY_CITY_WEATHER, TIME, WEATHER, streamed_calls
 
 from onnxsample.serve.envelope import EnvelopeStream
@@ -54,7 +54,7 @@ def family_tokenizers(llama_cpp, tmp_path_factory):
     for family in sorted({t[2] for t in TEMPLATES}):
         folders[family] = root / family
         folders[family].mkdir()
-        models.write_tokenizer(family, folders[family], llama_cpp)
+        write_tokenizer(family, folders[family], llama_cpp)
     return folders
 
 
