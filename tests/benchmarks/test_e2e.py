@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from onnxsample.cli import main
+from _cli import run_cli
 
 
 def test_engine_names_agree_across_the_scripts(bench) -> None:
@@ -196,15 +195,8 @@ def test_e2e_runs_rotate_the_engines_and_skip_refused_batches(bench) -> None:
     assert runs[0]["prefill_tps"] == 8.0  # batch 1 × 4 prompt tokens / 0.5 s
 
 
-def _run_cli(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_info:
-        main(list(argv))
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
 def test_bench_help(capsys) -> None:
-    code, out, _ = _run_cli(capsys, "bench", "--help")
+    code, out, _ = run_cli(capsys, "bench", "--help")
     assert code == 0
     assert "--engines" in out and "--new-tokens" in out
 
@@ -220,7 +212,7 @@ def test_bench_help(capsys) -> None:
     ],
 )
 def test_bench_rejects_bad_flags(capsys, flag: str, value: str, message: str) -> None:
-    code, _, err = _run_cli(capsys, "bench", flag, value)
+    code, _, err = run_cli(capsys, "bench", flag, value)
     assert code == 1
     assert message in err and len(err.strip().splitlines()) == 1
 
@@ -228,6 +220,6 @@ def test_bench_rejects_bad_flags(capsys, flag: str, value: str, message: str) ->
 def test_bench_outside_a_checkout(capsys, monkeypatch, tmp_path: Path) -> None:
     bench_cli = importlib.import_module("onnxsample.cli.bench")
     monkeypatch.setattr(bench_cli, "__file__", str(tmp_path / "cli" / "bench.py"))
-    code, _, err = _run_cli(capsys, "bench", "--repeats", "1")
+    code, _, err = run_cli(capsys, "bench", "--repeats", "1")
     assert code == 1
     assert "runs from a source checkout" in err
