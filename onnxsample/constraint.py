@@ -73,7 +73,7 @@ class Constraint:
             or not all(isinstance(o, str) and o for o in options)
         ):
             raise InvalidParameter("choice must be a non-empty list of non-empty strings")
-        return cls("choice", tuple(options))
+        return cls("choice", tuple(_text("choice", o) for o in options))
 
     def validate(self) -> Constraint:
         """Raise :class:`InvalidParameter` unless this is a constraint the constructors make."""
@@ -133,4 +133,10 @@ def one_constraint(found: dict[str, Constraint | None], what: str) -> Constraint
 def _text(kind: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidParameter(f"{kind} must be a non-empty string, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate, which llguidance cannot take
+        raise InvalidParameter(
+            f"{kind} is not Unicode text: a lone surrogate at character {exc.start}"
+        ) from None
     return value

@@ -171,21 +171,23 @@ def create_app(
     async def props() -> dict:
         return server_props(engine(), settings.served_model_name, settings.reasoning_format)
 
+    def model_card() -> dict:
+        return {
+            "id": settings.served_model_name,
+            "object": "model",
+            "created": state.loaded_at,
+            "owned_by": "onnxsample",
+            "max_model_len": engine().limit,
+        }
+
     @app.get("/v1/models")
     async def models() -> dict:
-        e = engine()
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": settings.served_model_name,
-                    "object": "model",
-                    "created": state.loaded_at,
-                    "owned_by": "onnxsample",
-                    "max_model_len": e.limit,
-                }
-            ],
-        }
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")  # OpenAI's retrieve; a served name may hold a slash
+    async def model(name: str) -> dict:
+        check_model(name)
+        return model_card()
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -206,9 +208,10 @@ def create_app(
         if post_sampling and (top < 0 or (bound is not None and top > bound)):
             within = ">= 0" if bound is None else f"in [0, {bound}] (the model's candidates)"
             raise InvalidParameter(f"top_logprobs must be {within}, got {top}")
-        if plan is not None and body.stream and body.logprobs:
+        if plan is not None and body.logprobs:  # its tokens spell the calls' format, not content
             raise InvalidParameter(
-                "logprobs with tools are returned by responses that are not streamed (stream=false)"
+                "logprobs are not returned with tools: the answer's tokens are the tool-call "
+                "format's, not the message's (ask without tools, or with tool_choice none)"
             )
         asked = {"post_sampling_probs": top} if post_sampling else {}
         if not post_sampling:

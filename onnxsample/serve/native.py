@@ -6,8 +6,9 @@ prompt's tools, ``POST /tokenize``, ``/detokenize`` and ``/apply-template``
 The request is llama-server's: ``prompt`` (text, token ids, or several prompts), ``n_predict`` (-1
 or absent: until the end of the sequence or the context; 0 samples one token, as llama-server's),
 its sampler names and ``samplers`` order (:mod:`~onnxsample.serve.llama_fields`), ``stop``,
-``seed``, ``logit_bias`` in its forms (pairs or an object, tokens as ids or text), ``n_probs``
-(``logprobs`` when it is absent), ``return_tokens``, ``stream``, and code completion's
+``seed`` (-1, its default, for a random one), ``logit_bias`` in its forms (pairs or an object,
+tokens as ids or text), ``n_probs`` (``logprobs`` when it is absent), ``return_tokens``,
+``stream``, and code completion's
 ``n_indent`` and ``t_max_predict_ms`` (how the text ends:
 :meth:`~onnxsample.engine._sequence.Sequence.end_lines`) and ``response_fields``;
 ``t_max_prompt_ms`` is ignored, as llama-server ignores it. What this server does not implement is
@@ -88,6 +89,8 @@ def add_native_routes(
             data["logit_bias"] = await asyncio.to_thread(_logit_bias, e.tokenizer, given)
         if isinstance(data, dict) and type(data.get("n_predict")) is int and data["n_predict"] == 0:
             data["n_predict"] = 1  # llama-server samples one token even then
+        if isinstance(data, dict) and type(data.get("seed")) is int and data["seed"] in _RANDOM:
+            data["seed"] = None  # llama-server's default seed: a random one each request
         body = _validated(data)
         check_model(body.model)
         extra = body.model_extra if body.model_extra is not None else {}
@@ -193,6 +196,10 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError as exc:
         raise APIError(400, f"the body is not JSON: {exc}") from None
+
+
+# llama-server's LLAMA_DEFAULT_SEED (a uint32, so -1 too): a random seed, as its clients send it.
+_RANDOM = (-1, 0xFFFFFFFF)
 
 
 def _read(raw: bytes, model: type[_Body]) -> _Body:

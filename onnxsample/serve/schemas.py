@@ -4,18 +4,77 @@ Fields follow OpenAI's API, plus the extensions vLLM and llama-server users send
 ``min_p``, ``typical_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, and structured
 output: ``json_schema``, ``grammar``, ``structured_outputs``, ``guided_*``). Unknown fields are
 accepted and ignored, as vLLM does. Types are checked here; ranges are checked by
-:meth:`onnxsample.SamplingParams.validate`, whose messages the client gets.
+:meth:`onnxsample.SamplingParams.validate`, whose messages the client gets. A ``null`` stands for
+the field's default, as in OpenAI's API; a string that is not Unicode text (a lone surrogate,
+which JSON's ``\\ud800`` escapes can spell) is refused wherever it is, extras included.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+
+def _not_text(value: Any, path: str) -> str | None:
+    """Where in `value` (strings, lists and objects, keys included) a string holds a lone
+    surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{path} (character {exc.start}: {value[exc.start]!r})"
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _not_text(key, f"{path} (a key)") or _not_text(item, f"{path}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if (found := _not_text(item, f"{path}[{i}]")) is not None:
+                return found
+    return None
+
+
+def _refuse_not_text(value: Any, name: str) -> None:
+    where = _not_text(value, name)
+    if where is not None:
+        raise PydanticCustomError(
+            "unicode", "not Unicode text: a lone surrogate at {where}", {"where": where}
+        )
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
+        """``null`` for a field with a default is that default; no string may be other than
+        Unicode text."""
+        if value is None:
+            field = cls.model_fields[info.field_name]
+            return None if field.is_required() else field.get_default(call_default_factory=True)
+        _refuse_not_text(value, info.field_name)
+        return value
+
+    @model_validator(mode="after")
+    def _extras_are_text(self) -> _Body:
+        for name, value in (self.model_extra or {}).items():
+            _refuse_not_text(value, name)
+        return self
 
 
 class StreamOptions(_Body):
@@ -94,6 +153,13 @@ class SamplingFields(_Body):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_whitespace_pattern: str | None = None  # refused: not supported
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_with_a_stream(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and not info.data.get("stream"):  # as OpenAI and vLLM refuse it
+            raise PydanticCustomError("stream_options", "only allowed with stream=true")
+        return value
 
 
 class ContentPart(_Body):

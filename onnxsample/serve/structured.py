@@ -21,7 +21,7 @@ from onnxsample.constraint import Constraint, one_constraint
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve.schemas import SamplingFields
 
-__all__ = ["constraint_of"]
+__all__ = ["check_strict", "constraint_of"]
 
 
 def constraint_of(body: SamplingFields) -> Constraint | None:
@@ -61,7 +61,7 @@ def constraint_of(body: SamplingFields) -> Constraint | None:
                     "response_format: type json_schema needs json_schema.schema (a JSON schema)"
                 )
             if spec.strict:
-                _check_strict(spec.schema_, "response_format.json_schema.schema")
+                check_strict(spec.schema_, "response_format.json_schema.schema")
             found.append(("response_format", Constraint.json_schema(spec.schema_)))
     if body.json_schema is not None:
         found.append(("json_schema", Constraint.json_schema(body.json_schema)))
@@ -97,12 +97,12 @@ def _vllm(fields: dict[str, Any]) -> dict[str, Constraint]:
     return out
 
 
-def _check_strict(schema: Any, where: str) -> None:
+def check_strict(schema: Any, where: str) -> None:
     """OpenAI's structured-outputs rules for ``strict: true``: every object schema sets
     ``additionalProperties`` false and lists each of its properties in ``required``."""
     if isinstance(schema, list):
         for i, item in enumerate(schema):
-            _check_strict(item, f"{where}[{i}]")
+            check_strict(item, f"{where}[{i}]")
         return
     if not isinstance(schema, dict):
         return
@@ -125,6 +125,6 @@ def _check_strict(schema: Any, where: str) -> None:
     for key, value in schema.items():
         if key in ("properties", "$defs", "definitions") and isinstance(value, dict):
             for name, sub in value.items():
-                _check_strict(sub, f"{where}.{key}.{name}")
+                check_strict(sub, f"{where}.{key}.{name}")
         elif key in ("items", "anyOf", "allOf", "oneOf", "prefixItems", "not"):
-            _check_strict(value, f"{where}.{key}")
+            check_strict(value, f"{where}.{key}")

@@ -10,6 +10,8 @@ in a system message, and a JSON schema constrains the answer to
 - ``{"response": "..."}``, a plain answer, which ``tool_choice: "auto"`` allows beside the calls;
   ``"required"`` and a named function allow calls only (of that function).
 
+A function's ``parameters`` must be an object schema (``strict: true`` holds it to OpenAI's
+structured-output rules); a function without them takes none (its arguments are ``{}``).
 ``tool_choice: "none"`` leaves the tools out of the prompt and the output free. The answer is read
 back (:mod:`onnxsample.serve.envelope`) into ``message.tool_calls`` (``finish_reason:
 "tool_calls"``) or ``message.content``, streamed as OpenAI streams them; an answer cut by the token
@@ -31,7 +33,8 @@ from onnxsample.errors import InvalidParameter
 from onnxsample.serve.convert import FINISH
 from onnxsample.serve.envelope import EnvelopeStream, Reading, read
 from onnxsample.serve.reasoning import split_thought
-from onnxsample.serve.schemas import ChatRequest
+from onnxsample.serve.schemas import ChatRequest, FunctionDefinition
+from onnxsample.serve.structured import check_strict
 from onnxsample.serve.tool_formats import NativeFormat, call_arguments, detect
 from onnxsample.text.tokenizer import Tokenizer
 
@@ -48,6 +51,8 @@ __all__ = [
 ]
 
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# A function without `parameters` takes none: its arguments are {} (OpenAI's rule).
+_NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,7 @@ def plan_tools(body: ChatRequest, native: NativeFormat | None = None) -> ToolPla
             raise InvalidParameter(
                 f"tools[{i}].function.name must be 1 to 64 letters, digits, _ or -, got {name!r}"
             )
-        parameters = tool.function.parameters or {"type": "object", "properties": {}}
+        parameters = _parameters(tool.function, f"tools[{i}].function.parameters")
         tools.append(
             {
                 "name": name,
@@ -144,6 +149,20 @@ def plan_tools(body: ChatRequest, native: NativeFormat | None = None) -> ToolPla
     return ToolPlan(tuple(tools), Constraint.grammar(grammar), allow_response, native)
 
 
+def _parameters(function: FunctionDefinition, where: str) -> dict:
+    """A function's arguments schema: a JSON object's (OpenAI refuses any other type), held to
+    OpenAI's rules when the function is ``strict``; none when it has no `parameters`."""
+    parameters = function.parameters or _NO_PARAMETERS
+    kind = parameters.get("type", "object")
+    if kind != "object":
+        raise InvalidParameter(
+            f"{where}: arguments are a JSON object, so its type is object, got {kind!r}"
+        )
+    if function.strict:
+        check_strict(parameters, where)
+    return parameters
+
+
 def _listed_tools(body: ChatRequest) -> list[dict] | None:
     """The request's tools as a template with its own tool format is given them (none when
     ``tool_choice`` is ``none``)."""
@@ -155,7 +174,7 @@ def _listed_tools(body: ChatRequest) -> list[dict] | None:
             "function": {
                 "name": t.function.name,
                 "description": t.function.description or "",
-                "parameters": t.function.parameters or {"type": "object", "properties": {}},
+                "parameters": t.function.parameters or _NO_PARAMETERS,
             },
         }
         for t in body.tools

@@ -60,6 +60,14 @@ def test_an_answer_has_llama_servers_fields(port):
     assert code == 200 and plain["content"] == whole["content"]
 
 
+@pytest.mark.parametrize("seed", [-1, 0xFFFFFFFF])
+def test_llama_servers_default_seed_draws_a_random_one(port, seed):
+    """llama-server's LLAMA_DEFAULT_SEED (a uint32: clients send -1): each request its own seed."""
+    body = {"prompt": "Once upon a time", "n_predict": 2, "seed": seed}
+    seeds = {complete(port, body)["generation_settings"]["seed"] for _ in range(2)}
+    assert len(seeds) == 2 and seed not in seeds, seeds
+
+
 @pytest.mark.parametrize(
     ("path", "body"),
     [

@@ -234,6 +234,11 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
     assert code == 200 and back["content"] == special, back
     assert post(port, "/detokenize", b'{"tokens": [-1]}')[0] == 400
     assert [m.id for m in client.models.list()] == ["tiny"]
+    assert (
+        client.models.retrieve("tiny").max_model_len == client.models.list().data[0].max_model_len
+    )
+    with pytest.raises(openai.NotFoundError, match="'gpt-9' does not exist"):
+        client.models.retrieve("gpt-9")
     code, page = get(port, "/")
     assert code == 200 and b"<title>onnxsample chat</title>" in page
     code, text = get(port, "/metrics")

@@ -16,6 +16,7 @@ import pytest
 from _http import CHAT, chat, get, in_process, metric_value, post, served
 
 KEY = "sk-test-key"
+_HI = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
 @pytest.mark.parametrize(
@@ -59,6 +60,11 @@ def test_unknown_model_is_404(client):
         (b'{"messages": []}', 400, "messages"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
         (
+            b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {}}',
+            400,
+            "stream_options: only allowed with stream=true",
+        ),
+        (
             b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}' + b" " * 5_000_000,
             413,
             "over",
@@ -69,6 +75,21 @@ def test_raw_bodies_get_openai_errors(port, body, status, fragment):
     code, data = post(port, "/v1/chat/completions", body)
     assert code == status and fragment in data["error"]["message"], data
     assert set(data["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {**_HI, "n": None, "stream": None, "logprobs": None}),
+        ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": None, "echo": None}),
+        ("/completion", {"prompt": "hi", "n_predict": 2, "stream": None, "min_tokens": None}),
+    ],
+)
+def test_null_is_the_fields_default(port, path, body):
+    """As OpenAI's API reads it (and the openai client sends `logprobs=None` as null)."""
+    code, data = post(port, path, json.dumps(body).encode())
+    assert code == 200, data
+    assert len(data["choices"]) == 1 if "choices" in data else data["content"] is not None
 
 
 def test_a_client_that_goes_away_frees_its_slot(port):
@@ -226,9 +247,22 @@ def test_no_generated_body_gets_a_5xx(port, path):
     ("path", "body", "param"),
     [
         ("/v1/completions", {"prompt": "ab\ud800c", "max_tokens": 2}, "prompt"),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "prompt"),
-        ("/tokenize", {"content": "x\udfff"}, "prompt"),
-        ("/apply-template", {"messages": [{"role": "user", "content": "\udfff"}]}, "prompt"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages"),
+        ("/tokenize", {"content": "x\udfff"}, "content"),
+        ("/apply-template", {"messages": [{"role": "user", "content": "\udfff"}]}, "messages"),
+        ("/v1/chat/completions", {**_HI, "guided_regex": "\ud800"}, "guided_regex"),
+        (
+            "/v1/completions",
+            {"prompt": "hi", "structured_outputs": {"regex": "a\ud800"}},
+            "structured_outputs",
+        ),
+        ("/completion", {"prompt": "hi", "n_predict": 2, "stop": ["\ud800"]}, "stop"),
+        (
+            "/completion",
+            {"prompt": "hi", "n_predict": 2, "stream": True, "stop": ["\ud800"]},
+            "stop",
+        ),
+        ("/v1/chat/completions", {**_HI, "metadata": {"k": ["\udfff"]}}, None),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**63}, None),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**70}, None),
     ],
@@ -237,15 +271,21 @@ def test_no_generated_body_gets_a_5xx(port, path):
         "surrogate-chat",
         "surrogate-tokenize",
         "surrogate-apply-template",
+        "surrogate-regex",
+        "surrogate-structured-outputs",
+        "surrogate-stop-native",
+        "surrogate-stop-native-streamed",
+        "surrogate-in-an-extra",
         "top_k-2**63",
         "top_k-2**70",
     ],
 )
 def test_inputs_that_once_reached_a_500(port, path, body, param):
     """A lone surrogate is a client's bad input (400 naming it); a top_k past int64 keeps every
-    token, as any top_k past the vocabulary does (200)."""
+    token, as any top_k past the vocabulary does (200). A surrogate in a field the server does not
+    know is refused too: no string the answer could echo may be other than text."""
     code, data = post(port, path, json.dumps(body).encode())  # "\ud800" travels as an escape
-    if param is None:
+    if "top_k" in body:
         assert code == 200, data
     else:
         assert code == 400 and "lone surrogate" in data["error"]["message"], data

@@ -134,12 +134,53 @@ def test_schema_fields_on_chat(client, extra):
         ({"tools": [{**WEATHER, "function": {"name": "bad name"}}]}, "function.name"),
         ({"tools": [WEATHER, WEATHER]}, "unique"),
         ({"tools": [{"type": "retrieval"}]}, "type function"),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "string"}},
+                    }
+                ]
+            },
+            "arguments are a JSON object",
+        ),
+        (  # strict, but extra keys allowed: OpenAI refuses it, as for response_format
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "strict": True,
+                            "parameters": {
+                                "type": "object",
+                                "properties": {"a": {"type": "string"}},
+                                "required": ["a"],
+                            },
+                        },
+                    }
+                ]
+            },
+            r"tools\[0\].function.parameters: with strict, 'additionalProperties'",
+        ),
+        ({"tools": [WEATHER], "logprobs": True}, "logprobs are not returned with tools"),
+        ({"tools": [WEATHER], "logprobs": True, "stream": True}, "logprobs are not returned"),
     ],
 )
 def test_what_cannot_be_honoured_is_a_400(client, kwargs, message):
     with pytest.raises(openai.BadRequestError, match=message) as caught:
         chat(client, max_tokens=4, **kwargs)
     assert caught.value.status_code == 400
+
+
+def test_a_function_without_parameters_is_called_with_none(client):
+    """OpenAI's rule: a function without `parameters` takes none, so its arguments are {} (not an
+    object of whatever keys the model makes up); strict holds the same."""
+    for strict in (None, True):
+        now = {"type": "function", "function": {"name": "now", "strict": strict}}
+        done = chat(client, max_tokens=40, seed=3, tools=[now], tool_choice="required")
+        assert _calls(done.choices[0]) == [("now", {})], done.choices[0]
 
 
 def _calls(choice) -> list[tuple[str, dict]]:
