@@ -49,7 +49,7 @@ class _Tokens:
     def __call__(self, text: bytes | str) -> list[int]:
         if isinstance(text, bytes):
             text = text.decode("utf-8", errors="replace")
-        return self._tokenizer.encode(text, add_special_tokens=False)
+        return self._tokenizer.encode_fragment(text)  # its tokens' bytes are the text's
 
 
 class GrammarVocabulary:

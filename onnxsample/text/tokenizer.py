@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,6 +115,22 @@ class Tokenizer:
         _check_unicode(text)
         backend = self._backend if parse_special else self._literal
         return backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_fragment(self, text: str) -> list[int]:
+        """Token ids of `text` as a piece of a longer text: no BOS/EOS, and no SentencePiece space
+        prefix (Llama 2, Mistral and Phi-3 start a text with one), so the tokens' bytes are the
+        text's own. A grammar engine forces text with them (llguidance's tokenize)."""
+        _check_unicode(text)
+        return self._unprefixed.encode(text, add_special_tokens=False).ids
+
+    @functools.cached_property
+    def _unprefixed(self) -> Any:
+        """A copy of the backend that adds no space prefix: a ``Prepend`` normalizer left out, a
+        ``Metaspace`` pre-tokenizer's ``prepend_scheme`` set to ``never``."""
+        config = json.loads(self._backend.to_str())
+        config["normalizer"] = _without_prepend(config.get("normalizer"))
+        config["pre_tokenizer"] = _never_prepend(config.get("pre_tokenizer"))
+        return type(self._backend).from_str(json.dumps(config))
 
     @functools.cached_property
     def _literal(self) -> Any:
@@ -300,6 +317,28 @@ def _open_final(text: str) -> str:
         )
     at = text.rindex(tag)
     return text[:at] if text.startswith(_CONTINUE_TAG, at) else text[:at].rstrip()
+
+
+def _without_prepend(normalizer: dict | None) -> dict | None:
+    """`normalizer` (tokenizer.json's) without its ``Prepend`` steps."""
+    if normalizer is None or normalizer.get("type") == "Prepend":
+        return None
+    if normalizer.get("type") == "Sequence":
+        steps = [n for n in map(_without_prepend, normalizer["normalizers"]) if n is not None]
+        return {**normalizer, "normalizers": steps}
+    return normalizer
+
+
+def _never_prepend(pre: dict | None) -> dict | None:
+    """`pre` (tokenizer.json's pre-tokenizer) with every ``Metaspace`` prepending nothing."""
+    if pre is None:
+        return None
+    if pre.get("type") == "Sequence":
+        return {**pre, "pretokenizers": [_never_prepend(p) for p in pre["pretokenizers"]]}
+    if pre.get("type") == "Metaspace":
+        never = {"prepend_scheme": "never", "add_prefix_space": False}  # today's key, and older
+        return {**pre, **{k: v for k, v in never.items() if k in pre}}
+    return pre
 
 
 def _check_unicode(text: str) -> None:

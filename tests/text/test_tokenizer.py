@@ -55,10 +55,20 @@ CORPUS = ["Hello world, hello there.", "The quick brown fox jumps over the lazy 
           "naïve café résumé", "Don't stop . Really ? Yes !", "lines\n\tand tabs"] * 20  # fmt: skip
 
 
-def _llama2(folder: Path, *, add_bos: bool, post_bos: bool) -> Path:
+def _llama2(folder: Path, *, add_bos: bool, post_bos: bool, metaspace: bool = False) -> Path:
     """A Llama-2-style tokenizer: Metaspace normaliser, byte fallback, a decoder that strips the
-    first space; `post_bos` puts a BOS post-processor in tokenizer.json whatever the config says."""
-    from tokenizers import AddedToken, decoders, models, normalizers, processors, trainers
+    first space; `post_bos` puts a BOS post-processor in tokenizer.json whatever the config says;
+    `metaspace` puts the space prefix in a Metaspace pre-tokenizer instead (transformers' newer
+    conversion)."""
+    from tokenizers import (
+        AddedToken,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        processors,
+        trainers,
+    )
     from tokenizers import Tokenizer as Backend
 
     norm = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
@@ -74,7 +84,10 @@ def _llama2(folder: Path, *, add_bos: bool, post_bos: bool) -> Path:
     backend = Backend(
         models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
     )
-    backend.normalizer = norm
+    if metaspace:
+        backend.pre_tokenizer = pre_tokenizers.Metaspace("▁", prepend_scheme="first", split=False)
+    else:
+        backend.normalizer = norm
     backend.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
     )  # fmt: skip
@@ -127,7 +140,23 @@ def synthetic(tmp_path_factory) -> dict[str, Path]:
         "llama2-bos": _llama2(root / "llama2-bos", add_bos=True, post_bos=False),
         "llama2-no-bos": _llama2(root / "llama2-no-bos", add_bos=False, post_bos=True),
         "gpt2-legacy": _gpt2_legacy(root / "gpt2-legacy"),
+        "llama2-metaspace": _llama2(
+            root / "llama2-metaspace", add_bos=True, post_bos=False, metaspace=True
+        ),
     }
+
+
+@pytest.mark.parametrize("name", ["llama2-bos", "llama2-metaspace", "gpt2-legacy"])
+def test_a_fragment_gets_no_space_prefix(synthetic, name):
+    """encode_fragment (what a grammar forces text with): the tokens of the text alone, whose bytes
+    are its own, where encode puts SentencePiece's space first (a prefix normaliser, or Metaspace)."""
+    tokenizer = Tokenizer.from_folder(synthetic[name])
+    text = "naïve café\n  lines"
+    ids = tokenizer.encode_fragment(text)
+    assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode()
+    whole = tokenizer.encode(text, add_special_tokens=False)
+    if name.startswith("llama2"):
+        assert tokenizer.token_bytes(whole[0]).startswith(b" ") and whole != ids
 
 
 FOLDERS = [
