@@ -35,8 +35,9 @@ def inspect(
     """Summarise a model: inputs and outputs, sampler chain and slots, op counts, size, metadata
     (a GGUF file: its model, tensor types, how it exports, its tokenizer)."""
     from onnxsample.composer.inspection import inspect_model
+    from onnxsample.exporters._source import is_gguf
 
-    if _is_gguf(file):  # a model source, as `run` and `export` take it
+    if is_gguf(file) or file.suffix.lower() == ".gguf":  # a model source, as `export` takes it
         render_gguf(file)
         path = file
     else:
@@ -45,14 +46,6 @@ def inspect(
         path = summary.path
     if netron:  # Netron reads GGUF files too
         _serve(path, port, browse=not no_browser)
-
-
-def _is_gguf(file: Path) -> bool:
-    try:
-        with open(file, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False  # a folder, or not readable: inspect_model names what is wrong
 
 
 def render_gguf(file: Path) -> None:

@@ -131,21 +131,30 @@ def resolve_source(source: str | Path | None) -> Source:
                 "accepted (model ids that need a hub download are not supported)"
             )
         raise ExportError(f"no such file or folder: {path}")
-    path = path.resolve()
+    # absolute, its links kept: a hub cache's snapshots/REV/NAME.gguf links to blobs/HASH, and the
+    # name (the export's, a split file's parts) is the link's
+    path = Path(os.path.abspath(path))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ExportError(f"{path} is not a Hugging Face model folder: config.json is missing")
         return Source("hf", path, path.name)
-    if path.suffix.lower() != ".gguf":
-        raise ExportError(f"{path} is neither a model folder nor a .gguf file")
-    with path.open("rb") as f:
-        magic = f.read(4)
-    if magic != _GGUF_MAGIC:
+    if not is_gguf(path):  # as llama.cpp, the magic bytes say what a file is, not its name
+        if path.suffix.lower() != ".gguf":
+            raise ExportError(f"{path} is neither a model folder nor a .gguf file")
         raise ExportError(
             f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)"
         )
     parts = split_parts(path)
     return Source("gguf", path, _SPLIT.match(path.name)["prefix"] if parts else path.stem, parts)
+
+
+def is_gguf(path: Path) -> bool:
+    """Whether `path` is a readable file that starts with GGUF's magic bytes."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == _GGUF_MAGIC
+    except OSError:  # a folder, or not readable
+        return False
 
 
 def split_parts(path: Path, count: int | None = None) -> tuple[Path, ...]:

@@ -196,7 +196,9 @@ def _is_source(path: Path) -> bool:
     """Whether `path` is what ``onnxsample export`` reads rather than an export: a .gguf file, or a
     Hugging Face folder (its config.json without a model.onnx beside it)."""
     if path.is_file():
-        return path.suffix.lower() == ".gguf"
+        from onnxsample.exporters._source import is_gguf
+
+        return path.suffix.lower() == ".gguf" or is_gguf(path)
     return path.is_dir() and (path / "config.json").is_file() and not (path / "model.onnx").exists()
 
 
@@ -205,14 +207,14 @@ def _export_source(path: Path, progress, device: str, attention: str) -> Path:
     `onnxsample export`'s defaults (and `device`, `attention`) into the user cache."""
     from onnxsample.exporters._source import resolve_source
 
-    resolved = path.resolve()
-    digest = hashlib.sha256(str(resolved).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
     digest += ("-cuda" if device == "cuda" else "") + ("-exact" if attention == "exact" else "")
-    # `serve`'s model name: the file's or folder's (a split GGUF's without its -00001-of-0000N)
-    name = resolve_source(resolved).name
+    # `serve`'s model name: the file's or folder's (a split GGUF's without its -00001-of-0000N),
+    # a link's own name (a hub cache's snapshots/REV/NAME.gguf, not its blob's hash)
+    source = resolve_source(path)
     options = {"device": device} | ({"attention": attention} if attention == "exact" else {})
-    folder = cache_dir() / "exports" / digest / name
-    _export_cached(resolved, folder, progress, options)
+    folder = cache_dir() / "exports" / digest / source.name
+    _export_cached(source.path, folder, progress, options)
     return folder
 
 

@@ -56,10 +56,14 @@ def test_compose_command_writes_and_summarises(tiny_export, tmp_path, capsys):
         ),
         (["compose", "{export}", "-o", "{export}/model.onnx"], "would overwrite its source"),
         (["inspect", "/nonexistent.onnx"], "no such model file"),
+        (["inspect", "{tmp}/model.gguf"], "is not a GGUF file"),  # named so, read as one
     ],
 )
-def test_compose_and_inspect_errors(argv, message, tiny_export, capsys):
-    argv = [a.replace("{export}", str(tiny_export.output)) for a in argv]
+def test_compose_and_inspect_errors(argv, message, tiny_export, tmp_path, capsys):
+    (tmp_path / "model.gguf").write_bytes(b"hello")
+    argv = [
+        a.replace("{export}", str(tiny_export.output)).replace("{tmp}", str(tmp_path)) for a in argv
+    ]
     code, _out, err = run_cli(capsys, *argv)
     assert code == 1
     lines = [line for line in err.splitlines() if line.strip()]

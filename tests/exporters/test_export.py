@@ -202,6 +202,21 @@ def test_a_recorded_digest_is_trusted_only_while_nothing_wrote_the_files(
         assert (again.sha256 == first.sha256) is (change is _replace)
 
 
+@pytest.mark.parametrize("name", ["tiny-Q4_K_M.gguf", "tiny-Q4_K_M.bin"])
+def test_a_gguf_is_known_by_its_magic_and_named_by_its_link(tmp_path, name):
+    """As llama.cpp opens a file: by its magic bytes whatever its name, and through a link (a hub
+    cache's snapshots/REV/NAME.gguf links to blobs/HASH), named by the link, not the blob."""
+    blob = tmp_path / "blobs" / "3f2a9c0e1d"
+    blob.parent.mkdir()
+    blob.write_bytes(b"GGUF" + bytes(64))
+    link = tmp_path / "snapshots" / "rev" / name
+    link.parent.mkdir(parents=True)
+    link.symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    src = resolve_source(link)
+    assert (src.kind, src.path, src.name) == ("gguf", link, "tiny-Q4_K_M")
+    assert src.digest().sha256 == resolve_source(blob).digest().sha256
+
+
 def test_files_written_a_moment_ago_are_hashed_but_not_stamped(tmp_path, monkeypatch):
     """A change made within the clock tick of the hash could leave every timestamp as it was
     (here a tick of a minute)."""
