@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+import threading
 
 import typer
 
@@ -48,10 +50,23 @@ app.command(no_args_is_help=False)(serve)
 app.command(no_args_is_help=False)(bench)
 
 
+class _Terminated(BaseException):
+    """SIGTERM (`kill`, `timeout`, `docker stop`), raised where the command is so that what it
+    was writing is cleaned up as for Ctrl-C (an export's staging folder, a partial composition)."""
+
+
+def _terminate(_signum: int, _frame: object) -> None:
+    raise _Terminated
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: run a command; any error a user can cause becomes one line and exit status 1."""
+    """Entry point: run a command; any error a user can cause becomes one line and exit status 1;
+    Ctrl-C ends it with status 130, SIGTERM with 143, each after the command's own clean-up.
+    (`serve` hands both signals to its server while it serves.)"""
     from onnxsample.errors import OnnxSampleError
 
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         code = app(args=argv, prog_name="onnxsample", standalone_mode=False)
     except typer.Exit as exc:
@@ -61,8 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     except (typer.Abort, KeyboardInterrupt):
         err.print("[red]interrupted[/]")
         sys.exit(130)
+    except _Terminated:
+        err.print("[red]terminated[/]")
+        sys.exit(143)
     except OnnxSampleError as exc:
         _error(str(exc))
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     sys.exit(code if isinstance(code, int) else 0)
 
 

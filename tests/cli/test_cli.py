@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +144,24 @@ def test_bad_input_gives_one_line_and_exit_1(case, tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
     assert lines[0].startswith("error: ")
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_export_stopped_midway_leaves_nothing(
+    signum, status, tiny_hf, tmp_path, monkeypatch, capsys
+):
+    """`timeout`, `docker stop` (SIGTERM) or Ctrl-C while the model is written: the command ends
+    with the shell's status for the signal, and its staging folder goes with it."""
+    from onnxsample.exporters import _export
+
+    def stopped(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        time.sleep(5)  # the signal's handler raises here
+
+    monkeypatch.setattr(_export, "_export_gqa", stopped)
+    code, _out, err = run_cli(capsys, "export", str(tiny_hf), "-o", str(tmp_path / "out"))
+    assert code == status, err
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())  # no out, no .out.*.partial
 
 
 def _cut_gguf(tmp: Path, keep: int) -> Path:
