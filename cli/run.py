@@ -89,7 +89,13 @@ def run(
     ] = None,
     max_new_tokens: Annotated[
         int,
-        typer.Option("--max-new-tokens", "--n-predict", "-n", help="Tokens to generate at most."),
+        typer.Option(
+            "--max-new-tokens",
+            "--n-predict",
+            "-n",
+            help="Tokens to generate at most; -1: until the end of the sequence or the context, "
+            "as llama-cli's.",
+        ),
     ] = 256,
     stop: Annotated[list[str], typer.Option(help="Stop string (not printed); repeatable.")] = (),
     system: Annotated[str | None, typer.Option(help="System prompt (chat mode).")] = None,
@@ -191,7 +197,8 @@ def run(
             prefill_chunk=prefill_chunk or None,
             **spec,
         )
-    kwargs = dict(max_new_tokens=max_new_tokens, stop=list(stop), chat=chat, system=system)
+    limit = None if max_new_tokens == -1 else max_new_tokens  # llama-cli's -1: no limit
+    kwargs = dict(max_new_tokens=limit, stop=list(stop), chat=chat, system=system)
     streaming = stream and not json_output and len(prompt) == 1
     if streaming:
         completions = []

@@ -124,6 +124,12 @@ def export(
         )
     if attention == "exact" and layout != "gqa":
         raise ExportError("--attention exact is an attention of the gqa layout: use --layout gqa")
+    if keep_hf and (info is None or layout != "optimum"):
+        made = "a Hugging Face folder is the source" if info is None else "the gqa layout reads it"
+        raise ExportError(
+            f"--keep-hf keeps the Hugging Face folder the optimum layout de-quantises a GGUF into; "
+            f"this export makes none ({made})"
+        )
     if precision not in QUANTISED or device == "cuda":
         accuracy_level = 0
     out = (

@@ -44,6 +44,11 @@ def prompt_tokens(
             ]
             ids = tok.apply_chat_template(messages, add_generation_prompt=True)
         else:
+            if system and chat is None:  # chat mode was not refused: there is no template
+                raise InvalidParameter(
+                    "a system prompt needs a chat template, and this model has none: give one "
+                    "(--chat-template, or chat_template=)"
+                )
             if system:
                 raise InvalidParameter("a system prompt needs chat mode")
             ids = tok.encode(prompt)

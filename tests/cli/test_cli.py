@@ -51,6 +51,10 @@ ERROR_CASES = {
         lambda t: ["export", "--precision", "int3", "-o", str(t / "o")],
         "precision must be one of auto, fp32, fp16, int8, int4, gguf, got 'int3'",
     ),
+    "keep-hf where no folder is made": (
+        lambda t: ["export", "--keep-hf", "-o", str(t / "o")],  # the embedded GGUF, gqa layout
+        "this export makes none (the gqa layout reads it)",
+    ),
     "invalid layout": (
         lambda t: ["export", "--layout", "paged", "-o", str(t / "o")],
         "layout must be one of auto, gqa, optimum, got 'paged'",

@@ -184,6 +184,18 @@ def test_run_constrains_the_answer(argv, check, run_folder, tmp_path, capsys):
     assert line["finish_reason"] == "eos" and check(line["text"]), line["text"]
 
 
+def test_n_predict_minus_one_runs_to_the_end_of_the_context(run_folder, capsys):
+    """llama-cli's -n -1: no limit but the end of the sequence or of the context (--max-len)."""
+    code, out, err = run_cli(
+        capsys, "run", str(run_folder), "-p", "hi", "-n", "-1", "--max-len", "24", "--no-chat",
+        "--json", "--logit-bias", "0=-100", "--logit-bias", "2=-100", "--logit-bias", "4=-100",
+    )  # fmt: skip
+    assert code == 0, err
+    done = json.loads(out)
+    assert done["finish_reason"] == "length", done
+    assert done["timings"]["prompt_tokens"] + len(done["token_ids"]) == 24, done
+
+
 def test_run_needs_a_prompt(run_folder, capsys):
     code, _out, err = run_cli(capsys, "run", str(run_folder))
     assert code == 1 and "give at least one prompt" in err

@@ -22,6 +22,7 @@ import pytest
 from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.text import TextStream, Tokenizer, read_chat_template
 from onnxsample.text._chat_template import fold_system
+from onnxsample.text._prompt import prompt_tokens
 
 TEXTS = [
     "Hello world",
@@ -369,6 +370,8 @@ def _folder_without(tmp: Path, source: Path, *, template: str | None) -> Path:
         ("message without content", InvalidParameter, "refused the messages"),
         ("negative token id", InvalidParameter, "non-negative"),
         ("text that is no string", InvalidParameter, "must be a string, got int"),
+        ("system prompt, no template", InvalidParameter, "needs a chat template, and this model"),
+        ("system prompt, chat off", InvalidParameter, "a system prompt needs chat mode"),
     ],
 )
 def test_errors(tmp_path, synthetic, case, error, match):
@@ -393,6 +396,10 @@ def test_errors(tmp_path, synthetic, case, error, match):
             Tokenizer.from_folder(source).render_chat([{"role": "tool", "content": "x"}])
         elif case == "message without content":
             Tokenizer.from_folder(source).render_chat([{"role": "user"}, {"role": "assistant"}])
+        elif case.startswith("system prompt"):
+            chat = False if case.endswith("chat off") else None
+            plain = Tokenizer.from_folder(_folder_without(folder, source, template=None))
+            prompt_tokens(plain, "Hi", chat, "Be brief.", plain.vocab_size)
         elif case == "negative token id":
             Tokenizer.from_folder(source).decode([5, -1])
         else:
