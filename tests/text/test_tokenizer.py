@@ -20,9 +20,8 @@ from pathlib import Path
 import pytest
 
 from onnxsample.errors import InvalidParameter, ModelError
-from onnxsample.text import TextStream, Tokenizer, read_chat_template
+from onnxsample.text import TextStream, Tokenizer, prompt_tokens, read_chat_template
 from onnxsample.text._chat_template import fold_system
-from onnxsample.text._prompt import prompt_tokens
 
 TEXTS = [
     "Hello world",
@@ -594,8 +593,6 @@ def test_max_token_chars_bounds_the_text_a_token_covers(pair):
     ids=["text", "chat"],
 )
 def test_a_prompt_too_long_for_any_tokenisation_is_refused_by_its_length(pair, prompt, chars):
-    from onnxsample.text import prompt_tokens
-
     ours, _ = pair
     with pytest.raises(InvalidParameter, match=f"the prompt is {chars} characters"):
         prompt_tokens(ours, prompt, None, None, 10**6, limit=8)
