@@ -24,10 +24,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(port: int, path: str) -> tuple[int, bytes]:
+def get(port: int, path: str, method: str = "GET") -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request("GET", path)
+        conn.request(method, path)
         response = conn.getresponse()
         return response.status, response.read()
     finally:

@@ -158,7 +158,7 @@ def create_app(
     async def page() -> FileResponse:
         return FileResponse(str(static / "index.html"))
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
     async def health() -> JSONResponse:
         engine()
         return JSONResponse({"status": "ok"})

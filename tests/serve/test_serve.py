@@ -239,6 +239,7 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
     )
     with pytest.raises(openai.NotFoundError, match="'gpt-9' does not exist"):
         client.models.retrieve("gpt-9")
+    assert get(port, "/health", "HEAD") == (200, b"")  # a load balancer's probe
     code, page = get(port, "/")
     assert code == 200 and b"<title>onnxsample chat</title>" in page
     code, text = get(port, "/metrics")
