@@ -56,10 +56,10 @@ def export(
             keep_hf=keep_hf,
             progress=progress,
         )
-    _summary(result)
+    _summary(result, verify_tokens)
 
 
-def _summary(result) -> None:
+def _summary(result, verify_tokens: int) -> None:
     m = result.manifest
     io, model, verify = m["io"], m["model"], m["verify"]
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -88,7 +88,10 @@ def _summary(result) -> None:
         "outputs", f"logits {_shape(io, 'logits')}, present.0..{kv['num_layers'] - 1}.key/value"
     )
     table.add_row("stop ids", ", ".join(map(str, m["tokens"]["eos_token_ids"])))
-    table.add_row("verify", _verify_text(verify))
+    verified = _verify_text(verify)
+    if result.reused and verify_tokens and verify.get("ok") is None:
+        verified += " [dim](the export reused; --force exports again with its verify step)[/]"
+    table.add_row("verify", verified)
     timing = f"{result.seconds:.1f} s"
     if not result.reused:
         timing += f", peak memory {human_bytes(result.peak_rss_bytes)}"

@@ -283,3 +283,14 @@ def test_export_command_writes_summary(tiny_gqa_export, tiny_hf, capsys):
     assert "gqa layout, fp32" in out
     assert "greedy tokens match transformers" in out
     assert "Checking the source" in err
+
+
+def test_a_reused_export_says_its_verify_step_did_not_run(tiny_hf, tmp_path, capsys):
+    """Asked for a verify step, an export made without one is reused as it is: the summary says
+    how to get the step."""
+    target = str(tmp_path / "out")
+    assert run_cli(capsys, "export", str(tiny_hf), "-o", target, "--verify-tokens", "0")[0] == 0
+    code, out, _err = run_cli(capsys, "export", str(tiny_hf), "-o", target)
+    text = " ".join(out.split())  # the table wraps its lines
+    assert code == 0 and "reused" in text
+    assert "not run" in text and "--force exports again with its verify step" in text, out
