@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     except OnnxSampleError as exc:
         _error(str(exc))
     finally:
-        if main_thread:
+        if main_thread and previous is not None:  # None: a handler set outside Python
             signal.signal(signal.SIGTERM, previous)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -37,7 +37,7 @@ def inspect(
     from onnxsample.composer.inspection import inspect_model
     from onnxsample.exporters._source import is_gguf
 
-    if is_gguf(file) or file.suffix.lower() == ".gguf":  # a model source, as `export` takes it
+    if is_gguf(file) or (file.suffix.lower() == ".gguf" and file.is_file()):  # as `export` reads
         render_gguf(file)
         path = file
     else:

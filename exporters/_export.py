@@ -128,7 +128,7 @@ def export(
         made = "a Hugging Face folder is the source" if info is None else "the gqa layout reads it"
         raise ExportError(
             f"--keep-hf keeps the Hugging Face folder the optimum layout de-quantises a GGUF into; "
-            f"this export makes none ({made})"
+            f"this export makes none ({made}); with a GGUF, add --layout optimum"
         )
     if precision not in QUANTISED or device == "cuda":
         accuracy_level = 0

@@ -98,7 +98,7 @@ class Source:
         except OSError as exc:
             raise ExportError(f"{self.path}: {exc.strerror or exc}: {exc.filename}") from exc
         return [
-            str(self.path),
+            os.path.realpath(self.path),  # a link's target: two links to one file, one stamp
             *([n, s.st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino, s.st_dev] for n, s in stats),
         ]
 
@@ -133,12 +133,16 @@ def resolve_source(source: str | Path | None) -> Source:
         raise ExportError(f"no such file or folder: {path}")
     # absolute, its links kept: a hub cache's snapshots/REV/NAME.gguf links to blobs/HASH, and the
     # name (the export's, a split file's parts) is the link's
-    path = Path(os.path.abspath(path))
+    path = path.absolute()
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ExportError(f"{path} is not a Hugging Face model folder: config.json is missing")
         return Source("hf", path, path.name)
     if not is_gguf(path):  # as llama.cpp, the magic bytes say what a file is, not its name
+        try:
+            path.open("rb").close()
+        except OSError as exc:
+            raise ExportError(f"cannot read {path}: {exc.strerror or exc}") from None
         if path.suffix.lower() != ".gguf":
             raise ExportError(f"{path} is neither a model folder nor a .gguf file")
         raise ExportError(

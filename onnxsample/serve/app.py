@@ -158,10 +158,12 @@ def create_app(
     async def page() -> FileResponse:
         return FileResponse(str(static / "index.html"))
 
-    @app.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
+    @app.get("/health")
     async def health() -> JSONResponse:
         engine()
         return JSONResponse({"status": "ok"})
+
+    app.head("/health", include_in_schema=False)(health)  # load balancers' probes
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -196,6 +196,8 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError as exc:
         raise APIError(400, f"the body is not JSON: {exc}") from None
+    except RecursionError:  # nested deeper than the parser goes
+        raise APIError(400, "the body is not JSON this server reads: nested too deeply") from None
 
 
 # llama-server's LLAMA_DEFAULT_SEED (a uint32, so -1 too): a random seed, as its clients send it.

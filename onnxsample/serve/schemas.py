@@ -5,13 +5,14 @@ Fields follow OpenAI's API, plus the extensions vLLM and llama-server users send
 output: ``json_schema``, ``grammar``, ``structured_outputs``, ``guided_*``). Unknown fields are
 accepted and ignored, as vLLM does. Types are checked here; ranges are checked by
 :meth:`onnxsample.SamplingParams.validate`, whose messages the client gets. A ``null`` stands for
-the field's default, as in OpenAI's API; a string that is not Unicode text (a lone surrogate,
-which JSON's ``\\ud800`` escapes can spell) is refused wherever it is, extras included.
+the field's default, as in OpenAI's API; in a request's body a string that is not Unicode text
+(a lone surrogate, which JSON's ``\\ud800`` escapes can spell) is refused at any depth, the
+extras it keeps included.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -27,53 +28,78 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 
-def _not_text(value: Any, path: str) -> str | None:
-    """Where in `value` (strings, lists and objects, keys included) a string holds a lone
-    surrogate, or None."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return f"{path} (character {exc.start}: {value[exc.start]!r})"
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _not_text(key, f"{path} (a key)") or _not_text(item, f"{path}.{key}")
-            if found is not None:
-                return found
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            if (found := _not_text(item, f"{path}[{i}]")) is not None:
-                return found
-    return None
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string in `value` (strings, lists and objects, keys included, at any depth)
+    holds a lone surrogate; a walk without recursion, that builds nothing."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif kind is list:
+            if not all(type(x) is int for x in item):  # token ids: nothing to look at
+                stack.extend(item)
+        elif kind is dict:
+            stack.extend(item)
+            stack.extend(item.values())
+    return False
+
+
+def _where_not_text(value: Any, path: str) -> str:
+    """Where in `value` the first lone surrogate is (there is one), as a path."""
+    stack = [(value, path)]
+    while stack:
+        item, at = stack.pop()
+        if type(item) is str:
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return f"{at} (character {exc.start}: {item[exc.start]!r})"
+        elif type(item) is list:
+            stack.extend((x, f"{at}[{i}]") for i, x in reversed(list(enumerate(item))))
+        elif type(item) is dict:
+            for key, x in reversed(list(item.items())):
+                stack += [(x, f"{at}.{key}"), (key, f"{at} (a key)")]
+    return path
 
 
 def _refuse_not_text(value: Any, name: str) -> None:
-    where = _not_text(value, name)
-    if where is not None:
+    if _has_lone_surrogate(value):
         raise PydanticCustomError(
-            "unicode", "not Unicode text: a lone surrogate at {where}", {"where": where}
+            "unicode",
+            "not Unicode text: a lone surrogate at {where}",
+            {"where": _where_not_text(value, name)},
         )
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    # A request's body (not a part of one): its fields, and the extras it keeps, are looked at for
+    # strings that are not Unicode text, at any depth, once.
+    _request: ClassVar[bool] = False
 
     @field_validator("*", mode="before")
     @classmethod
     def _null_is_the_default(cls, value: Any, info: ValidationInfo) -> Any:
-        """``null`` for a field with a default is that default; no string may be other than
-        Unicode text."""
+        """``null`` for a field with a default is that default; in a request, no string may be
+        other than Unicode text."""
+        field = cls.model_fields[info.field_name]
         if value is None:
-            field = cls.model_fields[info.field_name]
             return None if field.is_required() else field.get_default(call_default_factory=True)
-        _refuse_not_text(value, info.field_name)
+        if cls._request:
+            _refuse_not_text(value, field.alias or info.field_name)
         return value
 
     @model_validator(mode="after")
     def _extras_are_text(self) -> _Body:
-        for name, value in (self.model_extra or {}).items():
-            _refuse_not_text(value, name)
+        if self._request:
+            for name, value in (self.model_extra or {}).items():
+                _refuse_not_text(value, name)
         return self
 
 
@@ -238,6 +264,7 @@ class ChatPromptFields(_Body):
 class ChatRequest(SamplingFields, ChatPromptFields):
     model_config = ConfigDict(extra="allow")  # SamplingFields': kept for refuse_unsupported
 
+    _request: ClassVar[bool] = True
     messages: list[ChatMessage] = Field(min_length=1)
     parallel_tool_calls: StrictBool | None = None
     # llama-server's: a thought apart (auto, deepseek) or in the content (none, the default)
@@ -248,6 +275,7 @@ class ChatRequest(SamplingFields, ChatPromptFields):
 
 
 class CompletionRequest(SamplingFields):
+    _request: ClassVar[bool] = True
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
     echo: bool = False
@@ -260,6 +288,7 @@ class TokenizeRequest(ChatPromptFields):
     :func:`~onnxsample.serve.peer_fields.refuse_unsupported`."""
 
     model_config = ConfigDict(extra="allow")
+    _request: ClassVar[bool] = True
 
     content: str | None = None
     prompt: str | None = None
@@ -271,4 +300,5 @@ class TokenizeRequest(ChatPromptFields):
 
 
 class DetokenizeRequest(_Body):
+    _request: ClassVar[bool] = True
     tokens: list[StrictInt]

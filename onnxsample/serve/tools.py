@@ -158,6 +158,9 @@ def _parameters(function: FunctionDefinition, where: str) -> dict:
         raise InvalidParameter(
             f"{where}: arguments are a JSON object, so its type is object, got {kind!r}"
         )
+    for key in ("$defs", "definitions"):
+        if not isinstance(parameters.get(key, {}), dict):
+            raise InvalidParameter(f"{where}: {key} must be an object of schemas")
     if function.strict:
         check_strict(parameters, where)
     return parameters

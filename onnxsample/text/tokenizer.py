@@ -126,11 +126,14 @@ class Tokenizer:
     @functools.cached_property
     def _unprefixed(self) -> Any:
         """A copy of the backend that adds no space prefix: a ``Prepend`` normalizer left out, a
-        ``Metaspace`` pre-tokenizer's ``prepend_scheme`` set to ``never``."""
+        ``Metaspace`` pre-tokenizer's ``prepend_scheme`` set to ``never``, a ``ByteLevel`` one's
+        ``add_prefix_space`` off."""
         config = json.loads(self._backend.to_str())
         config["normalizer"] = _without_prepend(config.get("normalizer"))
         config["pre_tokenizer"] = _never_prepend(config.get("pre_tokenizer"))
-        return type(self._backend).from_str(json.dumps(config))
+        backend = type(self._backend).from_str(json.dumps(config))
+        backend.encode_special_tokens = self._backend.encode_special_tokens  # not in the JSON
+        return backend
 
     @functools.cached_property
     def _literal(self) -> Any:
@@ -330,11 +333,14 @@ def _without_prepend(normalizer: dict | None) -> dict | None:
 
 
 def _never_prepend(pre: dict | None) -> dict | None:
-    """`pre` (tokenizer.json's pre-tokenizer) with every ``Metaspace`` prepending nothing."""
+    """`pre` (tokenizer.json's pre-tokenizer) with nothing put before a text: every ``Metaspace``
+    and ``ByteLevel`` without its space prefix."""
     if pre is None:
         return None
     if pre.get("type") == "Sequence":
         return {**pre, "pretokenizers": [_never_prepend(p) for p in pre["pretokenizers"]]}
+    if pre.get("type") == "ByteLevel":  # GPT-2's own space before a text
+        return {**pre, "add_prefix_space": False}
     if pre.get("type") == "Metaspace":
         never = {"prepend_scheme": "never", "add_prefix_space": False}  # today's key, and older
         return {**pre, **{k: v for k, v in never.items() if k in pre}}

@@ -57,6 +57,7 @@ def test_compose_command_writes_and_summarises(tiny_export, tmp_path, capsys):
         (["compose", "{export}", "-o", "{export}/model.onnx"], "would overwrite its source"),
         (["inspect", "/nonexistent.onnx"], "no such model file"),
         (["inspect", "{tmp}/model.gguf"], "is not a GGUF file"),  # named so, read as one
+        (["inspect", "{tmp}/missing.gguf"], "no such model file"),
     ],
 )
 def test_compose_and_inspect_errors(argv, message, tiny_export, tmp_path, capsys):

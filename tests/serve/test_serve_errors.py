@@ -19,6 +19,12 @@ KEY = "sk-test-key"
 _HI = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
 
 
+def _nested(depth: int, leaf) -> list:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param", "message"),
     [
@@ -263,6 +269,21 @@ def test_no_generated_body_gets_a_5xx(port, path):
             "stop",
         ),
         ("/v1/chat/completions", {**_HI, "metadata": {"k": ["\udfff"]}}, None),
+        ("/v1/chat/completions", {**_HI, "metadata": _nested(900, "\ud800")}, None),
+        ("/completion", b'{"prompt": "hi", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}", None),
+        (
+            "/v1/chat/completions",
+            {
+                **_HI,
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "object", "$defs": ["x"]}},
+                    }
+                ],
+            },
+            "tools",
+        ),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**63}, None),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "top_k": 2**70}, None),
     ],
@@ -276,6 +297,9 @@ def test_no_generated_body_gets_a_5xx(port, path):
         "surrogate-stop-native",
         "surrogate-stop-native-streamed",
         "surrogate-in-an-extra",
+        "surrogate-deep-in-an-extra",
+        "nested-too-deeply-native",
+        "tool-defs-not-an-object",
         "top_k-2**63",
         "top_k-2**70",
     ],
@@ -283,13 +307,19 @@ def test_no_generated_body_gets_a_5xx(port, path):
 def test_inputs_that_once_reached_a_500(port, path, body, param):
     """A lone surrogate is a client's bad input (400 naming it); a top_k past int64 keeps every
     token, as any top_k past the vocabulary does (200). A surrogate in a field the server does not
-    know is refused too: no string the answer could echo may be other than text."""
-    code, data = post(port, path, json.dumps(body).encode())  # "\ud800" travels as an escape
-    if "top_k" in body:
+    know is refused too: no string the answer could echo may be other than text. A body nested
+    deeper than the JSON parser goes, and a tool whose $defs is not an object, are 400s too."""
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()  # "\ud800": an escape
+    code, data = post(port, path, raw)
+    if isinstance(body, dict) and "top_k" in body:
         assert code == 200, data
+        return
+    assert code == 400 and data["error"]["param"] == param, data
+    if isinstance(body, bytes):
+        assert "nested too deeply" in data["error"]["message"], data
     else:
-        assert code == 400 and "lone surrogate" in data["error"]["message"], data
-        assert data["error"]["param"] == param
+        why = "$defs must be an object" if "tools" in body else "lone surrogate"
+        assert why in data["error"]["message"], data
 
 
 def test_a_request_that_can_never_fit_is_400_not_429(port):

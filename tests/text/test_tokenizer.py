@@ -146,16 +146,24 @@ def synthetic(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.mark.parametrize("name", ["llama2-bos", "llama2-metaspace", "gpt2-legacy"])
-def test_a_fragment_gets_no_space_prefix(synthetic, name):
+@pytest.mark.parametrize("name", ["llama2-bos", "llama2-metaspace", "gpt2-legacy", "gpt2-prefix"])
+def test_a_fragment_gets_no_space_prefix(synthetic, name, tmp_path):
     """encode_fragment (what a grammar forces text with): the tokens of the text alone, whose bytes
-    are its own, where encode puts SentencePiece's space first (a prefix normaliser, or Metaspace)."""
-    tokenizer = Tokenizer.from_folder(synthetic[name])
+    are its own, where encode puts a space first (SentencePiece's prefix normaliser or Metaspace,
+    a byte-level pre-tokenizer whose config sets add_prefix_space)."""
+    folder = synthetic[name.replace("prefix", "legacy")]
+    if name == "gpt2-prefix":
+        folder = Path(shutil.copytree(folder, tmp_path / name))
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({**config, "add_prefix_space": True})
+        )
+    tokenizer = Tokenizer.from_folder(folder)
     text = "naïve café\n  lines"
     ids = tokenizer.encode_fragment(text)
     assert b"".join(tokenizer.token_bytes(i) for i in ids) == text.encode()
     whole = tokenizer.encode(text, add_special_tokens=False)
-    if name.startswith("llama2"):
+    if name != "gpt2-legacy":
         assert tokenizer.token_bytes(whole[0]).startswith(b" ") and whole != ids
 
 
