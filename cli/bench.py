@@ -93,8 +93,20 @@ def bench(
         raise InvalidParameter(f"--new-tokens must be >= 2, got {new_tokens}")
     args += ["--repeats", str(repeats), "--new-tokens", str(new_tokens)]
     folder = benchmarks_dir()
-    code = subprocess.call([sys.executable, str(folder / "e2e.py"), *args], cwd=folder.parent)
+    code = _call([sys.executable, str(folder / "e2e.py"), *args], folder.parent)
     if code == 0 and report:
-        code = subprocess.call([sys.executable, str(folder / "report.py")], cwd=folder.parent)
+        code = _call([sys.executable, str(folder / "report.py")], folder.parent)
     if code:
         raise typer.Exit(code)
+
+
+def _call(argv: list[str], cwd: Path) -> int:
+    """The benchmark's exit status; a SIGTERM or Ctrl-C that ends this command is passed on to it
+    as a SIGTERM, so that it stops its own engines and servers (subprocess.call would SIGKILL it)."""
+    with subprocess.Popen(argv, cwd=cwd) as child:
+        try:
+            return child.wait()
+        except BaseException:
+            child.terminate()
+            child.wait()
+            raise
