@@ -163,7 +163,12 @@ def test_an_export_stopped_midway_leaves_nothing(
         time.sleep(5)  # the signal's handler raises here
 
     monkeypatch.setattr(_export, "_export_gqa", stopped)
-    code, _out, err = run_cli(capsys, "export", str(tiny_hf), "-o", str(tmp_path / "out"))
+    # Python's Ctrl-C handler, which a process started in the background (as by CI) goes without
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code, _out, err = run_cli(capsys, "export", str(tiny_hf), "-o", str(tmp_path / "out"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert code == status, err
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())  # no out, no .out.*.partial
 
