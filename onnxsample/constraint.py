@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from onnxsample.errors import InvalidParameter
+from onnxsample.errors import InvalidParameter, check_unicode
 
 __all__ = ["CONSTRAINT_KINDS", "Constraint", "one_constraint"]
 
@@ -133,10 +133,5 @@ def one_constraint(found: dict[str, Constraint | None], what: str) -> Constraint
 def _text(kind: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidParameter(f"{kind} must be a non-empty string, got {value!r}")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate, which llguidance cannot take
-        raise InvalidParameter(
-            f"{kind} is not Unicode text: a lone surrogate at character {exc.start}"
-        ) from None
+    check_unicode(value, kind)  # llguidance cannot take a lone surrogate
     return value

@@ -55,6 +55,19 @@ class OutOfMemory(GenerationError, MemoryError):
     """The KV cache (or another buffer) for a request could not be allocated."""
 
 
+def check_unicode(text: str, what: str) -> None:
+    """InvalidParameter for `what`, a string that is not valid Unicode: a lone surrogate (JSON
+    allows "\\ud800"), which no tokenizer or grammar reads and no response can carry. For the
+    package's own modules, not the API."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidParameter(
+            f"{what} is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
+            f"at character {exc.start}"
+        ) from None
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of `exc`'s message (its type's name where it has none): how another
     library's error is quoted in one of ours. For the package's own modules, not the API."""

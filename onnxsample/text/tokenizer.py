@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from onnxsample.errors import InvalidParameter, ModelError, first_line
+from onnxsample.errors import InvalidParameter, ModelError, check_unicode, first_line
 from onnxsample.text import _clean_up
 from onnxsample.text._chat_template import (
     check_chat_template,
@@ -112,7 +112,7 @@ class Tokenizer:
         user-defined tokens do)."""
         if not isinstance(text, str):
             raise InvalidParameter(f"text to encode must be a string, got {type(text).__name__}")
-        _check_unicode(text)
+        check_unicode(text, "the text")
         backend = self._backend if parse_special else self._literal
         return backend.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -120,7 +120,7 @@ class Tokenizer:
         """Token ids of `text` as a piece of a longer text: no BOS/EOS, and no SentencePiece space
         prefix (Llama 2, Mistral and Phi-3 start a text with one), so the tokens' bytes are the
         text's own. A grammar engine forces text with them (llguidance's tokenize)."""
-        _check_unicode(text)
+        check_unicode(text, "the text")
         return self._unprefixed.encode(text, add_special_tokens=False).ids
 
     @functools.cached_property
@@ -243,7 +243,7 @@ class Tokenizer:
             raise InvalidParameter(
                 f"the chat template refused the messages: {first_line(exc)}"
             ) from exc
-        _check_unicode(text)
+        check_unicode(text, "the text")
         return _open_final(text) if continue_final_message else text
 
     def _render(
@@ -345,18 +345,6 @@ def _never_prepend(pre: dict | None) -> dict | None:
         never = {"prepend_scheme": "never", "add_prefix_space": False}  # today's key, and older
         return {**pre, **{k: v for k, v in never.items() if k in pre}}
     return pre
-
-
-def _check_unicode(text: str) -> None:
-    """InvalidParameter for text that is not valid Unicode: a lone surrogate (JSON allows
-    "\\ud800"), which no tokenizer reads and no response can carry."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidParameter(
-            f"the text is not valid Unicode: a lone surrogate U+{ord(text[exc.start]):04X} "
-            f"at character {exc.start}"
-        ) from None
 
 
 def _byte_alphabet() -> dict[str, int]:
