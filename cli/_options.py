@@ -286,11 +286,13 @@ DraftTokens = Annotated[
     ),
 ]
 Ngram = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--ngram",
-        help="With --speculative ngram: the longest suffix to look up (shorter ones are tried next).",
+        help="With --speculative ngram: the longest suffix to look up (shorter ones are tried "
+        "next); 3 by default.",
         min=1,
+        show_default=False,
     ),
 ]
 
@@ -316,7 +318,7 @@ def _captured(provider: str, speculative: str | None, cuda_graph: bool | None) -
 def engine_options(
     speculative: str | None,
     draft_tokens: int | None,
-    ngram: int,
+    ngram: int | None,
     provider: str = "auto",
     cuda_graph: bool | None = None,
     row_buckets: bool = True,
@@ -326,6 +328,7 @@ def engine_options(
     speculative decoding, the CUDA-graph mode (None: on for --provider cuda without
     --speculative) and its row buckets, a CUDA provider that is there, and the chat template's
     text (read from its file) that parses."""
+    from onnxsample.engine import DEFAULT_NGRAM
     from onnxsample.engine._drafter import check_method
     from onnxsample.engine._session import require_provider
     from onnxsample.errors import InvalidParameter
@@ -338,8 +341,9 @@ def engine_options(
     require_provider(provider)
     if chat_template is not None:
         chat_template = read_chat_template(chat_template)
-    if speculative is None and draft_tokens is not None:
-        raise InvalidParameter("--draft-tokens needs --speculative ngram")
+    for name, value in (("--draft-tokens", draft_tokens), ("--ngram", ngram)):
+        if speculative is None and value is not None:
+            raise InvalidParameter(f"{name} needs --speculative ngram")
     if cuda_graph and provider != "cuda":
         raise InvalidParameter("--cuda-graph needs --provider cuda")
     if cuda_graph and speculative is not None:
@@ -351,6 +355,7 @@ def engine_options(
             "--no-row-buckets is for CUDA graphs (--provider cuda, without --no-cuda-graph or "
             "--speculative): uncaptured steps run the model over the running sequences only"
         )
+    ngram = DEFAULT_NGRAM if ngram is None else ngram
     spec = {"speculative": speculative, "draft_tokens": draft_tokens, "ngram": ngram}
     graph = {"cuda_graph": cuda_graph, "row_buckets": row_buckets}
     return {**spec, **graph, "chat_template": chat_template}

@@ -177,7 +177,12 @@ def _serve(path: Path, port: int, *, browse: bool) -> None:
             "--netron needs Netron's viewer: pip install 'onnxsample[viz]' (or: pip install netron)"
         ) from None
 
-    address = netron.start(str(path), address=("localhost", port), browse=browse)
+    try:
+        address = netron.start(str(path), address=("localhost", port), browse=browse)
+    except OSError as exc:  # the port is taken, or not ours to take
+        raise OnnxSampleError(
+            f"Netron cannot serve on port {port}: {exc.strerror or exc} (choose another: --port)"
+        ) from None
     host, bound = address if isinstance(address, tuple) else ("localhost", port)
     out.print(
         f"Netron is serving {path.name} at http://{host}:{bound}  (Ctrl-C stops it)", soft_wrap=True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,7 @@ import typer
 
 from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import PREPARE_LABELS, err, out, stages
-from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK
+from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter
 
 _LABELS = PREPARE_LABELS | {"session": "Loading the model into ONNX Runtime"}
@@ -18,16 +19,19 @@ _SAMPLING = "Sampling (defaults as llama.cpp's; 0 or 1 turns a filter off)"
 
 
 def _bias(values: list[str]) -> dict[int, float]:
-    table = {}
+    """``ID=VALUE`` or llama.cpp's ``ID+VALUE`` / ``ID-VALUE``; a token given twice gets the sum,
+    as llama.cpp adds every entry."""
+    table: dict[int, float] = {}
     for item in values:
-        token, sep, value = item.partition("=")
+        found = re.fullmatch(r"\s*(\d+)\s*(?:=\s*(\S+)|([+-]\S+))\s*", item)
         try:
-            if not sep:
+            if found is None:
                 raise ValueError
-            table[int(token)] = float(value)
+            token = int(found.group(1))
+            table[token] = table.get(token, 0.0) + float(found.group(2) or found.group(3))
         except ValueError:
             raise InvalidParameter(
-                f"--logit-bias takes ID=VALUE (e.g. 42=-100), got {item!r}"
+                f"--logit-bias takes ID=VALUE (e.g. 42=-100; or llama.cpp's 42-100), got {item!r}"
             ) from None
     return table
 
@@ -81,7 +85,11 @@ def run(
     ] = 0.0,
     logit_bias: Annotated[
         list[str],
-        typer.Option(help="ID=VALUE, VALUE in [-100, 100]; repeatable.", rich_help_panel=_SAMPLING),
+        typer.Option(
+            help="ID=VALUE (or llama.cpp's ID+VALUE), VALUE in [-100, 100]; repeatable (a token "
+            "given twice gets the sum, as in llama.cpp).",
+            rich_help_panel=_SAMPLING,
+        ),
     ] = (),
     seed: Annotated[
         int | None,
@@ -151,7 +159,7 @@ def run(
     speculative: opt.Speculative = None,
     attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
-    ngram: opt.Ngram = DEFAULT_NGRAM,
+    ngram: opt.Ngram = None,
 ) -> None:
     """Generate text; sampling runs inside the ONNX graph, one seeded generator per prompt.
 
@@ -289,12 +297,17 @@ def _constraint(json_schema, json_object, regex, grammar, choice):
     )
 
 
+_FILE_SUFFIXES = (".json", ".gbnf", ".lark", ".txt")  # a missing file, not a schema or grammar
+
+
 def _file_or_text(value: str) -> str:
     try:
         is_file = Path(value).is_file()
     except (OSError, ValueError):  # text too long (or odd) to be a path: the text itself
         return value
     if not is_file:
+        if "\n" not in value and Path(value).suffix in _FILE_SUFFIXES:
+            raise InvalidParameter(f"no such file: {value}")  # not text that reads as a schema
         return value
     try:
         return Path(value).read_text()

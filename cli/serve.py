@@ -13,7 +13,7 @@ import typer
 
 from onnxsample.cli import _options as opt
 from onnxsample.cli._ui import PREPARE_LABELS, err, stages
-from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK
+from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter, OnnxSampleError, RuntimeUnavailable
 
 _RAY = "Ray Serve replicas"
@@ -94,7 +94,7 @@ def serve(
     speculative: opt.Speculative = None,
     attention: opt.EmbeddedAttention = "gqa",
     draft_tokens: opt.DraftTokens = None,
-    ngram: opt.Ngram = DEFAULT_NGRAM,
+    ngram: opt.Ngram = None,
     candidates: opt.ServeCandidates = 0,
     output_probs: opt.ServeOutputProbs = False,
     replicas: Annotated[

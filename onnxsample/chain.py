@@ -57,8 +57,12 @@ class SamplerChain:
             names = list(samplers.names)
         elif isinstance(samplers, str):
             names = [part.strip() for part in samplers.split(",") if part.strip()]
-        else:
+        elif isinstance(samplers, Iterable):
             names = [str(part).strip() for part in samplers]
+        else:
+            raise InvalidParameter(
+                f"a sampler chain is names (a list, or a string split by commas), got {samplers!r}"
+            )
         valid = ", ".join(SAMPLER_NAMES)
         seen: set[str] = set()
         for name in names:

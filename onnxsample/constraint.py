@@ -15,6 +15,7 @@ whitespace), so a model cannot spend its tokens on runaway whitespace; a schema'
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -109,8 +110,11 @@ class Constraint:
         if self.kind == "choice":
             lark = "start: " + " | ".join(json.dumps(option) for option in self.value)
             return llguidance.LLMatcher.grammar_from_lark(lark)
+        from llguidance.gbnf_to_lark import is_lark_syntax
+
+        text = self.value if is_lark_syntax(self.value) else _spelled_out(self.value)
         try:
-            return llguidance.grammar_from("grammar", self.value)
+            return llguidance.grammar_from("grammar", text)
         except ValueError as exc:
             raise InvalidParameter(f"invalid grammar: {exc}") from None
 
@@ -119,6 +123,34 @@ class Constraint:
             return "json_object"
         shown = json.dumps(self.value) if self.kind != "choice" else json.dumps(list(self.value))
         return f"{self.kind}({shown[:60]}{'…' if len(shown) > 60 else ''})"
+
+
+# GBNF's escapes of a code point (llama.cpp's), and an escaped backslash, read as pairs
+_CODE_POINT = re.compile(r"\\(\\|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8})")
+_KEPT_ESCAPED = set('"\\[]^-')
+
+
+def _spelled_out(gbnf: str) -> str:
+    """`gbnf` with its ``\\uXXXX`` and ``\\UXXXXXXXX`` escapes written as the characters they
+    stand for (``\\xHH`` where one must stay escaped), as llama.cpp reads them: llguidance's
+    converter turns them into escapes its own lexer refuses (``\\ue9``)."""
+
+    def written(match: re.Match) -> str:
+        escape = match.group(1)
+        if escape == "\\":
+            return match.group(0)
+        code = int(escape[1:], 16)
+        if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+            return match.group(0)  # no character: refused as it is
+        char = chr(code)
+        if char.isprintable() and not char.isspace() and char not in _KEPT_ESCAPED:
+            return char
+        if code < 0x100:
+            return f"\\x{code:02X}"
+        # the converter drops leading zeros (\\u0600 -> \\u600), which its lexer refuses
+        return match.group(0) if escape[1] != "0" else char
+
+    return _CODE_POINT.sub(written, gbnf)
 
 
 def one_constraint(found: dict[str, Constraint | None], what: str) -> Constraint | None:

@@ -68,6 +68,17 @@ def check_unicode(text: str, what: str) -> None:
         ) from None
 
 
+def check_count(name: str, value: object, low: int, high: int | None = None) -> None:
+    """InvalidParameter unless `value` is an integer (not a bool: True == 1 in Python) in
+    [low, high] (no bound above when `high` is None). For the package's own modules, not the API."""
+    import numbers
+
+    whole = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not whole or value < low or (high is not None and value > high):
+        within = f"an integer >= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidParameter(f"{name} must be {within}, got {value!r}")
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of `exc`'s message (its type's name where it has none): how another
     library's error is quoted in one of ours. For the package's own modules, not the API."""

@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike
 
 from onnxsample.chain import GREEDY_BELOW, TEMPERATURE_LAST, SamplerChain
 from onnxsample.constraint import Constraint
-from onnxsample.errors import InvalidParameter
+from onnxsample.errors import InvalidParameter, check_count
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ class SamplingParams:
     its ``prompt_logprobs`` most likely alternatives (vLLM's field; OpenAI's ``echo``).
     ``ignore_eos`` keeps generating past end-of-sequence tokens (benchmarks, as vLLM's);
     ``min_tokens`` keeps end-of-sequence tokens out of the first ``min_tokens`` (vLLM's field: their
-    logits get a -100 bias, which needs free logit-bias entries in the graph).
+    logits get a -100 bias, which needs free logit-bias entries in the graph), and stop strings
+    too, as vLLM: none is looked for in those tokens' text.
     ``constraint`` (a :class:`~onnxsample.Constraint`: JSON schema, JSON object, regex, grammar,
     choice) restricts the output to what it matches (structured output; the graph needs
     ``sampler.allowed``). ``host_sampler`` finishes the choice on the host: a callable that gets
@@ -136,9 +137,7 @@ class SamplingParams:
                 f"logprobs must be a bool, got {self.logprobs!r} (top_logprobs is how many of the "
                 "most likely tokens each step reports)"
             )
-        top = self.top_logprobs
-        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise InvalidParameter(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+        check_count("top_logprobs", self.top_logprobs, 0, MAX_TOP_LOGPROBS)
         prompt = self.prompt_logprobs
         if prompt is not None and (not _is_int(prompt) or not 0 <= prompt <= MAX_TOP_LOGPROBS):
             raise InvalidParameter(
@@ -146,8 +145,7 @@ class SamplingParams:
             )
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise InvalidParameter(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
-        if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            raise InvalidParameter(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        check_count("min_tokens", self.min_tokens, 0)
         if self.constraint is not None:
             if not isinstance(self.constraint, Constraint):
                 raise InvalidParameter(

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.errors import InvalidParameter, ModelError, check_count
 from onnxsample.metadata import (
     COMPOSER_REVISION,
     CONTRACT_VERSION,
@@ -106,15 +106,13 @@ def prepare(
     .gguf file or a Hugging Face folder for the GPU (fp16); `attention` ``exact`` exports them with
     exact attention (speculative decoding and echo then give exactly what one-token steps give;
     see ``onnxsample export --attention``)."""
-    slots = max_slots or RUN_COMPOSE_OPTIONS["max_slots"]
-    if not isinstance(slots, int) or slots < 1:
-        raise InvalidParameter(f"max_slots must be an integer >= 1, got {max_slots!r}")
+    slots = RUN_COMPOSE_OPTIONS["max_slots"] if max_slots is None else max_slots
+    check_count("max_slots", slots, 1)
     if device not in ("cpu", "cuda"):
         raise InvalidParameter(f"device must be cpu or cuda, got {device!r}")
     if attention not in ("gqa", "exact"):
         raise InvalidParameter(f"attention must be gqa or exact, got {attention!r}")
-    if isinstance(candidates, bool) or not isinstance(candidates, int) or candidates < 0:
-        raise InvalidParameter(f"candidates must be an integer >= 0, got {candidates!r}")
+    check_count("candidates", candidates, 0)
     if not isinstance(probs, bool):
         raise InvalidParameter(f"probs must be a boolean, got {probs!r}")
     if probs and static:

@@ -15,3 +15,8 @@ def export_cached(source, output: Path, **options):
         return export(source, output, **options)
     except DifferentExport:
         return export(source, output, force=True, **options)
+
+
+def export_beside(gguf: Path, mix: str):
+    """The default export of a llama.cpp-made fixture, cached beside the file (``onnx-<mix>``)."""
+    return export_cached(gguf, gguf.with_name(f"onnx-{mix}"), verify_tokens=0)

@@ -23,7 +23,7 @@ import onnx.numpy_helper
 from onnx import helper
 
 from onnxsample.chain import TEMPERATURE_LAST, SamplerChain
-from onnxsample.errors import InvalidParameter
+from onnxsample.errors import InvalidParameter, check_count
 from onnxsample.graphs._common import DOMAIN
 from onnxsample.graphs.chain import CHAIN_FUNCTION, build_chain_function
 from onnxsample.graphs.chain_config import ChainConfig, chain_inputs, chain_outputs
@@ -70,25 +70,17 @@ def sampler_config(
 ) -> ChainConfig:
     """Check the build options and return the graph configuration they describe."""
     chain = SamplerChain(chain)
-    for name, value, low in (("vocab_size", vocab_size, 1), ("max_slots", max_slots, 1)):
-        if not isinstance(value, int) or value < low:
-            raise InvalidParameter(f"{name} must be an integer >= {low}, got {value!r}")
-    if not isinstance(top_logprobs, int) or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-        raise InvalidParameter(
-            f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top_logprobs}"
-        )
+    check_count("vocab_size", vocab_size, 1)
+    check_count("max_slots", max_slots, 1)
+    check_count("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
     if top_logprobs > vocab_size:
         raise InvalidParameter(
             f"top_logprobs must be <= vocab_size ({vocab_size}), got {top_logprobs}"
         )
-    if not isinstance(max_bias, int) or max_bias < 0:
-        raise InvalidParameter(f"max_bias must be an integer >= 0, got {max_bias!r}")
+    check_count("max_bias", max_bias, 0)
     if max_bias > 0 and "logit_bias" not in chain:
         raise InvalidParameter(f"max_bias={max_bias} needs logit_bias in the chain {str(chain)!r}")
-    if not isinstance(output_candidates, int) or not 0 <= output_candidates <= vocab_size:
-        raise InvalidParameter(
-            f"output_candidates must be in [0, {vocab_size}], got {output_candidates!r}"
-        )
+    check_count("output_candidates", output_candidates, 0, vocab_size)
     if "logit_bias" in chain and max_bias == 0:
         logger.info("max_bias=0: the logit_bias sampler has no table and is left out of the graph")
     return ChainConfig(

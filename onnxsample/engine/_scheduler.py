@@ -335,6 +335,11 @@ class Scheduler:
             names = _FIRST if i == 0 else _DRAFTED
             at = (s,) if i == 0 else (s, i - 1)
             token, logprob, tops = int(host[names[0]][at]), host[names[1]][at], None
+            if (failure := seq.constraint_failure(token)) is not None:
+                for event in events:  # what the grammar took, then the failure
+                    seq.request._push(event)
+                self._fail(seq, failure)
+                return
             if seq.params.post_sampling_probs is not None:  # drafting: greedy (reads no candidates)
                 try:
                     logprob, tops = post_sampling(seq.params, s, host, token, self.state.meta)

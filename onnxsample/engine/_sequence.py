@@ -22,6 +22,7 @@ from onnxsample.engine.request import (
     Timings,
     TopLogprobs,
 )
+from onnxsample.errors import InvalidParameter
 from onnxsample.params import SamplingParams
 from onnxsample.text import TextStream
 from onnxsample.text._grammar import Matcher
@@ -55,6 +56,7 @@ class Sequence:
     slot: int = -1
     computed: int = 0
     ids: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)  # where each token's text begins
     logprobs: list[float] = field(default_factory=list)
     tops: list[TopLogprobs] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)
@@ -71,6 +73,7 @@ class Sequence:
     report_progress: bool = False  # an event when it gets its slot and after each prompt call
     report_timings: bool = False  # each event with the request's timings when it came
     rng: np.random.Generator = field(init=False)
+    _decoded: int = field(init=False, default=0)  # characters the tokens decoded to so far
 
     def __post_init__(self) -> None:
         self.rng = np.random.Generator(np.random.Philox(self.seed))
@@ -143,7 +146,10 @@ class Sequence:
             self.logprobs.append(float(logprob) if logprob is not None else float("nan"))
         if self.params.reported_tops and tops is not None:
             self.tops.append(tops[: self.params.reported_tops])
-        piece = self.stops.add(self.detok.add(token))
+        self.offsets.append(self._decoded + self.detok.holding)
+        decoded = self.detok.add(token)
+        self._decoded += len(decoded)
+        piece = self.stops.add(decoded, stops=len(self.ids) >= self.params.min_tokens)  # as vLLM
         if self.stops.stopped:
             self.finish = "length" if self.stops.indented else "stop"
         elif (
@@ -158,10 +164,25 @@ class Sequence:
             if self.finish
             else StreamEvent(self.index, piece, token, timings=self._timings_now())
         )
+        event.offset = self.offsets[-1]
         if self.params.reports_logprobs:
             event.logprob = self.logprobs[-1]
             event.top_logprobs = self.tops[-1] if self.params.reported_tops else None
         return event
+
+    def constraint_failure(self, token: int) -> InvalidParameter | None:
+        """The error that ends the sequence before it takes `token`, once its grammar cannot go
+        on (llguidance failed, or allows no token where the text does not complete it) or when
+        `token` would end it where the text does not complete the grammar (a draft's dead end,
+        a host sampler's end-of-sequence): that end would give a text that does not match."""
+        if self.matcher is None:
+            return None
+        if token in self.eos_ids and not self.params.ignore_eos:
+            self.matcher.check_end()
+        if self.matcher.failure is None:
+            return None
+        where = f"after {len(self.ids)} tokens"
+        return InvalidParameter(f"invalid constraint: {self.matcher.failure}, {where}")
 
     def end_lines(self, n_indent: int, t_max_predict_ms: float) -> None:
         """llama-server's endings for code completion, set before the sequence is queued: a line
@@ -207,6 +228,7 @@ class Sequence:
             prompt_top_logprobs=list(self.prompt_tops) if prompt else None,
             timings=self.timings,
             end_token=self.end_token,
+            token_offsets=list(self.offsets),
         )
 
     def _finished(self, piece: str, token: int | None) -> StreamEvent:

@@ -79,7 +79,10 @@ class Completion:
     end of the context / KV buffer) or ``cancelled``; ``end_token`` is the end-of-sequence token
     that finished it (``eos``), which is no part of ``token_ids``. ``logprobs`` / ``top_logprobs`` are per
     generated token; ``prompt_logprobs`` / ``prompt_top_logprobs`` per prompt token (``None`` for the
-    first, which has no context), when the request asked for them.
+    first, which has no context), when the request asked for them. ``token_offsets`` say where each
+    generated token's text begins in the text (a token that ends a character the one before began
+    begins where that character does), so a stop string's tokens are told apart
+    (:meth:`written_tokens`).
     """
 
     index: int
@@ -94,6 +97,15 @@ class Completion:
     prompt_top_logprobs: list[TopLogprobs | None] | None = None
     timings: Timings = field(default_factory=Timings)
     end_token: int | None = None
+    token_offsets: list[int] = field(default_factory=list)
+
+    def written_tokens(self) -> int:
+        """How many of ``token_ids`` wrote ``text``: all but the tokens of the stop string that
+        ended it (a token whose text begins before the stop string is one of them);
+        ``token_offsets`` are where each token's text begins in the text, in characters."""
+        if self.finish_reason != "stop":
+            return len(self.token_ids)
+        return sum(offset < len(self.text) for offset in self.token_offsets)
 
     def to_json(self) -> dict:
         data = {
@@ -139,9 +151,10 @@ class StreamEvent:
     """A piece of one request's text; `completion` is set on the event that finishes it.
 
     ``token_id`` is the token that produced the piece (``None`` on an event that only finishes the
-    request, such as a cancel); ``text`` may be empty while a multi-byte character or a possible
-    stop string is held back. ``logprob`` / ``top_logprobs`` are the token's, when the request asked
-    for them (not for an end-of-sequence token, which is no part of the output). ``timings`` are
+    request, such as a cancel), and ``offset`` where its text begins in the completion's text;
+    ``text`` may be empty while a multi-byte character or a possible stop string is held back.
+    ``logprob`` / ``top_logprobs`` are the token's, when the request asked for them (not for an
+    end-of-sequence token, which is no part of the output). ``timings`` are
     the request's when the token came (a copy; llama-server's ``timings_per_token``), and an
     event with ``progress`` (and no token) says how far the prompt is, for a sequence that asked
     (:class:`~onnxsample.engine._sequence.Sequence`'s ``report_timings`` and
@@ -156,6 +169,7 @@ class StreamEvent:
     top_logprobs: TopLogprobs | None = None
     timings: Timings | None = None
     progress: PromptProgress | None = None
+    offset: int | None = None
 
 
 class Request:

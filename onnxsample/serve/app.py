@@ -253,11 +253,12 @@ def create_app(
             message, finish = tools.answer(c, plan, opened)
             logprobs = None
             if body.logprobs:
+                kept = c.written_tokens()  # a stop string's tokens are no part of the content
                 content = convert.chat_logprobs(
                     e.tokenizer,
-                    c.token_ids,
-                    c.logprobs or [],
-                    c.top_logprobs,
+                    c.token_ids[:kept],
+                    (c.logprobs or [])[:kept],
+                    None if c.top_logprobs is None else c.top_logprobs[:kept],
                     post_sampling=post_sampling,
                 )
                 logprobs = {"content": content}
@@ -355,12 +356,12 @@ def _echo_text(engine: Engine, prompt) -> str:
 def _completion_choice(
     engine: Engine, c: Completion, echo: str | None, n_logprobs: int | None, score_only: bool
 ) -> dict:
-    tokens = [] if score_only else c.token_ids
+    tokens = [] if score_only else c.token_ids[: c.written_tokens()]  # not a stop string's
     text = "" if score_only else c.text
     logprobs = None
     if n_logprobs is not None:
-        lps: list = [] if score_only else list(c.logprobs or [])
-        tops: list = [] if score_only else list(c.top_logprobs or [[]] * len(tokens))
+        lps: list = [] if score_only else list(c.logprobs or [])[: len(tokens)]
+        tops: list = [] if score_only else list(c.top_logprobs or [[]] * len(tokens))[: len(tokens)]
         ids = list(tokens)
         if echo is not None:
             ids = c.prompt_token_ids + ids

@@ -3,6 +3,7 @@ llama-server-style timings out."""
 
 from __future__ import annotations
 
+import codecs
 import math
 import secrets
 from collections.abc import Sequence
@@ -90,6 +91,23 @@ def prompts(prompt: Any) -> list:
     if all(isinstance(p, int) for p in prompt):
         return [prompt]
     return list(prompt)
+
+
+def mixed_ids(
+    tokenizer: Tokenizer, parts: str | list, *, add_special: bool = True, parse_special: bool = True
+) -> list:
+    """llama-server's prompt of text and token ids together (``[12, " cat", 34]``; its
+    ``tokenize_mixed``) as ids: each text tokenised in place, the special tokens (BOS, as the model
+    adds it) only where the prompt begins with text. Ids are left as they are, for the caller to
+    check."""
+    ids: list = []
+    for i, part in enumerate([parts] if isinstance(parts, str) else parts):
+        if type(part) is not str:
+            ids.append(part)
+            continue
+        special = add_special and i == 0
+        ids += tokenizer.encode(part, add_special_tokens=special, parse_special=parse_special)
+    return ids
 
 
 def token_limit(value: int | None, default: int | None) -> int | None:
@@ -202,34 +220,48 @@ def post_sampling_entry(entry: dict, ids: Sequence[int]) -> dict:
     return entry
 
 
+class TextOffsets:
+    """Where each token's text begins, in characters of the text the tokens' bytes spell (from
+    `start`), token after token: a token that ends a character the one before began begins where
+    that character does."""
+
+    def __init__(self, tokenizer: Tokenizer, start: int = 0) -> None:
+        self._tokenizer, self.chars = tokenizer, start
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def __call__(self, tokens: Sequence[int]) -> list[int]:
+        offsets = []
+        for token in tokens:
+            offsets.append(self.chars)
+            self.chars += len(self._decoder.decode(self._tokenizer.token_bytes(token)))
+        return offsets
+
+
 def legacy_logprobs(
     tokenizer: Tokenizer,
     tokens: Sequence[int],
     logprobs: Sequence[float | None],
     tops: Sequence[TopLogprobs | None],
-    offset: int = 0,
+    offsets: TextOffsets | None = None,
 ) -> dict:
-    """The completions API's ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``.
+    """The completions API's ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``
+    (`offsets` goes on from the tokens before, in a stream).
 
     As OpenAI's legacy API (and vLLM): a position's ``top_logprobs`` holds the most likely tokens
     and always the chosen one, so up to logprobs + 1 entries (with ``logprobs: 0``, the chosen
-    token alone); a position without a logprob (a prompt's first token) has none."""
+    token alone), the chosen one's under its text where another token's text is the same (bytes
+    of an unfinished character read as U+FFFD); a position without a logprob (a prompt's first
+    token) has none."""
     texts = [_text(tokenizer, t) for t in tokens]
-    offsets = []
-    for text in texts:
-        offsets.append(offset)
-        offset += len(text)
     top_dicts: list[dict | None] = []
     for text, logprob, top in zip(texts, logprobs, tops, strict=True):
         if logprob is None:
             top_dicts.append(None)
             continue
-        found = {_text(tokenizer, t): v for t, v in top or []}
-        found.setdefault(text, logprob)
-        top_dicts.append(found)
+        top_dicts.append({**{_text(tokenizer, t): v for t, v in top or []}, text: logprob})
     return {
         "tokens": texts,
         "token_logprobs": list(logprobs),
         "top_logprobs": top_dicts,
-        "text_offset": offsets,
+        "text_offset": (offsets or TextOffsets(tokenizer))(tokens),
     }

@@ -209,6 +209,9 @@ def order_refusal(value: Any, body: Any) -> str | None:
     pair = _misordered(listed, on, order)
     if pair is None:
         return None
+    if getattr(body, "temperature_last", None) is None and "temperature" in pair:
+        # name, where there is one, a pair that temperature_last would not put in order
+        pair = _misordered(listed, on, tuple(s for s in order if s != "temperature")) or pair
     a, b = pair
     if isinstance(value, _DefaultOrder):
         return (

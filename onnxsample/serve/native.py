@@ -3,8 +3,9 @@
 prompt's tools, ``POST /tokenize``, ``/detokenize`` and ``/apply-template``
 (:mod:`~onnxsample.serve.tokenize`).
 
-The request is llama-server's: ``prompt`` (text, token ids, or several prompts), ``n_predict`` (-1
-or absent: until the end of the sequence or the context; 0 samples one token, as llama-server's),
+The request is llama-server's: ``prompt`` (text, token ids, text and ids mixed, or several
+prompts), ``n_predict`` (-1 or absent: until the end of the sequence or the context; 0 samples one
+token, as llama-server's),
 its sampler names and ``samplers`` order (:mod:`~onnxsample.serve.llama_fields`), ``stop``,
 ``seed`` (-1, its default, for a random one), ``logit_bias`` in its forms (pairs or an object,
 tokens as ids or text), ``n_probs`` (``logprobs`` when it is absent), ``return_tokens``,
@@ -87,6 +88,8 @@ def add_native_routes(
         if isinstance(data, dict) and isinstance(data.get("logit_bias"), (list, dict)):
             given = data["logit_bias"]
             data["logit_bias"] = await asyncio.to_thread(_logit_bias, e.tokenizer, given)
+        if isinstance(data, dict) and _has_mixed(data.get("prompt")):
+            data["prompt"] = await asyncio.to_thread(_unmixed, e.tokenizer, data["prompt"])
         if isinstance(data, dict) and type(data.get("n_predict")) is int and data["n_predict"] == 0:
             data["n_predict"] = 1  # llama-server samples one token even then
         if isinstance(data, dict) and type(data.get("seed")) is int and data["seed"] in _RANDOM:
@@ -170,7 +173,8 @@ def add_native_routes(
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
         body, e = _read(await request.body(), TokenizeRequest), engine()
-        return await asyncio.to_thread(tokenized, e.tokenizer, body, e.limit)
+        check_model(body.model)
+        return await asyncio.to_thread(tokenized, e.tokenizer, body, e.limit, e.vocab_size)
 
     @app.post("/apply-template")
     async def apply_template(request: Request) -> dict:
@@ -181,6 +185,7 @@ def add_native_routes(
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict:
         body, e = _read(await request.body(), DetokenizeRequest), engine()
+        check_model(body.model)
         bad = [t for t in body.tokens if not 0 <= t < e.vocab_size]
         if bad:
             raise InvalidParameter(f"tokens must be in [0, {e.vocab_size}), got {bad[0]}")
@@ -248,3 +253,27 @@ def _logit_bias(tokenizer: Tokenizer, given: list | dict) -> dict[str, float]:
         for t in ids:
             bias[str(t)] = bias.get(str(t), 0.0) + float(value)
     return bias
+
+
+def _is_mixed(prompt: Any) -> bool:
+    """A prompt of text and token ids together (llama-server's ``[12, "text", 34]``)."""
+    kinds = {type(x) for x in prompt} if isinstance(prompt, list) else set()
+    return str in kinds and int in kinds
+
+
+def _has_mixed(prompt: Any) -> bool:
+    """Whether `prompt` is one of text and ids, or a list of prompts that holds one, or holds
+    texts and lists of ids together: what OpenAI's forms leave out and llama-server reads."""
+    if not isinstance(prompt, list):
+        return False
+    kinds = {type(p) for p in prompt}
+    return _is_mixed(prompt) or {str, list} <= kinds or any(_is_mixed(p) for p in prompt)
+
+
+def _unmixed(tokenizer: Tokenizer, prompt: list) -> list:
+    """llama-server's mixed prompts as token ids (:func:`~onnxsample.serve.convert.mixed_ids`)."""
+    if _is_mixed(prompt):
+        return convert.mixed_ids(tokenizer, prompt)
+    return [
+        convert.mixed_ids(tokenizer, p) if _is_mixed(p) or type(p) is str else p for p in prompt
+    ]

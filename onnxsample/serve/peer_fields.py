@@ -4,7 +4,7 @@ this server does not implement: refused by name, never ignored.
 A field the server does not know is ignored, as vLLM ignores one, so a client that sends its own
 metadata keeps working. A field that one of those servers honours and that changes what the answer
 must be (beam search, stop token ids, mirostat, a request's own chat template...) is refused with a
-400 naming it and what to use instead, unless it holds its neutral value (``best_of: 1``,
+400 naming it and what to use instead, unless it holds its neutral value (``best_of: 1`` or n,
 ``skip_special_tokens: true``, ``mirostat: 0``...), which clients send as defaults.
 """
 
@@ -43,7 +43,6 @@ _BEAM = "this server samples; it has no beam search"
 # name: (neutral, what to use instead), for chat and text completions alike.
 _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     # OpenAI
-    "best_of": (_is(1), "one sample per choice: ask for n choices"),
     "functions": (_absent, "use tools"),
     "function_call": (_absent, "use tools and tool_choice"),
     "audio": (_absent, _TEXT),
@@ -96,6 +95,8 @@ _BY_REQUEST: dict[str, Callable[[Any, Any], str | None]] = {
     "repeat_last_n": window_refusal,
     "penalty_last_n": window_refusal,
     "n_cmpl": lambda v, body: None if v is None or v == body.n else "use n",
+    # OpenAI's: n samples of which the best n are returned; with as many as n, all of them (vLLM)
+    "best_of": lambda v, body: None if _is(1)(v) or _is(body.n)(v) else "ask for n choices",
 }
 # A chat's own (vLLM); a text completion takes its `echo` and its prompt's special tokens as
 # fields of its own.

@@ -3,7 +3,9 @@
 Fields follow OpenAI's API, plus the extensions vLLM and llama-server users send (``top_k``,
 ``min_p``, ``typical_p``, ``repetition_penalty``, ``ignore_eos``, ``min_tokens``, and structured
 output: ``json_schema``, ``grammar``, ``structured_outputs``, ``guided_*``). Unknown fields are
-accepted and ignored, as vLLM does. Types are checked here; ranges are checked by
+accepted and ignored, as vLLM does. Types are checked here: booleans strictly, as OpenAI's API checks
+them (no string or number read as a boolean), numbers as vLLM reads them (a number's text too, a
+boolean never); ranges are checked by
 :meth:`onnxsample.SamplingParams.validate`, whose messages the client gets. A ``null`` stands for
 the field's default, as in OpenAI's API; in a request's body a string that is not Unicode text
 (a lone surrogate, which JSON's ``\\ud800`` escapes can spell) is refused at any depth, the
@@ -12,10 +14,11 @@ extras it keeps included.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -26,6 +29,16 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+
+
+def _not_a_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # pydantic's lax float reads true as 1.0
+        raise PydanticCustomError("float_type", "Input should be a number, not a boolean")
+    return value
+
+
+# A number as vLLM reads one (a number's text too, as some clients send it), never a boolean.
+_Number = Annotated[float, BeforeValidator(_not_a_bool)]
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -104,7 +117,7 @@ class _Body(BaseModel):
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class JsonSchemaFormat(_Body):
@@ -150,25 +163,25 @@ class SamplingFields(_Body):
 
     model: str | None = None
     max_tokens: StrictInt | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: _Number | None = None
+    top_p: _Number | None = None
     n: StrictInt = 1
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     timings_per_token: StrictBool = False  # llama-server: every streamed chunk has its timings
     return_progress: StrictBool = False  # llama-server: a stream says how far the prompt is
-    logit_bias: dict[str, float] | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    logit_bias: dict[str, _Number] | None = None
+    presence_penalty: _Number | None = None
+    frequency_penalty: _Number | None = None
     user: str | None = None
     top_k: StrictInt | None = None
-    min_p: float | None = None
-    typical_p: float | None = None
-    temperature_last: bool | None = None  # text-generation-webui's: llama.cpp's order
-    repetition_penalty: float | None = None
-    ignore_eos: bool = False
+    min_p: _Number | None = None
+    typical_p: _Number | None = None
+    temperature_last: StrictBool | None = None  # text-generation-webui's: llama.cpp's order
+    repetition_penalty: _Number | None = None
+    ignore_eos: StrictBool = False
     min_tokens: StrictInt = 0
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = None  # llama-server
@@ -209,6 +222,15 @@ class ChatMessage(_Body):
     content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+
+    @model_validator(mode="before")
+    @classmethod
+    def _has_content(cls, data: Any) -> Any:
+        """A message has ``content`` (null too) or ``tool_calls``, as llama-server reads one
+        ("Expected 'content' or 'tool_calls'"; OpenAI also needs it)."""
+        if isinstance(data, dict) and "content" not in data and "tool_calls" not in data:
+            raise PydanticCustomError("content", "a message needs content or tool_calls")
+        return data
 
     def text(self) -> str:
         """The message as one string: text parts joined by a newline, as llama-server and vLLM
@@ -270,7 +292,7 @@ class ChatRequest(SamplingFields, ChatPromptFields):
     # llama-server's: a thought apart (auto, deepseek) or in the content (none, the default)
     reasoning_format: Literal["none", "auto", "deepseek"] | None = None
     max_completion_tokens: StrictInt | None = None
-    logprobs: bool = False
+    logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
 
 
@@ -278,7 +300,7 @@ class CompletionRequest(SamplingFields):
     _request: ClassVar[bool] = True
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: StrictInt | None = None
-    echo: bool = False
+    echo: StrictBool = False
 
 
 class TokenizeRequest(ChatPromptFields):
@@ -290,7 +312,8 @@ class TokenizeRequest(ChatPromptFields):
     model_config = ConfigDict(extra="allow")
     _request: ClassVar[bool] = True
 
-    content: str | None = None
+    model: str | None = None  # vLLM's: another model's name is a 404 (its tokens would differ)
+    content: str | list[str | StrictInt] | None = None  # llama-server's: text and ids mixed too
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     add_special: StrictBool | None = None  # llama-server's
@@ -301,4 +324,5 @@ class TokenizeRequest(ChatPromptFields):
 
 class DetokenizeRequest(_Body):
     _request: ClassVar[bool] = True
+    model: str | None = None
     tokens: list[StrictInt]

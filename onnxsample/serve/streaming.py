@@ -117,6 +117,27 @@ class Job:
         yield "[DONE]"
 
 
+class _Held:
+    """One choice's token logprobs, held until the text their tokens wrote goes out: a stop
+    string's tokens, whose text never does, never show theirs, as in an answer not streamed
+    (:meth:`~onnxsample.engine.request.Completion.written_tokens`)."""
+
+    def __init__(self) -> None:
+        self._events: list[StreamEvent] = []
+
+    def take(self, event: StreamEvent, written: int) -> list[StreamEvent]:
+        """The events whose logprobs go out with `event`'s chunk, `written` characters of the
+        choice's text being out with it."""
+        if event.logprob is not None:
+            self._events.append(event)
+        c = event.completion
+        if c is not None and c.finish_reason != "stop":
+            written = len(c.text) + 1  # every token wrote the text
+        out = [e for e in self._events if e.offset is not None and e.offset < written]
+        self._events = [] if c is not None else self._events[len(out) :]
+        return out
+
+
 def _piece(index: int, delta: dict, logprobs: dict | None = None) -> dict:
     """A chat chunk's choice that is not its last."""
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
@@ -154,6 +175,7 @@ def chat_stream(
         thoughts = [ThoughtStream(opened) for _ in job.requests] if opened is not None else None
         written = [""] * len(job.requests)  # each choice's text so far
         sent = [0] * len(job.requests)  # of its answer, sent as content (without tools)
+        held = [_Held() for _ in job.requests]
         ended: set[int] = set()
         async for k, event in merged_events(job.requests, job.metrics, ended):
             if event.progress is not None:  # llama-server's: the role again, and the progress
@@ -185,12 +207,12 @@ def chat_stream(
             if len(answer) > sent[k]:
                 delta["content"], sent[k] = answer[sent[k] :], len(answer)
             logprobs = None
-            if event.logprob is not None:
+            if released := held[k].take(event, len(written[k])):
                 content = convert.chat_logprobs(
                     job.engine.tokenizer,
-                    [event.token_id],
-                    [event.logprob],
-                    [event.top_logprobs or []],
+                    [e.token_id for e in released],
+                    [e.logprob for e in released],
+                    [e.top_logprobs or [] for e in released],
                     post_sampling=job.seqs[k].params.post_sampling_probs is not None,
                 )
                 logprobs = {"content": content}
@@ -222,16 +244,16 @@ def completion_stream(
 
     # Where each choice's next token starts in its whole text (the echoed prompt included), so
     # that text_offset counts from the start of the choice as in a response that is not streamed.
-    offsets: dict[int, int] = {}
+    offsets: dict[int, convert.TextOffsets] = {}
 
     def logprobs_of(index: int, ids, lps, tops) -> dict:
-        found = convert.legacy_logprobs(tokenizer, ids, lps, tops, offsets.get(index, 0))
-        if found["tokens"]:
-            offsets[index] = found["text_offset"][-1] + len(found["tokens"][-1])
-        return found
+        going_on = offsets.setdefault(index, convert.TextOffsets(tokenizer))
+        return convert.legacy_logprobs(tokenizer, ids, lps, tops, going_on)
 
     async def chunks() -> AsyncIterator[dict]:
         started: set[int] = set()
+        written = [0] * len(job.requests)  # each choice's characters out so far
+        held = [_Held() for _ in job.requests]
         async for k, event in merged_events(job.requests, job.metrics):
             if event.progress is not None:
                 yield job.token_chunk(_text_piece(event.index, ""), event)
@@ -244,11 +266,16 @@ def completion_stream(
                     )
                 yield chunk(event.index, echo[event.index], logprobs=logprobs)
             started.add(event.index)
-            if not score_only and (event.text or event.logprob is not None):
+            written[k] += len(event.text)
+            released = [] if score_only else held[k].take(event, written[k])
+            if not score_only and (event.text or released):
                 logprobs = None
-                if event.logprob is not None:
+                if released:
                     logprobs = logprobs_of(
-                        event.index, [event.token_id], [event.logprob], [event.top_logprobs]
+                        event.index,
+                        [e.token_id for e in released],
+                        [e.logprob for e in released],
+                        [e.top_logprobs for e in released],
                     )
                 yield job.token_chunk(_text_piece(event.index, event.text, logprobs), event)
             if (c := event.completion) is not None:

@@ -1,5 +1,5 @@
-"""``/tokenize``: llama-server's text (``content``, ``add_special``, ``parse_special``,
-``with_pieces``), vLLM's text
+"""``/tokenize``: llama-server's text (``content``, text or text and ids mixed, ``add_special``,
+``parse_special``, ``with_pieces``), vLLM's text
 (``prompt``, ``add_special_tokens``, ``return_token_strs``) and vLLM's chat (``messages`` with
 ``tools``, ``tool_choice``, ``chat_template_kwargs`` and ``reasoning_effort``), whose ids are those
 the chat route gives the engine for the same chat, so ``count`` is the chat's ``prompt_tokens``.
@@ -8,7 +8,7 @@ the chat route gives the engine for the same chat, so ``count`` is the chat's ``
 from __future__ import annotations
 
 from onnxsample.errors import InvalidParameter
-from onnxsample.serve import tools
+from onnxsample.serve import convert, tools
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.peer_fields import refuse_unsupported
 from onnxsample.serve.schemas import ChatPromptFields, ChatRequest, TokenizeRequest
@@ -17,7 +17,7 @@ from onnxsample.text.tokenizer import Tokenizer
 __all__ = ["applied_template", "tokenized"]
 
 
-def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
+def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int, vocab_size: int) -> dict:
     """The answer to `body`: ``tokens`` (``{"id", "piece"}`` objects with ``with_pieces``, as
     llama-server writes them), ``count``, ``max_model_len`` and, with ``return_token_strs``,
     ``token_strs`` (the vocabulary's own strings, as vLLM writes them).
@@ -39,7 +39,10 @@ def tokenized(tokenizer: Tokenizer, body: TokenizeRequest, limit: int) -> dict:
         text = body.content if body.content is not None else body.prompt
         if text is None:
             raise InvalidParameter("content: give the text to tokenise (or messages)")
-        ids = tokenizer.encode(text, add_special_tokens=_adds_special(body), parse_special=parse)
+        ids = convert.mixed_ids(tokenizer, text, add_special=_adds_special(body),
+                                parse_special=parse)  # fmt: skip
+        if bad := [i for i in ids if not 0 <= i < vocab_size]:  # the model's, as /detokenize
+            raise InvalidParameter(f"token ids must be in [0, {vocab_size}), got {bad[0]}")
     answer: dict = {"tokens": ids, "count": len(ids), "max_model_len": limit}
     if body.with_pieces:
         answer["tokens"] = [{"id": i, "piece": _piece(tokenizer.token_bytes(i))} for i in ids]

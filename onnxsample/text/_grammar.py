@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -88,7 +88,8 @@ class GrammarVocabulary:
         with self._lock:
             if grammar in self._compiled:
                 self._compiled.move_to_end(grammar)
-                return Matcher(self._compiled[grammar].deep_copy(), self.vocab_size, self.eos_ids)
+                inner = self._compiled[grammar].deep_copy()
+                return Matcher(inner, self.vocab_size, self.eos_ids, lambda: self._forget(grammar))
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
         if failed:
             raise InvalidParameter(f"invalid constraint: {'; '.join(messages)}")
@@ -104,51 +105,88 @@ class GrammarVocabulary:
             self._compiled[grammar] = inner.deep_copy()
             while len(self._compiled) > _COMPILED:
                 self._compiled.popitem(last=False)
-        return Matcher(inner, self.vocab_size, self.eos_ids)
+        return Matcher(inner, self.vocab_size, self.eos_ids, lambda: self._forget(grammar))
+
+    def _forget(self, grammar: str) -> None:
+        """Compile `grammar` afresh next time: llguidance failed on it, and its copies share the
+        lexer that gave up (a copy would allow no token and never say why)."""
+        with self._lock:
+            self._compiled.pop(grammar, None)
 
 
 class Matcher:
-    """One sequence's place in its grammar."""
+    """One sequence's place in its grammar. ``failure`` says why the grammar cannot go on, once it
+    cannot: llguidance failed (a regex past its limits), refused a token, or allows no token where
+    the text does not complete it (a grammar whose language is empty, ``root ::= root``). The
+    sequence then fails: an end-of-sequence there would end a text that does not match."""
 
-    def __init__(self, inner, vocab_size: int, eos_ids: list[int]) -> None:
-        self._inner, self.vocab_size, self._eos = inner, vocab_size, eos_ids
+    def __init__(
+        self, inner, vocab_size: int, eos_ids: list[int], forget: Callable[[], None] = lambda: None
+    ) -> None:
+        self._inner, self.vocab_size, self._eos, self._forget = inner, vocab_size, eos_ids, forget
         self._words = np.zeros((vocab_size + 31) // 32, np.int32)
+        self.failure: str | None = None
 
     def fill(self, row: np.ndarray) -> None:
         """Write the tokens allowed next into `row` (bool [V]). Where the grammar allows nothing
-        more (it is complete, or the matcher failed), only end-of-sequence is allowed."""
-        if self._inner.is_stopped() or self._inner.is_error():
-            row[:] = False
-            row[self._eos] = True
-            return
-        self._inner.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
-        bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
-        row[:] = bits[: self.vocab_size].view(bool)
-        if not row.any():
-            row[self._eos] = True
+        more, only end-of-sequence is allowed: it is complete, or it failed (``failure``)."""
+        inner = self._inner
+        if inner.is_error():  # llguidance's error state is a stopped one too: this first
+            self._fail(self._llguidance_error())
+        elif not inner.is_stopped():
+            inner.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
+            bits = np.unpackbits(self._words.view(np.uint8), bitorder="little")
+            row[:] = bits[: self.vocab_size].view(bool)
+            if not inner.is_accepting():  # llguidance's end where nothing else may come
+                row[self._eos] = False
+            if row.any():
+                return
+            self._fail("the grammar allows no token here, and the text does not complete it")
+        row[:] = False
+        row[self._eos] = True
 
     def consume(self, token: int) -> bool:
-        """Advance past `token`; False when the grammar does not allow it (then the matcher is
-        in error and allows only end-of-sequence)."""
+        """Advance past `token`; False when the grammar does not allow it (``failure`` says why)."""
+        if self._inner.is_error():
+            self._fail(self._llguidance_error())
+            return False
         if self._inner.is_stopped():
             return token in self._eos
         ok = self._inner.consume_token(int(token))
-        if not ok:  # once: the matcher stops here and allows only end-of-sequence from now on
-            log.warning("the grammar refused token %d; only end-of-sequence may follow", token)
-            log.debug("llguidance: %s", self._inner.get_error())
+        if not ok:
+            refused = f"the grammar refused token {token}"
+            self._fail(self._llguidance_error() if self._inner.is_error() else refused)
         return ok
+
+    def check_end(self) -> None:
+        """An end-of-sequence comes: a failure unless the text completes the grammar."""
+        inner = self._inner
+        if inner.is_error():
+            self._fail(self._llguidance_error())
+        elif not inner.is_stopped() and not inner.is_accepting():
+            self._fail("the text ends where it does not complete the grammar")
+
+    def _llguidance_error(self) -> str:
+        """llguidance's reason, its first line (the rest is its state); its grammar is compiled
+        afresh for the next request."""
+        self._forget()
+        return f"llguidance failed: {self._inner.get_error().strip().splitlines()[0]}"
+
+    def _fail(self, why: str) -> None:
+        if self.failure is None:
+            self.failure = why
+            log.info("constraint failed: %s", why)
 
     def fill_along(self, draft: list[int], rows: np.ndarray) -> None:
         """Write into ``rows[i]`` the tokens allowed after ``draft[: i + 1]`` (the masks of a
-        draft's positions 1..k), leaving the matcher where it was."""
-        taken = 0
+        draft's positions 1..k), on a copy of the matcher: a draft's dead end or llguidance's
+        failure along it is not the sequence's (its rows allow only end-of-sequence there, which
+        the sequence refuses when it comes: :meth:`check_end`)."""
+        along = Matcher(self._inner.deep_copy(), self.vocab_size, self._eos)
         for i, token in enumerate(draft):
-            if token in self._eos or not self._inner.consume_token(int(token)):
+            if token in self._eos or not along.consume(token):
                 break
-            taken += 1
-            self.fill(rows[i])
-        if taken and not self._inner.rollback(taken):
-            raise RuntimeError(f"the grammar matcher could not step back {taken} tokens")
+            along.fill(rows[i])
 
     def valid_prefix(self, tokens: list[int]) -> list[int]:
         """The longest prefix of `tokens` the grammar allows from here, cut before its first

@@ -23,13 +23,16 @@ class StopMatcher:
         self.indented = False
         self.indent, self._new_line, self._line = indent, False, 0
 
-    def add(self, piece: str) -> str:
-        """Append `piece`; return the text now safe to show. After a match, `stopped` is True."""
+    def add(self, piece: str, *, stops: bool = True) -> str:
+        """Append `piece`; return the text now safe to show. After a match, `stopped` is True.
+        With `stops` off (vLLM's ``min_tokens`` not reached yet) no stop string is looked for and
+        the text goes out whole: a stop string can only begin in text added later."""
         if self.stopped:
             return ""
-        start = max(0, len(self.text) - self._longest + 1)
+        start = max(self._released, len(self.text) - self._longest + 1)
         self.text += piece
-        hits = [i for i in (self.text.find(s, start) for s in self._stops) if i >= 0]
+        searched = self._stops if stops else []
+        hits = [i for i in (self.text.find(s, start) for s in searched) if i >= 0]
         if hits:
             self.text = self.text[: min(hits)]
             self.stopped = True
@@ -37,7 +40,7 @@ class StopMatcher:
         if self._under_indented():
             self.stopped = self.indented = True
             return self._release(len(self.text))
-        released = self._release(len(self.text) - self._held_tail())
+        released = self._release(len(self.text) - (self._held_tail() if stops else 0))
         self._new_line = self._new_line or "\n" in released
         return released
 

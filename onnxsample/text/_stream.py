@@ -39,6 +39,12 @@ class TextStream:
         self._held = ""  # text out of the decoder that clean-up may still change
         self._stream = _decode_stream(self._context, skip_special_tokens)
 
+    @property
+    def holding(self) -> int:
+        """Characters decoded and not yet returned (held for clean-up): the next id's text
+        begins after them."""
+        return len(self._held)
+
     def add(self, token_id: int) -> str:
         """Take the next id; return the text now complete (often "")."""
         if (token_id := int(token_id)) < 0:

@@ -158,6 +158,19 @@ def netron_server(cli_composed):
         assert proc.returncode == 0, f"Ctrl-C did not stop it ({proc.returncode}): {output}"
 
 
+def test_netron_on_a_taken_port_says_so(cli_composed, capsys):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("localhost", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, _, err = run_cli(capsys, "inspect", str(cli_composed), "--netron", "--port", port,
+                               "--no-browser")  # fmt: skip
+    assert code == 1 and f"Netron cannot serve on port {port}" in err, err
+    assert "Traceback" not in err and "--port" in err
+
+
 def test_netron_serves_the_model(netron_server):
     import urllib.request
 

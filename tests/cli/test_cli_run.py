@@ -125,6 +125,11 @@ def test_run_renders_chats_with_a_given_template(run_folder, tmp_path, given, ca
         (["--repetition-penalty", "0"], "repetition_penalty must be"),
         (["--logit-bias", "42"], "--logit-bias takes ID=VALUE"),
         (["--logit-bias", "42=500"], "logit_bias"),
+        # llama.cpp's form too, and a token given twice gets the sum, as llama.cpp adds them
+        (
+            ["--logit-bias", "42+60", "--logit-bias", "42=60"],
+            "logit_bias[42] must be in [-100, 100], got 120.0",
+        ),
         (["--logprobs", "50"], "logprobs must be in [0, 20], got 50"),
         (["--provider", "tpu"], "provider must be one of auto, cpu, cuda, got 'tpu'"),
         (["--max-new-tokens", "0"], "max_new_tokens must be an integer >= 1, got 0"),
@@ -137,8 +142,12 @@ def test_run_renders_chats_with_a_given_template(run_folder, tmp_path, given, ca
         (["--json-schema", "{nope"], "not valid JSON"),
         (["--json-schema", '{"type": "strin"}'], "invalid constraint: Invalid type: strin"),
         (["--grammar", "root ::= nowhere"], "nowhere"),
+        (["--json-schema", "/no/such/schema.json"], "no such file: /no/such/schema.json"),
+        (["--grammar", "missing.gbnf"], "no such file: missing.gbnf"),
         (["--regex", "a("], "invalid constraint"),
         (["--no-row-buckets"], "--no-row-buckets is for CUDA graphs"),
+        (["--draft-tokens", "4"], "--draft-tokens needs --speculative ngram"),
+        (["--ngram", "7"], "--ngram needs --speculative ngram"),  # it would change nothing
         (["--chat-template", "chatml"], "'chatml' is neither a file nor jinja text"),
         (["--chat-template", "{% for %}"], "the chat template does not parse"),
     ],

@@ -139,6 +139,13 @@ def test_bad_models_are_refused_clearly(case, tmp_path, tiny_export):
         ({"chain": "top_k,bogus"}, "bogus"),
         ({"max_slots": 0}, "max_slots must be"),
         ({"top_logprobs": 21}, "top_logprobs must be in [0, 20], got 21"),
+        # a bool is not a count (Python's True == 1), a number not a chain
+        ({"max_slots": True}, "max_slots must be an integer >= 1, got True"),
+        ({"top_logprobs": True}, "top_logprobs must be"),
+        ({"max_bias": True}, "max_bias must be"),
+        ({"output_candidates": True}, "output_candidates must be"),
+        ({"max_slots": 2.0}, "max_slots must be"),
+        ({"chain": 5}, "a sampler chain is names"),
     ],
 )
 def test_invalid_options(tiny_export, tmp_path, kwargs, message):

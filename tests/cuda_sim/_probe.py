@@ -198,7 +198,7 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
         elif scenario == "mask-copies":
             # A constrained request's mask rows against a plain request's, both after a
             # constrained one (whose row the next call resets): the bytes to the device.
-            constrained = SamplingParams(seed=3, constraint=Constraint.regex("[a-z ]{1,60}"))
+            constrained = SamplingParams(seed=3, constraint=Constraint.grammar(_TOKEN_ZERO))
             _complete(eng, prompt, constrained, 4)
             sent = {}
             for label, asked in (("plain", params), ("constrained", constrained)):
@@ -236,8 +236,8 @@ def engine(model: str, scenario: str, cuda_graph: bool | None, tokenizer: str | 
                 params = SamplingParams(prompt_logprobs=2, logprobs=True, top_logprobs=2)
             if scenario == "greedy":
                 params = SamplingParams(temperature=0.0)
-            if scenario == "constrained":  # the device reads back token 0, which it refuses
-                params = SamplingParams(seed=3, constraint=Constraint.regex("[a-z ]{1,60}"))
+            if scenario == "constrained":
+                params = SamplingParams(seed=3, constraint=Constraint.grammar(_TOKEN_ZERO))
             completion = _complete(eng, prompt, params, 10)
             result["tokens"] = len(completion.token_ids)
             result["finish"] = completion.finish_reason
@@ -325,6 +325,11 @@ def _forced_fallback(eng, prompt, params, together: int = 1, even: bool = False)
 
 def _kv_length(eng) -> int:
     return eng._scheduler.layout.kv.length
+
+
+# The device computes nothing and reads back token 0: a grammar of token 0 (llguidance's Lark
+# token reference) runs a constrained request's every step; one that refuses it fails the request.
+_TOKEN_ZERO = "start: <[0]>*"
 
 
 def _counted(eng, prompt, params, n):

@@ -376,12 +376,18 @@ def test_prepare_composes_the_final_distribution_apart(tiny_export, tmp_path):
         prepare(folder, probs=True, static=True)
 
 
-@pytest.mark.parametrize("candidates", [-1, True, 2.0])
-def test_prepare_refuses_candidates_that_are_not_a_count(candidates, tmp_path):
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("candidates", -1), ("candidates", True), ("candidates", 2.0), ("max_slots", 0),
+     ("max_slots", True)],
+)  # fmt: skip
+def test_prepare_refuses_what_is_not_a_count(option, value, tmp_path):
+    """Nothing is composed: 0 slots is not the default's 8, True not 1 slot."""
     from onnxsample.prepare import prepare
 
-    with pytest.raises(InvalidParameter, match="candidates must be an integer >= 0"):
-        prepare(tmp_path, candidates=candidates)
+    with pytest.raises(InvalidParameter, match=f"{option} must be an integer >= "):
+        prepare(tmp_path, **{option: value})
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.integration

@@ -77,6 +77,18 @@ def test_what_ends_a_request(tokenizer, case, finish, tokens):
     assert done.index == 3 and done.timings.generated_tokens == len(events)
 
 
+@pytest.mark.parametrize(("min_tokens", "text"), [(0, " one"), (3, " one two three four")])
+def test_stop_strings_wait_for_min_tokens(tokenizer, min_tokens, text):
+    """As vLLM's min_tokens: no stop string ends the text in its first min_tokens tokens, and one
+    that began in them is not looked for later (its text went out)."""
+    words = tokenizer.encode(" one two three four two five", add_special_tokens=False)
+    assert len(words) == 6, words
+    seq = _sequence(tokenizer, SamplingParams(min_tokens=min_tokens), max_new=50, stops=[" two"])
+    events = _feed(seq, words)
+    assert seq.finish == "stop" and seq.completion().text == text
+    assert "".join(e.text for e in events) == text
+
+
 def test_cancel_keeps_what_was_generated(tokenizer):
     seq = _sequence(tokenizer)
     ids = tokenizer.encode(" one two", add_special_tokens=False)

@@ -34,6 +34,11 @@ CASES = [
         lambda text: re.fullmatch(r"The (cat|dog|bird) sat\.", text),
         id="gbnf",
     ),
+    pytest.param(  # llama.cpp's code point escapes, and an escaped backslash before a "u"
+        Constraint.grammar('root ::= "\\u00e9" [\\u00e0-\\u00ff]{2} "\\U0001F600\\x22\\\\u"'),
+        lambda text: re.fullmatch(r'é[à-ÿ]{2}😀"\\u', text),
+        id="gbnf-escapes",
+    ),
     pytest.param(
         Constraint.grammar('start: "Answer: " /[a-z]{1,8}( [a-z]{1,8}){0,3}/ "."'),
         lambda text: re.fullmatch(r"Answer: [a-z]{1,8}( [a-z]{1,8}){0,3}\.", text),
@@ -109,6 +114,58 @@ def test_a_bad_constraint_is_refused_at_submit(engine, constraint, message):
     assert (after.finished, after.failed) == (before.finished, before.failed)
 
 
+# Constraints that compile and then cannot go on: (constraint, tokens it takes first, why)
+DEAD_ENDS = [
+    pytest.param(Constraint.grammar("root ::= root"), 0, "allows no token", id="empty-language"),
+    pytest.param(  # "ab", then an x that never ends: llguidance gives up looking for an end
+        Constraint.grammar('root ::= "ab" x\nx ::= "a" x'), 1, "llguidance failed", id="endless"
+    ),
+    pytest.param(  # once its lexer gave up, a copy of the compiled grammar allows no token
+        Constraint.regex("a{1000000}"), 0, "llguidance failed", id="too-complex"
+    ),
+    pytest.param(  # forced text, drafted whole: the draft's last row allows end-of-sequence only
+        Constraint.grammar('root ::= "The cat sat" x\nx ::= x'),
+        3,
+        "",
+        id="forced-to-a-dead-end",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def drafting(tiny_gqa_export, tmp_path_factory):
+    """An engine that drafts (n-grams, and the tokens a grammar forces) and verifies the drafts."""
+    folder = tmp_path_factory.mktemp("drafting")
+    path = compose(tiny_gqa_export.output, None, folder / "d.onnx", max_slots=2, draft_tokens=4,
+                   allowed_tokens=True)  # fmt: skip
+    with Engine(path, tokenizer=tiny_gqa_export.output, threads=1, speculative="ngram") as e:
+        yield e
+
+
+@pytest.mark.parametrize("drafts", [False, True])
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(("constraint", "taken", "why"), DEAD_ENDS)
+def test_a_constraint_that_cannot_go_on_fails_the_request(
+    engine, drafting, constraint, taken, why, stream, drafts
+):
+    """Never an end-of-sequence that ends a text the constraint does not match, drafting or not:
+    the request fails with InvalidParameter, after the tokens it took (streamed first); the
+    engine goes on."""
+    engine = drafting if drafts else engine
+    before = engine.stats()
+    request = engine.submit("x", SamplingParams(temperature=0, constraint=constraint),
+                            max_new_tokens=8, chat=False)  # fmt: skip
+    pieces = []
+    with pytest.raises(InvalidParameter, match=f"invalid constraint: .*{why}.*, after"):
+        for event in request if stream else ():
+            pieces.append(event.token_id)
+        request.result(60)
+    assert not stream or len(pieces) >= taken, pieces
+    assert engine.stats().failed == before.failed + 1
+    fine = SamplingParams(temperature=0, constraint=Constraint.choice(["yes", "no"]))
+    assert engine.submit("x", fine, max_new_tokens=8, chat=False).result(60).text in ("yes", "no")
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
@@ -131,6 +188,19 @@ def test_min_tokens_and_a_constraint_are_refused_together(engine):
     params = SamplingParams(min_tokens=3, constraint=Constraint.json_object())
     with pytest.raises(InvalidParameter, match="min_tokens cannot be combined"):
         engine.submit("x", params, chat=False)
+
+
+@pytest.mark.parametrize(
+    "gbnf",
+    [
+        "root ::= [\\U00010000-\\U0010FFFF]",  # every character past the BMP
+        'root ::= "\\u0600" "\\u2028" "\\u0022" [\\u005D\\u002D]',  # not printable; escaped
+    ],
+)
+def test_gbnf_code_point_escapes_compile(engine, gbnf):
+    """As llama.cpp reads them; llguidance's converter would drop their leading zeros."""
+    vocabulary = GrammarVocabulary(engine.tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    assert vocabulary.matcher(Constraint.grammar(gbnf).grammar_text()).failure is None
 
 
 def test_a_draft_is_cut_before_end_of_sequence(engine):

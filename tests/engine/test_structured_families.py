@@ -11,7 +11,7 @@ from pathlib import Path
 
 import _llama_cpp_models as models
 import pytest
-from _exports import export_cached
+from _exports import export_beside
 
 from onnxsample import Constraint, Engine, SamplingParams
 from onnxsample.composer import compose
@@ -43,7 +43,7 @@ CASES = [
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_engine(request, llama_cpp, tmp_path_factory):
     path = models.gguf(request.param, "Q8_0", llama_cpp)
-    folder = Path(export_cached(path, path.with_name("onnx-Q8_0"), verify_tokens=0).output)
+    folder = Path(export_beside(path, "Q8_0").output)
     composed = tmp_path_factory.mktemp(request.param) / "composed.onnx"
     compose(folder, None, composed, max_slots=2, allowed_tokens=True)
     with Engine(composed, tokenizer=folder, threads=1) as engine:

@@ -14,7 +14,7 @@ import _llama_cpp_models as models
 import numpy as np
 import onnx
 import pytest
-from _exports import export_cached
+from _exports import export_beside, export_cached
 from _fim_model import fim_gguf
 from _http import post, served
 from _llama_cpp import TOL, LlamaServer, same_answer_until_a_near_tie
@@ -98,7 +98,7 @@ def test_response_fields_and_a_zero_n_predict_are_llama_servers(answers):
 
 def test_a_file_without_fim_tokens_is_a_501_as_on_llama_server(llama_cpp):
     path = models.gguf("qwen2", "Q8_0", llama_cpp)
-    folder = export_cached(path, path.with_name("onnx-Q8_0"), verify_tokens=0).output
+    folder = export_beside(path, "Q8_0").output
     body = {"input_prefix": "a", "input_suffix": "b"}
     with served(folder, "--threads", "1") as ours:
         code, mine = post(ours.port, "/infill", json.dumps(body).encode())

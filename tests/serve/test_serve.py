@@ -160,6 +160,61 @@ def test_streamed_text_offsets_count_from_the_start_of_the_choice(client, echo):
     assert offsets == whole.text_offset
 
 
+def _answer(client, route: str, stream: bool, stop: str | None) -> tuple[str, list[str]]:
+    """A greedy answer's text and the texts of the tokens it has logprobs for."""
+    kw = dict(model="tiny", max_tokens=12, temperature=0, stop=stop, stream=stream)
+    if route == "completions":
+        answer = client.completions.create(prompt="Hi there", logprobs=0, **kw)
+    else:
+        messages = [{"role": "user", "content": "Hi there"}]
+        answer = client.chat.completions.create(messages=messages, logprobs=True, **kw)
+    text, tokens = "", []
+    for choice in [p.choices[0] for p in (answer if stream else [answer]) if p.choices]:
+        if route == "completions":
+            text += choice.text
+            tokens += choice.logprobs.tokens if choice.logprobs else []
+        else:
+            text += (choice.delta.content if stream else choice.message.content) or ""
+            entries = choice.logprobs.content or [] if choice.logprobs else []
+            tokens += [bytes(e.bytes).decode("utf-8", "replace") for e in entries]
+    return text, tokens
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_a_stop_strings_tokens_have_no_logprobs(client, route, stream):
+    """The tokens that come back with logprobs wrote the text: up to the one the stop string
+    begins in, streamed or not, as llama-server cuts them (the stop string's tokens wrote none)."""
+    text, tokens = _answer(client, route, False, None)
+    # the first stop string that begins inside a token (after its first character) and ends in
+    # the next one, found nowhere before
+    start, i = next(
+        (at, i)
+        for i in range(1, len(tokens) - 1)
+        if len(tokens[i]) > 1
+        and "\ufffd" not in "".join(tokens[: i + 2])
+        and text.find(text[(at := len("".join(tokens[:i])) + 1) :][: len(tokens[i])]) == at
+    )
+    stop = text[start:][: len(tokens[i])]
+    assert _answer(client, route, stream, stop) == (text[:start], tokens[: i + 1]), stop
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_offsets_count_characters_where_tokens_split_them(client, port, stream):
+    """A token that ends a character the one before began begins where that character does."""
+    prompt = "ab🙂c𝔘d ünï"
+    body = json.dumps({"content": prompt, "with_pieces": True}).encode()
+    pieces = [t["piece"] for t in post(port, "/tokenize", body)[1]["tokens"]]
+    raw = [bytes(p) if isinstance(p, list) else p.encode() for p in pieces]
+    assert any(isinstance(p, list) for p in pieces), pieces  # a token holds part of a character
+    want = [len(b"".join(raw[:i]).decode("utf-8", "ignore")) for i in range(len(raw))]
+    kw = dict(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=0, stream=stream)
+    answer = client.completions.create(**kw)
+    parts = [p.choices[0].logprobs for p in (answer if stream else [answer]) if p.choices]
+    offsets = [o for p in parts if p is not None for o in p.text_offset]
+    assert offsets == want and want[-1] < len(prompt), (offsets, want)
+
+
 @pytest.mark.parametrize("route", ["chat", "completions"])
 @pytest.mark.parametrize("per_token", [False, True])
 def test_streamed_timings_sit_beside_the_choices(client, route, per_token):
@@ -233,6 +288,12 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
     code, back = post(port, "/detokenize", json.dumps({"tokens": data["tokens"]}).encode())
     assert code == 200 and back["content"] == special, back
     assert post(port, "/detokenize", b'{"tokens": [-1]}')[0] == 400
+    code, error = post(port, "/tokenize", b'{"content": [1000000000, "Hi"]}')  # llama-server's mix
+    assert code == 400 and "token ids must be in [0, " in error["error"]["message"], error
+    for path, body in (("/tokenize", {"content": "Hi"}), ("/detokenize", {"tokens": [5]})):
+        assert post(port, path, json.dumps({**body, "model": "tiny"}).encode())[0] == 200
+        code, error = post(port, path, json.dumps({**body, "model": "gpt-9"}).encode())
+        assert code == 404 and error["error"]["param"] == "model", error  # as vLLM's
     assert [m.id for m in client.models.list()] == ["tiny"]
     assert (
         client.models.retrieve("tiny").max_model_len == client.models.list().data[0].max_model_len

@@ -65,6 +65,11 @@ def test_unknown_model_is_404(client):
         (b'{"messages": "hi"}', 400, "messages"),
         (b'{"messages": []}', 400, "messages"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
+        (b'{"messages": [{"role": "user"}]}', 400, "messages.0: a message needs content or"),
+        # OpenAI's booleans, strictly; a boolean is no number
+        (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "stream"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": 1}', 400, "logprobs"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "top_p": true}', 400, "top_p"),
         (
             b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {}}',
             400,
@@ -87,6 +92,11 @@ def test_raw_bodies_get_openai_errors(port, body, status, fragment):
     ("path", "body"),
     [
         ("/v1/chat/completions", {**_HI, "n": None, "stream": None, "logprobs": None}),
+        # a message's content null (llama-server's and vLLM's), a number as its text (vLLM's)
+        (
+            "/v1/chat/completions",
+            {**_HI, "messages": [{"role": "user", "content": None}], "temperature": "0.5"},
+        ),
         ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "n": None, "echo": None}),
         ("/completion", {"prompt": "hi", "n_predict": 2, "stream": None, "min_tokens": None}),
     ],
@@ -540,6 +550,8 @@ BY_REQUEST = [
     ({"samplers": 3}, "samplers"),
     ({"n_cmpl": 2, "n": 2}, None),
     ({"n_cmpl": 2}, "n_cmpl"),
+    ({"best_of": 2, "n": 2}, None),  # all n of n samples: vLLM's answer
+    ({"best_of": 2}, "best_of"),
     ({"repeat_penalty": 1.0}, None),
     ({"repeat_penalty": 1.3}, "repeat_penalty"),  # llama-server's window of 64 by default
     ({"repeat_penalty": 1.3, "repeat_last_n": 64}, "repeat_penalty"),
@@ -557,7 +569,7 @@ def test_llama_servers_order_and_window_are_read_with_the_request(port, fields, 
         assert data["error"]["message"].startswith(f"{refused} is not supported ("), data
         return
     assert code == 200, data
-    llama = ("samplers", "repeat_last_n", "n_cmpl", "repeat_penalty")
+    llama = ("samplers", "repeat_last_n", "n_cmpl", "repeat_penalty", "best_of")
     plain = {k: v for k, v in body.items() if k not in llama}
     if refused == LAST:
         plain[LAST] = True
@@ -565,6 +577,21 @@ def test_llama_servers_order_and_window_are_read_with_the_request(port, fields, 
     assert code == 200 and [c["text"] for c in data["choices"]] == [
         c["text"] for c in alone["choices"]
     ]
+
+
+@pytest.mark.parametrize(("fields", "pair"), [
+    # the temperature could go last; typical_p before top_p is what no order of ours gives
+    ({"samplers": "kypmt", "typical_p": 0.9, "top_p": 0.95, "temperature": 0.7},
+     "typical_p before top_p"),
+    ({"samplers": "tkp", "top_p": 0.9, "temperature": 0.7, "temperature_last": True},
+     "temperature before top_p"),
+    ({"samplers": "tpym", "top_p": 0.9, "typical_p": 0.9, "min_p": 0.05, "temperature": 0.7},
+     "typical_p before min_p"),  # the temperature first is this server's order already
+])  # fmt: skip
+def test_a_refused_order_names_the_pair_no_order_here_gives(port, fields, pair):
+    body = {"prompt": "Once upon a time", "max_tokens": 2, **fields}
+    code, data = post(port, "/v1/completions", json.dumps(body).encode())
+    assert code == 400 and f"it runs {pair};" in data["error"]["message"], data
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])

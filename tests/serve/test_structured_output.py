@@ -166,6 +166,9 @@ def test_schema_fields_on_chat(client, extra):
         ),
         ({"tools": [WEATHER], "logprobs": True}, "logprobs are not returned with tools"),
         ({"tools": [WEATHER], "logprobs": True, "stream": True}, "logprobs are not returned"),
+        # compiles, then cannot go on: never an end that the grammar does not match
+        ({"extra_body": {"grammar": "root ::= root"}}, "invalid constraint: the grammar allows"),
+        ({"extra_body": {"guided_regex": "a{1000000}"}}, "invalid constraint: llguidance failed"),
     ],
 )
 def test_what_cannot_be_honoured_is_a_400(client, kwargs, message):
