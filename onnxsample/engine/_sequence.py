@@ -149,7 +149,7 @@ class Sequence:
         self.offsets.append(self._decoded + self.detok.holding)
         decoded = self.detok.add(token)
         self._decoded += len(decoded)
-        piece = self.stops.add(decoded, stops=len(self.ids) >= self.params.min_tokens)  # as vLLM
+        piece = self.stops.add(decoded, stops=len(self.ids) > self.params.min_tokens)  # as vLLM
         if self.stops.stopped:
             self.finish = "length" if self.stops.indented else "stop"
         elif (

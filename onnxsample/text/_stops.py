@@ -25,14 +25,16 @@ class StopMatcher:
 
     def add(self, piece: str, *, stops: bool = True) -> str:
         """Append `piece`; return the text now safe to show. After a match, `stopped` is True.
-        With `stops` off (vLLM's ``min_tokens`` not reached yet) no stop string is looked for and
-        the text goes out whole: a stop string can only begin in text added later."""
+        A match must end in `piece`. With `stops` off (vLLM's ``min_tokens`` not reached yet) none
+        is looked for, but the tail that could begin one is still held back: as in vLLM, a stop
+        string may begin in those tokens' text and end in a later piece."""
         if self.stopped:
             return ""
-        start = max(self._released, len(self.text) - self._longest + 1)
+        end = len(self.text)
         self.text += piece
         searched = self._stops if stops else []
-        hits = [i for i in (self.text.find(s, start) for s in searched) if i >= 0]
+        found = (self.text.find(s, max(self._released, end - len(s) + 1)) for s in searched)
+        hits = [i for i in found if i >= 0]
         if hits:
             self.text = self.text[: min(hits)]
             self.stopped = True
@@ -40,7 +42,7 @@ class StopMatcher:
         if self._under_indented():
             self.stopped = self.indented = True
             return self._release(len(self.text))
-        released = self._release(len(self.text) - (self._held_tail() if stops else 0))
+        released = self._release(len(self.text) - self._held_tail())
         self._new_line = self._new_line or "\n" in released
         return released
 
