@@ -297,7 +297,9 @@ def _constraint(json_schema, json_object, regex, grammar, choice):
     )
 
 
-_FILE_SUFFIXES = (".json", ".gbnf", ".lark", ".txt")  # a missing file, not a schema or grammar
+# A word with one of these endings is a missing file; a schema or grammar has spaces (a Lark
+# regex such as `start: /[a-z]+\.json/` ends in one too).
+_FILE_SUFFIXES = (".json", ".gbnf", ".lark", ".txt")
 
 
 def _file_or_text(value: str) -> str:
@@ -306,7 +308,7 @@ def _file_or_text(value: str) -> str:
     except (OSError, ValueError):  # text too long (or odd) to be a path: the text itself
         return value
     if not is_file:
-        if "\n" not in value and Path(value).suffix in _FILE_SUFFIXES:
+        if not any(c.isspace() for c in value) and Path(value).suffix in _FILE_SUFFIXES:
             raise InvalidParameter(f"no such file: {value}")  # not text that reads as a schema
         return value
     try:

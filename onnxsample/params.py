@@ -62,7 +62,7 @@ class SamplingParams:
     ``ignore_eos`` keeps generating past end-of-sequence tokens (benchmarks, as vLLM's);
     ``min_tokens`` keeps end-of-sequence tokens out of the first ``min_tokens`` (vLLM's field: their
     logits get a -100 bias, which needs free logit-bias entries in the graph), and stop strings
-    too, as vLLM: none is looked for in those tokens' text.
+    too, as vLLM: one must end in a later token's text, though it may begin in theirs.
     ``constraint`` (a :class:`~onnxsample.Constraint`: JSON schema, JSON object, regex, grammar,
     choice) restricts the output to what it matches (structured output; the graph needs
     ``sampler.allowed``). ``host_sampler`` finishes the choice on the host: a callable that gets

@@ -138,7 +138,7 @@ class Sequence:
         early = len(self.ids) < self.params.min_tokens
         if token in self.eos_ids and not self.params.ignore_eos and not early:
             self.finish, self.end_token = "eos", token
-            return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), token)
+            return self._finished(self._flush(), token)
         self.ids.append(token)
         if self.matcher is not None:
             self.matcher.consume(token)
@@ -149,7 +149,7 @@ class Sequence:
         self.offsets.append(self._decoded + self.detok.holding)
         decoded = self.detok.add(token)
         self._decoded += len(decoded)
-        piece = self.stops.add(decoded, stops=len(self.ids) > self.params.min_tokens)  # as vLLM
+        piece = self.stops.add(decoded, stops=self._searching)
         if self.stops.stopped:
             self.finish = "length" if self.stops.indented else "stop"
         elif (
@@ -158,7 +158,9 @@ class Sequence:
             or self._out_of_time(piece, now)
         ):
             self.finish = "length"
-            piece += self.stops.add(self.detok.flush()) + self.stops.flush()
+            piece += self._flush()
+            if self.stops.stopped:  # the held text's end made one
+                self.finish = "length" if self.stops.indented else "stop"
         event = (
             self._finished(piece, token)
             if self.finish
@@ -210,7 +212,18 @@ class Sequence:
     def cancel(self) -> StreamEvent:
         """Finish now, with what was generated so far (``finish_reason`` ``cancelled``)."""
         self.finish = "cancelled"
-        return self._finished(self.stops.add(self.detok.flush()) + self.stops.flush(), None)
+        return self._finished(self._flush(), None)
+
+    @property
+    def _searching(self) -> bool:
+        """Whether stop strings are looked for in the last token's text: as vLLM's
+        ``min_tokens``, only past the first ``min_tokens`` tokens."""
+        return len(self.ids) > self.params.min_tokens
+
+    def _flush(self) -> str:
+        """The text still held back (by the detokeniser, then by the stop strings) as the
+        sequence ends: the last token's, searched for stop strings as its own text is."""
+        return self.stops.add(self.detok.flush(), stops=self._searching) + self.stops.flush()
 
     def completion(self) -> Completion:
         want_logprobs = self.params.reports_logprobs

@@ -169,6 +169,8 @@ def test_run_errors(argv, message, run_folder, capsys):
         (["--json-schema", "SCHEMA_FILE"], lambda text: json.loads(text)["answer"] in ("a", "b")),
         (["--json-schema", "SCHEMA_TEXT"], lambda text: json.loads(text)["answer"] in ("a", "b")),
         (["--grammar", 'root ::= "v" [0-9]'], lambda text: re.fullmatch("v[0-9]", text)),
+        # a Lark regex whose end reads as a file name is still a grammar
+        (["--grammar", r"start: /[a-z]\.json/"], lambda text: re.fullmatch(r"[a-z]\.json", text)),
     ],
 )
 def test_run_constrains_the_answer(argv, check, run_folder, tmp_path, capsys):

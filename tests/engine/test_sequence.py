@@ -102,6 +102,20 @@ def test_stop_strings_wait_for_min_tokens(tokenizer, min_tokens, stop, text):
     assert "".join(e.text for e in events) == text
 
 
+@pytest.mark.parametrize(
+    ("min_tokens", "finish", "text"), [(0, "stop", " one"), (2, "length", " one \ufffd")]
+)
+def test_the_last_held_text_is_searched_as_the_last_token_is(tokenizer, min_tokens, finish, text):
+    """The text still held when the answer ends (half an emoji: U+FFFD, as decode gives it) is
+    the last token's: searched for stop strings only past min_tokens, and a match there is a
+    stop, not a length."""
+    ids = tokenizer.encode(" one 😀", add_special_tokens=False)[:2]
+    seq = _sequence(tokenizer, SamplingParams(min_tokens=min_tokens), max_new=2, stops=[" \ufffd"])
+    events = _feed(seq, ids)
+    assert seq.finish == finish and seq.completion().text == text
+    assert "".join(e.text for e in events) == text
+
+
 def test_cancel_keeps_what_was_generated(tokenizer):
     seq = _sequence(tokenizer)
     ids = tokenizer.encode(" one two", add_special_tokens=False)
