@@ -88,8 +88,8 @@ class Requests:
         matcher = None
         if params.constraint is not None:
             matcher = self.grammars.matcher(params.constraint.grammar_text())
-        seed = params.seed if params.seed is not None else int(np.random.SeedSequence().entropy)
-        seed %= 2**64
+        seed = params.seed if params.seed is not None else np.random.SeedSequence().entropy
+        seed = int(seed) % 2**64  # a numpy integer's modulo overflows
         request = Request(f"req-{next(_ids)}", index, self.wake)
         return Sequence(
             request,

@@ -69,6 +69,8 @@ class Sequence:
     draft: DraftStats = field(default_factory=DraftStats)
     matcher: Matcher | None = None
     end_token: int | None = None  # the end-of-sequence token that finished it
+    end_logprob: float | None = None  # and its logprob and alternatives, when asked for
+    end_tops: TopLogprobs | None = None
     t_max_predict_ms: float = 0  # > 0: end at a new line once generating took longer (ms)
     report_progress: bool = False  # an event when it gets its slot and after each prompt call
     report_timings: bool = False  # each event with the request's timings when it came
@@ -138,6 +140,10 @@ class Sequence:
         early = len(self.ids) < self.params.min_tokens
         if token in self.eos_ids and not self.params.ignore_eos and not early:
             self.finish, self.end_token = "eos", token
+            if self.params.reports_logprobs and logprob is not None:
+                self.end_logprob = float(logprob)
+            if self.params.reported_tops and tops is not None:
+                self.end_tops = tops[: self.params.reported_tops]
             return self._finished(self._flush(), token)
         self.ids.append(token)
         if self.matcher is not None:
@@ -241,6 +247,8 @@ class Sequence:
             prompt_top_logprobs=list(self.prompt_tops) if prompt else None,
             timings=self.timings,
             end_token=self.end_token,
+            end_logprob=self.end_logprob,
+            end_top_logprobs=self.end_tops,
             token_offsets=list(self.offsets),
         )
 

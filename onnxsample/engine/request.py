@@ -77,9 +77,11 @@ class Completion:
 
     ``finish_reason`` is ``stop`` (a stop string), ``eos``, ``length`` (``max_new_tokens`` or the
     end of the context / KV buffer) or ``cancelled``; ``end_token`` is the end-of-sequence token
-    that finished it (``eos``), which is no part of ``token_ids``. ``logprobs`` / ``top_logprobs`` are per
-    generated token; ``prompt_logprobs`` / ``prompt_top_logprobs`` per prompt token (``None`` for the
-    first, which has no context), when the request asked for them. ``token_offsets`` say where each
+    that finished it (``eos``), which is no part of ``token_ids``; ``end_logprob`` /
+    ``end_top_logprobs`` are its own, when the request asked for logprobs (llama-server lists
+    them). ``logprobs`` / ``top_logprobs`` are per generated token; ``prompt_logprobs`` /
+    ``prompt_top_logprobs`` per prompt token (``None`` for the first, which has no context), when
+    the request asked for them. ``token_offsets`` say where each
     generated token's text begins in the text (a token that ends a character the one before began
     begins where that character does), so a stop string's tokens are told apart
     (:meth:`written_tokens`).
@@ -98,6 +100,8 @@ class Completion:
     timings: Timings = field(default_factory=Timings)
     end_token: int | None = None
     token_offsets: list[int] = field(default_factory=list)
+    end_logprob: float | None = None
+    end_top_logprobs: TopLogprobs | None = None
 
     def written_tokens(self) -> int:
         """How many of ``token_ids`` wrote ``text``: all but the tokens of the stop string that

@@ -120,7 +120,7 @@ def token_limit(value: int | None, default: int | None) -> int | None:
 
 def usage(completions: Sequence[Completion], prompts: Sequence[list[int]]) -> dict:
     """OpenAI's usage: each prompt counted once (n choices share it), every choice's tokens."""
-    completion_tokens = sum(len(c.token_ids) for c in completions)
+    completion_tokens = sum(predicted(c) for c in completions)
     prompt_tokens = sum(len(p) for p in prompts)
     cached = {}
     for c in completions:  # the best reuse any choice of a prompt had
@@ -137,7 +137,13 @@ def usage(completions: Sequence[Completion], prompts: Sequence[list[int]]) -> di
 def timings(completion: Completion, *, score_only: bool = False) -> dict:
     """llama-server's ``timings`` object for one choice; with `score_only` (echo with max_tokens
     0) the token drawn after the prompt is not part of the answer, so nothing was predicted."""
-    return _timings(completion.timings, 0 if score_only else len(completion.token_ids))
+    return _timings(completion.timings, 0 if score_only else predicted(completion))
+
+
+def predicted(completion: Completion) -> int:
+    """The tokens a choice generated, as vLLM's usage and llama-server's ``predicted_n`` count
+    them: the end-of-sequence token that ended it is one."""
+    return len(completion.token_ids) + (completion.end_token is not None)
 
 
 def event_timings(event: StreamEvent) -> dict:

@@ -8,8 +8,9 @@ prompts), ``n_predict`` (-1 or absent: until the end of the sequence or the cont
 token, as llama-server's),
 its sampler names and ``samplers`` order (:mod:`~onnxsample.serve.llama_fields`), ``stop``,
 ``seed`` (-1, its default, for a random one), ``logit_bias`` in its forms (pairs or an object,
-tokens as ids or text), ``n_probs`` (``logprobs`` when it is absent), ``return_tokens``,
-``stream``, and code completion's
+tokens as ids or text), ``ignore_eos`` (as llama-server's: no end-of-generation token is
+drawn), ``n_probs`` (``logprobs`` when it is absent), ``return_tokens``, ``stream``, and code
+completion's
 ``n_indent`` and ``t_max_predict_ms`` (how the text ends:
 :meth:`~onnxsample.engine._sequence.Sequence.end_lines`) and ``response_fields``;
 ``t_max_prompt_ms`` is ignored, as llama-server ignores it. What this server does not implement is
@@ -19,7 +20,8 @@ refused by name (:mod:`~onnxsample.serve.peer_fields`). Sampling a request leave
 The answer is llama-server's: ``content``, ``tokens`` (with ``return_tokens``), ``stop``,
 ``stop_type`` (``eos``, ``word``, ``limit``) and ``stopping_word``, ``tokens_predicted``,
 ``tokens_evaluated``, ``tokens_cached``, the prompt's text, ``generation_settings``, ``timings``
-and, with ``n_probs``, ``completion_probabilities``. Several prompts (or ``n`` above 1) give a
+and, with ``n_probs``, ``completion_probabilities`` (the end-of-sequence token that ended it
+has its entry, without text). Several prompts (or ``n`` above 1) give a
 list. A stream sends one ``data:`` event per token (``stop`` false, ``tokens`` the token,
 ``content`` the text it lets out: empty while a possible stop string waits), then the final object
 with ``stop`` true, and no ``[DONE]``; with ``timings_per_token`` every event has the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -43,6 +46,7 @@ from pydantic import BaseModel, ValidationError
 
 from onnxsample.engine import Engine
 from onnxsample.errors import InvalidParameter
+from onnxsample.params import SamplingParams
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.infill import infill_body, with_infill_sampler
@@ -133,6 +137,8 @@ def add_native_routes(
             params = convert.choice_params(body, post_sampling_probs=n_probs)
         else:
             params = convert.choice_params(body, logprobs=n_probs > 0, top_logprobs=n_probs)
+        if body.ignore_eos:  # llama-server's: an end-of-generation token is never drawn
+            params = [_without_eos(p, e.eos_ids) for p in params]
         if infill:
             params = with_infill_sampler(e, params)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -223,6 +229,13 @@ def _validated(data: Any, model: type[_Body] = CompletionRequest) -> _Body:
 
 def _bias_refused(why: str) -> APIError:
     return APIError(400, f"logit_bias: {why}", param="logit_bias")
+
+
+def _without_eos(params: SamplingParams, eos_ids: frozenset[int]) -> SamplingParams:
+    """llama-server's ``ignore_eos``: every end-of-generation token biased out of reach (its
+    -inf; -100 is the strongest bias here), over any bias the request gave it. vLLM's, which the
+    OpenAI routes follow, only keeps going past one that was drawn."""
+    return replace(params, logit_bias={**params.logit_bias, **dict.fromkeys(eos_ids, -100.0)})
 
 
 def _logit_bias(tokenizer: Tokenizer, given: list | dict) -> dict[str, float]:

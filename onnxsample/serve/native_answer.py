@@ -123,16 +123,23 @@ class Answer:
         self.model, self.limit = model, limit
 
     def _probs(
-        self, tokens: list[int], logprobs: list[float], tops: list | None, text: _Characters
+        self,
+        tokens: list[int],
+        logprobs: list[float],
+        tops: list | None,
+        text: _Characters,
+        *,
+        ended: bool = False,
     ) -> list[dict]:
         """``completion_probabilities``: each token's id, text, bytes, logprob and top tokens, as
         llama-server lists them: a token that leaves a character unfinished has no entry, and
         the next one's text and bytes are all those since the last entry (`text` follows the
-        sequence's bytes)."""
+        sequence's bytes). `ended`: the last token is the end-of-sequence token that finished
+        the answer, listed without text or bytes (it writes none)."""
         entries = convert.chat_logprobs(self.tokenizer, tokens, logprobs, tops)
         listed = []
         for i, (token, entry) in enumerate(zip(tokens, entries, strict=True)):
-            pending = text.add(token)
+            pending = b"" if ended and i == len(tokens) - 1 else text.add(token)
             if pending is None:
                 continue
             top = tops[i] if tops is not None and i < len(tops) else []
@@ -187,8 +194,14 @@ class Answer:
             kept = len(c.token_ids) - shown if result["stopping_word"] else len(c.token_ids)
             tops = None if c.top_logprobs is None else c.top_logprobs[:kept]
             tokens, logprobs = c.token_ids[:kept], list(c.logprobs or [])[:kept]
+            ended = c.end_token is not None and c.end_logprob is not None
+            if ended:  # as llama-server's: the end-of-sequence token has its entry
+                tokens, logprobs = [*tokens, c.end_token], [*logprobs, c.end_logprob]
+                tops = None if tops is None else [*tops, c.end_top_logprobs or []]
             text = _Characters(self.tokenizer)
-            result["completion_probabilities"] = self._probs(tokens, logprobs, tops, text)
+            result["completion_probabilities"] = self._probs(
+                tokens, logprobs, tops, text, ended=ended
+            )
         return self.endings.kept(result)
 
     def partial(self, event: StreamEvent, predicted: int, text: _Characters) -> dict | None:
@@ -207,8 +220,12 @@ class Answer:
         }
         if event.timings is not None:  # timings_per_token
             result["timings"] = _llama_timings(convert.event_timings(event))
-        if event.logprob is not None:
-            probs = self._probs([event.token_id], [event.logprob], [event.top_logprobs or []], text)
+        logprob, tops, done = event.logprob, event.top_logprobs, event.completion
+        ended = done is not None and done.end_token is not None and done.end_token == event.token_id
+        if ended:  # the end-of-sequence token's entry, as llama-server streams it
+            logprob, tops = done.end_logprob, done.end_top_logprobs
+        if logprob is not None:
+            probs = self._probs([event.token_id], [logprob], [tops or []], text, ended=ended)
             if not probs:
                 return None
             result["completion_probabilities"] = probs

@@ -118,14 +118,17 @@ def _check_length(tok: Tokenizer, prompt: Prompt, system: str | None, limit: int
 
 
 def stop_strings(stop: str | Seq[str] | None) -> list[str]:
-    """`stop` as a list: a plain string is one stop string, not its characters."""
+    """`stop` as a list: a plain string is one stop string, not its characters. An empty one is
+    refused, as vLLM refuses it (llama-server ends the answer at once; it was ignored)."""
     if stop is None:
         return []
     if isinstance(stop, str):
-        return [stop]
+        stop = [stop]
     if not isinstance(stop, Seq):
         raise InvalidParameter(f"stop must be a string or a list of strings, got {stop!r}")
     stops = list(stop)
     if not all(isinstance(s, str) for s in stops):
         raise InvalidParameter("stop must be a string or a list of strings")
-    return [s for s in stops if s]
+    if "" in stops:
+        raise InvalidParameter("stop must not contain an empty string")
+    return stops

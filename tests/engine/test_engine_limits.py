@@ -9,6 +9,7 @@ import json
 import shutil
 import threading
 
+import numpy as np
 import pytest
 from _engine_cases import GREEDY, LONG, PROMPTS, alone, seeded
 
@@ -101,6 +102,25 @@ def test_a_plain_stop_string_is_one_stop_string(engine):
     assert len(stop) == 3
     done = alone(engine, PROMPTS[0], GREEDY, 24, stop=stop)
     assert done.finish_reason == "stop" and done.text == full.text[: full.text.index(stop)]
+
+
+def test_an_empty_stop_string_is_refused(engine):
+    """As vLLM refuses it (it was dropped without a word)."""
+    for stop in ("", ["x", ""]):
+        with pytest.raises(InvalidParameter, match="stop must not contain an empty string"):
+            engine.submit(PROMPTS[0], GREEDY, max_new_tokens=4, stop=stop)
+
+
+@pytest.mark.parametrize("seed", [np.uint64(2**64 - 1), np.int64(7), np.int32(7)])
+def test_a_numpy_seed_is_a_seed(engine, seed):
+    """A numpy integer passes validate(), so it is taken as its value (its modulo overflowed)."""
+    params = SamplingParams(temperature=0.9, seed=seed)
+    done = alone(engine, PROMPTS[0], params, 6)
+    assert done.seed == int(seed)
+    assert (
+        done.token_ids
+        == alone(engine, PROMPTS[0], SamplingParams(temperature=0.9, seed=int(seed)), 6).token_ids
+    )
 
 
 @pytest.mark.parametrize("temperature", [1e-30, 1e-7, 9e-6])

@@ -14,7 +14,7 @@ import pytest
 from _exports import export_beside
 from _hard_texts import HARD
 from _http import get, post, served
-from _llama_cpp import LlamaServer, same_answer_until_a_near_tie
+from _llama_cpp import TOL, LlamaServer, same_answer_until_a_near_tie
 
 from onnxsample.text import Tokenizer
 
@@ -161,7 +161,7 @@ def test_completion_answers_as_llama_servers(llama_cpp):
             "ignore_eos": True, "return_tokens": True, "n_probs": 3}  # fmt: skip
     folder = export_beside(path, "Q8_0").output
     eos = Tokenizer.from_folder(folder).eos_token_id  # biased: the answer ends at once
-    ending = {**body, "logit_bias": [[eos, 100]], "ignore_eos": False, "n_probs": 0}
+    ending = {**body, "logit_bias": [[eos, 100]], "ignore_eos": False, "n_probs": 2}
     timed = {**body, "timings_per_token": True, "return_progress": True}
     with served(folder, "--threads", "1") as ours:
         code, mine = post(ours.port, "/completion", json.dumps(body).encode())
@@ -183,6 +183,14 @@ def test_completion_answers_as_llama_servers(llama_cpp):
         for ev in (my_end_events, their_end_events)
     ]
     assert pieces[0] == pieces[1], pieces
+    # the end-of-sequence token has its entry, without text, whole and streamed; its logprob
+    # is the model's (the bias is the sampler's)
+    for answer in (my_end, their_end, my_end_events[0], their_end_events[0]):
+        [entry] = answer["completion_probabilities"]
+        assert (entry["id"], entry["token"], entry["bytes"]) == (eos, "", []), answer
+    lps = [a["completion_probabilities"][0]["logprob"] for a in (my_end, their_end)]
+    assert abs(lps[0] - lps[1]) < TOL and lps[0] < -0.5, lps
+    assert my_end_events[0]["completion_probabilities"][0]["logprob"] == lps[0]
     assert _same_kinds(mine, theirs) == []
     for key in ("prompt", "stop_type", "tokens_evaluated", "tokens_predicted", "stop"):
         assert mine[key] == theirs[key], key

@@ -612,3 +612,32 @@ def test_the_chat_page_streams_an_answer_in_chromium(port, chromium, tmp_path):
     shot = tmp_path / "chat.png"
     driver.save_screenshot(str(shot))
     assert len(set(Image.open(shot).convert("L").getdata())) > 8
+
+
+def test_the_end_of_sequence_token_counts_as_generated(client, tiny_gqa_export):
+    """As vLLM's usage and llama-server's predicted_n count it: the end-of-sequence token that
+    ended a choice is one of its completion tokens, whole and streamed."""
+    eos = Tokenizer.from_folder(tiny_gqa_export.output).eos_token_id
+    kw = dict(max_tokens=5, temperature=0, logit_bias={str(eos): 100})
+    whole = chat(client, **kw)
+    chunks = list(chat(client, **kw, stream=True, stream_options={"include_usage": True}))
+    assert whole.choices[0].finish_reason == "stop" and whole.choices[0].message.content == ""
+    assert whole.usage.completion_tokens == 1 == whole.model_extra["timings"]["predicted_n"]
+    assert chunks[-1].usage.completion_tokens == 1
+
+
+def test_ignore_eos_is_each_peers_own(port, tiny_gqa_export):
+    """llama-server's /completion: ignore_eos keeps every end-of-generation token from being
+    drawn, whatever bias the request gave it; vLLM's on the OpenAI routes: one drawn is kept and
+    the answer goes on."""
+    eos = Tokenizer.from_folder(tiny_gqa_export.output).eos_token_id
+    native = {"prompt": "Once", "n_predict": 4, "logit_bias": [[eos, 100]], "ignore_eos": True,
+              "return_tokens": True, "temperature": 0}  # fmt: skip
+    code, data = post(port, "/completion", json.dumps(native).encode())
+    assert code == 200 and data["stop_type"] == "limit", data
+    assert len(data["tokens"]) == 4 and eos not in data["tokens"], data
+    openai_route = {"prompt": "Once", "max_tokens": 4, "logit_bias": {str(eos): 100},
+                    "ignore_eos": True, "temperature": 0, "logprobs": 1}  # fmt: skip
+    code, data = post(port, "/v1/completions", json.dumps(openai_route).encode())
+    assert code == 200 and data["choices"][0]["finish_reason"] == "length", data
+    assert data["usage"]["completion_tokens"] == 4

@@ -38,6 +38,8 @@ def _nested(depth: int, leaf) -> list:
         ({"n": 0}, "n", "n must be in [1, 32], got 0"),
         ({"extra_body": {"temperature": "hot"}}, "temperature", "temperature"),
         ({"extra_body": {"min_tokens": 5}}, "min_tokens", "must be at most the new tokens asked"),
+        ({"stop": ""}, "stop", "stop must not contain an empty string"),  # vLLM's 400
+        ({"stop": ["x", ""]}, "stop", "stop must not contain an empty string"),
     ],
 )
 def test_invalid_values_are_400_naming_the_parameter(client, kwargs, param, message):
