@@ -52,6 +52,10 @@ class Constraint:
             raise InvalidParameter(
                 f"json_schema must be a JSON object, got {type(schema).__name__}"
             )
+        try:
+            json.dumps(schema, allow_nan=False)
+        except (TypeError, ValueError) as exc:  # a set, an object, NaN: no JSON value
+            raise InvalidParameter(f"json_schema must hold JSON values only: {exc}") from None
         return cls("json_schema", schema)
 
     @classmethod

@@ -14,6 +14,7 @@ logprobs, logit bias); an existing, up-to-date `composed.onnx` beside the model 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -212,7 +213,14 @@ def _export_source(path: Path, progress, device: str, attention: str) -> Path:
     source = resolve_source(path)
     options = {"device": device} | ({"attention": attention} if attention == "exact" else {})
     folder = cache_dir() / "exports" / digest / source.name
-    _export_cached(source.path, folder, progress, options)
+    made = [p for p in (folder.parent, folder.parent.parent, cache_dir()) if not p.exists()]
+    try:
+        _export_cached(source.path, folder, progress, options)
+    except BaseException:  # a failed export leaves no folders behind, the cache's own included
+        for parent in made:  # innermost first
+            with contextlib.suppress(OSError):
+                parent.rmdir()  # only where empty: another export may have begun there
+        raise
     return folder
 
 

@@ -242,7 +242,7 @@ class Family:
             }
         # llama.cpp's head size: key_length, else embedding / heads; rope.dimension_count below
         # it rotates part of each head (Phi-4-mini)
-        head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // heads)
+        head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden // max(heads, 1))
         rope_dims = metadata.get(f"{arch}.rope.dimension_count")
         fields = dict(
             vocab_size=int(metadata.get(f"{arch}.vocab_size") or 0),

@@ -134,7 +134,20 @@ class DecoderSpec:
 
 
 def check_spec(spec: DecoderSpec, what: str) -> None:
-    """Refuse what GroupQueryAttention cannot express, naming the way out (optimum's layout)."""
+    """Refuse what GroupQueryAttention cannot express, naming the way out (optimum's layout),
+    and sizes no model has (a damaged header: no heads, a context of 0 positions)."""
+    sizes = {
+        "hidden size": spec.hidden_size,
+        "feed-forward size": spec.intermediate_size,
+        "number of layers": spec.num_layers,
+        "number of attention heads": spec.num_heads,
+        "number of key/value heads": spec.num_kv_heads,
+        "head size": spec.head_dim,
+        "context length": spec.max_positions,
+    }
+    for name, size in sizes.items():
+        if size < 1:
+            raise ExportError(f"{what}: the {name} is {size}: the header is damaged")
     scaling = spec.rope_scaling or {}
     rope_type = scaling.get("rope_type", scaling.get("type"))
     if rope_type not in _ROPE_TYPES:

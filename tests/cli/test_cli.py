@@ -211,6 +211,44 @@ def test_a_truncated_gguf_is_the_first_and_only_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cut.gguf"]
 
 
+def _with_value(tmp: Path, key: str, value: int) -> Path:
+    """The embedded SmolLM2 GGUF with the uint32 metadata value `key` set to `value` (a damaged
+    header: the file is whole)."""
+    from onnxsample.exporters import embedded_gguf
+
+    data = bytearray(embedded_gguf().read_bytes())
+    name = key.encode()
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+    assert int.from_bytes(data[at : at + 4], "little") == 4  # GGUF's uint32
+    data[at + 4 : at + 8] = value.to_bytes(4, "little")
+    (tmp / "damaged.gguf").write_bytes(data)
+    return tmp / "damaged.gguf"
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("llama.attention.head_count", "the number of attention heads is 0"),
+        ("llama.context_length", "the context length is 0"),
+        ("llama.embedding_length", "the hidden size is 0"),
+    ],
+)
+@pytest.mark.parametrize("command", ["export", "run"])
+def test_a_header_with_a_size_of_0_is_one_line(
+    command, key, message, tmp_path, monkeypatch, capsys
+):
+    """A size no model has is refused before anything is written (a division by 0 came out as a
+    traceback, and a context of 0 exported and failed at the first call)."""
+    monkeypatch.setenv("ONNXSAMPLE_CACHE", str(tmp_path / "cache"))
+    file = str(_with_value(tmp_path, key, 0))
+    argv = ["export", file, "-o", str(tmp_path / "out")] if command == "export" else ["run", file]
+    code, out, err = run_cli(capsys, *argv, *([] if command == "export" else ["-p", "hi"]))
+    assert code == 1 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith("error: ") and message in line and "damaged" in line, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.gguf"]
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["export", "--help"]])
 def test_help(argv, capsys):
     code, out, _ = run_cli(capsys, *argv)

@@ -171,6 +171,8 @@ def test_a_constraint_that_cannot_go_on_fails_the_request(
     [
         (lambda: Constraint.json_schema("{not json"), "not valid JSON"),
         (lambda: Constraint.json_schema([1]), "JSON object"),
+        (lambda: Constraint.json_schema({"type": {1}}), "JSON values only"),
+        (lambda: Constraint.json_schema({"maximum": float("nan")}), "JSON values only"),
         (lambda: Constraint.choice([]), "non-empty"),
         (lambda: Constraint.regex(""), "non-empty"),
         (lambda: SamplingParams(constraint="json").validate(), "Constraint"),
