@@ -227,9 +227,14 @@ class ChatMessage(_Body):
     @classmethod
     def _has_content(cls, data: Any) -> Any:
         """A message has ``content`` (null too) or ``tool_calls``, as llama-server reads one
-        ("Expected 'content' or 'tool_calls'"; OpenAI also needs it)."""
+        ("Expected 'content' or 'tool_calls'"; OpenAI also needs it), and a text part its text."""
         if isinstance(data, dict) and "content" not in data and "tool_calls" not in data:
             raise PydanticCustomError("content", "a message needs content or tool_calls")
+        parts = data.get("content") if isinstance(data, dict) else None
+        for part in parts if isinstance(parts, list) else []:
+            # OpenAI's API requires it (it read as an empty text)
+            if isinstance(part, dict) and part.get("type") == "text" and part.get("text") is None:
+                raise PydanticCustomError("content", "a text part needs its text")
         return data
 
     def text(self) -> str:

@@ -68,6 +68,7 @@ def test_unknown_model_is_404(client):
         (b'{"messages": []}', 400, "messages"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', 400, "role"),
         (b'{"messages": [{"role": "user"}]}', 400, "messages.0: a message needs content or"),
+        (b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', 400, "needs its text"),
         # OpenAI's booleans, strictly; a boolean is no number
         (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', 400, "stream"),
         (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": 1}', 400, "logprobs"),
