@@ -72,9 +72,12 @@ def render_gguf(file: Path) -> None:
     )
     head.add_row("tensors", ", ".join(f"{t} {n}" for t, n in info.tensor_types.most_common()))
     bad = untransplantable(info)
+    refusal = _header_refusal(info, file.name)
     head.add_row(
         "export",
-        "its own blocks, bit for bit (onnxsample export FILE)"
+        f"refused: {refusal}"
+        if refusal
+        else "its own blocks, bit for bit (onnxsample export FILE)"
         if not bad
         else f"float32: {', '.join(bad)} cannot be transplanted (onnxsample export FILE)",
     )
@@ -85,6 +88,19 @@ def render_gguf(file: Path) -> None:
         f"{meta.get('tokenizer.ggml.pre', 'default')}), {template}",
     )
     out.print(head)
+
+
+def _header_refusal(info, name: str) -> str | None:
+    """Why `export` refuses the model its header describes (an architecture it does not export,
+    a damaged size), or None: the check export makes before it reads a weight."""
+    from onnxsample.errors import ExportError
+    from onnxsample.exporters.families import gguf_family
+
+    try:
+        gguf_family(info.architecture, name).gguf_spec(info.metadata, set(info.tensors), name)
+    except ExportError as exc:
+        return str(exc)
+    return None
 
 
 def render_summary(s, *, brief: bool = False) -> None:

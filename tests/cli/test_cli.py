@@ -249,6 +249,16 @@ def test_a_header_with_a_size_of_0_is_one_line(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["damaged.gguf"]
 
 
+def test_inspect_says_export_refuses_a_damaged_header(tmp_path, capsys):
+    """inspect shows what the file holds, and says the export is refused, and why (it promised
+    an export of its own blocks)."""
+    code, out, err = run_cli(
+        capsys, "inspect", str(_with_value(tmp_path, "llama.attention.head_count", 0))
+    )
+    assert code == 0, err
+    assert "refused" in out and "the number of attention heads is 0" in " ".join(out.split())
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["export", "--help"]])
 def test_help(argv, capsys):
     code, out, _ = run_cli(capsys, *argv)
