@@ -48,14 +48,16 @@ def serve(
         ),
     ] = None,
     shutdown_grace: Annotated[
-        float,
+        float | None,
         typer.Option(
             "--shutdown-grace",
             help="Seconds open responses may run after SIGTERM / Ctrl-C; then what still runs is "
-            "cut (a stream ends with an error chunk and [DONE], a waiting request gets 503).",
+            "cut (a stream ends with an error chunk and [DONE], a waiting request gets 503). "
+            "[default: 10; one process: Ray Serve stops replicas by its own rules]",
             min=0,
+            show_default=False,
         ),
-    ] = 10.0,
+    ] = None,
     max_queue: Annotated[
         int,
         typer.Option("--max-queue", help="Requests waiting for a slot before 429s.", min=0),
@@ -118,11 +120,15 @@ def serve(
         ),
     ] = None,
     replica_cpus: Annotated[
-        float,
+        float | None,
         typer.Option(
-            "--replica-cpus", help="Ray CPUs per replica.", min=0.01, rich_help_panel=_RAY
+            "--replica-cpus",
+            help="Ray CPUs per replica. [default: 1]",
+            min=0.01,
+            show_default=False,
+            rich_help_panel=_RAY,
         ),
-    ] = 1.0,
+    ] = None,
     min_replicas: Annotated[
         int | None,
         typer.Option(
@@ -179,7 +185,20 @@ def serve(
         speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
     )
     how = opt.preparation(provider, spec, attention, candidates, output_probs)
-    if replicas is not None or ray_address is not None or min_replicas is not None:
+    ray = (replicas, ray_address, min_replicas, max_replicas)
+    if all(option is None for option in ray):
+        for name, given in (
+            ("--replica-cpus", replica_cpus),
+            ("--target-ongoing-requests", target_ongoing_requests),
+        ):
+            if given is not None:
+                raise InvalidParameter(f"{name} is for Ray Serve replicas: give --replicas too")
+    elif shutdown_grace is not None:
+        raise InvalidParameter(
+            "--shutdown-grace is for one server process: Ray Serve stops replicas by its own "
+            "rules (its proxy stops first, cutting open responses)"
+        )
+    else:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,
             max_queue=max_queue, api_key=api_key, allowed_hosts=allowed_hosts or [],
@@ -191,6 +210,7 @@ def serve(
             reasoning_format=reasoning_format,
         )  # fmt: skip
         return
+    shutdown_grace = 10.0 if shutdown_grace is None else shutdown_grace
     from onnxsample.engine import Engine
 
     hosts = hosts_for(host, allowed_hosts or ())
@@ -247,7 +267,8 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
                     allowed_hosts: list[str],
                     served_model_name: str | None, max_len: int | None, prefill_chunk: int,
                     provider: str, spec: dict, replicas: int | None, ray_address: str | None,
-                    replica_cpus: float, min_replicas: int | None, max_replicas: int | None,
+                    replica_cpus: float | None, min_replicas: int | None,
+                    max_replicas: int | None,
                     target_ongoing_requests: float | None, how: dict,
                     reasoning_format: str = "none") -> None:  # fmt: skip
     if ray_address is not None:
@@ -261,6 +282,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
             "pip install 'onnxsample[ray]'"
         ) from None
 
+    replica_cpus = 1.0 if replica_cpus is None else replica_cpus
     scaling = ray_serve.Scaling(
         replicas=replicas or min_replicas or 1,
         cpus=replica_cpus,

@@ -97,6 +97,11 @@ class Scaling:
                 f"autoscaling needs 0 <= min_replicas <= replicas <= max_replicas, got "
                 f"{self.min_replicas} <= {self.replicas} <= {self.max_replicas}"
             )
+        if self.target_ongoing_requests is not None and self.min_replicas is None:
+            raise InvalidParameter(
+                "target_ongoing_requests is an autoscaling target: give min_replicas and "
+                "max_replicas too"
+            )
         if self.target_ongoing_requests is not None and not self.target_ongoing_requests > 0:
             raise InvalidParameter(
                 f"target_ongoing_requests must be > 0, got {self.target_ongoing_requests}"

@@ -212,8 +212,15 @@ def _cmdline(pid: int) -> str:
     [
         (["--replicas", "2", "--min-replicas", "3", "--max-replicas", "2"], "min_replicas <= replicas"),
         (["--min-replicas", "1"], "both min_replicas and max_replicas"),
+        (["--max-replicas", "2"], "both min_replicas and max_replicas"),
+        (["--replicas", "2", "--target-ongoing-requests", "3"], "an autoscaling target"),
+        # a replica's option without replicas, and one process's with them: refused, not ignored
+        (["--replica-cpus", "2"], "--replica-cpus is for Ray Serve replicas: give --replicas"),
+        (["--target-ongoing-requests", "3"], "--target-ongoing-requests is for Ray Serve"),
+        (["--replicas", "2", "--shutdown-grace", "1"], "--shutdown-grace is for one server process"),
     ],
-    ids=["min-over-max", "min-without-max"],
+    ids=["min-over-max", "min-without-max", "max-without-min", "target-without-autoscaling",
+         "cpus-without-replicas", "target-without-replicas", "grace-with-replicas"],
 )  # fmt: skip
 def test_bad_scaling_is_one_line_and_exit_1(model, args, message):
     done = subprocess.run([str(BIN), "serve", str(model), *args], capture_output=True, text=True)
