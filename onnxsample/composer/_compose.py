@@ -221,6 +221,7 @@ def _finish(
     fold_weight_codes(model)  # widened here once, not at every load
     ir.passes.common.RemoveUnusedNodesPass()(model)
     reconcile_versions(model)
+    docs = {v.name: v.doc_string for v in graph.outputs}
     if inline or options["static"]:  # a static chain: see onnxsample.composer._static
         ir.passes.common.InlinePass()(model)
         # An output no node reads (`rows, _ = ...`) leaves its producer behind, which ONNX
@@ -229,6 +230,8 @@ def _finish(
         model.opset_imports.pop(DOMAIN, None)
     if options["static"]:
         fold_static(model)
+    for value in graph.outputs:  # inlining and folding put other values in their place
+        value.doc_string = value.doc_string or docs.get(value.name)
     # "gqa": GroupQueryAttention reads per-row lengths from the mask, so one preallocated buffer per
     # layer serves as past and present (right padding); "concat": the cache grows by concatenation.
     gqa = shared_kv(model)

@@ -38,7 +38,7 @@ DOCS = {
     "sampler.row_index": "int64[S]: padded logits row each slot samples; 0 = inactive slot (dummy row), "
     "1 + b*T + t = batch row b, position t",
     "sampler.uniform": "float32[S]: one U(0,1) draw per slot from that sequence's own seeded generator",
-    "sampler.temperature": "float32[S]: temperature; 0 = greedy for that slot (neutral 1)",
+    "sampler.temperature": "float32[S]: temperature; below 1e-5 = greedy for that slot (neutral 1)",
     TEMPERATURE_LAST: "bool[S]: the temperature after top-k, top-p, min-p and "
     "typical-p, where llama.cpp's default order puts it: the cuts read the untempered distribution "
     "(default false)",
@@ -62,6 +62,25 @@ DOCS = {
     "P = 0 when no prompt logprobs are wanted",
     "sampler.prompt_targets": "int64[P]: the token whose logprob each prompt row reports (the next "
     "prompt token)",
+    # outputs
+    "sampler.next_token": "int64[S]: the token each slot drew (an inactive slot's is unused)",
+    "sampler.logprob": "float32[S]: its logprob under the raw distribution (the model's logits)",
+    "sampler.top_logprob_ids": "int64[S, L]: the slot's most likely tokens, raw distribution",
+    "sampler.top_logprobs": "float32[S, L]: their logprobs",
+    COUNTS_OUT: "int32[S, V]: state out: the counts with this step's tokens added (the next "
+    "step's sampler.output_counts)",
+    "sampler.probs": "float32[S, V]: the distribution the token was drawn from, after every "
+    "filter and the temperature (llama-server's post_sampling_probs)",
+    "sampler.candidate_ids": "int64[S, K]: the K most likely tokens after the chain's filters, "
+    "most likely first (for a sampler on the host)",
+    "sampler.candidate_logits": "float32[S, K]: their logits after the filters; -inf where a "
+    "filter dropped the token",
+    "sampler.fallback": "bool[S]: the slot's kept set may reach past the candidates (or it asks "
+    "for typical-p): the host takes its token from the branching chain over its row",
+    "sampler.fallback_logits": "float32[S, V]: the rows the host's fallback samples",
+    "sampler.prompt_logprob": "float32[P]: the logprob of each prompt row's target token (echo)",
+    "sampler.prompt_top_logprob_ids": "int64[P, L]: each prompt row's most likely tokens",
+    "sampler.prompt_top_logprobs": "float32[P, L]: their logprobs",
 }
 
 
@@ -212,7 +231,7 @@ def splice(
             out = layout.per_slot(graph, positions, results[name], shape, tag)
         out.name, out.type = name, kind
         out.shape = _slot_dim(shape, max_slots) if static else shape
-        out.doc_string = draft.DOCS.get(name, "")
+        out.doc_string = DOCS.get(name) or draft.DOCS.get(name, "")
         graph.outputs.append(out)
     for key, function in sampler.functions.items():
         base.functions[key] = function
@@ -279,6 +298,7 @@ def _prompt_logprobs(
         value.name = name
         value.type = ir.TensorType(ir.DataType(elem))
         value.shape = ir.Shape([dims.get(d, d) for d in shape])
+        value.doc_string = DOCS.get(name, "")
         model.graph.outputs.append(value)
 
 

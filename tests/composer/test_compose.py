@@ -271,10 +271,22 @@ def test_chain_is_a_local_function_and_inline_removes_it(tiny_export, tmp_path, 
     np.testing.assert_array_equal(a["sampler.next_token"], b["sampler.next_token"])
 
 
-def test_added_inputs_carry_doc_strings(composed):
-    model = onnx.load(str(composed), load_external_data=False)
-    docs = {i.name: i.doc_string for i in model.graph.input if i.name.startswith("sampler.")}
-    assert docs and all(docs.values()), docs
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"top_logprobs": 3, "prompt_logprobs": True, "draft_tokens": 2, "allowed_tokens": True},
+        {"static": True, "output_candidates": 4, "draft_tokens": 0},
+        {"output_probs": True, "draft_tokens": 0},
+    ],
+    ids=["drafts-prompt-logprobs", "static-candidates", "probs"],
+)
+def test_added_inputs_and_outputs_carry_doc_strings(tiny_gqa_export, tmp_path, options):
+    """Every sampler input and output says what it holds (inspect and Netron show it)."""
+    path = compose(tiny_gqa_export.output, None, tmp_path / "c.onnx", max_slots=2, **options)
+    model = onnx.load(str(path), load_external_data=False)
+    values = [*model.graph.input, *model.graph.output]
+    docs = {v.name: v.doc_string for v in values if v.name.startswith("sampler.")}
+    assert len(docs) > 10 and all(docs.values()), [name for name, doc in docs.items() if not doc]
 
 
 def test_greedy_only_chain_composes_and_returns_the_argmax(
