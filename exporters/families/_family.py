@@ -200,7 +200,7 @@ class Family:
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            head_dim=int(config.get("head_dim") or hidden // max(heads, 1)),
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             rope_theta=float(config.get("rope_theta", 10000.0)),
             max_positions=int(config.get("max_position_embeddings", 2048)),

@@ -6,7 +6,8 @@ prompt's tools, ``POST /tokenize``, ``/detokenize`` and ``/apply-template``
 The request is llama-server's: ``prompt`` (text, token ids, text and ids mixed, or several
 prompts), ``n_predict`` (-1 or absent: until the end of the sequence or the context; 0 samples one
 token, as llama-server's),
-its sampler names and ``samplers`` order (:mod:`~onnxsample.serve.llama_fields`), ``stop``,
+its sampler names and ``samplers`` order (:mod:`~onnxsample.serve.llama_fields`), ``stop`` (an
+empty one refused, as on the OpenAI routes; llama-server ends the answer at once),
 ``seed`` (-1, its default, for a random one), ``logit_bias`` in its forms (pairs or an object,
 tokens as ids or text), ``ignore_eos`` (as llama-server's: no end-of-generation token is
 drawn), ``n_probs`` (``logprobs`` when it is absent), ``return_tokens``, ``stream``, and code
@@ -46,6 +47,7 @@ from pydantic import BaseModel, ValidationError
 
 from onnxsample.engine import Engine
 from onnxsample.errors import InvalidParameter
+from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
@@ -138,7 +140,7 @@ def add_native_routes(
         else:
             params = convert.choice_params(body, logprobs=n_probs > 0, top_logprobs=n_probs)
         if body.ignore_eos:  # llama-server's: an end-of-generation token is never drawn
-            params = [_without_eos(p, e.eos_ids) for p in params]
+            params = [_without_eos(p, e.eos_ids, e.meta) for p in params]
         if infill:
             params = with_infill_sampler(e, params)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -231,11 +233,23 @@ def _bias_refused(why: str) -> APIError:
     return APIError(400, f"logit_bias: {why}", param="logit_bias")
 
 
-def _without_eos(params: SamplingParams, eos_ids: frozenset[int]) -> SamplingParams:
+def _without_eos(
+    params: SamplingParams, eos_ids: frozenset[int], meta: ComposedMetadata
+) -> SamplingParams:
     """llama-server's ``ignore_eos``: every end-of-generation token biased out of reach (its
     -inf; -100 is the strongest bias here), over any bias the request gave it. vLLM's, which the
-    OpenAI routes follow, only keeps going past one that was drawn."""
-    return replace(params, logit_bias={**params.logit_bias, **dict.fromkeys(eos_ids, -100.0)})
+    OpenAI routes follow, only keeps going past one that was drawn. A model without room for
+    the biases refuses it, naming it."""
+    bias = {**params.logit_bias, **dict.fromkeys(eos_ids, -100.0)}
+    if "logit_bias" not in meta.chain.names or len(bias) > meta.max_bias:
+        raise APIError(
+            400,
+            f"ignore_eos keeps the {len(eos_ids)} end-of-generation tokens from being drawn, as "
+            f"llama-server does, with {len(bias)} logit-bias entries (the request's and one per "
+            f"token); this model holds {meta.max_bias} (compose it with --max-bias)",
+            param="ignore_eos",
+        )
+    return replace(params, logit_bias=bias)
 
 
 def _logit_bias(tokenizer: Tokenizer, given: list | dict) -> dict[str, float]:

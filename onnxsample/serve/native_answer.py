@@ -139,6 +139,8 @@ class Answer:
         entries = convert.chat_logprobs(self.tokenizer, tokens, logprobs, tops)
         listed = []
         for i, (token, entry) in enumerate(zip(tokens, entries, strict=True)):
+            if ended and i == len(tokens) - 1 and text.pending:
+                continue  # after an unfinished character llama-server lists no entry for it
             pending = b"" if ended and i == len(tokens) - 1 else text.add(token)
             if pending is None:
                 continue
@@ -208,7 +210,14 @@ class Answer:
         """A piece of text as it streams, or None for a token that leaves a character unfinished
         (llama-server sends no event for one); `predicted`: the tokens of its sequence so far,
         `text` follows its bytes."""
-        if event.logprob is None and text.add(event.token_id) is None:
+        done = event.completion
+        ended = done is not None and done.end_token is not None and done.end_token == event.token_id
+        # an end-of-sequence token after an unfinished character: llama-server's text is still
+        # incomplete, so it sends no event (here only the held text's, if any) and no entry
+        unfinished = ended and bool(text.pending)
+        if unfinished and not event.text:
+            return None
+        if not ended and event.logprob is None and text.add(event.token_id) is None:
             return None
         result = {
             "index": event.index,
@@ -220,11 +229,10 @@ class Answer:
         }
         if event.timings is not None:  # timings_per_token
             result["timings"] = _llama_timings(convert.event_timings(event))
-        logprob, tops, done = event.logprob, event.top_logprobs, event.completion
-        ended = done is not None and done.end_token is not None and done.end_token == event.token_id
+        logprob, tops = event.logprob, event.top_logprobs
         if ended:  # the end-of-sequence token's entry, as llama-server streams it
             logprob, tops = done.end_logprob, done.end_top_logprobs
-        if logprob is not None:
+        if logprob is not None and not unfinished:
             probs = self._probs([event.token_id], [logprob], [tops or []], text, ended=ended)
             if not probs:
                 return None

@@ -18,6 +18,7 @@ from starlette.requests import Request as HTTPRequest
 from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
 from onnxsample.errors import QueueFull
+from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, ClientGone
 from onnxsample.serve.metrics import Metrics
 
@@ -41,7 +42,7 @@ def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> 
     metrics.requests.labels(reason or completion.finish_reason).inc()
     metrics.prompt_tokens.inc(t.prompt_tokens)
     metrics.cached_tokens.inc(t.cached_tokens)
-    metrics.generated_tokens.inc(len(completion.token_ids))
+    metrics.generated_tokens.inc(convert.predicted(completion))
     metrics.draft_tokens.inc(t.draft_tokens)
     metrics.accepted_tokens.inc(t.accepted_tokens)
     if completion.token_ids:
@@ -50,10 +51,14 @@ def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> 
 
 def _cut(completion: Completion, n: int) -> Completion:
     """An answer the server ended after its `n`-th token, as the client got it: the tokens (and
-    their logprobs) up to there, so its usage does not depend on how soon the cancel arrived."""
+    their logprobs) up to there, so its usage does not depend on how soon the cancel arrived
+    (nor on an end-of-sequence token the engine wrote after it)."""
     tops = completion.top_logprobs
     return replace(
         completion,
+        end_token=None,
+        end_logprob=None,
+        end_top_logprobs=None,
         token_ids=completion.token_ids[:n],
         logprobs=completion.logprobs[:n] if completion.logprobs is not None else None,
         top_logprobs=tops[:n] if tops is not None else None,

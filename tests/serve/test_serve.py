@@ -614,16 +614,19 @@ def test_the_chat_page_streams_an_answer_in_chromium(port, chromium, tmp_path):
     assert len(set(Image.open(shot).convert("L").getdata())) > 8
 
 
-def test_the_end_of_sequence_token_counts_as_generated(client, tiny_gqa_export):
-    """As vLLM's usage and llama-server's predicted_n count it: the end-of-sequence token that
-    ended a choice is one of its completion tokens, whole and streamed."""
+def test_the_end_of_sequence_token_counts_as_generated(client, port, tiny_gqa_export):
+    """As vLLM's usage and generation-token counter and llama-server's predicted_n count it:
+    the end-of-sequence token that ended a choice is one of its completion tokens, whole and
+    streamed."""
     eos = Tokenizer.from_folder(tiny_gqa_export.output).eos_token_id
     kw = dict(max_tokens=5, temperature=0, logit_bias={str(eos): 100})
+    counted = metric_value(port, "onnxsample_generation_tokens_total")
     whole = chat(client, **kw)
     chunks = list(chat(client, **kw, stream=True, stream_options={"include_usage": True}))
     assert whole.choices[0].finish_reason == "stop" and whole.choices[0].message.content == ""
     assert whole.usage.completion_tokens == 1 == whole.model_extra["timings"]["predicted_n"]
     assert chunks[-1].usage.completion_tokens == 1
+    assert metric_value(port, "onnxsample_generation_tokens_total") == counted + 2
 
 
 def test_ignore_eos_is_each_peers_own(port, tiny_gqa_export):
@@ -641,3 +644,8 @@ def test_ignore_eos_is_each_peers_own(port, tiny_gqa_export):
     code, data = post(port, "/v1/completions", json.dumps(openai_route).encode())
     assert code == 200 and data["choices"][0]["finish_reason"] == "length", data
     assert data["usage"]["completion_tokens"] == 4
+    # the biases need room in the model's table (2 entries here): refused, naming ignore_eos
+    crowded = {**native, "logit_bias": [[5, 1.0], [6, 1.0]]}
+    code, error = post(port, "/completion", json.dumps(crowded).encode())
+    assert code == 400 and error["error"]["param"] == "ignore_eos", error
+    assert "compose it with --max-bias" in error["error"]["message"], error
