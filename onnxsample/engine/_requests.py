@@ -110,13 +110,24 @@ class Requests:
         """For `min_tokens`: the parameters with every end-of-sequence id biased by -100."""
         if not params.min_tokens or params.ignore_eos:
             return None
-        bias = {**params.logit_bias, **dict.fromkeys(sorted(self.eos_ids), -100.0)}
-        early = replace(params, logit_bias=bias)
-        try:
-            check_params(self.meta, early)
-        except InvalidParameter:
-            raise InvalidParameter(
-                f"min_tokens needs {len(bias)} logit-bias entries (the request's and one per "
-                f"end-of-sequence id), more than this graph holds (max_bias={self.meta.max_bias})"
-            ) from None
-        return early
+        return barred_eos(params, self.eos_ids, self.meta, "min_tokens")
+
+
+def barred_eos(
+    params: SamplingParams, eos_ids: frozenset[int], meta: ComposedMetadata, field: str
+) -> SamplingParams:
+    """`params` with every end-of-sequence id biased by -100, over any bias they gave it (vLLM's
+    ``min_tokens``, llama-server's ``ignore_eos``); InvalidParameter naming `field` when the
+    graph has no room for those entries."""
+    check_params(meta, params)  # an error of their own is theirs, not the field's
+    bias = {**params.logit_bias, **dict.fromkeys(sorted(eos_ids), -100.0)}
+    barred = replace(params, logit_bias=bias)
+    try:
+        check_params(meta, barred)
+    except InvalidParameter:
+        raise InvalidParameter(
+            f"{field} needs {len(bias)} logit-bias entries (the request's and one per "
+            f"end-of-sequence id), more than this graph holds (max_bias={meta.max_bias}; "
+            "compose it with --max-bias)"
+        ) from None
+    return barred

@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -46,9 +45,8 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 
 from onnxsample.engine import Engine
+from onnxsample.engine._requests import barred_eos
 from onnxsample.errors import InvalidParameter
-from onnxsample.metadata import ComposedMetadata
-from onnxsample.params import SamplingParams
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError
 from onnxsample.serve.infill import infill_body, with_infill_sampler
@@ -140,7 +138,7 @@ def add_native_routes(
         else:
             params = convert.choice_params(body, logprobs=n_probs > 0, top_logprobs=n_probs)
         if body.ignore_eos:  # llama-server's: an end-of-generation token is never drawn
-            params = [_without_eos(p, e.eos_ids, e.meta) for p in params]
+            params = [barred_eos(p, e.eos_ids, e.meta, "ignore_eos") for p in params]
         if infill:
             params = with_infill_sampler(e, params)
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
@@ -231,25 +229,6 @@ def _validated(data: Any, model: type[_Body] = CompletionRequest) -> _Body:
 
 def _bias_refused(why: str) -> APIError:
     return APIError(400, f"logit_bias: {why}", param="logit_bias")
-
-
-def _without_eos(
-    params: SamplingParams, eos_ids: frozenset[int], meta: ComposedMetadata
-) -> SamplingParams:
-    """llama-server's ``ignore_eos``: every end-of-generation token biased out of reach (its
-    -inf; -100 is the strongest bias here), over any bias the request gave it. vLLM's, which the
-    OpenAI routes follow, only keeps going past one that was drawn. A model without room for
-    the biases refuses it, naming it."""
-    bias = {**params.logit_bias, **dict.fromkeys(eos_ids, -100.0)}
-    if "logit_bias" not in meta.chain.names or len(bias) > meta.max_bias:
-        raise APIError(
-            400,
-            f"ignore_eos keeps the {len(eos_ids)} end-of-generation tokens from being drawn, as "
-            f"llama-server does, with {len(bias)} logit-bias entries (the request's and one per "
-            f"token); this model holds {meta.max_bias} (compose it with --max-bias)",
-            param="ignore_eos",
-        )
-    return replace(params, logit_bias=bias)
 
 
 def _logit_bias(tokenizer: Tokenizer, given: list | dict) -> dict[str, float]:

@@ -247,7 +247,7 @@ def completion_stream(
     offsets: dict[int, convert.TextOffsets] = {}
 
     def logprobs_of(index: int, ids, lps, tops) -> dict:
-        going_on = offsets.setdefault(index, convert.TextOffsets(tokenizer))
+        going_on = offsets.get(index) or offsets.setdefault(index, convert.TextOffsets(tokenizer))
         return convert.legacy_logprobs(tokenizer, ids, lps, tops, going_on)
 
     async def chunks() -> AsyncIterator[dict]:
