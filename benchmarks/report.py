@@ -20,6 +20,7 @@ from report_e2e import e2e_section, normalise
 from report_engine import engine_section, load_results
 from report_export import export_section
 from report_gguf import (
+    avx512_section,
     codes_section,
     gguf_section,
     k_quants_section,
@@ -136,6 +137,10 @@ def render(
     lines += minimums_section((engine or {}).get("gguf_minimums"))
     lines += codes_section((engine or {}).get("gguf_codes"))
     lines += kernels_section((engine or {}).get("gguf_kernels"))
+    lines += avx512_section(
+        (engine or {}).get("gguf_k_quants_epyc-avx512_2026-12-07"),
+        (engine or {}).get("gguf_kernels_epyc-avx512_2026-12-07"),
+    )
     lines += export_section(
         [
             (engine or {}).get(k)

@@ -28,6 +28,8 @@ def load_results(folder: Path = RESULTS) -> dict[str, dict | None]:
         "gguf_minimums",
         "gguf_codes",
         "gguf_kernels",
+        "gguf_k_quants_epyc-avx512_2026-12-07",
+        "gguf_kernels_epyc-avx512_2026-12-07",
         "export_memory",
         "export_memory_cuda",
         "export_time",

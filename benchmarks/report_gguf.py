@@ -184,7 +184,8 @@ def _machine_and_load(run: dict) -> list[str]:
     machine = run.get("machine") or {}
     if machine.get("cpu"):
         cpus = f", {machine['cpus']} cores" if machine.get("cpus") else ""
-        lines += [f"Machine: {machine['cpu']}{cpus}.", ""]
+        simd = f" ({', '.join(machine['simd'])})" if machine.get("simd") else ""
+        lines += [f"Machine: {machine['cpu']}{simd}{cpus}.", ""]
     line = load_line(
         [*(run.get("load_average_before") or [])[:1], *(run.get("load_average_after") or [])[:1]]
     )
@@ -365,6 +366,12 @@ def kernels_section(data: dict | None) -> list[str]:
         "(with the minimums' correction), the LM head, the rest.",
         "",
     ]
+    lines += _kernel_rows(data)
+    return lines + _machine_and_load(data.get("run") or {})
+
+
+def _kernel_rows(data: dict) -> list[str]:
+    """gguf_kernels.py's table, one row per model, thread count and form, and its logits line."""
     head = ["model", "threads", "form", "step ms", "linear", "lm_head", "rest", "ggml ÷ ours"]
     rows = []
     for name, entry in data.get("models", {}).items():
@@ -376,7 +383,7 @@ def kernels_section(data: dict | None) -> list[str]:
                     [f"`{name}`", cell["threads"], label, num(cell[form]["step_ms"], 2),
                      num(part["linear"], 2), num(part["lm_head"], 2), num(part["rest"], 2), ratio]
                 )  # fmt: skip
-    lines += [*table(head, "lrlrrrrr", rows), ""]
+    lines = [*table(head, "lrlrrrrr", rows), ""]
     for name, entry in data.get("models", {}).items():
         lines.append(
             f"- `{name}`: logits of a 16-token prompt within {num(entry['logits_max_abs_diff'], 3)} "
@@ -385,4 +392,43 @@ def kernels_section(data: dict | None) -> list[str]:
             "activations, quantised differently; a model of random weights has near-ties)."
         )
     lines.append("")
-    return lines + _machine_and_load(data.get("run") or {})
+    return lines
+
+
+def avx512_section(k_quants: dict | None, kernels: dict | None) -> list[str]:
+    """The K-quant files and llama.cpp's kernels again on an AMD EPYC with AVX-512 VNNI, where
+    llama-server is much faster at batch 1 than on the machines above (nothing without
+    results)."""
+    if not k_quants and not kernels:
+        return []
+    lines = [
+        "### An AMD EPYC with AVX-512 VNNI",
+        "",
+        "The EPYC runs above record only the CPU's name; the Xeon of the last table has AVX-512 "
+        "VNNI. On an AMD EPYC with AVX-512 VNNI and BF16 (2026-12-07), llama-server decodes "
+        "`llama256-Q4_K_M` at batch 1 far faster than on the EPYC above (126 tok/s on one "
+        "thread against 90), while ours is where it was or below: batch 8 stays ahead of "
+        "llama-server, batch 1 falls to about half. llama.cpp is built `-march=native` (`make "
+        "llama-cpp`), so its kernels, and the Q4_K rows it repacks at load, are the ones for this "
+        "CPU; `MatMulNBits` reads the export's layout, 4-bit codes with an fp32 scale per block "
+        "and the minimums' correction beside it. ggml's own `vec_dot` over the file's raw blocks "
+        "inside ONNX Runtime (the last table) takes a third off a Q4_K_M step here, where it took "
+        "little off on the Xeon: on this CPU the weight layout and the kernel that reads it, not "
+        "the graph around them, are most of the gap. The same commands, "
+        "`--output benchmarks/results/gguf_k_quants_epyc-avx512_2026-12-07.json` and "
+        "`gguf_kernels_epyc-avx512_2026-12-07.json`:",
+        "",
+    ]
+    if k_quants:
+        lines += _models(k_quants, "####")
+    if kernels:
+        lines += [
+            "#### llama.cpp's own kernels inside ONNX Runtime",
+            "",
+            "`benchmarks/gguf_kernels.py` as above: one decode step with each linear layer as "
+            "`MatMulNBits` (the export) or as ggml's `vec_dot` over the file's raw blocks.",
+            "",
+            *_kernel_rows(kernels),
+            *_machine_and_load(kernels.get("run") or {}),
+        ]
+    return lines

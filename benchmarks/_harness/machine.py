@@ -37,8 +37,25 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+# The vector extensions that decide which kernels llama.cpp (built -march=native) and ONNX
+# Runtime's MLAS pick: the same CPU name can come with or without AVX-512.
+_SIMD = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
+
+
+def simd() -> list[str]:
+    """Which of the vector extensions above this CPU has (empty where /proc/cpuinfo is absent)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return [f for f in _SIMD if f in flags]
+    except OSError:
+        pass
+    return []
+
+
 def machine() -> dict:
-    """CPU, core count, memory, OS and Python of this machine."""
+    """CPU, its vector extensions, core count, memory, OS and Python of this machine."""
     mem_gb = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -48,6 +65,7 @@ def machine() -> dict:
         pass
     return {
         "cpu": cpu_model(),
+        "simd": simd(),
         "cpus": os.cpu_count(),
         "memory_gb": mem_gb,
         "platform": platform.platform(),

@@ -551,3 +551,38 @@ def test_report_puts_our_start_beside_llama_servers(bench) -> None:
     assert "| `model.gguf` | 3.50 (3.40–3.60) | 6.00 (5.90–6.10) |" in text  # `onnxsample run`
     assert "before and after the runs: 0.5–0.9" in text
     assert report.startup_section(None) == []
+
+
+def test_report_renders_the_avx512_machine_with_its_vector_extensions(bench) -> None:
+    gguf = bench("report_gguf")
+    speeds = {"onnxsample": {"median": 57.0}, "llama-server": {"median": 126.0}, "ratio": 0.45}
+    cell = {"threads": 1, "batch": 1, "decode_tok_s": speeds, "prompt_tok_s": speeds}
+    entry = {"gguf": "m.gguf", "gguf_mb": 118.0, "export_mb": 151.0, "prompt_tokens": 16}
+    run = _run("AMD EPYC", 1.1, 1.7)
+    run["machine"]["simd"] = ["avx2", "avx512f", "avx512_vnni"]
+    k_quants = {"models": {"m": entry | {"same_prompt_ids": True, "cells": [cell]}}, "run": run}
+    parts = {"linear": 9.7, "lm_head": 4.0, "rest": 2.2}
+    kernel = {
+        "threads": 1,
+        "matmulnbits": {"step_ms": 15.7, "profile_ms": parts},
+        "ggml": {"step_ms": 10.8, "profile_ms": parts | {"linear": 6.2}},
+        "ggml_over_matmulnbits": 0.69,
+    }
+    found = {"logits_max_abs_diff": 0.1, "logits_max_abs": 3.0, "same_greedy_tokens": 0.875}
+    kernels = {"models": {"m": found | {"cells": [kernel]}}, "run": run}
+    text = "\n".join(gguf.avx512_section(k_quants, kernels))
+    assert "### An AMD EPYC with AVX-512 VNNI" in text
+    assert "| 1 | 1 | 57.0 | 126.0 | 0.45× |" in text
+    assert "| `m` | 1 | ggml | 10.80 | 6.20 | 4.00 | 2.20 | 0.69× |" in text
+    assert text.count("Machine: AMD EPYC (avx2, avx512f, avx512_vnni), 2 cores.") == 2
+    assert gguf.avx512_section(None, None) == []
+    assert "| `m` | 1 | ggml" not in "\n".join(gguf.avx512_section(k_quants, None))
+
+
+def test_the_machine_record_names_its_vector_extensions(bench) -> None:
+    machine = bench("_harness.machine")
+    found = machine.machine()["simd"]
+    assert set(found) <= set(machine._SIMD)
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = next((line for line in lines if line.startswith("flags")), "flags: ").split(":")[1]
+    assert found == [f for f in machine._SIMD if f in flags.split()]
