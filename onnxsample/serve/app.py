@@ -254,11 +254,12 @@ def create_app(
             logprobs = None
             if body.logprobs:
                 kept = c.written_tokens()  # a stop string's tokens are no part of the content
+                end, end_lp, end_top = convert.end_entry(c)
                 content = convert.chat_logprobs(
                     e.tokenizer,
-                    c.token_ids[:kept],
-                    (c.logprobs or [])[:kept],
-                    None if c.top_logprobs is None else c.top_logprobs[:kept],
+                    c.token_ids[:kept] + end,
+                    list(c.logprobs or [])[:kept] + end_lp,
+                    None if c.top_logprobs is None else c.top_logprobs[:kept] + end_top,
                     post_sampling=post_sampling,
                 )
                 logprobs = {"content": content}
@@ -363,6 +364,9 @@ def _completion_choice(
         lps: list = [] if score_only else list(c.logprobs or [])[: len(tokens)]
         tops: list = [] if score_only else list(c.top_logprobs or [[]] * len(tokens))[: len(tokens)]
         ids = list(tokens)
+        if not score_only:  # the end-of-sequence token that ended it, as vLLM lists it
+            end, end_lp, end_top = convert.end_entry(c)
+            ids, lps, tops = ids + end, lps + end_lp, tops + end_top
         if echo is not None:
             ids = c.prompt_token_ids + ids
             lps = list(c.prompt_logprobs or []) + lps

@@ -146,6 +146,15 @@ def predicted(completion: Completion) -> int:
     return len(completion.token_ids) + (completion.end_token is not None)
 
 
+def end_entry(completion: Completion) -> tuple[list[int], list[float], list[TopLogprobs]]:
+    """The end-of-sequence token that finished a choice, its logprob and its alternatives, as
+    one more position of its logprobs (vLLM and llama-server list it last, and usage counts it);
+    nothing when no such token ended it or no logprobs were asked for."""
+    if completion.end_token is None or completion.end_logprob is None:
+        return [], [], []
+    return [completion.end_token], [completion.end_logprob], [completion.end_top_logprobs or []]
+
+
 def event_timings(event: StreamEvent) -> dict:
     """llama-server's ``timings`` when a streamed token came (its ``timings_per_token``)."""
     if event.completion is not None:

@@ -195,11 +195,11 @@ class Answer:
             shown = len(self.tokenizer.encode(result["stopping_word"], add_special_tokens=False))
             kept = len(c.token_ids) - shown if result["stopping_word"] else len(c.token_ids)
             tops = None if c.top_logprobs is None else c.top_logprobs[:kept]
-            tokens, logprobs = c.token_ids[:kept], list(c.logprobs or [])[:kept]
-            ended = c.end_token is not None and c.end_logprob is not None
-            if ended:  # as llama-server's: the end-of-sequence token has its entry
-                tokens, logprobs = [*tokens, c.end_token], [*logprobs, c.end_logprob]
-                tops = None if tops is None else [*tops, c.end_top_logprobs or []]
+            # as llama-server's: the end-of-sequence token has its entry
+            end, end_lp, end_top = convert.end_entry(c)
+            tokens, logprobs = c.token_ids[:kept] + end, list(c.logprobs or [])[:kept] + end_lp
+            tops = None if tops is None else tops + end_top
+            ended = bool(end)
             text = _Characters(self.tokenizer)
             result["completion_probabilities"] = self._probs(
                 tokens, logprobs, tops, text, ended=ended

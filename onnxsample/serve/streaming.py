@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from starlette.responses import StreamingResponse
 
 from onnxsample.engine import Engine
-from onnxsample.engine.request import Completion, Request, StreamEvent
+from onnxsample.engine.request import Completion, Request, StreamEvent, TopLogprobs
 from onnxsample.errors import OnnxSampleError
 from onnxsample.serve import convert
 from onnxsample.serve.errors import error_body, from_library
@@ -138,6 +138,21 @@ class _Held:
         return out
 
 
+def _logprob_positions(
+    released: list[StreamEvent], completion: Completion | None
+) -> tuple[list[int], list[float], list[TopLogprobs]]:
+    """The tokens, logprobs and alternatives a chunk lists: the `released` events', and on the
+    last event the end-of-sequence token that finished the choice
+    (:func:`~onnxsample.serve.convert.end_entry`)."""
+    ids = [e.token_id for e in released]
+    lps = [e.logprob for e in released]
+    tops = [e.top_logprobs or [] for e in released]
+    if completion is not None:
+        end, end_lp, end_top = convert.end_entry(completion)
+        ids, lps, tops = ids + end, lps + end_lp, tops + end_top
+    return ids, lps, tops
+
+
 def _piece(index: int, delta: dict, logprobs: dict | None = None) -> dict:
     """A chat chunk's choice that is not its last."""
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
@@ -207,12 +222,13 @@ def chat_stream(
             if len(answer) > sent[k]:
                 delta["content"], sent[k] = answer[sent[k] :], len(answer)
             logprobs = None
-            if released := held[k].take(event, len(written[k])):
+            ids, lps, tops = _logprob_positions(held[k].take(event, len(written[k])), c)
+            if ids:
                 content = convert.chat_logprobs(
                     job.engine.tokenizer,
-                    [e.token_id for e in released],
-                    [e.logprob for e in released],
-                    [e.top_logprobs or [] for e in released],
+                    ids,
+                    lps,
+                    tops,
                     post_sampling=job.seqs[k].params.post_sampling_probs is not None,
                 )
                 logprobs = {"content": content}
@@ -267,16 +283,12 @@ def completion_stream(
                 yield chunk(event.index, echo[event.index], logprobs=logprobs)
             started.add(event.index)
             written[k] += len(event.text)
-            released = [] if score_only else held[k].take(event, written[k])
-            if not score_only and (event.text or released):
-                logprobs = None
-                if released:
-                    logprobs = logprobs_of(
-                        event.index,
-                        [e.token_id for e in released],
-                        [e.logprob for e in released],
-                        [e.top_logprobs for e in released],
-                    )
+            ids: list[int] = []
+            if not score_only:
+                released = held[k].take(event, written[k])
+                ids, lps, tops = _logprob_positions(released, event.completion)
+            if not score_only and (event.text or ids):
+                logprobs = logprobs_of(event.index, ids, lps, tops) if ids else None
                 yield job.token_chunk(_text_piece(event.index, event.text, logprobs), event)
             if (c := event.completion) is not None:
                 if not score_only:

@@ -629,6 +629,41 @@ def test_the_end_of_sequence_token_counts_as_generated(client, port, tiny_gqa_ex
     assert metric_value(port, "onnxsample_generation_tokens_total") == counted + 2
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_the_end_of_sequence_token_has_the_last_logprob(client, tiny_gqa_export, route, stream):
+    """As vLLM and llama-server list it: the end-of-sequence token that ended a choice is the
+    last position of its logprobs (its text the token's own, beyond the answer's text), so the
+    positions are as many as the completion tokens, whole and streamed."""
+    tokenizer = Tokenizer.from_folder(tiny_gqa_export.output)
+    eos = tokenizer.eos_token_id
+    kw = dict(model="tiny", max_tokens=6, temperature=0, logit_bias={str(eos): 100}, stream=stream)
+    kw |= {"extra_body": {"min_tokens": 2}}  # two tokens, then the end of sequence
+    if stream:
+        kw["stream_options"] = {"include_usage": True}
+    if route == "chat":
+        messages = [{"role": "user", "content": "Hi there"}]
+        answer = client.chat.completions.create(messages=messages, logprobs=True, **kw)
+    else:
+        answer = client.completions.create(prompt="Hi there", logprobs=1, **kw)
+    parts = list(answer) if stream else [answer]
+    choices = [p.choices[0] for p in parts if p.choices]
+    usage = parts[-1].usage
+    if route == "chat":
+        entries = [e for c in choices if c.logprobs for e in c.logprobs.content or []]
+        texts = [e.token for e in entries]
+        text = "".join((c.delta.content if stream else c.message.content) or "" for c in choices)
+        assert bytes(entries[-1].bytes) == tokenizer.token_bytes(eos)
+    else:
+        texts = [t for c in choices if c.logprobs for t in c.logprobs.tokens]
+        offsets = [o for c in choices if c.logprobs for o in c.logprobs.text_offset]
+        text = "".join(c.text for c in choices)
+        assert offsets[-1] == len(text)
+    assert choices[-1].finish_reason == "stop"
+    assert len(texts) == 3 == usage.completion_tokens, texts
+    assert texts[-1] == tokenizer.token_bytes(eos).decode() and texts[-1] not in text
+
+
 def test_ignore_eos_is_each_peers_own(port, tiny_gqa_export):
     """llama-server's /completion: ignore_eos keeps every end-of-generation token from being
     drawn, whatever bias the request gave it; vLLM's on the OpenAI routes: one drawn is kept and
