@@ -197,7 +197,10 @@ def add_native_routes(
             raise InvalidParameter(f"tokens must be in [0, {e.vocab_size}), got {bad[0]}")
         # special tokens' text included, as llama-server's and vLLM's (and the /tokenize inverse)
         text = await asyncio.to_thread(e.tokenizer.decode, body.tokens, skip_special_tokens=False)
-        return {"prompt": text, "content": text}  # vLLM's name, llama-server's
+        # llama-server's is its pieces end to end: a SentencePiece vocabulary's first word keeps
+        # the space its piece begins with, which a decode drops (as vLLM's does)
+        pieces = b"".join(e.tokenizer.token_bytes(t) for t in body.tokens)
+        return {"prompt": text, "content": pieces.decode("utf-8", "replace")}
 
 
 def _json(raw: bytes) -> Any:

@@ -21,7 +21,7 @@ from onnxsample.text import Tokenizer
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("family", ["gemma3", "llama3", "qwen2"])
+@pytest.mark.parametrize("family", ["gemma3", "llama3", "qwen2", "llama", "phi3"])
 def test_the_servers_tokenize_answers_as_llama_servers(family, llama_cpp):
     """`/tokenize` with llama-server's fields (``content``, ``add_special``, ``parse_special``,
     ``with_pieces``) gives llama-server's JSON on the same file: BOS only when asked, special
@@ -49,7 +49,10 @@ def test_the_servers_tokenize_answers_as_llama_servers(family, llama_cpp):
             != (got := post(ours.port, "/tokenize", json.dumps(body).encode())[1]["tokens"])
         ]
         assert not wrong, f"{len(wrong)} of {len(bodies)} differ, first: {wrong[0]}"
-        ids = [theirs.tokenize(text) for text in texts]
+        ids = [theirs.tokenize(text) for text in texts]  # and without BOS: a word's space first
+        ids += [
+            theirs.post("/tokenize", {"content": t, "add_special": False})["tokens"] for t in texts
+        ]
         unlike = [
             (want, got)
             for i in ids
