@@ -269,8 +269,9 @@ class Answer:
                     piece = self.partial(event, predicted[event.index], texts[event.index])
                     if piece is not None:
                         yield piece
-                if event.completion is not None:
-                    yield self.final(event.completion, streamed=True)
+                done = event.completion
+                if done is not None and not (done.finish_reason == "cancelled" and stopping()):
+                    yield self.final(done, streamed=True)  # a cut one ends with the error
         except Exception as exc:
             yield error_chunk(exc)
             return

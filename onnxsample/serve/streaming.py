@@ -86,6 +86,12 @@ class Job:
             **({"prompt_progress": progress} if progress is not None else {}),
         }
 
+    def cut(self, completion: Completion) -> bool:
+        """Whether the stopping server cut this choice: it gets no finish chunk (a client that
+        reads up to ``finish_reason`` would take it for a whole answer); the stream ends with
+        the shutdown error instead."""
+        return completion.finish_reason == "cancelled" and self.stopping()
+
     def token_chunk(self, choice: dict, event: StreamEvent) -> dict:
         """A chunk of a token's piece, or of the prompt's progress (llama-server's
         ``return_progress``); with its ``timings_per_token``, the timings when it came."""
@@ -213,7 +219,7 @@ def chat_stream(
                 if watch.repeated(k):
                     ended.add(k)
                     job.requests[k].cancel()  # the model loops on a call: the answer ends here
-                if c is not None:
+                if c is not None and not job.cut(c):
                     done.append(c)
                     _, _, finish = watch.streams[k].message(convert.FINISH[c.finish_reason])
                     yield job.chunk({**_piece(c.index, {}), "finish_reason": finish},
@@ -236,7 +242,7 @@ def chat_stream(
                 yield job.token_chunk(
                     _piece(event.index, delta or {"content": ""}, logprobs), event
                 )
-            if c is not None:
+            if c is not None and not job.cut(c):
                 done.append(c)
                 finish = convert.FINISH[c.finish_reason]
                 yield job.chunk({**_piece(c.index, {}), "finish_reason": finish},
@@ -290,7 +296,7 @@ def completion_stream(
             if not score_only and (event.text or ids):
                 logprobs = logprobs_of(event.index, ids, lps, tops) if ids else None
                 yield job.token_chunk(_text_piece(event.index, event.text, logprobs), event)
-            if (c := event.completion) is not None:
+            if (c := event.completion) is not None and not job.cut(c):
                 if not score_only:
                     done.append(c)
                 finish = "length" if score_only else convert.FINISH[c.finish_reason]
