@@ -285,16 +285,26 @@ def write_gqa(
     log.info("wrote %s (%d nodes, %s)", path, len(model.graph), precision)
 
 
-def _ort_quantise(model: ir.Model, bits: int, accuracy_level: int) -> ir.Model:
-    from onnxruntime.quantization.matmul_nbits_quantizer import (
-        DefaultWeightOnlyQuantConfig,
-        MatMulNBitsQuantizer,
-    )
+def _ort_quantiser():
+    """ONNX Runtime's MatMulNBits quantiser. Its package configures the root logger when first
+    imported (``logging.basicConfig`` at INFO), which printed its progress, some 40 lines, on
+    every int8/int4 export: the root logger is put back as it was."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        from onnxruntime.quantization import matmul_nbits_quantizer
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+    return matmul_nbits_quantizer
 
-    config = DefaultWeightOnlyQuantConfig(
+
+def _ort_quantise(model: ir.Model, bits: int, accuracy_level: int) -> ir.Model:
+    quantiser = _ort_quantiser()
+    config = quantiser.DefaultWeightOnlyQuantConfig(
         block_size=32, is_symmetric=True, accuracy_level=accuracy_level, bits=bits
     )
-    quantizer = MatMulNBitsQuantizer(
+    quantizer = quantiser.MatMulNBitsQuantizer(
         ir.to_proto(model),
         bits=bits,
         block_size=32,

@@ -329,6 +329,16 @@ def test_console_script_reports_errors_without_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_an_int8_export_logs_nothing_unless_asked(tiny_hf, tmp_path):
+    """ONNX Runtime's quantiser configures the root logger when imported; without --verbose the
+    export prints its progress and summary only, none of the quantiser's lines."""
+    exe = shutil.which("onnxsample", path=os.path.dirname(sys.executable))
+    cmd = [exe, "export", str(tiny_hf), "-o", str(tmp_path / "q"), "--precision", "int8"]
+    proc = subprocess.run([*cmd, "--verify-tokens", "0"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "[INFO]" not in proc.stderr and "quantizer" not in proc.stderr, proc.stderr[-800:]
+
+
 def test_export_command_writes_summary(tiny_gqa_export, tiny_hf, capsys):
     code, out, err = run_cli(capsys, "export", str(tiny_hf), "-o", str(tiny_gqa_export.output))
     assert code == 0
