@@ -255,7 +255,8 @@ def serve(
     )
     config.app = create_app(load, settings, on_load_error=on_load_error)
     logging.getLogger("onnxsample").setLevel(logging.INFO)
-    _announce(name, composed, host, port, api_key)
+    # the port bound: the system's choice for --port 0
+    _announce(name, composed, host, listening.getsockname()[1], api_key)
     server.run(sockets=[listening])
     if failed:
         exc = failed[0]

@@ -6,12 +6,14 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
+import subprocess
 import time
 
 import pytest
-from _http import CHAT, get, metric_value, served
+from _http import BIN, CHAT, get, metric_value, served, stop
 
 KEY = "sk-test-key"
 
@@ -150,3 +152,28 @@ def test_sigterm_ends_a_running_stream_with_an_error_chunk_and_done(models, path
         assert server.wait(60) == 0
     said = server.stdout.read()
     assert "Traceback" not in said, said
+
+
+def test_port_0_announces_the_port_the_system_chose(models):
+    """``--port 0`` listens where the system says, and the start line names that port."""
+    proc = subprocess.Popen(
+        [str(BIN), "serve", str(models["two"]), "--port", "0", "--threads", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        lines = (proc.stdout.readline() for _ in range(50))  # progress lines first
+        line = next((line for line in lines if line.startswith("serving ")), "")
+        found = re.search(r"at http://localhost:(\d+)", line)
+        assert found and int(found.group(1)) > 0, line
+        port, deadline = int(found.group(1)), time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if get(port, "/health")[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        assert get(port, "/health")[0] == 200
+    finally:
+        stop(proc)
