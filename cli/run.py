@@ -173,6 +173,10 @@ def run(
         raise InvalidParameter("give at least one prompt with -p TEXT")
     if not 0 <= logprobs <= 20:
         raise InvalidParameter(f"logprobs must be in [0, 20], got {logprobs}")
+    if max_new_tokens < 1 and max_new_tokens != -1:
+        raise InvalidParameter(
+            f"--max-new-tokens must be -1 (until the end) or at least 1, got {max_new_tokens}"
+        )
     params = SamplingParams(
         temperature=temperature,
         top_k=top_k,
