@@ -26,8 +26,9 @@ def inspect(
         ),
     ] = False,
     port: Annotated[
-        int, typer.Option("--port", help="Port for --netron.", min=1, max=65535)
-    ] = 8080,
+        int | None,
+        typer.Option("--port", help="Port for --netron (default 8080).", min=1, max=65535),
+    ] = None,
     no_browser: Annotated[
         bool, typer.Option("--no-browser", help="With --netron, do not open a browser.")
     ] = False,
@@ -37,6 +38,12 @@ def inspect(
     from onnxsample.composer.inspection import inspect_model
     from onnxsample.exporters._source import is_gguf
 
+    given = [
+        name for name, on in (("--port", port is not None), ("--no-browser", no_browser)) if on
+    ]
+    if given and not netron:  # they would change nothing
+        raise OnnxSampleError(f"{given[0]} is for --netron: give --netron too")
+
     if is_gguf(file) or (file.suffix.lower() == ".gguf" and file.is_file()):  # as `export` reads
         render_gguf(file)
         path = file
@@ -45,7 +52,7 @@ def inspect(
         render_summary(summary)
         path = summary.path
     if netron:  # Netron reads GGUF files too
-        _serve(path, port, browse=not no_browser)
+        _serve(path, 8080 if port is None else port, browse=not no_browser)
 
 
 def render_gguf(file: Path) -> None:

@@ -195,3 +195,11 @@ def test_netron_page_renders_the_chain_in_headless_chromium(netron_server, chrom
     driver.save_screenshot(str(shot))
     colours = len(set(Image.open(shot).convert("L").getdata()))
     assert colours > 8, "the page rendered blank"
+
+
+@pytest.mark.parametrize("option", [["--port", "8123"], ["--no-browser"]])
+def test_netron_options_without_netron_are_refused(cli_composed, capsys, option):
+    """They would change nothing: one line naming the option, exit 1, no summary."""
+    code, out, err = run_cli(capsys, "inspect", str(cli_composed), *option)
+    assert code == 1 and f"{option[0]} is for --netron: give --netron too" in err, err
+    assert "sampler chain" not in out
