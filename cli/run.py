@@ -214,11 +214,13 @@ def run(
     streaming = stream and not json_output and len(prompt) == 1
     if streaming:
         completions = []
-        for event in generator.stream(list(prompt), params, **kwargs):
-            out.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
-            if event.completion is not None:
-                completions.append(event.completion)
-        out.print()
+        try:
+            for event in generator.stream(list(prompt), params, **kwargs):
+                out.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
+                if event.completion is not None:
+                    completions.append(event.completion)
+        finally:
+            out.print()  # the text's line ends, before an error's line too
     else:
         completions = generator.generate(list(prompt), params, **kwargs)
     for c in completions:

@@ -282,3 +282,14 @@ def test_run_and_serve_refuse_a_bad_file_in_one_line(
     assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), err
     assert message in lines[0] and "Traceback" not in err + out
     assert not list((tmp_path / "cache").glob("exports/*/*/model.onnx"))
+
+
+def test_an_error_after_streamed_text_is_on_a_line_of_its_own(run_folder, capsys):
+    """A constraint that fails after some tokens: the streamed text's line ends before the
+    error's."""
+    code, out, err = run_cli(
+        capsys, "run", str(run_folder), "-p", "Hi", "-n", "4", "--regex", "a{1000000}",
+        "--no-chat", "--temperature", "0",
+    )  # fmt: skip
+    assert code == 1 and "\nerror: invalid constraint" in err, (out, err)
+    assert out and out.endswith("\n"), out
