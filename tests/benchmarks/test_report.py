@@ -434,14 +434,7 @@ def test_report_renders_llama_server_with_and_without_repacking(bench) -> None:
 def test_report_renders_llama_cpps_kernels_beside_ours(bench) -> None:
     gguf = bench("report_gguf")
     parts = {"linear": 10.0, "lm_head": 5.0, "rest": 3.0}
-    cell = {
-        "threads": 2,
-        "matmulnbits": {"step_ms": 18.0, "profile_ms": parts},
-        "ggml": {"step_ms": 19.8, "profile_ms": parts | {"linear": 11.8}},
-        "ggml_over_matmulnbits": 1.1,
-    }
-    entry = {"logits_max_abs_diff": 0.1, "logits_max_abs": 3.0, "same_greedy_tokens": 0.875}
-    data = {"models": {"m": entry | {"cells": [cell]}}, "run": _run("Xeon", 0.5, 1.5)}
+    data = _kernels(2, (18.0, parts), (19.8, parts | {"linear": 11.8}), _run("Xeon", 0.5, 1.5))
     text = "\n".join(gguf.kernels_section(data))
     assert "| `m` | 2 | MatMulNBits (the export) | 18.00 | 10.00 | 5.00 | 3.00 |  |" in text
     assert "| `m` | 2 | ggml | 19.80 | 11.80 | 5.00 | 3.00 | 1.10× |" in text
@@ -514,6 +507,18 @@ def test_report_renders_an_exports_peak_beside_the_old_ones(bench) -> None:
     assert "| `q6.gguf` | — | 154 | 186 | 673 (672–674) | 4.37× | 13.3 (13.3–13.3) |" in text
 
 
+def _kernels(threads: int, ours: tuple, ggml: tuple, run: dict) -> dict:
+    """gguf_kernels.py's results for one model ``m``: (step ms, profile parts) of each form."""
+    cell = {
+        "threads": threads,
+        "matmulnbits": {"step_ms": ours[0], "profile_ms": ours[1]},
+        "ggml": {"step_ms": ggml[0], "profile_ms": ggml[1]},
+        "ggml_over_matmulnbits": round(ggml[0] / ours[0], 2),
+    }
+    entry = {"logits_max_abs_diff": 0.1, "logits_max_abs": 3.0, "same_greedy_tokens": 0.875}
+    return {"models": {"m": entry | {"cells": [cell]}}, "run": run}
+
+
 def _run(cpu: str, before: float, after: float) -> dict:
     """A report's run record: a 2-core machine and the 1-minute load averages."""
     return {
@@ -562,14 +567,7 @@ def test_report_renders_the_avx512_machine_with_its_vector_extensions(bench) -> 
     run["machine"]["simd"] = ["avx2", "avx512f", "avx512_vnni"]
     k_quants = {"models": {"m": entry | {"same_prompt_ids": True, "cells": [cell]}}, "run": run}
     parts = {"linear": 9.7, "lm_head": 4.0, "rest": 2.2}
-    kernel = {
-        "threads": 1,
-        "matmulnbits": {"step_ms": 15.7, "profile_ms": parts},
-        "ggml": {"step_ms": 10.8, "profile_ms": parts | {"linear": 6.2}},
-        "ggml_over_matmulnbits": 0.69,
-    }
-    found = {"logits_max_abs_diff": 0.1, "logits_max_abs": 3.0, "same_greedy_tokens": 0.875}
-    kernels = {"models": {"m": found | {"cells": [kernel]}}, "run": run}
+    kernels = _kernels(1, (15.7, parts), (10.8, parts | {"linear": 6.2}), run)
     text = "\n".join(gguf.avx512_section(k_quants, kernels))
     assert "### An AMD EPYC with AVX-512 VNNI" in text
     assert "| 1 | 1 | 57.0 | 126.0 | 0.45× |" in text
