@@ -17,7 +17,7 @@ from onnxsample.serve.errors import APIError
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.props import generation_settings
 from onnxsample.serve.relay import merged_events
-from onnxsample.serve.streaming import error_chunk, shutdown_chunk
+from onnxsample.serve.streaming import cut_by_shutdown, error_chunk, shutdown_chunk
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["Answer", "Endings"]
@@ -270,7 +270,7 @@ class Answer:
                     if piece is not None:
                         yield piece
                 done = event.completion
-                if done is not None and not (done.finish_reason == "cancelled" and stopping()):
+                if done is not None and not cut_by_shutdown(done, stopping):
                     yield self.final(done, streamed=True)  # a cut one ends with the error
         except Exception as exc:
             yield error_chunk(exc)

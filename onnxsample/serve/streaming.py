@@ -24,6 +24,7 @@ __all__ = [
     "Job",
     "chat_stream",
     "completion_stream",
+    "cut_by_shutdown",
     "error_chunk",
     "shutdown_chunk",
     "sse",
@@ -34,6 +35,13 @@ def shutdown_chunk() -> dict:
     """The error a stream ends with when the stopping server cut it."""
     return {"error": {"message": SHUTDOWN, "type": "service_unavailable", "param": None,
                       "code": 503}}  # fmt: skip
+
+
+def cut_by_shutdown(completion: Completion, stopping: Callable[[], bool]) -> bool:
+    """Whether the stopping server cut this choice: it gets no finish (a client that reads up to
+    ``finish_reason`` would take it for a whole answer); its stream ends with
+    :func:`shutdown_chunk` instead."""
+    return completion.finish_reason == "cancelled" and stopping()
 
 
 def sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
@@ -87,10 +95,8 @@ class Job:
         }
 
     def cut(self, completion: Completion) -> bool:
-        """Whether the stopping server cut this choice: it gets no finish chunk (a client that
-        reads up to ``finish_reason`` would take it for a whole answer); the stream ends with
-        the shutdown error instead."""
-        return completion.finish_reason == "cancelled" and self.stopping()
+        """:func:`cut_by_shutdown` for this job's server."""
+        return cut_by_shutdown(completion, self.stopping)
 
     def token_chunk(self, choice: dict, event: StreamEvent) -> dict:
         """A chunk of a token's piece, or of the prompt's progress (llama-server's
