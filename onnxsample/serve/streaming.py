@@ -33,8 +33,7 @@ __all__ = [
 
 def shutdown_chunk() -> dict:
     """The error a stream ends with when the stopping server cut it."""
-    return {"error": {"message": SHUTDOWN, "type": "service_unavailable", "param": None,
-                      "code": 503}}  # fmt: skip
+    return error_body(503, SHUTDOWN, code="unavailable")  # as a whole answer cut so answers
 
 
 def cut_by_shutdown(completion: Completion, stopping: Callable[[], bool]) -> bool:

@@ -145,13 +145,34 @@ def test_sigterm_ends_a_running_stream_with_an_error_chunk_and_done(models, path
         if path.startswith("/v1/"):
             assert events.pop() == "[DONE]", rest[-500:]
         error = json.loads(events[-1])["error"]
-        assert error["code"] == 503 and "shutting down" in error["message"]
+        assert error["code"] == "unavailable" and "shutting down" in error["message"]
+        assert error["type"] == "service_unavailable"
         before = [json.loads(e) for e in events[:-1]]
         assert not [e for e in before if e.get("stop") or any(
             c.get("finish_reason") for c in e.get("choices", []))], before[-2:]  # fmt: skip
         assert server.wait(60) == 0
     said = server.stdout.read()
     assert "Traceback" not in said, said
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_sigterm_answers_a_running_request_503_as_its_stream_would_end(models, path):
+    """A whole answer the stopping server cut is a 503 with the error its stream would end with."""
+    body = {"/v1/chat/completions": {"messages": CHAT}, "/v1/completions": {"prompt": "Once"}}[path]
+    with served(models["two"], "--threads", "1", "--shutdown-grace", "0") as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        body = {**body, "max_tokens": 480, "ignore_eos": True}
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        while metric_value(server.port, "onnxsample_slots_busy") < 1:
+            time.sleep(0.05)
+        os.kill(server.pid, signal.SIGTERM)
+        response = conn.getresponse()
+        error = json.loads(response.read())["error"]
+        conn.close()
+        assert response.status == 503, error
+        assert error["code"] == "unavailable" and error["type"] == "service_unavailable", error
+        assert "shutting down" in error["message"]
+        assert server.wait(60) == 0
 
 
 def test_port_0_announces_the_port_the_system_chose(models):
