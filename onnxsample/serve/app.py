@@ -314,7 +314,7 @@ def create_app(
             return seqs, {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs}
 
         seqs, echo = await asyncio.to_thread(prepared)
-        requests = enqueue(e, seqs, metrics)
+        requests = enqueue(e, seqs, metrics, "n" if body.n > 1 else "prompt")
         meta = _meta("cmpl", settings)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage

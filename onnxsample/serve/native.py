@@ -154,7 +154,7 @@ def add_native_routes(
             return seqs, texts
 
         seqs, texts = await asyncio.to_thread(prepared)
-        requests = enqueue(e, seqs, metrics)
+        requests = enqueue(e, seqs, metrics, "n" if body.n > 1 else "prompt")
         shaped = Answer(
             e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings
         )

@@ -17,7 +17,7 @@ from starlette.requests import Request as HTTPRequest
 
 from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion, Request, StreamEvent
-from onnxsample.errors import QueueFull
+from onnxsample.errors import InvalidParameter, QueueFull
 from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, ClientGone
 from onnxsample.serve.metrics import Metrics
@@ -25,13 +25,17 @@ from onnxsample.serve.metrics import Metrics
 __all__ = ["SHUTDOWN", "collect", "enqueue", "merged_events"]
 
 
-def enqueue(engine: Engine, seqs: list, metrics: Metrics) -> list[Request]:
-    """All of a request's choices onto `engine`, or none (a full queue is counted, then raised)."""
+def enqueue(engine: Engine, seqs: list, metrics: Metrics, many: str = "n") -> list[Request]:
+    """All of a request's choices onto `engine`, or none (a full queue is counted, then raised).
+    More than the engine could ever hold is the fault of the field `many` names (``n``, or
+    ``prompt`` for a list of prompts with one choice each)."""
     try:
         return engine.enqueue(seqs)
     except QueueFull:
         metrics.rejected.labels("queue_full").inc()
         raise
+    except InvalidParameter as exc:
+        raise APIError(400, " ".join(str(exc).split()), param=many) from exc
 
 
 def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> None:

@@ -335,11 +335,22 @@ def test_inputs_that_once_reached_a_500(port, path, body, param):
         assert why in data["error"]["message"], data
 
 
-def test_a_request_that_can_never_fit_is_400_not_429(port):
-    """More choices than the slots and the queue hold together: no retry can help."""
-    prompts = ["x"] * 300  # the test server: 4 slots, max_queue 256
-    code, data = post(port, "/v1/completions", json.dumps({"prompt": prompts}).encode())
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/completions", {"prompt": ["x"] * 300}, "prompt"),
+        ("/v1/completions", {"prompt": ["x"] * 100, "n": 3}, "n"),
+        ("/completion", {"prompt": ["x"] * 300}, "prompt"),
+        ("/completion", {"prompt": ["x"] * 100, "n": 3}, "n"),
+    ],
+    ids=["prompts", "prompts-times-n", "native-prompts", "native-prompts-times-n"],
+)
+def test_a_request_that_can_never_fit_is_400_not_429(port, path, body, param):
+    """More choices than the slots and the queue hold together (the test server: 4 slots,
+    max_queue 256): no retry can help, and the error names the field that asked for them."""
+    code, data = post(port, path, json.dumps({**body, "max_tokens": 1}).encode())
     assert code == 400 and "can never be queued" in data["error"]["message"], data
+    assert data["error"]["param"] == param, data
 
 
 def test_a_huge_prompt_is_refused_before_it_is_tokenised(port):
