@@ -29,7 +29,7 @@ from onnxsample.engine import Engine
 from onnxsample.engine.request import Completion
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve import convert, reasoning, tools
-from onnxsample.serve.errors import APIError, install
+from onnxsample.serve.errors import APIError, install, name_fields, request_names
 from onnxsample.serve.llama_fields import (
     apply_llama_names,
     post_sampling_bound,
@@ -47,6 +47,7 @@ from onnxsample.serve.schemas import (
     CompletionRequest,
 )
 from onnxsample.serve.streaming import Job, chat_stream, completion_stream, reporting, sse
+from onnxsample.serve.structured import constraint_field
 
 __all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
 
@@ -218,9 +219,9 @@ def create_app(
         asked = {"post_sampling_probs": top} if post_sampling else {}
         if not post_sampling:
             asked = {"logprobs": body.logprobs, "top_logprobs": top}
-        params = convert.choice_params(
-            body, tools=plan.constraint if plan is not None else None, **asked
-        )
+        calls = plan.constraint if plan is not None else None
+        name_fields(request, constraint_field(body, bool(calls)), prompt="messages")
+        params = convert.choice_params(body, tools=calls, **asked)
         given = body.max_completion_tokens
         limit = convert.token_limit(body.max_tokens if given is None else given, None)
 
@@ -243,7 +244,7 @@ def create_app(
             job = Job(
                 e, requests, seqs, [seqs[0].prompt], meta, usage, metrics, "chat.completion.chunk"
             )
-            job.stopping = lambda: state.stopping
+            job.stopping, job.names = (lambda: state.stopping), request_names(request)
             return sse(chat_stream(job, plan, opened))
         done = await collect(
             requests, request, metrics, lambda: state.stopping, tools.loop_watch(plan, len(seqs))
@@ -295,6 +296,7 @@ def create_app(
             )
         score_only = body.echo and body.max_tokens == 0  # likelihood scoring: the prompt alone
         limit = 1 if score_only else convert.token_limit(body.max_tokens, 16)
+        name_fields(request, constraint_field(body))
         params = convert.choice_params(
             body,
             logprobs=n_logprobs is not None,
@@ -320,7 +322,7 @@ def create_app(
             usage = body.stream_options is not None and body.stream_options.include_usage
             unique = [s.prompt for s in seqs[:: body.n]]
             job = Job(e, requests, seqs, unique, meta, usage, metrics, "text_completion")
-            job.stopping = lambda: state.stopping
+            job.stopping, job.names = (lambda: state.stopping), request_names(request)
             return sse(completion_stream(job, echo, n_logprobs, score_only))
         done = await collect(requests, request, metrics, lambda: state.stopping)
         choices = [

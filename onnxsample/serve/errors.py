@@ -95,8 +95,26 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def from_library(exc: OnnxSampleError) -> APIError:
-    """The HTTP face of a library error."""
+# What the library's errors about a request's constraint name (its kind, or by _PARAMS)
+_CONSTRAINT_WORDS = ("response_format", "json_schema", "regex", "choice", "grammar")
+
+
+def name_fields(request: Request, constraint: str | None = None, **names: str) -> None:
+    """What `request` calls the fields the library's errors name: `constraint` is the field its
+    output constraint came from (:func:`~onnxsample.serve.structured.constraint_field`), and
+    `names` others (a chat's ``prompt`` is its ``messages``). Its error answers name them so."""
+    words = dict.fromkeys(_CONSTRAINT_WORDS, constraint) if constraint else {}
+    request.state.names = {**words, **names}
+
+
+def request_names(request: Request) -> dict[str, str]:
+    """The names :func:`name_fields` gave `request`'s fields, if any."""
+    return getattr(request.state, "names", {})
+
+
+def from_library(exc: OnnxSampleError, names: dict[str, str] | None = None) -> APIError:
+    """The HTTP face of a library error; `names` rename the parameter it names
+    (:func:`name_fields`)."""
     message = " ".join(str(exc).split())
     if isinstance(exc, QueueFull):
         return APIError(429, message, code="queue_full", headers={"Retry-After": "1"})
@@ -107,7 +125,7 @@ def from_library(exc: OnnxSampleError) -> APIError:
         if words:  # the parameter a message starts with, or what its first words stand for
             first = words.group(1)
             param = _PARAMS.get(f"{first} {words.group(2)}", _PARAMS.get(first, first))
-        return APIError(400, message, param=param)
+        return APIError(400, message, param=(names or {}).get(param, param))
     if isinstance(exc, (OutOfMemory, EngineClosed)):
         return APIError(503, message, code="unavailable")
     if isinstance(exc, (GenerationError, ModelError)):
@@ -123,8 +141,8 @@ def install(app: FastAPI) -> None:
         return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
 
     @app.exception_handler(OnnxSampleError)
-    async def _library(_request: Request, exc: OnnxSampleError) -> JSONResponse:
-        err = from_library(exc)
+    async def _library(request: Request, exc: OnnxSampleError) -> JSONResponse:
+        err = from_library(exc, request_names(request))
         return error_response(err.status, err.message, err.param, err.code, err.headers)
 
     @app.exception_handler(RequestValidationError)

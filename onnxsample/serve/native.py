@@ -48,7 +48,7 @@ from onnxsample.engine import Engine
 from onnxsample.engine._requests import barred_eos
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve import convert
-from onnxsample.serve.errors import APIError
+from onnxsample.serve.errors import APIError, name_fields, request_names
 from onnxsample.serve.infill import infill_body, with_infill_sampler
 from onnxsample.serve.llama_fields import (
     apply_llama_defaults,
@@ -68,6 +68,7 @@ from onnxsample.serve.schemas import (
     TokenizeRequest,
 )
 from onnxsample.serve.streaming import reporting, sse
+from onnxsample.serve.structured import constraint_field
 from onnxsample.serve.tokenize import applied_template, tokenized
 from onnxsample.text.tokenizer import Tokenizer
 
@@ -130,6 +131,7 @@ def add_native_routes(
             raise APIError(400, f"n_probs must be {within}, got {n_probs}", param="n_probs")
         prompts = convert.prompts(body.prompt)
         limit = convert.token_limit(body.max_tokens, None)
+        name_fields(request, constraint_field(body))
         if post_sampling:
             if infill:
                 raise APIError(400, "post_sampling_probs cannot be combined with the infill "
@@ -159,7 +161,7 @@ def add_native_routes(
             e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings
         )
         if body.stream:
-            return sse(shaped.stream(requests, metrics, stopping))
+            return sse(shaped.stream(requests, metrics, stopping, request_names(request)))
         done = await collect(requests, request, metrics, stopping)
         results = [shaped.final(c, streamed=False) for c in done]
         return results[0] if len(results) == 1 else results

@@ -255,8 +255,14 @@ class Answer:
         return result
 
     async def stream(
-        self, requests: list, metrics: Metrics, stopping: Callable[[], bool]
+        self,
+        requests: list,
+        metrics: Metrics,
+        stopping: Callable[[], bool],
+        names: dict[str, str] | None = None,
     ) -> AsyncIterator[dict]:
+        """The answer's chunks as they decode; an error ends it naming the request's field by
+        `names` (:func:`~onnxsample.serve.errors.name_fields`)."""
         events = merged_events(requests, metrics)
         predicted = dict.fromkeys(self.seqs, 0)
         texts = {i: _Characters(self.tokenizer) for i in self.seqs}
@@ -273,7 +279,7 @@ class Answer:
                 if done is not None and not cut_by_shutdown(done, stopping):
                     yield self.final(done, streamed=True)  # a cut one ends with the error
         except Exception as exc:
-            yield error_chunk(exc)
+            yield error_chunk(exc, names)
             return
         finally:
             await events.aclose()  # at once, so a client that went away frees its slots now

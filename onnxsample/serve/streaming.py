@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.responses import StreamingResponse
 
@@ -54,12 +54,12 @@ def sse(chunks: AsyncIterator[dict | str]) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def error_chunk(exc: BaseException) -> dict:
+def error_chunk(exc: BaseException, names: dict[str, str] | None = None) -> dict:
     """The event that ends a stream whose request failed: the error the answer would have been
     (a client's mistake found mid-way, such as a step whose kept set is past the candidates, is
-    a 400 naming its field), or an internal error."""
+    a 400 naming its field, by the request's `names` for it), or an internal error."""
     if isinstance(exc, OnnxSampleError):
-        err = from_library(exc)
+        err = from_library(exc, names)
         return error_body(err.status, err.message, err.param, err.code)
     return error_body(500, f"internal error: {type(exc).__name__}")
 
@@ -78,6 +78,7 @@ class Job:
     metrics: Metrics
     object: str
     stopping: Callable[[], bool] = lambda: False
+    names: dict[str, str] = field(default_factory=dict)  # the request's (errors.name_fields)
 
     def chunk(
         self, choice: dict, timings: dict | None = None, progress: dict | None = None
@@ -113,7 +114,7 @@ class Job:
             async for chunk in chunks:
                 yield chunk
         except Exception as exc:
-            yield error_chunk(exc)
+            yield error_chunk(exc, self.names)
             yield "[DONE]"
             return
         finally:

@@ -21,7 +21,7 @@ from onnxsample.constraint import Constraint, one_constraint
 from onnxsample.errors import InvalidParameter
 from onnxsample.serve.schemas import SamplingFields
 
-__all__ = ["check_strict", "constraint_of"]
+__all__ = ["check_strict", "constraint_field", "constraint_of"]
 
 
 def constraint_of(body: SamplingFields) -> Constraint | None:
@@ -77,6 +77,28 @@ def constraint_of(body: SamplingFields) -> Constraint | None:
     }
     found += [(f"guided_{k}", c) for k, c in _vllm(legacy).items()]
     return one_constraint(dict(found), "request")
+
+
+_FIELDS = (
+    "json_schema",
+    "grammar",
+    "structured_outputs",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+
+
+def constraint_field(body: SamplingFields, tools: bool = False) -> str | None:
+    """The field the request's constraint comes from (``tools`` where a chat's tool calls make
+    it), or None: the field an error about the constraint names."""
+    if tools:
+        return "tools"
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        return "response_format"
+    return next((f for f in _FIELDS if getattr(body, f) not in (None, False)), None)
 
 
 def _vllm(fields: dict[str, Any]) -> dict[str, Constraint]:

@@ -5,6 +5,7 @@ against a real server on 127.0.0.1, the tiny model): OpenAI's ``response_format`
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 
@@ -175,6 +176,87 @@ def test_what_cannot_be_honoured_is_a_400(client, kwargs, message):
     with pytest.raises(openai.BadRequestError, match=message) as caught:
         chat(client, max_tokens=4, **kwargs)
     assert caught.value.status_code == 400
+
+
+_BAD_TYPE = {"type": "object", "properties": {"a": {"type": "strin"}}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": _schema_format(schema={"type": "strin"})}, "response_format"),
+        ({"grammar": "root ::= nowhere"}, "grammar"),
+        ({"grammar": "root ::= root"}, "grammar"),  # compiles, fails at the first step
+        ({"json_schema": {"type": "strin"}}, "json_schema"),
+        ({"guided_regex": "a("}, "guided_regex"),
+        ({"guided_regex": "a{1000000}"}, "guided_regex"),  # fails at the first step
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_grammar": "root ::= nowhere"}, "guided_grammar"),
+        ({"structured_outputs": {"regex": "a("}}, "structured_outputs"),
+        (
+            {"tools": [{**WEATHER, "function": {"name": "f", "parameters": _BAD_TYPE}}]},
+            "tools",
+        ),
+    ],
+    ids=[
+        "response_format",
+        "grammar",
+        "grammar-at-a-step",
+        "json_schema",
+        "guided_regex",
+        "guided_regex-at-a-step",
+        "guided_choice",
+        "guided_grammar",
+        "structured_outputs",
+        "tools",
+    ],
+)
+def test_a_constraint_error_names_the_field_that_asked_for_it(client, fields, param, stream):
+    """Whichever of the accepted fields holds a bad constraint, the 400 (or the stream's error)
+    names that field, whether the constraint fails to compile or at a step."""
+    extra = {k: v for k, v in fields.items() if k not in ("response_format", "tools")}
+    kwargs = {k: v for k, v in fields.items() if k in ("response_format", "tools")}
+    with pytest.raises(openai.APIError) as caught:
+        answer = chat(client, max_tokens=4, stream=stream, extra_body=extra, **kwargs)
+        if stream:
+            list(answer)
+    assert caught.value.param == param, caught.value.body
+
+
+def test_a_text_completion_constraint_error_names_its_field(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(
+            model="tiny", prompt="hi", max_tokens=2, extra_body={"guided_regex": "a("}
+        )
+    assert caught.value.param == "guided_regex", caught.value.body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_llama_server_completion_constraint_error_names_its_field(port, stream):
+    """/completion's stream ends with the error (llama-server's way), naming the field too."""
+    body = {"prompt": "hi", "n_predict": 4, "grammar": "root ::= root", "stream": stream}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/completion", json.dumps(body), {"Content-Type": "application/json"})
+    answer = conn.getresponse()
+    text = answer.read().decode()
+    conn.close()
+    if stream:
+        events = [line[5:] for line in text.splitlines() if line.startswith("data:")]
+        error = json.loads(events[-1])["error"]
+    else:
+        assert answer.status == 400, text
+        error = json.loads(text)["error"]
+    assert error["param"] == "grammar" and "invalid constraint" in error["message"], error
+
+
+def test_a_chat_prompt_past_the_context_names_the_messages(client):
+    """The chat route has no ``prompt``: a chat too long for the context is the messages' fault."""
+    with pytest.raises(openai.BadRequestError, match="does not fit") as caught:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi " * 9000}], max_tokens=2
+        )
+    assert caught.value.param == "messages", caught.value.body
 
 
 def test_a_function_without_parameters_is_called_with_none(client):
