@@ -133,6 +133,42 @@ def from_library(exc: OnnxSampleError, names: dict[str, str] | None = None) -> A
     return APIError(400, message)
 
 
+# pydantic's names for a union's members in an error's location ('str', "literal['a','b']",
+# 'function-after[...]'), which are no field of the request's
+_MEMBER = re.compile(r"^(str|int|float|bool|list|dict|none|[a-z-]+\[.*\])$", re.S)
+
+
+def _where(error: dict) -> list[str]:
+    """An error's place in the request: its fields and indices, without a union's member names."""
+    loc = [p for p in error.get("loc", ()) if p != "body"]
+    return [str(p) for p in loc if not isinstance(p, str) or not _MEMBER.match(p)]
+
+
+def invalid_body(errors: list[dict], content_type: str | None = None) -> tuple[str, str | None]:
+    """The message and the field of a body that does not validate: its first error, with what
+    else the same field would have taken (the other members of a union)."""
+    first = errors[0] if errors else {}
+    where = _where(first)
+    if first.get("type") == "json_invalid":
+        return "the request body is not valid JSON", None
+    if not where and first.get("type") == "missing":
+        return "the request body is empty: send a JSON object", None
+    if not where and first.get("type") in ("model_attributes_type", "model_type", "dict_type"):
+        json_type = (content_type or "").split(";")[0].strip().lower() == "application/json"
+        sent = f" (Content-Type: application/json; got {content_type!r})"
+        sent = "" if content_type is None or json_type else sent
+        return f"the request body must be a JSON object{sent}", None
+    path = ".".join(where)
+    said = [first.get("msg", "invalid request")]
+    for error in errors[1:]:  # a union's other members at the same field, or inside it
+        other = _where(error)
+        if other[: len(where)] == where and error.get("msg") not in said:
+            inner = ".".join(other[len(where) :])
+            said.append(f"{inner}: {error['msg']}" if inner else error["msg"])
+    detail = "; or ".join(said)
+    return (f"{path}: {detail}" if path else detail), (where[0] if where else None)
+
+
 def install(app: FastAPI) -> None:
     """Every error the app can meet, answered in OpenAI's shape."""
 
@@ -146,15 +182,11 @@ def install(app: FastAPI) -> None:
         return error_response(err.status, err.message, err.param, err.code, err.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = [str(p) for p in first.get("loc", ()) if p not in ("body",)]
-        if first.get("type") == "json_invalid":
-            return error_response(400, "the request body is not valid JSON")
-        param = where[0] if where else None
-        detail = first.get("msg", "invalid request")
-        path = ".".join(where)
-        return error_response(400, f"{path}: {detail}" if path else detail, param=param)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # the OpenAI routes read JSON bodies only; llama-server's read any body as JSON
+        sent = request.headers.get("content-type") if request.url.path.startswith("/v1/") else None
+        message, param = invalid_body(list(exc.errors()), sent)
+        return error_response(400, message, param=param)
 
     @app.exception_handler(HTTPException)
     async def _http(_request: Request, exc: HTTPException) -> JSONResponse:
