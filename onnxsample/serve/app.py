@@ -183,6 +183,16 @@ def create_app(
             "max_model_len": engine().limit,
         }
 
+    async def embeddings() -> None:  # llama-server's answer without --embeddings
+        raise APIError(
+            501,
+            "this server does not compute embeddings: it serves a generative model's "
+            "completions and chats",
+        )
+
+    for path in ("/v1/embeddings", "/embeddings", "/embedding"):
+        app.post(path)(embeddings)
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [model_card()]}

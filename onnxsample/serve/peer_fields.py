@@ -47,7 +47,7 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     "function_call": (_absent, "use tools and tool_choice"),
     "audio": (_absent, _TEXT),
     "modalities": (lambda v: v is None or v == ["text"], _TEXT),
-    "web_search_options": (_absent, "this server has no web search"),
+    "web_search_options": (lambda v: v is None, "this server has no web search"),
     # vLLM
     "use_beam_search": (_is(False), _BEAM),
     "length_penalty": (_is(1.0), _BEAM),
@@ -117,6 +117,7 @@ _TEXT_COMPLETION: dict[str, tuple[Callable[[Any], bool], str]] = {
 # OpenAI's /v1/completions alone (llama-server's /completion has no such field and ignores it)
 _OPENAI_TEXT: dict[str, tuple[Callable[[Any], bool], str]] = {
     "suffix": (_absent, "fill-in-the-middle is /infill's, with input_prefix and input_suffix"),
+    "max_completion_tokens": (lambda v: v is None, "a text completion's limit is max_tokens"),
 }
 # llama-server's own /completion: what it adds to its answer, or stops on, that this one does not.
 _NATIVE: dict[str, tuple[Callable[[Any], bool], str]] = {

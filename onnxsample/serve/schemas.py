@@ -118,6 +118,18 @@ class _Body(BaseModel):
 
 class StreamOptions(_Body):
     include_usage: StrictBool = False
+    # vLLM's usage on every chunk: refused (the last chunk carries it, with include_usage)
+    continuous_usage_stats: StrictBool = False
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _not_continuous(cls, value: bool) -> bool:
+        if value:
+            raise PydanticCustomError(
+                "stream_options",
+                "not supported (include_usage puts the usage on the last chunk)",
+            )
+        return value
 
 
 class JsonSchemaFormat(_Body):

@@ -61,6 +61,11 @@ def constraint_of(body: SamplingFields) -> Constraint | None:
                     "response_format: type json_schema needs json_schema.schema (a JSON schema)"
                 )
             if spec.strict:
+                if spec.schema_.get("type") != "object":  # OpenAI's: the root is an object
+                    raise InvalidParameter(
+                        "response_format.json_schema.schema: with strict, the root must be an "
+                        "object schema (type: object)"
+                    )
                 check_strict(spec.schema_, "response_format.json_schema.schema")
             found.append(("response_format", Constraint.json_schema(spec.schema_)))
     if body.json_schema is not None:

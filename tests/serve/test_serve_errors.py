@@ -79,6 +79,25 @@ def test_unknown_model_is_404(client):
             "stream_options: only allowed with stream=true",
         ),
         (
+            b'{"messages": [{"role": "user", "content": "x"}], "stream": true, "stream_options": '
+            b'{"include_usage": true, "continuous_usage_stats": true}}',
+            400,
+            "stream_options.continuous_usage_stats: not supported",
+        ),
+        # a union's members are named by what they take, not by pydantic's tags
+        (
+            b'{"messages": [{"role": "user", "content": 5}]}',
+            400,
+            "messages.0.content: Input should be a valid string; or Input should be a valid list",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "x"}}',
+            400,
+            "tool_choice: Input should be 'none', 'auto' or 'required'; or type: Input should",
+        ),
+        (b"", 400, "the request body is empty: send a JSON object"),
+        (b"[1]", 400, "the request body must be a JSON object"),
+        (
             b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}' + b" " * 5_000_000,
             413,
             "over",
@@ -335,6 +354,23 @@ def test_inputs_that_once_reached_a_500(port, path, body, param):
         assert why in data["error"]["message"], data
 
 
+def test_a_body_sent_as_another_content_type_is_told_so(port):
+    """The OpenAI routes read JSON bodies (llama-server's read any body as JSON)."""
+    body = json.dumps({"messages": CHAT, "max_tokens": 2}).encode()
+    code, data = post(port, "/v1/chat/completions", body, {"Content-Type": "text/plain"})
+    assert code == 400, data
+    assert data["error"]["message"] == (
+        "the request body must be a JSON object (Content-Type: application/json; got 'text/plain')"
+    )
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/embeddings", "/embedding"])
+def test_embeddings_are_501_saying_so(port, path):
+    code, data = post(port, path, json.dumps({"input": "Hi"}).encode())
+    assert code == 501 and "does not compute embeddings" in data["error"]["message"], data
+    assert data["error"]["type"] == "not_supported_error"
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
@@ -463,12 +499,14 @@ PEER_FIELDS = [
     ("grammar_triggers", [{"type": 0, "value": "{"}], None),
     ("reasoning_budget_tokens", 100, -1),
     ("adaptive_target", 0.5, -1),
+    ("web_search_options", {}, None),  # OpenAI searches the web with {} too
 ]
 # /v1/completions' own: its prompt's special tokens, and logprobs in OpenAI's lists only.
 COMPLETION_FIELDS = [
     ("add_special_tokens", False, True),
     ("post_sampling_probs", True, False),
     ("suffix", "return x", None),
+    ("max_completion_tokens", 2, None),  # a chat's name: a text completion's is max_tokens
 ]
 TEMPLATE_FIELD = ("chat_template", "{{ messages }}", None)
 CHAT_FIELDS = [("add_special_tokens", True, False), ("echo", True, False), TEMPLATE_FIELD]

@@ -84,7 +84,7 @@ def test_schema_fields_on_chat(client, extra):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"response_format": _schema_format(schema={"type": "strin"})}, "strin"),
+        ({"response_format": _schema_format(strict=False, schema={"type": "strin"})}, "strin"),
         (
             {"response_format": _schema_format(schema={**SCHEMA, "additionalProperties": True})},
             "additionalProperties",
@@ -94,6 +94,15 @@ def test_schema_fields_on_chat(client, extra):
             "required",
         ),
         ({"response_format": {"type": "json_schema"}}, "json_schema.schema"),
+        (  # OpenAI's strict rules: an object at the root
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "p", "strict": True, "schema": {"type": "array"}},
+                }
+            },
+            "with strict, the root must be an object schema",
+        ),
         ({"response_format": {"type": "yaml"}}, "response_format"),
         ({"extra_body": {"guided_regex": "a("}}, "regex"),
         ({"extra_body": {"grammar": "root ::= nowhere"}}, "nowhere"),
@@ -185,7 +194,7 @@ _BAD_TYPE = {"type": "object", "properties": {"a": {"type": "strin"}}}
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"response_format": _schema_format(schema={"type": "strin"})}, "response_format"),
+        ({"response_format": _schema_format(strict=False, schema={"type": "strin"})}, "response_format"),
         ({"grammar": "root ::= nowhere"}, "grammar"),
         ({"grammar": "root ::= root"}, "grammar"),  # compiles, fails at the first step
         ({"json_schema": {"type": "strin"}}, "json_schema"),
