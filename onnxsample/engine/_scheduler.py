@@ -152,8 +152,11 @@ class Scheduler:
     # ---- prefill and decode -------------------------------------------------------------------
 
     def _prefill(self) -> None:
+        """This step's prompt chunks, up to `chunk` tokens: the prompt with the fewest tokens left
+        first (a short request is not held behind a long prompt's every chunk; each prompt's
+        chunks are the same whatever runs beside it, so its tokens are too)."""
         spent = 0
-        for seq in list(self.prefilling):
+        for seq in sorted(self.prefilling, key=lambda s: len(s.prompt) - s.computed):
             while not seq.prefilled and seq.finish is None:
                 n = self._chunk_of(seq)
                 if self.chunk and spent and spent + n > self.chunk:

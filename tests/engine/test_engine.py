@@ -191,6 +191,20 @@ def test_streams_keep_decoding_while_a_long_prompt_is_admitted(fresh):
     running.cancel()
 
 
+def test_a_short_prompt_is_not_held_behind_a_long_prompts_chunks(fresh):
+    """With chunks of 16, a short prompt that arrives beside a 180-token one is prefilled first,
+    so its first token comes before the long prompt's; their tokens are those they get alone."""
+    engine = fresh(prefill_chunk=16, prefix_reuse=False)
+    long_alone = engine.submit(LONG, GREEDY, max_new_tokens=2, chat=False).result(timeout=120)
+    short_alone = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=2, chat=False).result()
+    long = engine.submit(LONG, GREEDY, max_new_tokens=2, chat=False)
+    short = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=2, chat=False)
+    a, b = long.result(timeout=120), short.result(timeout=120)
+    assert b.timings.prompt_tokens < 16 < a.timings.prompt_tokens
+    assert short.submitted + b.timings.ttft_s < long.submitted + a.timings.ttft_s
+    assert (a.token_ids, b.token_ids) == (long_alone.token_ids, short_alone.token_ids)
+
+
 def test_prompt_logprobs_are_the_plain_models(engine, tiny_export):
     """Echo: each prompt token's logprob under the raw distribution, computed in the graph."""
     params = SamplingParams(temperature=0, prompt_logprobs=3)
