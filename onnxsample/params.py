@@ -106,14 +106,19 @@ class SamplingParams:
 
         Token ids of ``logit_bias`` are checked against ``vocab_size`` when it is given.
         """
-        _check_range("temperature", self.temperature, 0.0, math.inf, "finite and >= 0")
+        _check_range("temperature", self.temperature, 0.0, _FLOAT32_MAX, "a finite float32 >= 0")
         if not _is_int(self.top_k) or self.top_k < 0:
             raise InvalidParameter(f"top_k must be an integer >= 0 (0 disables), got {self.top_k}")
         _check_range("top_p", self.top_p, 0.0, 1.0, "in (0, 1]", low_open=True)
         _check_range("min_p", self.min_p, 0.0, 1.0, "in [0, 1]")
         _check_range("typical_p", self.typical_p, 0.0, 1.0, "in (0, 1]", low_open=True)
         _check_range(
-            "repetition_penalty", self.repetition_penalty, 0.0, math.inf, "finite and > 0", True
+            "repetition_penalty",
+            self.repetition_penalty,
+            0.0,
+            _FLOAT32_MAX,
+            "a finite float32 > 0",
+            True,
         )
         _check_range("presence_penalty", self.presence_penalty, -2.0, 2.0, "in [-2, 2]")
         _check_range("frequency_penalty", self.frequency_penalty, -2.0, 2.0, "in [-2, 2]")
@@ -213,6 +218,9 @@ def temperature_moves(
     cut = (top_k != 0) | (top_p != 1) | (min_p != 0) | (typical_p != 1)
     drawn = (temperature >= GREEDY_BELOW) & (temperature != 1)
     return last & drawn & cut
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # the graph's parameters are float32
 
 
 def _check_range(

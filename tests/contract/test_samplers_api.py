@@ -62,9 +62,15 @@ def test_chain_rejects_bad_names_and_lists_valid_ones(spec, message):
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("temperature", -0.1, "temperature must be finite and >= 0, got -0.1"),
-        ("temperature", float("inf"), "temperature must be finite and >= 0, got inf"),
-        ("temperature", float("nan"), "temperature must be finite and >= 0, got nan"),
+        ("temperature", -0.1, "temperature must be a finite float32 >= 0, got -0.1"),
+        ("temperature", float("inf"), "temperature must be a finite float32 >= 0, got inf"),
+        ("temperature", float("nan"), "temperature must be a finite float32 >= 0, got nan"),
+        ("temperature", 1e39, "temperature must be a finite float32 >= 0, got 1e+39"),  # inf
+        (
+            "repetition_penalty",
+            1e308,
+            "repetition_penalty must be a finite float32 > 0, got 1e+308",
+        ),
         ("top_k", -1, "top_k must be an integer >= 0 (0 disables), got -1"),
         ("top_k", 2.5, "top_k must be an integer >= 0 (0 disables), got 2.5"),
         ("top_p", 1.5, "top_p must be in (0, 1], got 1.5"),
@@ -72,7 +78,7 @@ def test_chain_rejects_bad_names_and_lists_valid_ones(spec, message):
         ("min_p", -0.01, "min_p must be in [0, 1], got -0.01"),
         ("min_p", 1.01, "min_p must be in [0, 1], got 1.01"),
         ("typical_p", 0.0, "typical_p must be in (0, 1], got 0.0"),
-        ("repetition_penalty", 0.0, "repetition_penalty must be finite and > 0, got 0.0"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be a finite float32 > 0, got 0.0"),
         ("presence_penalty", 2.5, "presence_penalty must be in [-2, 2], got 2.5"),
         ("frequency_penalty", -2.01, "frequency_penalty must be in [-2, 2], got -2.01"),
         ("top_logprobs", 21, "top_logprobs must be in [0, 20], got 21"),

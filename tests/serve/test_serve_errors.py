@@ -29,7 +29,7 @@ def _nested(depth: int, leaf) -> list:
     ("kwargs", "param", "message"),
     [
         ({"top_p": 1.5}, "top_p", "top_p must be in (0, 1], got 1.5"),
-        ({"temperature": -1}, "temperature", "temperature must be finite and >= 0, got -1"),
+        ({"temperature": -1}, "temperature", "temperature must be a finite float32 >= 0, got -1"),
         ({"seed": -4}, "seed", "seed must be an integer in [0, 2**64), got -4"),
         ({"max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1, got 0"),
         ({"extra_body": {"top_k": -2}}, "top_k", "top_k must be an integer >= 0"),

@@ -194,7 +194,10 @@ _BAD_TYPE = {"type": "object", "properties": {"a": {"type": "strin"}}}
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"response_format": _schema_format(strict=False, schema={"type": "strin"})}, "response_format"),
+        (
+            {"response_format": _schema_format(strict=False, schema={"type": "strin"})},
+            "response_format",
+        ),
         ({"grammar": "root ::= nowhere"}, "grammar"),
         ({"grammar": "root ::= root"}, "grammar"),  # compiles, fails at the first step
         ({"json_schema": {"type": "strin"}}, "json_schema"),
