@@ -58,14 +58,16 @@ class Requests:
         if not isinstance(params, SamplingParams):
             raise InvalidParameter(f"params must be SamplingParams, got {type(params).__name__}")
         open_ended = max_new_tokens is None
-        if not open_ended and (
-            not isinstance(max_new_tokens, int)
-            or isinstance(max_new_tokens, bool)
-            or max_new_tokens < 1
-        ):
-            raise InvalidParameter(
-                f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
-            )
+        if not open_ended:
+            if (
+                not isinstance(max_new_tokens, (int, np.integer))
+                or isinstance(max_new_tokens, bool)
+                or max_new_tokens < 1
+            ):
+                raise InvalidParameter(
+                    f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}"
+                )
+            max_new_tokens = int(max_new_tokens)  # a numpy integer too
         check_params(self.meta, params)
         if not open_ended and params.min_tokens > max_new_tokens:
             raise InvalidParameter(

@@ -124,6 +124,20 @@ def check_params(meta: ComposedMetadata, params: SamplingParams) -> None:
             f"--output-probs) or at least {max(post, 1)} candidates (this one: {k}; onnxsample "
             "compose --candidates K, or serve --candidates K): it is read from them"
         )
+    uncut = (
+        params.constraint is None
+        and (params.top_k == 0 or params.top_k >= k)
+        and params.top_p >= 1.0
+        and params.min_p <= 0.0
+        and params.typical_p >= 1.0
+    )
+    if drawing and not meta.final_probs and k < meta.vocab_size and uncut:
+        raise InvalidParameter(  # each step would keep every token, past the candidates
+            f"post_sampling_probs: with no filter the distribution keeps every token, past the "
+            f"model's {k} candidates it is read from; set a filter (top_k below {k}, top_p, "
+            "min_p or typical_p), or serve the model with the whole distribution "
+            "(serve --output-probs)"
+        )
     if params.prompt_logprobs is not None and not meta.prompt_logprobs:
         raise InvalidParameter(
             "prompt_logprobs needs a model composed with prompt logprobs "

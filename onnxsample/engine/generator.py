@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from collections.abc import Sequence as Seq
 from pathlib import Path
 
+import numpy as np
+
 from onnxsample.engine._drafter import DEFAULT_NGRAM
 from onnxsample.engine._engine import DEFAULT_PREFILL_CHUNK, Engine
 from onnxsample.engine.request import Completion, StreamEvent, Timings
@@ -34,8 +36,11 @@ class Generator:
     `threads` (ONNX Runtime intra-op threads), `tokenizer` (the export folder, default the model's),
     `chat_template` (jinja text in place of the folder's), `max_len` (KV positions per sequence,
     default the context), `prefill_chunk`, `prefix_reuse`, speculative decoding (`speculative`,
-    `draft_tokens`, `ngram`) and `cuda_graph`.
-    ``last_timings`` holds the timings of the last call.
+    `draft_tokens`, `ngram`), `cuda_graph`, `row_buckets` and `optimization` (ONNX Runtime's
+    graph optimisation level: ``disable``, ``basic``, ``extended``, ``all``).
+    ``last_timings`` holds the timings of the last call. A call is one batch: a prompt that fails
+    raises its error and cancels the others (an :class:`~onnxsample.Engine`'s requests fail one
+    by one).
     """
 
     def __init__(
@@ -183,6 +188,7 @@ def _prompt_list(prompts) -> list:
     prompts = list(prompts)
     if not prompts:
         raise InvalidParameter("at least one prompt is needed")
-    if all(isinstance(p, int) for p in prompts) or all(isinstance(p, dict) for p in prompts):
-        return [prompts]  # one prompt of token ids, or one chat
+    ids = all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in prompts)
+    if ids or all(isinstance(p, dict) for p in prompts):
+        return [prompts]  # one prompt of token ids (numpy's too), or one chat
     return prompts

@@ -155,8 +155,10 @@ class StreamEvent:
     """A piece of one request's text; `completion` is set on the event that finishes it.
 
     ``token_id`` is the token that produced the piece (``None`` on an event that only finishes the
-    request, such as a cancel), and ``offset`` where its text begins in the completion's text;
-    ``text`` may be empty while a multi-byte character or a possible stop string is held back.
+    request, such as a cancel), and ``offset`` where that token's text begins in the completion's
+    text; ``text`` may be empty while a multi-byte character or a possible stop string is held
+    back, and the event that lets held-back text out carries it, so its ``text`` may begin before
+    ``offset`` (the pieces joined in order are the completion's text).
     ``logprob`` / ``top_logprobs`` are the token's, when the request asked for them (not for an
     end-of-sequence token, which is no part of the output). ``timings`` are
     the request's when the token came (a copy; llama-server's ``timings_per_token``), and an

@@ -81,6 +81,16 @@ def test_greedy_matches_the_plain_model(generator, tiny_export):
     assert done.finish_reason in ("length", "eos")
 
 
+def test_numpy_token_ids_and_counts_are_taken_as_python_ints(generator):
+    """A prompt of numpy token ids is one prompt (not one prompt per id), as Engine takes it, and
+    max_new_tokens may be a numpy integer as SamplingParams' counts may."""
+    greedy = SamplingParams(temperature=0)
+    ids = generator.tokenizer.encode(PROMPTS[0])
+    [plain] = generator.generate(ids, greedy, max_new_tokens=5)
+    [numpy] = generator.generate(list(np.array(ids)), greedy, max_new_tokens=np.int64(5))
+    assert numpy.token_ids == plain.token_ids and len(plain.token_ids) <= 5
+
+
 def test_prompts_of_different_lengths_batch_like_alone(generator):
     """Optimum's graph: left-padded rows with explicit positions, as alone."""
     greedy = SamplingParams(temperature=0)

@@ -82,11 +82,21 @@ def test_greedy_decoding_gives_the_token_all_of_it(paths, tiny_gqa_export, tempe
     assert done.top_logprobs == [[(t, 0.0)] for t in done.token_ids]
 
 
+def test_no_cut_at_all_is_refused_before_any_work(engine):
+    """With no filter every step keeps the whole vocabulary, past any candidates: refused at
+    submit, not at the first step."""
+    with pytest.raises(InvalidParameter, match="with no filter the distribution keeps every"):
+        engine.submit("Once", SamplingParams(seed=4, post_sampling_probs=2), max_new_tokens=4)
+    with pytest.raises(InvalidParameter, match="with no filter"):  # a top-k past them cuts none
+        engine.submit("Once", SamplingParams(top_k=K, post_sampling_probs=2), max_new_tokens=4)
+
+
 def test_a_kept_set_past_the_candidates_fails_the_request_alone(engine):
-    """With no cut, the filters keep the whole vocabulary: the candidates cannot show its
-    distribution, and that request fails with a typed error while the other one finishes."""
-    wide = engine.submit("Once", SamplingParams(seed=4, post_sampling_probs=2), max_new_tokens=4,
-                         chat=False)  # fmt: skip
+    """A cut that keeps more than the candidates at a step (top-p 0.999 over the tiny model's
+    flat distribution): they cannot show its distribution, and that request fails with a typed
+    error while the other one finishes."""
+    p = SamplingParams(seed=4, top_p=0.999, post_sampling_probs=2)
+    wide = engine.submit("Once", p, max_new_tokens=4, chat=False)
     fine = engine.submit("Once", SamplingParams(seed=4, top_k=3), max_new_tokens=4, chat=False)
     with pytest.raises(InvalidParameter, match="kept 8 tokens or more, past the model's 8"):
         wide.result(60)

@@ -77,7 +77,10 @@ def answers(llama_cpp, fim_export) -> dict[str, tuple[dict, dict]]:
         mine["chat"] = data
         wide = _body({**OFF, "temperature": 1.0})  # the filters keep the whole vocabulary
         mine["wide"] = post(ours.port, "/completion", json.dumps(wide).encode())
-        streamed = {**chat, "stream": True, "top_k": 0, "top_p": 1.0}
+        # a cut that keeps thousands of the tiny model's flat distribution: past them at a step
+        wide = {**wide, "top_p": 0.999}
+        streamed = {**chat, "stream": True, "top_k": 0, "top_p": 0.999}
+        mine["wide at a step"] = post(ours.port, "/completion", json.dumps(wide).encode())
         mine["wide streams"] = [
             _events(ours.port, "/completion", {**wide, "stream": True}),
             _events(ours.port, "/v1/chat/completions", streamed),
@@ -93,6 +96,7 @@ def answers(llama_cpp, fim_export) -> dict[str, tuple[dict, dict]]:
             found[name] = (mine[name], server.post("/completion", _body(case)))
     found["chat"] = (mine["chat"], {})
     found["wide"] = mine["wide"]
+    found["wide at a step"] = mine["wide at a step"]
     found["wide streams"] = mine["wide streams"]
     return found
 
@@ -171,9 +175,15 @@ def test_the_chat_routes_logprobs_take_llama_servers_form(answers):
         assert e["prob"] in probs or e["prob"] <= probs[-1]
 
 
-def test_a_kept_set_past_the_candidates_is_a_400_naming_the_fix(answers):
-    code, data = answers["wide"]
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [("wide", "with no filter the distribution keeps every token"), ("wide at a step", "kept")],
+)
+def test_a_kept_set_past_the_candidates_is_a_400_naming_the_fix(answers, case, said):
+    """No filter at all is refused before any work; a cut that keeps too many at a step then."""
+    code, data = answers[case]
     assert code == 400 and data["error"]["param"] == "post_sampling_probs", data
+    assert said in data["error"]["message"], data
     assert "past the model's 64 candidates" in data["error"]["message"], data
 
 
