@@ -124,10 +124,10 @@ class Sequence:
         n = self.params.prompt_logprobs or 0
         for i, value in enumerate(logprobs):
             self.prompt_logprobs.append(float(value))
-            tops = None
+            tops: TopLogprobs | None = [] if not n else None  # None: only the first's
             if ids is not None and n:
                 tops = [(int(t), float(v)) for t, v in zip(ids[i][:n], lps[i][:n], strict=True)]
-            self.prompt_tops.append(tops if n else None)
+            self.prompt_tops.append(tops)
 
     def accept(
         self, token: int, logprob: float | None = None, tops: TopLogprobs | None = None

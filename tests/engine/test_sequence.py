@@ -137,6 +137,18 @@ def test_prompt_logprobs_are_recorded_in_prompt_order(tokenizer):
     assert done.prompt_top_logprobs[1] == [(5, -1.0), (6, -2.0)]
 
 
+def test_prompt_logprobs_0_list_no_alternatives_but_not_none(tokenizer):
+    """``prompt_logprobs=0``: each token after the first has no alternatives (``[]``); ``None``
+    is the first token's alone, which has no context."""
+    import numpy as np
+
+    seq = _sequence(tokenizer, SamplingParams(prompt_logprobs=0), prompt="one two three")
+    n = len(seq.prompt)
+    seq.record_prompt(np.arange(n - 1, dtype=np.float32), None, None)
+    done = seq.cancel().completion
+    assert done.prompt_top_logprobs == [None] + [[]] * (n - 1)
+
+
 def test_the_same_seed_draws_the_same_uniforms(tokenizer):
     a, b = _sequence(tokenizer), _sequence(tokenizer)
     assert [a.uniform() for _ in range(5)] == [b.uniform() for _ in range(5)]
