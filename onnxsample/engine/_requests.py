@@ -57,6 +57,9 @@ class Requests:
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise InvalidParameter(f"params must be SamplingParams, got {type(params).__name__}")
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool) or index < 0:
+            raise InvalidParameter(f"index must be an integer >= 0, got {index!r}")
+        index = int(index)
         open_ended = max_new_tokens is None
         if not open_ended:
             if (

@@ -42,6 +42,8 @@ from onnxsample.params import SamplingParams
         ({"stop": 5}, "stop must be a string or a list of strings, got 5"),
         ({"system": 5}, "system must be a string, got int"),
         ({"chat": "no"}, "chat must be a bool or None, got 'no'"),
+        ({"index": "a"}, "index must be an integer >= 0, got 'a'"),
+        ({"index": -1}, "index must be an integer >= 0, got -1"),
         ({"prompt": [1, 2, 3], "system": "Be brief."}, "token ids are the prompt as it is"),
         ({"prompt": [1, 2, 3], "chat": True}, "token ids are the prompt as it is"),
         (
