@@ -68,6 +68,9 @@ class Stats:
     failed: int = 0
 
 
+_PATIENCE = 4  # steps a prompt may wait behind shorter ones before its next chunk goes first
+
+
 class Scheduler:
     """Sequences waiting, prefilling and decoding on one session.
 
@@ -153,18 +156,31 @@ class Scheduler:
 
     def _prefill(self) -> None:
         """This step's prompt chunks, up to `chunk` tokens: the prompt with the fewest tokens left
-        first (a short request is not held behind a long prompt's every chunk; each prompt's
-        chunks are the same whatever runs beside it, so its tokens are too)."""
-        spent = 0
-        for seq in sorted(self.prefilling, key=lambda s: len(s.prompt) - s.computed):
+        first, so a short request is not held behind a long prompt's every chunk, unless a prompt
+        was passed over `_PATIENCE` steps in a row (a stream of short ones cannot starve a long
+        one). Each prompt's chunks are the same whatever runs beside it, so its tokens are too."""
+        waiting = list(self.prefilling)
+        order = sorted(
+            waiting, key=lambda s: (s.passed_over < _PATIENCE, len(s.prompt) - s.computed)
+        )
+        ran = self._prefill_chunks(order)
+        for seq in waiting:
+            seq.passed_over = 0 if seq in ran else seq.passed_over + 1
+
+    def _prefill_chunks(self, order: list[Sequence]) -> list[Sequence]:
+        """Prompt chunks of `order`'s sequences in turn, up to `chunk` tokens; those that ran."""
+        spent, ran = 0, []
+        for seq in order:
             while not seq.prefilled and seq.finish is None:
                 n = self._chunk_of(seq)
                 if self.chunk and spent and spent + n > self.chunk:
-                    return
+                    return ran
                 spent += n
+                ran.append(seq)
                 self._run(self.layout.prefill(seq, seq.computed + n))
                 if self.chunk and spent >= self.chunk:
-                    return
+                    return ran
+        return ran
 
     def _chunk_of(self, seq: Sequence) -> int:
         """Tokens the next prefill call of `seq` computes: up to `chunk`, never leaving exactly one

@@ -55,6 +55,7 @@ class Sequence:
     limit: int | None = None
     slot: int = -1
     computed: int = 0
+    passed_over: int = 0  # steps in a row its prompt waited while another's was computed
     ids: list[int] = field(default_factory=list)
     offsets: list[int] = field(default_factory=list)  # where each token's text begins
     logprobs: list[float] = field(default_factory=list)
