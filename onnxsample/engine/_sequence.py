@@ -181,13 +181,16 @@ class Sequence:
 
     def constraint_failure(self, token: int) -> InvalidParameter | None:
         """The error that ends the sequence before it takes `token`, once its grammar cannot go
-        on (llguidance failed, or allows no token where the text does not complete it) or when
+        on (llguidance failed, or allows no token where the text does not complete it), when
         `token` would end it where the text does not complete the grammar (a draft's dead end,
-        a host sampler's end-of-sequence): that end would give a text that does not match."""
+        a host sampler's end-of-sequence), or when the grammar refuses `token`: the sequence's
+        text never holds what does not match."""
         if self.matcher is None:
             return None
         if token in self.eos_ids and not self.params.ignore_eos:
             self.matcher.check_end()
+        else:  # never a token the grammar refuses in the text, even where a mask let it through
+            self.matcher.check_token(token)
         if self.matcher.failure is None:
             return None
         where = f"after {len(self.ids)} tokens"

@@ -158,6 +158,17 @@ class Matcher:
             self._fail(self._llguidance_error() if self._inner.is_error() else refused)
         return ok
 
+    def check_token(self, token: int) -> None:
+        """`token` comes next: a failure unless the grammar allows it (nothing is consumed)."""
+        inner = self._inner
+        if inner.is_error():
+            self._fail(self._llguidance_error())
+        elif inner.is_stopped():
+            if token not in self._eos:
+                self._fail(f"the grammar is complete and refused token {token}")
+        elif inner.validate_tokens([int(token)]) != 1:
+            self._fail(f"the grammar refused token {token}")
+
     def check_end(self) -> None:
         """An end-of-sequence comes: a failure unless the text completes the grammar."""
         inner = self._inner

@@ -270,6 +270,39 @@ def test_choices_are_taken_literally(engine, option):
     assert matcher.done
 
 
+def test_a_token_the_grammar_refuses_never_reaches_the_text(engine):
+    """Whatever let it through (a mask is the graph's, a host's or a draft's choice is not), a
+    refused token fails the sequence before it is taken: the text never holds what does not
+    match, and the matcher is where it was."""
+    from onnxsample.engine._sequence import Sequence
+    from onnxsample.engine.request import Request
+    from onnxsample.text import TextStream
+    from onnxsample.text._stops import StopMatcher
+
+    tokenizer = engine.tokenizer
+    vocabulary = GrammarVocabulary(tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    [refused] = tokenizer.encode("No", add_special_tokens=False)[:1]
+    seq = Sequence(
+        Request("r", 0, lambda: None),
+        tokenizer.encode("Is the sky blue?"),
+        SamplingParams(),
+        8,
+        TextStream(tokenizer),
+        StopMatcher([]),
+        seed=1,
+        eos_ids=frozenset(engine.info.eos_ids),
+        matcher=vocabulary.matcher(Constraint.choice(["yes", "no"]).grammar_text()),
+    )
+    failure = seq.constraint_failure(refused)
+    assert failure is not None and f"the grammar refused token {refused}" in str(failure)
+    assert seq.ids == []
+    fresh = vocabulary.matcher(Constraint.choice(["yes", "no"]).grammar_text())
+    rows = np.zeros((2, engine.meta.vocab_size), bool)
+    seq.matcher.fill(rows[0])
+    fresh.fill(rows[1])
+    np.testing.assert_array_equal(rows[0], rows[1])
+
+
 def test_a_grammar_compiled_once_serves_independent_matchers(engine):
     """The same grammar again (n choices, a service's one schema) is a copy of the compiled
     matcher: each copy goes its own way."""
