@@ -15,7 +15,7 @@ from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter
 
 _LABELS = PREPARE_LABELS | {"session": "Loading the model into ONNX Runtime"}
-_SAMPLING = "Sampling (defaults as llama.cpp's; 0 or 1 turns a filter off)"
+_SAMPLING = "Sampling (defaults as llama.cpp's; top-k 0, top-p 1, min-p 0, typical-p 1: off)"
 
 
 def _bias(values: list[str]) -> dict[int, float]:
@@ -119,8 +119,13 @@ def run(
         int, typer.Option(help="Report each token's logprob and the top N alternatives (0-20).")
     ] = 0,
     stream: Annotated[
-        bool, typer.Option("--stream/--no-stream", help="Print text as it is decoded.")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--stream/--no-stream",
+            help="Print text as it is decoded (default: with one prompt and no --json).",
+            show_default=False,
+        ),
+    ] = None,
     json_output: Annotated[
         bool, typer.Option("--json", help="One JSON object per prompt and line.")
     ] = False,
@@ -170,7 +175,13 @@ def run(
     from onnxsample.prepare import prepare
 
     if not prompt:
-        raise InvalidParameter("give at least one prompt with -p TEXT")
+        taken = f" ({str(model)!r} was read as the model)" if model and not model.exists() else ""
+        raise InvalidParameter(f"give at least one prompt with -p TEXT{taken}")
+    if stream and (json_output or len(prompt) > 1):
+        raise InvalidParameter(
+            "--stream prints one prompt's text as it is decoded: with --json or several prompts "
+            "each answer is printed whole (drop --stream)"
+        )
     if not 0 <= logprobs <= 20:
         raise InvalidParameter(f"logprobs must be in [0, 20], got {logprobs}")
     if max_new_tokens < 1 and max_new_tokens != -1:
@@ -197,6 +208,8 @@ def run(
     spec = opt.engine_options(
         speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
     )
+    if chat_template is not None and chat is False:
+        raise InvalidParameter("--chat-template needs chat mode: drop --no-chat")
     with stages(_LABELS) as progress:
         how = opt.preparation(provider, spec, attention)
         composed = prepare(model, progress=progress, **how)
@@ -211,16 +224,18 @@ def run(
         )
     limit = None if max_new_tokens == -1 else max_new_tokens  # llama-cli's -1: no limit
     kwargs = dict(max_new_tokens=limit, stop=list(stop), chat=chat, system=system)
-    streaming = stream and not json_output and len(prompt) == 1
+    streaming = stream is not False and not json_output and len(prompt) == 1
     if streaming:
-        completions = []
+        completions, printed = [], False
         try:
             for event in generator.stream(list(prompt), params, **kwargs):
                 out.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
+                printed = printed or bool(event.text)
                 if event.completion is not None:
                     completions.append(event.completion)
         finally:
-            out.print()  # the text's line ends, before an error's line too
+            if printed or completions:
+                out.print()  # the text's line ends, before an error's line too
     else:
         completions = generator.generate(list(prompt), params, **kwargs)
     for c in completions:
@@ -236,6 +251,14 @@ def run(
             out.print(header + c.text, markup=False, highlight=False, soft_wrap=True)
         if logprobs and not json_output:
             _print_logprobs(generator.tokenizer, c)
+        if params.constraint is not None and c.finish_reason in ("length", "stop"):
+            which = f"[{c.index}] " if len(prompt) > 1 else ""
+            cut = "--max-new-tokens" if c.finish_reason == "length" else "a --stop string"
+            err.print(
+                f"warning: {which}{cut} ended the answer, not its constraint: it may not match",
+                markup=False,
+                highlight=False,
+            )
     _print_timings(generator, completions)
 
 

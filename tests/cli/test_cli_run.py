@@ -151,6 +151,9 @@ def test_run_renders_chats_with_a_given_template(run_folder, tmp_path, given, ca
         (["--ngram", "7"], "--ngram needs --speculative ngram"),  # it would change nothing
         (["--chat-template", "chatml"], "'chatml' is neither a file nor jinja text"),
         (["--chat-template", "{% for %}"], "the chat template does not parse"),
+        (["--chat-template", "X{{ messages[0].content }}"], "--chat-template needs chat mode"),
+        (["-p", "a", "-p", "b", "--stream"], "--stream prints one prompt's text as it is"),
+        (["--json", "--stream"], "with --json or several prompts each answer is printed whole"),
     ],
 )
 def test_run_errors(argv, message, run_folder, capsys):
@@ -211,6 +214,33 @@ def test_n_predict_minus_one_runs_to_the_end_of_the_context(run_folder, capsys):
 def test_run_needs_a_prompt(run_folder, capsys):
     code, _out, err = run_cli(capsys, "run", str(run_folder))
     assert code == 1 and "give at least one prompt" in err
+    # a prompt given as the model's argument is said to be read as one
+    code, _out, err = run_cli(capsys, "run", "Is the sky blue?", "--choice", "yes")
+    assert code == 1 and "('Is the sky blue?' was read as the model)" in err, err
+
+
+def test_an_error_before_any_text_leaves_stdout_empty(run_folder, capsys):
+    """A constraint refused when the request is made, after the model loaded: no blank line."""
+    code, out, err = run_cli(capsys, "run", str(run_folder), "-p", "Hi", "--regex", "a(")
+    assert code == 1 and "invalid constraint" in err and out == "", (out, err)
+
+
+@pytest.mark.parametrize(
+    ("argv", "cut"),
+    [
+        (["-n", "1"], "--max-new-tokens"),
+        (["--stop", ","], "a --stop string"),
+    ],
+)
+def test_a_constrained_answer_cut_short_is_warned_of(argv, cut, run_folder, capsys):
+    """-n or a stop string may end a constrained answer before its constraint does (as in
+    llama.cpp and vLLM): the run says so on stderr."""
+    code, _out, err = run_cli(
+        capsys, "run", str(run_folder), "-p", "Q", "--no-chat", "--seed", "1", "--choice",
+        "yes, it is", "--choice", "no, it is not", *argv,
+    )  # fmt: skip
+    assert code == 0, err
+    assert f"warning: {cut} ended the answer, not its constraint: it may not match" in err
 
 
 def _greedy_json(capsys, model: str) -> dict:
