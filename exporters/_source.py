@@ -136,7 +136,10 @@ def resolve_source(source: str | Path | None) -> Source:
     path = path.absolute()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ExportError(f"{path} is not a Hugging Face model folder: config.json is missing")
+            gguf = " (a folder, not a .gguf file)" if path.suffix.lower() == ".gguf" else ""
+            raise ExportError(
+                f"{path} is not a Hugging Face model folder{gguf}: config.json is missing"
+            )
         return Source("hf", path, path.name)
     if not is_gguf(path):  # as llama.cpp, the magic bytes say what a file is, not its name
         try:
@@ -145,9 +148,7 @@ def resolve_source(source: str | Path | None) -> Source:
             raise ExportError(f"cannot read {path}: {exc.strerror or exc}") from None
         if path.suffix.lower() != ".gguf":
             raise ExportError(f"{path} is neither a model folder nor a .gguf file")
-        raise ExportError(
-            f"{path} is not a GGUF file (it does not start with the GGUF magic bytes)"
-        )
+        raise ExportError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
     parts = split_parts(path)
     return Source("gguf", path, _SPLIT.match(path.name)["prefix"] if parts else path.stem, parts)
 

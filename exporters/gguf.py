@@ -142,13 +142,24 @@ class _SplitReader:
         self.tensors = [t for r in (first, *rest) for t in r.tensors]
 
 
+_VERSIONS = (2, 3)
+
+
 def _open_one(path: Path, arrays: bool = True):
     from onnxsample.exporters._gguf_reader import FastGGUFReader, HeaderReader, TruncatedGGUF
 
     with open(path, "rb") as f:
-        magic = f.read(4)
+        magic, version = f.read(4), f.read(4)
     if magic != b"GGUF":
         raise ExportError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
+    number = int.from_bytes(version, "little")
+    if number & 0xFFFF == 0:  # a big-endian file, as gguf reads it
+        number = int.from_bytes(version, "big")
+    if len(version) == 4 and number not in _VERSIONS:
+        raise ExportError(  # as llama.cpp reads them: 2 and 3 (1 is long gone)
+            f"{path.name} is GGUF version {number}, which this exporter does not read "
+            f"(versions {', '.join(map(str, _VERSIONS))})"
+        )
     size, reader_of = path.stat().st_size, FastGGUFReader if arrays else HeaderReader
     try:
         reader = reader_of(str(path))

@@ -164,6 +164,11 @@ def prepare(
                 return _compose(path, target, progress, slots, static, candidates, probs)
         elif path.is_dir():
             folder = path
+            if not (path / "model.onnx").is_file():  # nor a config.json: _is_source said so
+                raise ModelError(
+                    f"{path} is a folder with neither a model.onnx (an export) nor a "
+                    "config.json (a Hugging Face model to export)"
+                )
         else:
             raise ModelError(f"no such model file or folder: {path}")
     target = folder / f"composed{suffix}.onnx"

@@ -31,6 +31,17 @@ ERROR_CASES = {
         lambda t: ["export", case_file(t, "model.gguf")],
         "is not a GGUF file",
     ),
+    "gguf of another version": (
+        lambda t: [
+            "export",
+            case_file(t, "v9.gguf", b"GGUF" + (9).to_bytes(4, "little") + bytes(16)),
+        ],
+        "v9.gguf is GGUF version 9, which this exporter does not read (versions 2, 3)",
+    ),
+    "folder named .gguf": (
+        lambda t: ["export", str(_folder(t / "x.gguf"))],
+        "is not a Hugging Face model folder (a folder, not a .gguf file): config.json is missing",
+    ),
     "truncated gguf": (
         lambda t: ["export", case_file(t, "cut.gguf", b"GGUF\x03\x00")],
         "cut.gguf is truncated: the header ends before its metadata does (the file has 6 bytes)",
@@ -72,6 +83,10 @@ ERROR_CASES = {
         "--attention exact is for the CPU",
     ),
     "max-len below 2": (lambda t: ["run", "-p", "hi", "--max-len", "1"], "--max-len"),
+    "run of a folder with no model": (
+        lambda t: ["run", str(_folder(t / "x.gguf")), "-p", "hi"],
+        "is a folder with neither a model.onnx (an export) nor a config.json",
+    ),
     "negative verify tokens": (lambda t: ["export", "--verify-tokens", "-2"], "--verify-tokens"),
     "output is a file": (
         lambda t: ["export", "-o", case_file(t, "out")],
@@ -136,6 +151,11 @@ def test_serve_on_a_port_in_use_is_one_line_before_anything_is_prepared(tmp_path
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines == [f"error: cannot listen on 127.0.0.1:{port}: Address already in use "
                      "(--host, --port)"]  # fmt: skip
+
+
+def _folder(path: Path) -> Path:
+    path.mkdir()
+    return path
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
