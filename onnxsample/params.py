@@ -340,15 +340,22 @@ def _check_chain_supports(
             f"temperature={params.temperature} needs the dist sampler: the chain {str(chain)!r} "
             "decodes greedily; use temperature=0 or add dist to the chain"
         )
-    for name, neutral in _NEUTRAL.items():
-        if name == "temperature" and not chain.samples:
-            continue
-        value = getattr(params, name)
-        if _OWNER[name] not in chain and value != neutral:
-            raise InvalidParameter(
-                f"{name}={value} needs the {_OWNER[name]} sampler, which the chain "
-                f"{str(chain)!r} does not contain"
-            )
+    missing = [  # every value the chain cannot apply, named at once
+        (name, getattr(params, name))
+        for name, neutral in _NEUTRAL.items()
+        if not (name == "temperature" and not chain.samples)
+        and _OWNER[name] not in chain
+        and getattr(params, name) != neutral
+    ]
+    if missing:
+        values = ", ".join(f"{name}={value}" for name, value in missing)
+        owners = ", ".join(dict.fromkeys(_OWNER[name] for name, _ in missing))
+        needs = "needs the" if len(missing) == 1 else "need the"
+        plural = "" if owners.count(",") == 0 else "s"
+        raise InvalidParameter(
+            f"{values} {needs} {owners} sampler{plural}, which the chain {str(chain)!r} does "
+            "not contain"
+        )
     if len(params.logit_bias) > max_bias:
         if "logit_bias" not in chain or max_bias == 0:
             raise InvalidParameter(

@@ -178,6 +178,13 @@ def test_pack_bias_table():
     ("chain", "params", "kwargs", "message"),
     [
         ("temperature,dist", SamplingParams(top_k=40), {}, "top_k=40 needs the top_k sampler"),
+        (  # every value the chain cannot apply at once, not one a try (llama.cpp's defaults)
+            "temperature,dist",
+            SamplingParams(top_k=40, top_p=0.95, min_p=0.05),
+            {},
+            "top_k=40, top_p=0.95, min_p=0.05 need the top_k, top_p, min_p samplers, which the "
+            "chain 'temperature,dist' does not contain",
+        ),
         (
             "top_k,dist",
             SamplingParams(temperature=0.0),
