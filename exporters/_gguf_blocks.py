@@ -23,7 +23,19 @@ Q5_K         256          32            5 bits                     −dmin·m6
 Q6_K         256          16            6 bits − 32                —
 IQ4_NL       32           32            kvalues[nibble]            —
 IQ4_XS       256          32            kvalues[nibble]            —
+IQ3_XXS      256          32            ±grid (4..62)              —
+IQ3_S        256          32            ±grid (1..15)              —
+IQ2_XXS      256          32            ±grid (8, 25, 43)          —
+IQ2_XS       256          16            ±grid (8, 25, 43)          —
+IQ2_S        256          16            ±grid (8, 25, 43)          —
+IQ1_S        256          32            8·grid ± 1 (grid −1..1)    —
+IQ1_M        256          16            8·grid ± 1 (grid −1..1)    —
 ===========  ==========  ============  ========================  =====================
+
+The i-quants' values are a small integer from a grid of 4 or 8 (the ``grid`` tables gguf-py
+carries) with a sign, times the sub-block's scale: ``d * (0.5 + sc) / 4`` and the like are exact in
+float32, and so is each product, as in the reference. IQ1's ``grid ± 1/8`` is ``(8·grid ± 1) / 8``:
+its scale is ``d * (2 sc + 1) / 8``, exact too.
 """
 
 from __future__ import annotations
@@ -69,6 +81,13 @@ FORMATS = {
         BlockFormat("Q6_K", _QK_K, 210, 16, -32, 31, False),
         BlockFormat("IQ4_NL", 32, 18, 32, -127, 113, False),
         BlockFormat("IQ4_XS", _QK_K, 136, 32, -127, 113, False),
+        BlockFormat("IQ3_XXS", _QK_K, 98, 32, -62, 62, False),
+        BlockFormat("IQ3_S", _QK_K, 110, 32, -15, 15, False),
+        BlockFormat("IQ2_XXS", _QK_K, 66, 32, -43, 43, False),
+        BlockFormat("IQ2_XS", _QK_K, 74, 16, -43, 43, False),
+        BlockFormat("IQ2_S", _QK_K, 82, 16, -43, 43, False),
+        BlockFormat("IQ1_S", _QK_K, 50, 32, -9, 9, False),
+        BlockFormat("IQ1_M", _QK_K, 56, 16, -9, 9, False),
     )
 }
 """The ggml types :func:`unpack` reads, by `GGMLQuantizationType` name."""
@@ -233,6 +252,113 @@ def _iq4_xs(b):
     return _IQ4_VALUES[qs].reshape(rows, _QK_K), s, None
 
 
+def _grid(name: str) -> np.ndarray:
+    """gguf-py's value grid of i-quant `name`: int16 ``[entries, 4 or 8]``."""
+    import gguf.quants
+
+    kind = getattr(gguf.quants, name)
+    kind.init_grid()
+    return kind.grid.reshape(kind.grid_shape).astype(np.int16)
+
+
+def _bits(b: np.ndarray, width: int) -> np.ndarray:
+    """Bits 0..width-1 of each byte (or word) of `b`, lowest first, as 0/1 along a new last axis."""
+    return (b[..., None] >> np.arange(width, dtype=b.dtype)) & b.dtype.type(1)
+
+
+def _ksigns(index: np.ndarray) -> np.ndarray:
+    """±1 for each of 8 values from ggml's 7-bit sign index (the 8th bit keeps the parity even)."""
+    import gguf.quants
+
+    table = np.frombuffer(gguf.quants.IQ2_XXS.ksigns, np.uint8)
+    return 1 - 2 * _bits(table[index], 8).astype(np.int16)
+
+
+def _iq2_xxs(b):
+    rows = b.shape[0]
+    d, qs = _f16(b[:, :2]), np.ascontiguousarray(b[:, 2:]).view(np.uint32).reshape(rows, 8, 2)
+    s = d * (np.float32(0.5) + (qs[..., 1] >> 28).astype(np.float32)) * np.float32(0.25)
+    grid = _grid("IQ2_XXS")[qs[..., 0].copy().view(np.uint8).reshape(rows, 8, 4)]  # [r,8,4,8]
+    signs = _ksigns((qs[..., 1, None] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(0x7F))
+    return (grid * signs).reshape(rows, _QK_K), s, None
+
+
+def _iq2_xs(b):
+    rows = b.shape[0]
+    d = _f16(b[:, :2])
+    qs = np.ascontiguousarray(b[:, 2:66]).view(np.uint16).reshape(rows, 32)
+    sc = _nibble_pairs(b[:, 66:74])
+    s = d * (np.float32(0.5) + sc.astype(np.float32)) * np.float32(0.25)
+    grid = _grid("IQ2_XS")[qs & np.uint16(511)]  # [rows, 32, 8]
+    return (grid * _ksigns(qs >> np.uint16(9))).reshape(rows, _QK_K), s, None
+
+
+def _iq2_s(b):
+    rows = b.shape[0]
+    d, qs, sign_bits = _f16(b[:, :2]), b[:, 2:34], b[:, 34:66]
+    qh, sc = b[:, 66:74], _nibble_pairs(b[:, 74:82])
+    s = d * (np.float32(0.5) + sc.astype(np.float32)) * np.float32(0.25)
+    high = (qh[..., None] >> np.array([0, 2, 4, 6], np.uint8)) & np.uint8(3)
+    index = qs.astype(np.uint16) | (high.reshape(rows, 32).astype(np.uint16) << np.uint16(8))
+    signs = 1 - 2 * _bits(sign_bits, 8).astype(np.int16)  # [rows, 32, 8]
+    return (_grid("IQ2_S")[index] * signs).reshape(rows, _QK_K), s, None
+
+
+def _iq3_xxs(b):
+    rows = b.shape[0]
+    d, qs = _f16(b[:, :2]), b[:, 2:66]
+    scales = np.ascontiguousarray(b[:, 66:98]).view(np.uint32)  # [rows, 8]
+    s = d * (np.float32(0.5) + (scales >> 28).astype(np.float32)) * np.float32(0.5)
+    grid = _grid("IQ3_XXS")[qs].reshape(rows, 8, 4, 8)
+    signs = _ksigns((scales[..., None] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(0x7F))
+    return (grid * signs).reshape(rows, _QK_K), s, None
+
+
+def _iq3_s(b):
+    rows = b.shape[0]
+    d, qs, qh, sign_bits = _f16(b[:, :2]), b[:, 2:66], b[:, 66:74], b[:, 74:106]
+    s = d * (1 + 2 * _nibble_pairs(b[:, 106:110]).astype(np.float32))
+    index = qs.astype(np.uint16) | (_bits(qh, 8).reshape(rows, 64).astype(np.uint16) << 8)
+    grid = _grid("IQ3_S")[index].reshape(rows, 32, 8)
+    signs = 1 - 2 * _bits(sign_bits, 8).astype(np.int16)  # [rows, 32, 8]
+    return (grid * signs).reshape(rows, _QK_K), s, None
+
+
+def _iq1_index(qs: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """IQ1's grid indices: 8 low bits from `qs`, 3 high bits from `high` (one per index)."""
+    return qs.astype(np.uint16) | ((high & 7).astype(np.uint16) << np.uint16(8))
+
+
+def _iq1_s(b):
+    rows = b.shape[0]
+    d, qs = _f16(b[:, :2]), b[:, 2:34]
+    qh = np.ascontiguousarray(b[:, 34:50]).view(np.uint16)  # [rows, 8]
+    s = d * (2 * ((qh >> 12) & 7) + 1).astype(np.float32) / np.float32(8)
+    shifted = qh[..., None] >> np.array([0, 3, 6, 9], np.uint16)  # [rows, 8, 4]
+    grid = _grid("IQ1_S")[_iq1_index(qs, shifted.reshape(rows, 32))].reshape(rows, 8, 32)
+    delta = np.where(qh & np.uint16(0x8000), -1, 1).astype(np.int16)[..., None]  # [rows, 8, 1]
+    return (8 * grid + delta).reshape(rows, _QK_K), s, None
+
+
+def _iq1_m(b):
+    rows = b.shape[0]
+    qs, qh = b[:, :32], b[:, 32:48]
+    scales = np.ascontiguousarray(b[:, 48:56]).view(np.uint16)  # [rows, 4]
+    d_bits = (scales & np.uint16(0xF000)) >> np.array([12, 8, 4, 0], np.uint16)
+    d = np.bitwise_or.reduce(d_bits, axis=-1).view(np.float16).astype(np.float32)[:, None]
+    sc = (scales[..., None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)
+    s = d * (2 * sc.reshape(rows, 16) + 1).astype(np.float32) / np.float32(8)
+    nibbles = qh[..., None] >> np.array([0, 4], np.uint8)  # [rows, 16, 2]: one per index
+    grid = _grid("IQ1_M")[_iq1_index(qs, nibbles.reshape(rows, 32))].reshape(rows, 32, 8)
+    delta = np.where(nibbles.reshape(rows, 32) & np.uint8(8), -1, 1).astype(np.int16)[..., None]
+    return (8 * grid + delta).reshape(rows, _QK_K), s, None
+
+
+def _nibble_pairs(b: np.ndarray) -> np.ndarray:
+    """Each byte's low then high nibble, in order."""
+    return (b[..., None] >> np.array([0, 4], np.uint8)).reshape(b.shape[0], -1) & np.uint8(0x0F)
+
+
 _READERS = {
     "Q4_0": _q4_0,
     "Q4_1": _q4_1,
@@ -246,4 +372,11 @@ _READERS = {
     "Q6_K": _q6_k,
     "IQ4_NL": _iq4_nl,
     "IQ4_XS": _iq4_xs,
+    "IQ3_XXS": _iq3_xxs,
+    "IQ3_S": _iq3_s,
+    "IQ2_XXS": _iq2_xxs,
+    "IQ2_XS": _iq2_xs,
+    "IQ2_S": _iq2_s,
+    "IQ1_S": _iq1_s,
+    "IQ1_M": _iq1_m,
 }

@@ -8,8 +8,9 @@ integer, ``s`` a float32 scale, ``m`` an optional float32 minimum). A :class:`Qu
 stores that as MatMulNBits does, ``w = s * (code - zero) + m``:
 
 - ``bits`` 4 when ``q`` takes at most 16 values (Q4_0, Q4_1, Q4_K, Q3_K, Q2_K), else 8 (Q5_0,
-  Q5_1, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS: MatMulNBits' 8-bit kernel is fast at accuracy level 4);
-  ``block_size`` the sub-block, 32 or 16 (Q2_K, Q3_K, Q6_K).
+  Q5_1, Q5_K, Q6_K, Q8_0, IQ4_NL, IQ4_XS and the IQ3, IQ2 and IQ1 types: MatMulNBits' 8-bit kernel
+  is fast at accuracy level 4); ``block_size`` the sub-block, 32 or 16 (Q2_K, Q3_K, Q6_K, IQ2_XS,
+  IQ2_S, IQ1_M).
 - Without minimums ``code = q + zero`` with MatMulNBits' default zero point (8 or 128).
 - With minimums the codes are *centred*: ``code = q - c + zero`` for the middle ``c`` of q's range
   and ``m' = m + c * s``, kept where every ``m'`` is exact in float32 (then ``s * (code - zero) +

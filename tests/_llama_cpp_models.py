@@ -4,8 +4,9 @@ project exports, each with that family's real tokenizer: the oracle fixtures for
 Files our own code writes (tests/_family_models.py) can only agree with our reader. These are made
 the way people make the GGUFs they download: llama.cpp's ``convert_hf_to_gguf.py`` turns the HF
 folder into F32, F16 and BF16 files, and ``llama-quantize`` turns the F32 file into the usual mixes
-(Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0; and for two families Q3_K_M, Q2_K, IQ4_XS, IQ4_NL, Q4_1 and
-Q5_1, the other types we transplant). Every weight's input dimension is a multiple of 256 (hidden
+(Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0; and for two families Q3_K_M, Q2_K, IQ4_XS, IQ4_NL, Q4_1,
+Q5_1 and IQ3_S, the other types we transplant; IQ3_XXS, IQ2 and IQ1 need an importance matrix,
+which llama-quantize refuses to go without). Every weight's input dimension is a multiple of 256 (hidden
 256, intermediate 512, heads x head_dim 256 or 512), so the K-quant mixes are real K-quants and not
 llama-quantize's Q5_0/Q8_0 fallback for rows it cannot split into super-blocks.
 
@@ -54,7 +55,7 @@ MIXES = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_0")  # llama-quantize, from the
 # The rest of the weight types we transplant, as llama-quantize writes them (from the F32 file) for
 # MORE_FAMILIES (a SentencePiece and a BPE vocabulary): mix -> the type it stands for.
 MORE_MIXES = {"Q3_K_M": "Q3_K", "Q2_K": "Q2_K", "IQ4_XS": "IQ4_XS", "IQ4_NL": "IQ4_NL",
-              "Q4_1": "Q4_1", "Q5_1": "Q5_1"}  # fmt: skip
+              "Q4_1": "Q4_1", "Q5_1": "Q5_1", "IQ3_S": "IQ3_S"}  # fmt: skip
 MORE_FAMILIES = ("llama", "qwen2")
 WINDOW = 8  # Gemma's sliding window: shorter than a test prompt, so it slides
 

@@ -71,6 +71,7 @@ SIZE = {
 # (and Q2_K's minimums), IQ4_NL and IQ4_XS 8-bit codes (a 16-value table); Llama's 32k vocabulary
 # makes them most of its file, Qwen2's Q6_K embedding most of its.
 SIZE |= {"Q3_K_M": 1.42, "Q2_K": 1.78, "IQ4_XS": 1.61, "IQ4_NL": 1.52, "Q4_1": 1.22, "Q5_1": 1.22}
+SIZE |= {"IQ3_S": 1.42}  # its codes as 5 bit planes, fp32 scales a block of 32
 ROWS = 4096
 
 

@@ -43,11 +43,19 @@ LAYOUTS = [
     ("Q6_K", 8, 16, False),
     ("IQ4_NL", 8, 32, False),
     ("IQ4_XS", 8, 32, False),
+    ("IQ3_XXS", 8, 32, False),
+    ("IQ3_S", 8, 32, False),
+    ("IQ2_XXS", 8, 32, False),
+    ("IQ2_XS", 8, 16, False),
+    ("IQ2_S", 8, 16, False),
+    ("IQ1_S", 8, 32, False),
+    ("IQ1_M", 8, 16, False),
 ]
 # where each type keeps its fp16 fields (d, dmin, m), byte offsets in a block
 _FP16_AT = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
             "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0],
-            "IQ4_XS": [0]}  # fmt: skip
+            "IQ4_XS": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ2_XXS": [0], "IQ2_XS": [0],
+            "IQ2_S": [0], "IQ1_S": [0], "IQ1_M": []}  # fmt: skip
 
 
 def _quantized(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
@@ -66,6 +74,11 @@ def _quantized(qtype: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     for at in _FP16_AT[qtype]:
         halves = (rng.standard_normal(blocks.shape[:2]) * 0.02).astype(np.float16)
         blocks[..., at : at + 2] = halves[..., None].view(np.uint8)
+    if qtype == "IQ1_M":  # its fp16 scale is the top nibbles of four 16-bit words
+        halves = (rng.standard_normal(blocks.shape[:2]) * 0.02).astype(np.float16).view(np.uint16)
+        words = blocks[..., 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        nibbles = (halves[..., None] >> np.array([0, 4, 8, 12], np.uint16)) & np.uint16(0xF)
+        blocks[..., 48:56] = (words | (nibbles << np.uint16(12))).view(np.uint8)
     return blocks.reshape(n, -1)
 
 
@@ -443,7 +456,7 @@ def test_float_tensors_are_their_own_rows(qtype, dtype):
     assert np.array_equal(out.astype(np.float32), theirs)
 
 
-@pytest.mark.parametrize("qtype", ["IQ2_XXS", "TQ1_0", "IQ3_S", "MXFP4"])
+@pytest.mark.parametrize("qtype", ["TQ1_0", "TQ2_0", "MXFP4"])
 def test_unsupported_types_are_refused_by_name(qtype):
     with pytest.raises(ExportError) as info:
         from_gguf(np.zeros((4, 64), np.uint8), qtype, 256, name="blk.3.ffn_down.weight")
@@ -489,10 +502,13 @@ def test_embedded_tensors_dequantize_exactly(embedded_reader, tensor_name, qtype
 
 # Bytes on disk a weight takes over its GGUF bytes, as measured (`_store`): 5- and 6-bit codes
 # as bit planes, fp16 scales and minimums as fp16. K-quant scales (d * sc) and minimums stay float32,
-# a float32 a block of 16 for Q2_K and Q3_K; IQ4_NL and IQ4_XS codes (a 16-value table) take 8 bits.
+# a float32 a block of 16 for Q2_K and Q3_K; IQ4_NL and IQ4_XS codes (a 16-value table) take 8 bits,
+# the IQ3, IQ2 and IQ1 codes (a grid's values with a sign) the bit planes their range needs.
 STORED = {
     "Q4_0": 1.01, "Q4_1": 1.11, "Q5_0": 1.01, "Q5_1": 1.09, "Q8_0": 1.01, "Q2_K": 3.05,
     "Q3_K": 1.75, "Q4_K": 1.37, "Q5_K": 1.32, "Q6_K": 1.23, "IQ4_NL": 1.89, "IQ4_XS": 2.12,
+    "IQ3_XXS": 2.94, "IQ3_S": 1.75, "IQ2_XXS": 4.37, "IQ2_XS": 4.33, "IQ2_S": 3.91,
+    "IQ1_S": 3.85, "IQ1_M": 4.01,
 }  # fmt: skip
 
 
