@@ -71,6 +71,14 @@ class Stats:
 _PATIENCE = 4  # steps a prompt may wait behind shorter ones before its next chunk goes first
 
 
+def _prefill_order(seq: Sequence) -> tuple[int, int]:
+    """Prompts passed over `_PATIENCE` steps in a row first, the longest waiting first; then the
+    others, the fewest tokens left first."""
+    if seq.passed_over >= _PATIENCE:
+        return (0, -seq.passed_over)
+    return (1, len(seq.prompt) - seq.computed)
+
+
 class Scheduler:
     """Sequences waiting, prefilling and decoding on one session.
 
@@ -156,13 +164,12 @@ class Scheduler:
 
     def _prefill(self) -> None:
         """This step's prompt chunks, up to `chunk` tokens: the prompt with the fewest tokens left
-        first, so a short request is not held behind a long prompt's every chunk, unless a prompt
-        was passed over `_PATIENCE` steps in a row (a stream of short ones cannot starve a long
-        one). Each prompt's chunks are the same whatever runs beside it, so its tokens are too."""
+        first, so a short request is not held behind a long prompt's every chunk; a prompt passed
+        over `_PATIENCE` steps in a row goes before them (the one waiting longest first), so a
+        stream of short ones cannot starve a long one. Each prompt's chunks are the same whatever
+        runs beside it, so its tokens are too."""
         waiting = list(self.prefilling)
-        order = sorted(
-            waiting, key=lambda s: (s.passed_over < _PATIENCE, len(s.prompt) - s.computed)
-        )
+        order = sorted(waiting, key=_prefill_order)
         ran = self._prefill_chunks(order)
         for seq in waiting:
             seq.passed_over = 0 if seq in ran else seq.passed_over + 1
