@@ -164,17 +164,17 @@ def prepare(
                 return _compose(path, target, progress, slots, static, candidates, probs)
         elif path.is_dir():
             folder = path
-            if not (path / "model.onnx").is_file():  # nor a config.json: _is_source said so
-                raise ModelError(
-                    f"{path} is a folder with neither a model.onnx (an export) nor a "
-                    "config.json (a Hugging Face model to export)"
-                )
         else:
             raise ModelError(f"no such model file or folder: {path}")
     target = folder / f"composed{suffix}.onnx"
     if _up_to_date(target, folder / "model.onnx", slots, static, candidates, probs):
         log.info("using %s", target)
         return target
+    if not (folder / "model.onnx").is_file():  # nor a config.json: _is_source said so
+        raise ModelError(
+            f"{folder} is a folder with neither a model.onnx (an export) nor a config.json (a "
+            "Hugging Face model to export)"
+        )
     return _compose(folder, target, progress, slots, static, candidates, probs)
 
 

@@ -297,6 +297,27 @@ def test_cuda_without_cuda_is_a_clear_error(tiny_composed, tiny_export):
         Generator(tiny_composed, tokenizer=tiny_export.output, provider="cuda")
 
 
+def test_prepare_takes_a_folder_of_a_composed_model_alone_and_names_an_empty_one(
+    tiny_export, tmp_path
+):
+    """A composed model is whole: its folder may hold it without the plain model.onnx. A folder
+    with neither an export nor a Hugging Face model is one line that says so."""
+    import shutil
+
+    from onnxsample.errors import ModelError
+    from onnxsample.prepare import prepare
+
+    folder = tmp_path / "export"
+    shutil.copytree(tiny_export.output, folder)
+    composed = prepare(folder)
+    (folder / "model.onnx").unlink()
+    (folder / "config.json").unlink()  # not a Hugging Face folder to export either
+    assert prepare(folder) == composed
+    composed.unlink()
+    with pytest.raises(ModelError, match=r"is a folder with neither a model\.onnx"):
+        prepare(folder)
+
+
 def test_prepare_reuses_an_up_to_date_composed_model_and_rebuilds_a_stale_one(
     tiny_export, tmp_path
 ):
