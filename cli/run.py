@@ -251,9 +251,13 @@ def run(
             out.print(header + c.text, markup=False, highlight=False, soft_wrap=True)
         if logprobs and not json_output:
             _print_logprobs(generator.tokenizer, c)
-        if params.constraint is not None and c.finish_reason in ("length", "stop"):
+        cut_short = c.finish_reason == "stop" or (
+            c.finish_reason == "length" and c.constraint_complete is False
+        )
+        if params.constraint is not None and cut_short:
             which = f"[{c.index}] " if len(prompt) > 1 else ""
-            cut = "--max-new-tokens" if c.finish_reason == "length" else "a --stop string"
+            cut = "--max-new-tokens" if limit is not None else "the context's end"
+            cut = "a --stop string" if c.finish_reason == "stop" else cut
             err.print(
                 f"warning: {which}{cut} ended the answer, not its constraint: it may not match",
                 markup=False,

@@ -254,6 +254,7 @@ class Sequence:
             end_logprob=self.end_logprob,
             end_top_logprobs=self.end_tops,
             token_offsets=list(self.offsets),
+            constraint_complete=None if self.matcher is None else self.matcher.complete,
         )
 
     def _finished(self, piece: str, token: int | None) -> StreamEvent:

@@ -84,7 +84,8 @@ class Completion:
     the request asked for them. ``token_offsets`` say where each
     generated token's text begins in the text (a token that ends a character the one before began
     begins where that character does), so a stop string's tokens are told apart
-    (:meth:`written_tokens`).
+    (:meth:`written_tokens`). ``constraint_complete`` says, for a constrained request, whether its
+    tokens complete what the constraint matches (an answer the token limit cut may not).
     """
 
     index: int
@@ -102,6 +103,7 @@ class Completion:
     token_offsets: list[int] = field(default_factory=list)
     end_logprob: float | None = None
     end_top_logprobs: TopLogprobs | None = None
+    constraint_complete: bool | None = None
 
     def written_tokens(self) -> int:
         """How many of ``token_ids`` wrote ``text``: all but the tokens of the stop string that

@@ -215,6 +215,12 @@ class Matcher:
         return list(self._inner.compute_ff_tokens()[:limit])
 
     @property
+    def complete(self) -> bool:
+        """The tokens so far make a whole match: the text may end here."""
+        inner = self._inner
+        return not inner.is_error() and (inner.is_stopped() or inner.is_accepting())
+
+    @property
     def done(self) -> bool:
         """The grammar is complete and allows nothing but end-of-sequence."""
         return self._inner.is_stopped()

@@ -243,6 +243,17 @@ def test_a_constrained_answer_cut_short_is_warned_of(argv, cut, run_folder, caps
     assert f"warning: {cut} ended the answer, not its constraint: it may not match" in err
 
 
+def test_a_constrained_answer_whole_at_the_token_limit_is_not_warned_of(run_folder, capsys):
+    """-n 1 and choices of one token: the limit came where the answer was whole."""
+    code, out, err = run_cli(
+        capsys, "run", str(run_folder), "-p", "Q", "--no-chat", "--seed", "1", "--json",
+        "--choice", "a", "--choice", "b", "-n", "1",
+    )  # fmt: skip
+    done = json.loads(out)
+    assert code == 0 and done["finish_reason"] == "length" and len(done["token_ids"]) == 1, out
+    assert done["text"] in ("a", "b") and "warning" not in err, err
+
+
 def _greedy_json(capsys, model: str) -> dict:
     code, out, err = run_cli(
         capsys, "run", model, "-p", "The capital of France is", "-n", "6", "--temperature", "0",
