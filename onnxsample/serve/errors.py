@@ -162,9 +162,10 @@ def invalid_body(errors: list[dict], content_type: str | None = None) -> tuple[s
     said = [first.get("msg", "invalid request")]
     for error in errors[1:]:  # a union's other members at the same field, or inside it
         other = _where(error)
-        if other[: len(where)] == where and error.get("msg") not in said:
-            inner = ".".join(other[len(where) :])
-            said.append(f"{inner}: {error['msg']}" if inner else error["msg"])
+        inner = ".".join(other[len(where) :])
+        line = f"{inner}: {error.get('msg')}" if inner else error.get("msg")
+        if other[: len(where)] == where and line not in said:
+            said.append(line)
     detail = "; or ".join(said)
     return (f"{path}: {detail}" if path else detail), (where[0] if where else None)
 

@@ -74,42 +74,43 @@ def constraint_of(body: SamplingFields) -> Constraint | None:
         found.append(("grammar", Constraint.grammar(body.grammar)))
     if outputs is not None:
         found += [(f"structured_outputs.{k}", c) for k, c in _vllm(outputs.model_dump()).items()]
-    legacy = {
-        "json": body.guided_json,
-        "regex": body.guided_regex,
-        "choice": body.guided_choice,
-        "grammar": body.guided_grammar,
-    }
+    legacy = {k: getattr(body, f"guided_{k}") for k in _GUIDED}
     found += [(f"guided_{k}", c) for k, c in _vllm(legacy).items()]
     return one_constraint(dict(found), "request")
 
 
-_FIELDS = (
-    "json_schema",
-    "grammar",
-    "structured_outputs",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-)
-
-
 def constraint_field(body: SamplingFields, tools: bool = False) -> str | None:
     """The field the request's constraint comes from (``tools`` where a chat's tool calls make
-    it), or None: the field an error about the constraint names."""
+    it), or None: the field an error about the constraint names. The fields are read as
+    :func:`constraint_of` reads them."""
     if tools:
         return "tools"
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         return "response_format"
-    return next((f for f in _FIELDS if getattr(body, f) not in (None, False)), None)
+    outputs = body.structured_outputs
+    given = {
+        "json_schema": body.json_schema is not None,
+        "grammar": body.grammar is not None,
+        "structured_outputs": outputs is not None
+        and any(map(_given, outputs.model_dump().values())),
+        **{f"guided_{k}": _given(getattr(body, f"guided_{k}")) for k in _GUIDED},
+    }
+    return next((field for field, there in given.items() if there), None)
+
+
+_GUIDED = ("json", "regex", "choice", "grammar")
+
+
+def _given(value: Any) -> bool:
+    """Whether a vLLM constraint field asks for a constraint (None and false do not)."""
+    return value is not None and value is not False
 
 
 def _vllm(fields: dict[str, Any]) -> dict[str, Constraint]:
     out = {}
     for key, value in fields.items():
-        if value is None or value is False:
+        if not _given(value):
             continue
         if key == "json":
             out[key] = Constraint.json_schema(value)

@@ -38,6 +38,17 @@ ERROR_CASES = {
         ],
         "v9.gguf is GGUF version 9, which this exporter does not read (versions 2, 3)",
     ),
+    "gguf version 1": (
+        lambda t: [
+            "export",
+            case_file(t, "v1.gguf", b"GGUF" + (1).to_bytes(4, "little") + bytes(16)),
+        ],
+        "v1.gguf is GGUF version 1, which this exporter does not read (versions 2, 3)",
+    ),
+    "big-endian gguf": (  # version 3 in big-endian order is read as 3, as gguf reads it
+        lambda t: ["export", case_file(t, "be.gguf", b"GGUF" + (3).to_bytes(4, "big"))],
+        "be.gguf is truncated",
+    ),
     "folder named .gguf": (
         lambda t: ["export", str(_folder(t / "x.gguf"))],
         "is not a Hugging Face model folder (a folder, not a .gguf file): config.json is missing",

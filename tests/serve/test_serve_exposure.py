@@ -163,7 +163,9 @@ def test_sigterm_answers_a_running_request_503_as_its_stream_would_end(models, p
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         body = {**body, "max_tokens": 480, "ignore_eos": True}
         conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        deadline = time.monotonic() + 60
         while metric_value(server.port, "onnxsample_slots_busy") < 1:
+            assert time.monotonic() < deadline, "the request never took a slot"
             time.sleep(0.05)
         os.kill(server.pid, signal.SIGTERM)
         response = conn.getresponse()

@@ -206,6 +206,8 @@ _BAD_TYPE = {"type": "object", "properties": {"a": {"type": "strin"}}}
         ({"guided_choice": []}, "guided_choice"),
         ({"guided_grammar": "root ::= nowhere"}, "guided_grammar"),
         ({"structured_outputs": {"regex": "a("}}, "structured_outputs"),
+        # an empty structured_outputs asks for nothing: the field that does is named
+        ({"structured_outputs": {"json_object": False}, "guided_regex": "a("}, "guided_regex"),
         (
             {"tools": [{**WEATHER, "function": {"name": "f", "parameters": _BAD_TYPE}}]},
             "tools",
@@ -221,6 +223,7 @@ _BAD_TYPE = {"type": "object", "properties": {"a": {"type": "strin"}}}
         "guided_choice",
         "guided_grammar",
         "structured_outputs",
+        "empty-structured_outputs",
         "tools",
     ],
 )
