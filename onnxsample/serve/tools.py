@@ -110,8 +110,10 @@ def plan_tools(body: ChatRequest, native: NativeFormat | None = None) -> ToolPla
         return None
     tools = []
     for i, tool in enumerate(body.tools):
-        if tool.type != "function" or tool.function is None:
+        if tool.type != "function":
             raise InvalidParameter(f"tools[{i}]: only tools of type function are supported")
+        if tool.function is None:
+            raise InvalidParameter(f"tools[{i}].function is missing: a function needs its name")
         name = tool.function.name
         if not _NAME.match(name):
             raise InvalidParameter(
@@ -133,6 +135,8 @@ def plan_tools(body: ChatRequest, native: NativeFormat | None = None) -> ToolPla
     allow_response = choice in (None, "auto")
     if choice not in (None, "auto", "required"):
         named = choice.function.name if choice.function is not None else None
+        if named is None:
+            raise InvalidParameter("tool_choice names no function: give function.name")
         if named not in names:
             raise InvalidParameter(
                 f"tool_choice names function {named!r}, which is not among the tools"
@@ -177,7 +181,8 @@ def _listed_tools(body: ChatRequest) -> list[dict] | None:
             "function": {
                 "name": t.function.name,
                 "description": t.function.description or "",
-                "parameters": t.function.parameters or _NO_PARAMETERS,
+                # as llama-server lists it: the constraint holds it to no arguments
+                "parameters": t.function.parameters if t.function.parameters is not None else {},
             },
         }
         for t in body.tools
@@ -192,13 +197,15 @@ def check_text_only(body: ChatRequest) -> None:
 
 
 def _template_call(
-    body: ChatRequest, native: NativeFormat | None, plan: ToolPlan | None
+    tokenizer: Tokenizer, body: ChatRequest, native: NativeFormat | None, plan: ToolPlan | None
 ) -> tuple[list[dict], list[dict] | None, dict[str, Any] | None]:
     """The chat template's messages, tools and variables for a chat: a template with its own tool
-    format writes the tools, calls and results itself; any other gets them in the envelope."""
+    format writes the tools, calls and results itself; any other gets them in the envelope (the
+    results in a user's turn where it writes no ``tool`` message)."""
     if native is not None:
         return native.messages(body), _listed_tools(body), template_variables(body)
-    return envelope_messages(body, plan), None, template_variables(body)
+    role = "tool" if tokenizer.writes_tool_messages else "user"
+    return envelope_messages(body, plan, role), None, template_variables(body)
 
 
 def chat_prompt(
@@ -207,7 +214,7 @@ def chat_prompt(
     """What the engine is given for a chat: token ids where the template writes the tools or takes
     the request's variables, else the messages (tool calls and results in the envelope), which the
     engine renders as :meth:`~onnxsample.text.Tokenizer.apply_chat_template` does."""
-    messages, listed, variables = _template_call(body, native, plan)
+    messages, listed, variables = _template_call(tokenizer, body, native, plan)
     options = body.template_options()
     engines = options == {"add_generation_prompt": True, "continue_final_message": False}
     if native is None and variables is None and engines:  # as the engine renders messages
@@ -219,7 +226,7 @@ def chat_text(
     tokenizer: Tokenizer, body: ChatRequest, native: NativeFormat | None, plan: ToolPlan | None
 ) -> str:
     """The text the chat template makes of a chat: what :func:`chat_prompt` tokenises."""
-    messages, listed, variables = _template_call(body, native, plan)
+    messages, listed, variables = _template_call(tokenizer, body, native, plan)
     options = body.template_options()
     return tokenizer.render_chat(messages, tools=listed, variables=variables, **options)
 
@@ -308,9 +315,12 @@ def _envelope(tools: list[dict], allow_response: bool, body: ChatRequest) -> Con
     return Constraint.json_schema(schema)
 
 
-def envelope_messages(body: ChatRequest, plan: ToolPlan | None) -> list[dict]:
+def envelope_messages(
+    body: ChatRequest, plan: ToolPlan | None, tool_role: str = "tool"
+) -> list[dict]:
     """The chat's messages for the template: earlier tool calls and tool results written in the
-    envelope, and the tools' system text first (joined to a system message already there)."""
+    envelope (a result in a `tool_role` message), and the tools' system text first (joined to a
+    system message already there)."""
     messages = []
     for m in body.messages:
         text = m.text()
@@ -320,10 +330,11 @@ def envelope_messages(body: ChatRequest, plan: ToolPlan | None) -> list[dict]:
                 for c in m.tool_calls
             ]
             text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
-        elif m.role == "tool":
+        role = "system" if m.role == "developer" else m.role
+        if m.role == "tool":
             response = {"tool_call_id": m.tool_call_id, "content": text}
             text = json.dumps({"tool_response": response}, ensure_ascii=False)
-        role = "system" if m.role == "developer" else m.role
+            role = tool_role
         messages.append({"role": role, "content": text})
     if plan is not None:
         if messages and messages[0]["role"] == "system":

@@ -20,6 +20,7 @@ __all__ = [
     "fold_system",
     "read_chat_template",
     "renders_system",
+    "renders_tool",
 ]
 
 _NEEDLE = "<system message probe>"
@@ -123,6 +124,21 @@ def renders_system(render: Callable[[list[dict]], str]) -> bool:
     except Exception:
         return False
     return _NEEDLE in text
+
+
+def renders_tool(render: Callable[[list[dict]], str]) -> bool:
+    """Whether a template writes a ``tool`` message, `render` rendering messages with it (a user's,
+    an assistant's and a tool's message, the tool's text looked for in the output; a template
+    that raises on them, as Gemma 2's does, writes none)."""
+    probe = [
+        {"role": "user", "content": "Hey"},
+        {"role": "assistant", "content": "Hi"},
+        {"role": "tool", "content": _NEEDLE},
+    ]
+    try:
+        return _NEEDLE in render(probe)
+    except Exception:
+        return False
 
 
 def fold_system(messages: list[dict]) -> list[dict]:

@@ -29,6 +29,7 @@ from onnxsample.text._chat_template import (
     compile_template,
     fold_system,
     renders_system,
+    renders_tool,
 )
 from onnxsample.text._hf_folder import read_folder
 
@@ -70,6 +71,7 @@ class Tokenizer:
             self._template_error = f"the chat template does not parse: {first_line(exc)}"
             log.warning("%s", self._template_error)
         self._folds_system = self._writes_no_system()
+        self._writes_tool: bool | None = None  # writes_tool_messages, probed when first asked
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -86,7 +88,18 @@ class Tokenizer:
         other = copy.copy(self)
         other.chat_template, other._template, other._template_error = template, compiled, None
         other._folds_system = other._writes_no_system()
+        other._writes_tool = None
         return other
+
+    @property
+    def writes_tool_messages(self) -> bool:
+        """Whether the chat template writes a ``tool`` message (Phi-3's leaves it out, Gemma 2's
+        refuses it): where it does not, a chat's tool results go in a user's turn."""
+        if self._writes_tool is None:
+            self._writes_tool = self._template is not None and renders_tool(
+                lambda probe: self._render(probe, add_generation_prompt=False)
+            )
+        return self._writes_tool
 
     def _writes_no_system(self) -> bool:
         """A template that drops system messages, or refuses them: chats then fold them into the

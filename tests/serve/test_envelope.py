@@ -103,3 +103,62 @@ def test_a_response_streams_its_text_and_a_cut_keeps_it(seed):
     cut.feed(text[: len(text) // 2])
     content, calls, finish = cut.message("length")
     assert said.startswith(content) and content and not calls and finish == "length"
+
+
+# Phi-3's template writes user and assistant turns only; Gemma 2's refuses turns that do not
+# alternate; ChatML writes any role.
+_PHI3 = ("{% for m in messages %}{% if m['role'] == 'user' %}{{ '<|user|>\n' + m['content'] }}"
+         "{{ '<|end|>\n' }}{% elif m['role'] == 'assistant' %}{{ '<|assistant|>\n' }}"
+         "{{ m['content'] + '<|end|>\n' }}{% endif %}{% endfor %}"
+         "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")  # fmt: skip
+_ALTERNATING = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                "{{ raise_exception('roles must alternate user/assistant') }}{% endif %}"
+                "{{ '<' + m['role'] + '>' + m['content'] + '\n' }}{% endfor %}")  # fmt: skip
+_CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] }}"
+           "{{ '<|im_end|>\n' }}{% endfor %}"
+           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("template", "writes", "turn"),
+    [
+        (_PHI3, False, '<|user|>\n{"tool_response": '),
+        (_ALTERNATING, False, '<user>{"tool_response": '),
+        (_CHATML, True, '<|im_start|>tool\n{"tool_response": '),
+    ],
+    ids=["drops-tool-turns", "refuses-tool-turns", "writes-tool-turns"],
+)
+def test_a_tool_result_reaches_a_template_without_tool_turns(
+    tiny_gqa_export, template, writes, turn
+):
+    """The envelope writes a tool result as {"tool_response": ...}; a template that drops a tool
+    turn (Phi-3's) or refuses it (Gemma 2's) gets it in a user's turn, so the model sees it."""
+    from onnxsample.serve import tools
+    from onnxsample.serve.schemas import ChatRequest
+    from onnxsample.text.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(tiny_gqa_export.output).with_chat_template(template)
+    assert tokenizer.writes_tool_messages is writes
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}  # fmt: skip
+    body = ChatRequest.model_validate({"messages": [
+        {"role": "user", "content": "What is the weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24C"},
+    ]})  # fmt: skip
+    text = tools.chat_text(tokenizer, body, None, None)
+    assert turn + '{"tool_call_id": "call_1", "content": "Sunny, 24C"}}' in text, text
+
+
+def test_a_function_without_parameters_is_listed_to_the_template_as_llama_server_lists_it():
+    """``"parameters": {}`` (the constraint still holds it to no arguments), not a schema the
+    request did not write."""
+    from onnxsample.serve import tools
+    from onnxsample.serve.schemas import ChatRequest
+
+    body = ChatRequest.model_validate(
+        {"messages": [{"role": "user", "content": "Hi"}],
+         "tools": [{"type": "function", "function": {"name": "ping"}}]}
+    )  # fmt: skip
+    [listed] = tools._listed_tools(body)
+    assert listed["function"]["parameters"] == {}

@@ -144,6 +144,11 @@ def test_schema_fields_on_chat(client, extra):
         ({"tools": [{**WEATHER, "function": {"name": "bad name"}}]}, "function.name"),
         ({"tools": [WEATHER, WEATHER]}, "unique"),
         ({"tools": [{"type": "retrieval"}]}, "type function"),
+        ({"tools": [{"type": "function"}]}, r"tools\[0\].function is missing"),
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function"}},
+            "tool_choice names no function: give function.name",
+        ),
         (
             {
                 "tools": [
