@@ -41,6 +41,7 @@ its scale is ``d * (2 sc + 1) / 8``, exact too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -131,8 +132,7 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 def _high_bits(qh: np.ndarray) -> np.ndarray:
     """Bit j of a little-endian uint32, for j in 0..31."""
-    bits = np.ascontiguousarray(qh).view(np.uint32) >> np.arange(32, dtype=np.uint32)
-    return (bits & np.uint32(1)).astype(np.uint8)
+    return _bits(np.ascontiguousarray(qh).view(np.uint32)[..., 0], 32).astype(np.uint8)
 
 
 def _q4_0(b):
@@ -239,11 +239,10 @@ def _iq4_xs(b):
     rows = b.shape[0]
     d = _f16(b[:, :2])
     scales_h = np.ascontiguousarray(b[:, 2:4]).view(np.uint16)
-    scales_l = b[:, 4:8].reshape(rows, -1, 1) >> np.array([0, 4], np.uint8).reshape(1, 1, 2)
+    scales_l = _nibble_pairs(b[:, 4:8])
     scales_h = scales_h.reshape(rows, 1, -1) >> np.arange(0, 16, 2, dtype=np.uint16).reshape(
         1, -1, 1
     )
-    scales_l = scales_l.reshape(rows, -1) & np.uint8(0x0F)
     scales_h = scales_h.reshape(rows, -1).astype(np.uint8) & np.uint8(0x03)
     sc = (scales_l | (scales_h << np.uint8(4))).astype(np.int8) - np.int8(32)
     s = d * sc.astype(np.float32)
@@ -252,6 +251,7 @@ def _iq4_xs(b):
     return _IQ4_VALUES[qs].reshape(rows, _QK_K), s, None
 
 
+@cache
 def _grid(name: str) -> np.ndarray:
     """gguf-py's value grid of i-quant `name`: int16 ``[entries, 4 or 8]``."""
     import gguf.quants
