@@ -349,12 +349,12 @@ def _check_chain_supports(
     ]
     if missing:
         values = ", ".join(f"{name}={value}" for name, value in missing)
-        owners = ", ".join(dict.fromkeys(_OWNER[name] for name, _ in missing))
-        needs = "needs the" if len(missing) == 1 else "need the"
-        plural = "" if owners.count(",") == 0 else "s"
+        owners = list(dict.fromkeys(_OWNER[name] for name, _ in missing))
+        needs = "needs" if len(missing) == 1 else "need"
+        samplers = "sampler" if len(owners) == 1 else "samplers"
         raise InvalidParameter(
-            f"{values} {needs} {owners} sampler{plural}, which the chain {str(chain)!r} does "
-            "not contain"
+            f"{values} {needs} the {', '.join(owners)} {samplers}, which the chain "
+            f"{str(chain)!r} does not contain"
         )
     if len(params.logit_bias) > max_bias:
         if "logit_bias" not in chain or max_bias == 0:

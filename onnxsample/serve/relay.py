@@ -22,7 +22,7 @@ from onnxsample.serve import convert
 from onnxsample.serve.errors import APIError, ClientGone
 from onnxsample.serve.metrics import Metrics
 
-__all__ = ["SHUTDOWN", "collect", "enqueue", "merged_events"]
+__all__ = ["SHUTDOWN", "collect", "enqueue", "merged_events", "shutdown_error"]
 
 
 def enqueue(engine: Engine, seqs: list, metrics: Metrics, many: str = "n") -> list[Request]:
@@ -156,8 +156,14 @@ async def collect(
             raise ClientGone
     task.result()  # raises the requests' error, if any
     if stopping() and any(c.finish_reason == "cancelled" for c in done.values()):
-        raise APIError(503, SHUTDOWN, code="unavailable")
+        raise shutdown_error()
     return [done[k] for k in sorted(done)]
 
 
 SHUTDOWN = "the server is shutting down: the request was cut before it finished"
+
+
+def shutdown_error() -> APIError:
+    """The error of a request the stopping server cut: a whole answer's 503, a stream's last
+    event (:func:`~onnxsample.serve.streaming.shutdown_chunk`)."""
+    return APIError(503, SHUTDOWN, code="unavailable")

@@ -16,7 +16,7 @@ from onnxsample.serve import convert
 from onnxsample.serve.errors import error_body, from_library
 from onnxsample.serve.metrics import Metrics
 from onnxsample.serve.reasoning import ThoughtStream
-from onnxsample.serve.relay import SHUTDOWN, merged_events
+from onnxsample.serve.relay import merged_events, shutdown_error
 from onnxsample.serve.schemas import SamplingFields
 from onnxsample.serve.tools import ToolPlan, ToolWatch
 
@@ -33,7 +33,8 @@ __all__ = [
 
 def shutdown_chunk() -> dict:
     """The error a stream ends with when the stopping server cut it."""
-    return error_body(503, SHUTDOWN, code="unavailable")  # as a whole answer cut so answers
+    err = shutdown_error()
+    return error_body(err.status, err.message, err.param, err.code)
 
 
 def cut_by_shutdown(completion: Completion, stopping: Callable[[], bool]) -> bool:
