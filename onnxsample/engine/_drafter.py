@@ -19,11 +19,15 @@ are verified in one call, whose extra positions a sequence's draft must pay for 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from onnxsample.errors import InvalidParameter
 from onnxsample.metadata import ComposedMetadata
+
+if TYPE_CHECKING:
+    from onnxsample.engine._sequence import Sequence
 
 SPECULATIVE_METHODS = ("ngram",)
 DEFAULT_NGRAM = 3
@@ -105,6 +109,25 @@ class NgramDrafter:
             return
         stats.misses += 1
         stats.skip = min(2 ** (stats.misses - 1), _MAX_BACKOFF)
+
+
+def draft_for(drafter: NgramDrafter, seq: Sequence) -> list[int]:
+    """`seq`'s draft this step: up to its token limit, never past its context; a constrained
+    sequence drafts the tokens its grammar forces, else its n-gram draft cut at the first token
+    the grammar rejects."""
+    room = seq.max_new_tokens - len(seq.ids)
+    context = seq.limit - len(seq.prompt) - len(seq.ids) if seq.limit else room
+    # Alone, the last token's step carries a guess too (kept or not, the request ends there), so
+    # that no call of the sequence computes one position; never past the context, and the layout
+    # trims a draft its buffer has no room for.
+    ahead = max(room - 1, 1) if not drafter.batched else room - 1
+    ahead = min(ahead, context - 1)
+    if seq.matcher is None:
+        return drafter.draft(seq.draft, seq.history(), ahead)
+    width = min(ahead, drafter.draft_tokens)
+    return seq.matcher.forced(width) or seq.matcher.valid_prefix(
+        drafter.draft(seq.draft, seq.history(), ahead)
+    )
 
 
 def check_method(method: str | None) -> None:

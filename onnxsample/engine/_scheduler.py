@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxsample.engine._drafter import NgramDrafter
+from onnxsample.engine._drafter import NgramDrafter, draft_for
 from onnxsample.engine._layout import Call, KVLayout
 from onnxsample.engine._placement import Placement
 from onnxsample.engine._post_sampling import post_sampling
@@ -239,20 +239,7 @@ class Scheduler:
                 continue
             if seq.params.host_sampler is not None:
                 continue  # the host chooses each token itself
-            room = seq.max_new_tokens - len(seq.ids)
-            context = seq.limit - len(seq.prompt) - len(seq.ids) if seq.limit else room
-            # Alone, the last token's step carries a guess too (kept or not, the request ends
-            # there), so that no call of the sequence computes one position; never past the
-            # context, and the layout trims a draft its buffer has no room for.
-            ahead = max(room - 1, 1) if not self.drafter.batched else room - 1
-            ahead = min(ahead, context - 1)
-            if seq.matcher is not None:
-                width = min(ahead, self.drafter.draft_tokens)
-                draft = seq.matcher.forced(width) or seq.matcher.valid_prefix(
-                    self.drafter.draft(seq.draft, seq.history(), ahead)
-                )
-            else:
-                draft = self.drafter.draft(seq.draft, seq.history(), ahead)
+            draft = draft_for(self.drafter, seq)
             if draft and seq.open_ended:  # fed + drafts, and one position free after them
                 try:
                     self.layout.reserve(seq.slot, len(seq.prompt) + len(seq.ids) + len(draft) + 1)
@@ -326,21 +313,13 @@ class Scheduler:
         """Let the sequence's host sampler choose its token from its candidates (written into
         `host` in place of the graph's); False when it failed (the request fails alone)."""
         s = seq.slot
-        ids = host["sampler.candidate_ids"][s].copy()
-        logits = host["sampler.candidate_logits"][s].copy()
         try:
-            token = seq.params.host_sampler(ids, logits)
-            if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
-                raise TypeError(f"it returned {token!r}, not a token id")
-            kept = ids[np.isfinite(logits)]
-            if token not in kept and token not in seq.eos_ids:
-                raise ValueError(
-                    f"it returned {token}, which is not among the candidates the filters kept "
-                    "nor an end-of-sequence token"
-                )
-        except Exception as exc:
-            log.warning("request %s: the host sampler failed: %s", seq.request.id, exc)
-            self._fail(seq, GenerationError(f"the host sampler failed: {exc}"))
+            token = seq.host_choice(
+                host["sampler.candidate_ids"][s].copy(), host["sampler.candidate_logits"][s].copy()
+            )
+        except GenerationError as exc:
+            log.warning("request %s: %s", seq.request.id, exc)
+            self._fail(seq, exc)
             return False
         taken = int(host["sampler.next_token"][s])
         self.state.retake([(s, taken, int(token))])

@@ -22,7 +22,7 @@ from onnxsample.engine.request import (
     Timings,
     TopLogprobs,
 )
-from onnxsample.errors import InvalidParameter
+from onnxsample.errors import GenerationError, InvalidParameter
 from onnxsample.params import SamplingParams
 from onnxsample.text import TextStream
 from onnxsample.text._grammar import Matcher
@@ -178,6 +178,23 @@ class Sequence:
             event.logprob = self.logprobs[-1]
             event.top_logprobs = self.tops[-1] if self.params.reported_tops else None
         return event
+
+    def host_choice(self, ids: np.ndarray, logits: np.ndarray) -> int:
+        """The token the request's host sampler chooses among the graph's candidates (`ids`,
+        `logits` [K]); :class:`GenerationError` when it fails or chooses outside what the filters
+        kept (end-of-sequence aside)."""
+        try:
+            token = self.params.host_sampler(ids, logits)
+            if isinstance(token, (bool, np.bool_)) or not isinstance(token, (int, np.integer)):
+                raise TypeError(f"it returned {token!r}, not a token id")
+            if token not in ids[np.isfinite(logits)] and token not in self.eos_ids:
+                raise ValueError(
+                    f"it returned {token}, which is not among the candidates the filters kept "
+                    "nor an end-of-sequence token"
+                )
+        except Exception as exc:
+            raise GenerationError(f"the host sampler failed: {exc}") from exc
+        return int(token)
 
     def constraint_failure(self, token: int) -> InvalidParameter | None:
         """The error that ends the sequence before it takes `token`, once its grammar cannot go
