@@ -93,7 +93,11 @@ def run(
     ] = (),
     seed: Annotated[
         int | None,
-        typer.Option(help="Seed of every prompt's own generator.", rich_help_panel=_SAMPLING),
+        typer.Option(
+            help="Seed of every prompt's own generator; -1 or none: a random one (printed by "
+            "--json), as llama-cli's.",
+            rich_help_panel=_SAMPLING,
+        ),
     ] = None,
     max_new_tokens: Annotated[
         int,
@@ -199,7 +203,7 @@ def run(
         presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty,
         logit_bias=_bias(logit_bias),
-        seed=seed,
+        seed=None if seed == -1 else seed,
         logprobs=logprobs > 0,
         top_logprobs=logprobs,
         constraint=_constraint(json_schema, json_object, regex, grammar, list(choice)),

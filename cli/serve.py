@@ -35,6 +35,16 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    allowed_origins: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-origin",
+            help="Let web pages from this origin (e.g. http://localhost:5173) call the server from "
+            "a browser: CORS, preflights included (repeatable; * for any, as llama-server and "
+            "vLLM answer by default). By default only the server's own chat page can.",
+            show_default=False,
+        ),
+    ] = None,
     port: Annotated[int, typer.Option(help="Port to listen on.", min=0, max=65535)] = 8080,
     threads: opt.Threads = None,
     max_slots: Annotated[
@@ -172,7 +182,8 @@ def serve(
         import uvicorn
 
         from onnxsample.serve import ServeSettings, create_app
-        from onnxsample.serve.middleware import hosts_for
+        from onnxsample.serve.app import CUT_MARGIN
+        from onnxsample.serve.middleware import hosts_for, origins_for
     except ImportError as exc:
         raise RuntimeUnavailable(
             f"serving needs the serve extra ({exc.name} is not installed): "
@@ -181,6 +192,7 @@ def serve(
     from onnxsample.serve.reasoning import check_format
 
     check_format(reasoning_format)
+    origins = origins_for(allowed_origins or ())
     spec = opt.engine_options(
         speculative, draft_tokens, ngram, provider, cuda_graph, row_buckets, chat_template
     )
@@ -201,7 +213,7 @@ def serve(
     else:
         _serve_replicas(
             model, host=host, port=port, threads=threads, max_slots=max_slots,
-            max_queue=max_queue, api_key=api_key, allowed_hosts=allowed_hosts or [],
+            max_queue=max_queue, api_key=api_key, allowed_hosts=allowed_hosts or [], allowed_origins=origins,
             served_model_name=served_model_name,
             max_len=max_len, prefill_chunk=prefill_chunk, provider=provider, spec=spec,
             replicas=replicas, ray_address=ray_address, replica_cpus=replica_cpus,
@@ -238,7 +250,7 @@ def serve(
         host=host,
         port=port,
         log_level="warning",
-        timeout_graceful_shutdown=shutdown_grace,
+        timeout_graceful_shutdown=shutdown_grace + CUT_MARGIN,
         access_log=False,
     )
     server = _graceful(uvicorn)(config)
@@ -251,6 +263,7 @@ def serve(
         served_model_name=name,
         api_key=api_key,
         allowed_hosts=hosts,
+        allowed_origins=origins,
         reasoning_format=reasoning_format,
     )
     config.app = create_app(load, settings, on_load_error=on_load_error)
@@ -265,7 +278,7 @@ def serve(
 
 def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | None,
                     max_slots: int | None, max_queue: int, api_key: str | None,
-                    allowed_hosts: list[str],
+                    allowed_hosts: list[str], allowed_origins: frozenset[str] | None,
                     served_model_name: str | None, max_len: int | None, prefill_chunk: int,
                     provider: str, spec: dict, replicas: int | None, ray_address: str | None,
                     replica_cpus: float | None, min_replicas: int | None,
@@ -303,6 +316,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         provider=provider,
         api_key=api_key,
         allowed_hosts=hosts_for(host, allowed_hosts),
+        allowed_origins=allowed_origins,
         reasoning_format=reasoning_format,
         **spec,
     )
@@ -378,10 +392,12 @@ def _use_ray_token() -> None:
 
 
 def _graceful(uvicorn):
-    """uvicorn's server, except that Ctrl-C / SIGTERM tell the app to cut what still runs just
-    before the graceful shutdown's time is up (streams end with an error chunk and ``[DONE]``, not
+    """uvicorn's server, except that Ctrl-C / SIGTERM tell the app to cut what still runs
+    ``CUT_MARGIN`` seconds before the graceful shutdown's time is up (serve sets that time to
+    --shutdown-grace + ``CUT_MARGIN``; streams end with an error chunk and ``[DONE]``, not
     a dropped connection), and end the command with status 0 (uvicorn re-raises the signal,
     which would end it as killed)."""
+    from onnxsample.serve.app import CUT_MARGIN
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
@@ -392,7 +408,8 @@ def _graceful(uvicorn):
                 except RuntimeError:
                     loop = None
                 if loop is not None:
-                    loop.call_soon_threadsafe(begin, self.config.timeout_graceful_shutdown or 0.0)
+                    limit = self.config.timeout_graceful_shutdown or CUT_MARGIN
+                    loop.call_soon_threadsafe(begin, max(0.0, limit - CUT_MARGIN))
             super().handle_exit(sig, frame)
             self._captured_signals.clear()
 

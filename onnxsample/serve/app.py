@@ -36,7 +36,13 @@ from onnxsample.serve.llama_fields import (
     take_post_sampling,
 )
 from onnxsample.serve.metrics import Metrics
-from onnxsample.serve.middleware import BodyLimit, HostCheck, KeyRequired, ReplicaHeader
+from onnxsample.serve.middleware import (
+    BodyLimit,
+    HostCheck,
+    KeyRequired,
+    ReplicaHeader,
+    cross_origin,
+)
 from onnxsample.serve.native import add_native_routes
 from onnxsample.serve.native_answer import Endings
 from onnxsample.serve.peer_fields import refuse_unsupported
@@ -49,11 +55,13 @@ from onnxsample.serve.schemas import (
 from onnxsample.serve.streaming import Job, chat_stream, completion_stream, reporting, sse
 from onnxsample.serve.structured import constraint_field
 
-__all__ = ["FINGERPRINT", "ServeSettings", "create_app"]
+__all__ = ["CUT_MARGIN", "FINGERPRINT", "ServeSettings", "create_app"]
 
 log = logging.getLogger(__name__)
 
 FINGERPRINT = f"onnxsample-{__version__}"
+# Seconds a stopping server waits, after cutting what still ran, for the last chunks to go out.
+CUT_MARGIN = 1.0
 
 
 @dataclass
@@ -61,7 +69,9 @@ class ServeSettings:
     """`served_model_name` is what clients call the model; `api_key`, when set, is required as
     ``Authorization: Bearer <key>`` on every route but /health and the chat page; bodies over
     `max_body_bytes` get 413; `allowed_hosts` are the Host names answered (None: any; see
-    :func:`~onnxsample.serve.middleware.hosts_for`); `replica`, when set, names this process in
+    :func:`~onnxsample.serve.middleware.hosts_for`); `allowed_origins` the web origins whose pages
+    may call it from a browser (CORS; None: any; empty: none, see
+    :func:`~onnxsample.serve.middleware.origins_for`); `replica`, when set, names this process in
     every response's ``x-onnxsample-replica`` header (one of several replicas behind a proxy);
     `reasoning_format` is a chat's ``reasoning_format`` when it sends none (llama-server's
     ``--reasoning-format``)."""
@@ -69,6 +79,7 @@ class ServeSettings:
     served_model_name: str
     api_key: str | None = None
     allowed_hosts: frozenset[str] | None = None
+    allowed_origins: frozenset[str] | None = frozenset()
     max_body_bytes: int = 4 * 2**20
     drain_seconds: float = 30.0
     replica: str | None = None
@@ -122,9 +133,10 @@ def create_app(
     install(app)
 
     def begin_shutdown(grace: float) -> None:
-        """The server stops (SIGTERM, Ctrl-C) and waits `grace` seconds for open responses: just
-        before that, cut what still runs, so that every stream ends with an error chunk and
-        ``[DONE]`` and every waiting request with a 503, instead of a dropped connection."""
+        """The server stops (SIGTERM, Ctrl-C): open responses run for `grace` seconds, then what
+        still runs is cut, so that every stream ends with an error chunk and ``[DONE]`` and every
+        waiting request with a 503, instead of a dropped connection (the server's own limit is
+        ``CUT_MARGIN`` seconds later, for those last chunks)."""
         loop = asyncio.get_running_loop()
 
         def cut() -> None:
@@ -133,12 +145,13 @@ def create_app(
                 log.warning("shutting down: cutting the requests still running")
                 loop.run_in_executor(None, lambda: state.engine.close(cancel=True))
 
-        loop.call_later(max(0.0, grace - 1.0), cut)
+        loop.call_later(grace, cut)
 
     app.state.begin_shutdown = begin_shutdown
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if settings.api_key is not None:
         app.add_middleware(KeyRequired, key=settings.api_key)
+    cross_origin(app, settings.allowed_origins)  # a preflight carries no key
     app.add_middleware(HostCheck, allowed=settings.allowed_hosts)  # outermost: runs first
     if settings.replica is not None:
         app.add_middleware(ReplicaHeader, name=settings.replica)

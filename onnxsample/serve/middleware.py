@@ -1,15 +1,26 @@
-"""ASGI middleware of the server: the Host check, the API key, the request body limit (413) and the
-replica's name header."""
+"""ASGI middleware of the server: the Host check, cross-origin requests (CORS), the API key, the
+request body limit (413) and the replica's name header."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import secrets
 from collections.abc import Iterable
 
+from onnxsample.errors import InvalidParameter
 from onnxsample.serve.errors import error_response
 
-__all__ = ["LOOPBACK_HOSTS", "BodyLimit", "HostCheck", "KeyRequired", "ReplicaHeader", "hosts_for"]
+__all__ = [
+    "LOOPBACK_HOSTS",
+    "BodyLimit",
+    "HostCheck",
+    "KeyRequired",
+    "ReplicaHeader",
+    "cross_origin",
+    "hosts_for",
+    "origins_for",
+]
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 # What stays open with an API key: the liveness probe, the chat page and its files (the page asks
@@ -25,6 +36,40 @@ def hosts_for(bind: str, extra: Iterable[str] = ()) -> frozenset[str] | None:
     if "*" in extra or bind in ("0.0.0.0", "::", ""):
         return None
     return frozenset({bind.lower(), *LOOPBACK_HOSTS, *extra})
+
+
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[^/\s?#]+")
+
+
+def origins_for(values: Iterable[str]) -> frozenset[str] | None:
+    """The web origins whose pages may call the server from a browser (CORS): `values` checked
+    and lower-cased; None (any) when they hold ``*``; empty (the default): none but the server's
+    own, whose chat page needs no CORS."""
+    origins = {v.strip().lower() for v in values}
+    if "*" in origins:
+        return None
+    for origin in sorted(origins):
+        if not _ORIGIN.fullmatch(origin):
+            raise InvalidParameter(
+                f"the allowed origin {origin!r} is not an origin such as http://localhost:5173 "
+                "(scheme://host[:port], no path) nor *"
+            )
+    return frozenset(origins)
+
+
+def cross_origin(app, origins: frozenset[str] | None) -> None:
+    """Answer browsers' cross-origin requests from `origins` (None: any), preflights included
+    (before the API key, which a preflight never carries), as llama-server and vLLM do."""
+    if origins is not None and not origins:
+        return
+    from starlette.middleware.cors import CORSMiddleware
+
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=["*"] if origins is None else sorted(origins),
+        allow_methods=["*"],
+        allow_headers=["*"],
+    )
 
 
 def _host_name(value: str) -> str:

@@ -38,6 +38,7 @@ from onnxsample.engine._session import captured_by_default, check_cuda_graph
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
 from onnxsample.serve.app import ServeSettings, create_app
+from onnxsample.serve.middleware import origins_for
 from onnxsample.text import check_chat_template, read_chat_template
 
 __all__ = ["APP_NAME", "ReplicaOptions", "Scaling", "app_builder", "build_application", "run"]
@@ -60,6 +61,7 @@ class ReplicaOptions:
     provider: str = "auto"
     api_key: str | None = None
     allowed_hosts: frozenset[str] | None = None
+    allowed_origins: frozenset[str] | None = frozenset()
     speculative: str | None = None
     draft_tokens: int | None = None
     ngram: int = DEFAULT_NGRAM
@@ -144,6 +146,7 @@ class OnnxsampleReplica:
             served_model_name=self.options.served_model_name,
             api_key=self.options.api_key,
             allowed_hosts=self.options.allowed_hosts,
+            allowed_origins=self.options.allowed_origins,
             replica=self.name,
             reasoning_format=self.options.reasoning_format,
         )
@@ -212,6 +215,8 @@ def app_builder(args: dict[str, str]) -> serve.Application:
             f"{', '.join(unknown) or 'no model'}"
         )
     values = {k: _typed(known[k].type, v) for k, v in args.items()}
+    if values.get("allowed_origins"):
+        values["allowed_origins"] = origins_for(values["allowed_origins"])
     if values.get("chat_template") is not None:  # a file, or the template's text
         values["chat_template"] = read_chat_template(values["chat_template"])
     values.setdefault("served_model_name", Path(values["model"]).resolve().parent.name)
@@ -228,7 +233,7 @@ def _typed(annotation: str, raw: str):
         if raw.lower() not in ("true", "false", "1", "0"):
             raise InvalidParameter(f"{raw!r} is not true or false")
         return raw.lower() in ("true", "1")
-    if annotation.startswith("frozenset"):  # allowed_hosts: names, comma-separated; * for any
+    if annotation.startswith("frozenset"):  # allowed hosts, origins: comma-separated; * for any
         names = frozenset(n.strip().lower() for n in raw.split(",") if n.strip())
         return None if "*" in names else names
     for kind in (int, float):

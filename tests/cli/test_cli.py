@@ -116,6 +116,10 @@ ERROR_CASES = {
         lambda t: ["serve", "--reasoning-format", "deepseek-legacy"],
         "reasoning_format must be one of none, auto, deepseek, got 'deepseek-legacy'",
     ),
+    "an origin with a path": (
+        lambda t: ["serve", "--allowed-origin", "http://app.example/chat"],
+        "the allowed origin 'http://app.example/chat' is not an origin such as",
+    ),
     "candidates with drafts": (
         lambda t: ["serve", "--candidates", "64", "--speculative", "ngram"],
         "--candidates composes the candidates instead of draft verification",

@@ -88,6 +88,17 @@ def test_run_takes_llama_cpps_option_names(run_folder, capsys):
     assert answers[0] == answers[1] == answers[2] and len(answers[0]) <= 6
 
 
+def test_seed_minus_one_is_a_random_seed_as_in_llama_cli(run_folder, capsys):
+    """``--seed -1`` draws a seed per run, as llama-cli's ``-s -1``; --json says which."""
+    argv = ["run", str(run_folder), "-p", "Hello", "-n", "2", "--no-chat", "--json", "-t", "1"]
+    seeds = []
+    for _ in range(2):
+        code, out, err = run_cli(capsys, *argv, "--seed", "-1")
+        assert code == 0, err
+        seeds.append(json.loads(out)["seed"])
+    assert seeds[0] != seeds[1] and all(0 <= s < 2**64 for s in seeds), seeds
+
+
 def test_run_streams_one_prompt(run_folder, capsys):
     code, out, err = run_cli(
         capsys, "run", str(run_folder), "-p", "Hi", "-n", "6", "--temperature", "0", "--no-chat"
@@ -136,7 +147,7 @@ def test_run_renders_chats_with_a_given_template(run_folder, tmp_path, given, ca
         (["-n", "-2"], "--max-new-tokens must be -1 (until the end) or at least 1, got -2"),
         (["-p", "word " * 700], "does not fit the model's context of 512 tokens"),
         (["--threads", "0"], "--threads"),
-        (["--seed", "-1"], "seed must be an integer in [0, 2**64), got -1"),
+        (["--seed", "-2"], "seed must be an integer in [0, 2**64), got -2"),
         (["--provider", "cuda"], "onnxsample[gpu]"),
         (["--prefill-chunk", "-1"], "--prefill-chunk"),
         (["--regex", "a", "--choice", "b"], "one output constraint per run, got --regex, --choice"),

@@ -76,6 +76,42 @@ def test_the_api_key_covers_every_route_but_the_page_and_health(models):
         assert _request(server.port, "GET", "/metrics", auth)[0] == 200
 
 
+APP = "http://app.example:5173"
+PREFLIGHT = {
+    "Origin": APP,
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization, content-type",
+}
+
+
+def test_cross_origin_pages_are_answered_only_from_allowed_origins(models, port):
+    """A browser page from an --allowed-origin may call the server (its preflight needs no key,
+    its request does, and every answer carries the CORS header); another origin's may not, nor
+    any by default (the chat page is the server's own origin)."""
+    auth = {"Authorization": f"Bearer {KEY}", "Origin": APP}
+    with served(models["two"], "-t", "1", "--api-key", KEY, "--allowed-origin", APP) as server:
+        code, headers, _ = _request(server.port, "OPTIONS", "/v1/chat/completions", PREFLIGHT)
+        assert code == 200 and headers.get("access-control-allow-origin") == APP, headers
+        assert "authorization" in headers.get("access-control-allow-headers", "").lower()
+        code, headers, _ = _request(server.port, "GET", "/v1/models", auth)
+        assert code == 200 and headers.get("access-control-allow-origin") == APP
+        code, headers, _ = _request(server.port, "GET", "/v1/models", {"Origin": APP})
+        assert code == 401 and headers.get("access-control-allow-origin") == APP  # readable
+        other = {**PREFLIGHT, "Origin": "http://other.example"}
+        code, headers, _ = _request(server.port, "OPTIONS", "/v1/chat/completions", other)
+        assert code == 400 and "access-control-allow-origin" not in headers
+    code, headers, _ = _request(port, "GET", "/v1/models", {"Origin": APP})
+    assert code == 200 and "access-control-allow-origin" not in headers
+    code, headers, _ = _request(port, "OPTIONS", "/v1/chat/completions", PREFLIGHT)
+    assert "access-control-allow-origin" not in headers
+
+
+def test_any_origin_with_a_star(models):
+    with served(models["two"], "--threads", "1", "--allowed-origin", "*") as server:
+        code, headers, _ = _request(server.port, "OPTIONS", "/v1/completions", PREFLIGHT)
+        assert code == 200 and headers.get("access-control-allow-origin") == "*", headers
+
+
 def test_listening_everywhere_without_a_key_is_said(models):
     with served(models["two"], "--threads", "1", "--host", "0.0.0.0") as server:
         assert get(server.port, "/health")[0] == 200
@@ -153,6 +189,34 @@ def test_sigterm_ends_a_running_stream_with_an_error_chunk_and_done(models, path
         assert server.wait(60) == 0
     said = server.stdout.read()
     assert "Traceback" not in said, said
+
+
+def test_open_streams_run_for_the_whole_shutdown_grace(embedded_gqa_exports):
+    """--shutdown-grace 2: a stream keeps its tokens coming for 2 s after SIGTERM, then ends with
+    the error chunk (it used to be cut a second early)."""
+    model = embedded_gqa_exports["gguf-a4"].output
+    with served(model, "--threads", "1", "--shutdown-grace", "2", startup_s=300) as server:
+        body = {"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": True}
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request(
+            "POST", "/v1/completions", json.dumps({**body, "stream": True}),
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        response = conn.getresponse()
+        assert response.readline().startswith(b"data:")
+        os.kill(server.pid, signal.SIGTERM)
+        signalled, tokens = time.monotonic(), []
+        while line := response.readline():
+            if line.startswith(b"data:") and b'"error"' in line:
+                cut = time.monotonic() - signalled
+                break
+            if line.startswith(b"data:"):
+                tokens.append(time.monotonic() - signalled)
+        else:
+            pytest.fail("the stream ended without the shutdown's error chunk")
+        conn.close()
+        assert cut >= 2.0 and tokens and tokens[-1] > 1.5, (cut, tokens[-3:])
+        assert server.wait(60) == 0
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
