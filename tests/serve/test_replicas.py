@@ -246,7 +246,8 @@ def test_without_the_ray_extra_replicas_name_the_extra(model):
           "max_queued_requests": 256}),
         ({"replicas": "3", "max_queued": "16", "served_model_name": "smol"},
          {"num_replicas": 3, "max_queued_requests": 16}),
-        ({"allowed_hosts": "Chat.example, api.example", "cuda_graph": "false"},
+        ({"allowed_hosts": "Chat.example, api.example", "cuda_graph": "false",
+          "allowed_origins": "http://App.example:5173"},
          {"num_replicas": 1}),
         ({"chat_template": "{{ messages[0].content }}"}, {"num_replicas": 1}),
     ],
@@ -265,6 +266,7 @@ def test_app_builder_sets_the_deployment(model, args, expect):
     if "allowed_hosts" in args:  # typed as the fields are, not left as strings
         assert options.allowed_hosts == frozenset({"chat.example", "api.example"})
         assert options.cuda_graph is False
+        assert options.allowed_origins == frozenset({"http://app.example:5173"})
     assert options.chat_template == args.get("chat_template")
 
 
@@ -295,6 +297,7 @@ def test_app_builder_autoscales_between_min_and_max(model):
         ({"model": "M", "cuda_graph": "true"}, "cuda_graph needs a static sampler chain"),
         ({"model": "M", "row_buckets": "false"}, "row_buckets=False needs cuda_graph"),
         ({"model": "M", "chat_template": "chatml"}, "neither a file nor jinja text"),
+        ({"model": "M", "allowed_origins": "app.example"}, "'app.example' is not an origin"),
     ],
     ids=[
         "no-model",
@@ -308,6 +311,7 @@ def test_app_builder_autoscales_between_min_and_max(model):
         "cuda-graph-branching",
         "fixed-rows-uncaptured",
         "chat-template-name",
+        "origin-without-scheme",
     ],
 )
 def test_app_builder_refuses_bad_arguments(model, args, message):
