@@ -144,9 +144,13 @@ def speculation(
 ) -> tuple[str | None, int]:
     """The speculative method and draft length an engine on a model described by `meta` uses:
     `draft_tokens` (default ``DEFAULT_DRAFT_TOKENS``) checked against what the graph verifies,
-    and `ngram` checked too."""
+    and `ngram` checked too; either given without a method is refused (it would change
+    nothing)."""
     check_method(method)
     if method is None:
+        if draft_tokens is not None or ngram != DEFAULT_NGRAM:
+            given = "draft_tokens" if draft_tokens is not None else "ngram"
+            raise InvalidParameter(f"{given} needs speculative='ngram' (speculation is off)")
         return None, 0
     if meta.kv_layout != "gqa":
         raise InvalidParameter(

@@ -376,7 +376,11 @@ def _meta(prefix: str, settings: ServeSettings) -> dict:
 
 
 def _echo_text(engine: Engine, prompt) -> str:
-    return prompt if isinstance(prompt, str) else engine.tokenizer.decode(prompt)
+    """The prompt as an echo writes it: a text as sent, token ids as their text with the special
+    tokens (as a text prompt keeps them), so that ``text_offset`` points into it."""
+    if isinstance(prompt, str):
+        return prompt
+    return engine.tokenizer.decode(prompt, skip_special_tokens=False)
 
 
 def _completion_choice(

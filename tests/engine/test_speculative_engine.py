@@ -299,6 +299,9 @@ def test_engine_errors(tiny_pair, tiny_gqa_export, tiny_export, tmp_path):
         Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="draft-model")
     with pytest.raises(InvalidParameter, match="ngram must be an integer >= 1"):
         Engine(plain.path, tokenizer=tiny_gqa_export.output, speculative="ngram", ngram=0)
+    for given in ({"draft_tokens": 4}, {"ngram": 5}):  # without a method: they change nothing
+        with pytest.raises(InvalidParameter, match="needs speculative='ngram'"):
+            Engine(plain.path, tokenizer=tiny_gqa_export.output, **given)
     bare = compose(tiny_gqa_export.output, None, tmp_path / "bare.onnx", max_slots=2)
     with pytest.raises(InvalidParameter, match="compose --draft-tokens"):
         Engine(bare, tokenizer=tiny_gqa_export.output, speculative="ngram")

@@ -147,6 +147,19 @@ def test_logprobs_0_gives_each_chosen_token_alone(client, stream):
     assert len(tokens) > 4 and tops[1:] == chosen
 
 
+@pytest.mark.parametrize("prompt", ["Hi<|im_end|> there", [1, 2, 3, 504, 2135]])
+def test_echo_text_offsets_point_into_the_text(client, prompt):
+    """Each token's text_offset is where its text is in the choice's text, special tokens of a
+    prompt of token ids included (they were left out of the echoed text, not of the offsets)."""
+    done = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=2, echo=True, logprobs=1, temperature=0
+    )
+    text, lp = done.choices[0].text, done.choices[0].logprobs
+    assert text.startswith("".join(lp.tokens[: done.usage.prompt_tokens])), (text, lp.tokens)
+    for token, offset in zip(lp.tokens, lp.text_offset, strict=True):
+        assert text[offset : offset + len(token)] == token, (text, lp.tokens, lp.text_offset)
+
+
 @pytest.mark.parametrize("echo", [False, True])
 def test_streamed_text_offsets_count_from_the_start_of_the_choice(client, echo):
     kw = dict(model="tiny", prompt="The cat sat on", max_tokens=8, logprobs=1, temperature=0)
