@@ -21,9 +21,10 @@ through raw pointers (row r starts at ``data_ptr() + r * row_bytes``), the same 
 The buffers hold a row for every slot from the first request on and grow in positions on demand
 (doubling, contents copied); an allocation that fails leaves the old buffers in place and fails only
 the request that asked. When the requests that needed a long buffer have ended, it shrinks back
-(to what the running requests reserved, at least 512 positions), so one long prompt does not keep
-every slot's memory for good; a finished request's cached tokens past the new length are dropped
-(prefix reuse keeps what fits).
+(to what the running requests reserved and what the request that ended last holds, at least 512
+positions), so one long prompt does not keep every slot's memory past the next request, while a
+chat's next turn still finds its whole conversation cached; the other finished requests' cached
+tokens past the new length are dropped (prefix reuse keeps what fits).
 
 With ``fixed`` (CUDA graphs), every decode call has one shape while the buffers and the occupied
 rows' bucket stay: the first ``rows()`` rows (the occupied slots rounded up to 1, 2, 4, 8…, see
@@ -299,18 +300,20 @@ class SharedLayout:
         self.reserved[slot] = self.reserved.pop(seq.slot)
 
     def finish(self, seq: Sequence) -> None:
-        # The row keeps its tokens until the slot is taken again (prefix reuse).
+        # The row keeps its tokens until the slot is taken again (prefix reuse): all of them,
+        # whatever the buffers shrink to, since a chat's next turn comes next.
         self.reserved.pop(seq.slot, None)
-        self._shrink()
+        self._shrink(keep=len(self.tokens[seq.slot]) + 1)
 
     def discard(self, slot: int) -> None:
         self.tokens[slot] = []
         self.reserved.pop(slot, None)
         self._shrink()
 
-    def _shrink(self) -> None:
-        """Give memory back once what the running requests reserved fits in a quarter of it."""
-        need = max([_FIRST_LENGTH, *self.reserved.values()])
+    def _shrink(self, keep: int = 0) -> None:
+        """Give memory back once what the running requests reserved, and `keep` positions (what
+        the request that just finished holds), fit in a quarter of it."""
+        need = max([_FIRST_LENGTH, keep, *self.reserved.values()])
         if self.kv.length < 4 * need:
             return
         length = buffer_length(need, self.limit)

@@ -304,12 +304,7 @@ def test_growing_the_buffers_keeps_a_running_sequence_as_it_was(gqa_model, tmp_p
     """A request that reserves more positions arrives while another decodes: the buffers are
     replaced under the running sequence, which goes on as if nothing happened; once the large
     request has gone (and then the other), they shrink back."""
-    folder = tmp_path / "long-context"
-    shutil.copytree(gqa_model.tokenizer, folder, ignore=shutil.ignore_patterns("*.onnx", "*.data"))
-    manifest = folder / "onnxsample.json"
-    data = json.loads(manifest.read_text()) if manifest.is_file() else {"model": {}}
-    data.setdefault("model", {})["max_position_embeddings"] = 100_000  # reservations only
-    manifest.write_text(json.dumps(data))
+    folder = _long_context(gqa_model, tmp_path)
     with Generator(gqa_model.composed, tokenizer=folder, threads=1) as gen:
         [alone] = gen.generate(PROMPTS[0], GREEDY, max_new_tokens=30, chat=False)
     with Generator(gqa_model.composed, tokenizer=folder, threads=1) as gen:
@@ -323,6 +318,36 @@ def test_growing_the_buffers_keeps_a_running_sequence_as_it_was(gqa_model, tmp_p
         grown.cancel()
         assert running.result(timeout=120).token_ids == alone.token_ids
         assert _kv(gen).length == 512  # both ended: the buffers shrank back
+
+
+def _long_context(gqa_model, tmp_path) -> Path:
+    """The tiny model's tokenizer folder, its context widened (reservations only)."""
+    folder = tmp_path / "long-context"
+    shutil.copytree(gqa_model.tokenizer, folder, ignore=shutil.ignore_patterns("*.onnx", "*.data"))
+    manifest = folder / "onnxsample.json"
+    data = json.loads(manifest.read_text()) if manifest.is_file() else {"model": {}}
+    data.setdefault("model", {})["max_position_embeddings"] = 100_000
+    manifest.write_text(json.dumps(data))
+    return folder
+
+
+def test_a_chats_next_turn_finds_its_whole_conversation_cached(embedded_gqa_exports, tmp_path):
+    """A conversation long enough to grow the buffers past four times the first length: its next
+    turn reuses every token the last one left (the buffers used to shrink back to 512 positions
+    when it ended, and the next turn recomputed all but 511); an unrelated request that ends
+    after it gives the memory back."""
+    folder = embedded_gqa_exports["gguf-a4"].output
+    composed = compose(folder, None, tmp_path / "two.onnx", max_slots=2)
+    history = [int(t) for t in np.random.default_rng(0).integers(100, 20_000, 2100)]
+    with Generator(composed, tokenizer=folder) as gen:
+        engine = gen.engine
+        first = engine.submit(history, GREEDY, max_new_tokens=4).result(timeout=120)
+        assert _kv(gen).length > 2048
+        turn = [*history, *first.token_ids, 7, 8, 9]
+        second = engine.submit(turn, GREEDY, max_new_tokens=4).result(timeout=120)
+        assert second.timings.cached_tokens >= len(history) + len(first.token_ids) - 2
+        engine.submit([5, 6, 7], GREEDY, max_new_tokens=4).result(timeout=120)
+        assert _kv(gen).length == 512
 
 
 @pytest.mark.parametrize("bad", [0, 1, -5, 2.5, "64", True])
