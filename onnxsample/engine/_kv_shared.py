@@ -21,10 +21,10 @@ through raw pointers (row r starts at ``data_ptr() + r * row_bytes``), the same 
 The buffers hold a row for every slot from the first request on and grow in positions on demand
 (doubling, contents copied); an allocation that fails leaves the old buffers in place and fails only
 the request that asked. When the requests that needed a long buffer have ended, it shrinks back
-(to what the running requests reserved and what the request that ended last holds, at least 512
-positions), so one long prompt does not keep every slot's memory past the next request, while a
-chat's next turn still finds its whole conversation cached; the other finished requests' cached
-tokens past the new length are dropped (prefix reuse keeps what fits).
+(to what the running requests reserved and what the requests that ended in the last
+``KEEP_SECONDS`` hold, at least 512 positions): a conversation's next turn finds its whole history
+cached, however long, and one long prompt does not keep every slot's memory for good. Older
+finished requests' cached tokens past the new length are dropped (prefix reuse keeps what fits).
 
 With ``fixed`` (CUDA graphs), every decode call has one shape while the buffers and the occupied
 rows' bucket stay: the first ``rows()`` rows (the occupied slots rounded up to 1, 2, 4, 8…, see
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 _PAST, _PRESENT = "past_key_values.", "present."
 _ALIGN = 64
 _FIRST_LENGTH = 512
+# A finished request's cached tokens outlive a shrink this long: a chat's next turn, or another
+# request on the same prefix, as OpenAI's prompt cache keeps a prefix (5-10 minutes idle).
+KEEP_SECONDS = 300.0
 ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -193,6 +197,7 @@ class SharedLayout:
         *,
         fixed: bool = False,
         rows: Callable[[], int] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kv, self.slots, self.pad, self.limit = kv, slots, pad, limit
         self.fixed = fixed
@@ -200,6 +205,8 @@ class SharedLayout:
         self.reserved: dict[int, int] = {}  # positions each running request asked for
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.decoding: set[int] = set()
+        self.clock, self.keep_seconds = clock, KEEP_SECONDS
+        self.ended: dict[int, float] = {}  # when each free row's request ended (kept tokens)
 
     def held(self, slot: int) -> list[int]:
         return self.tokens[slot]
@@ -216,6 +223,7 @@ class SharedLayout:
         self.reserved[slot] = max(self.reserved.get(slot, 0), positions)
 
     def start(self, seq: Sequence, reused: int) -> None:
+        self.ended.pop(seq.slot, None)
         del self.tokens[seq.slot][reused:]
         seq.computed = reused
 
@@ -291,6 +299,7 @@ class SharedLayout:
         """Copy the keys and values of row `src` into the free row `dst`, whose cache is
         forgotten first (a copy that fails half-way leaves nothing claimed there)."""
         self.tokens[dst] = []
+        self.ended.pop(dst, None)
         self.kv.copy_row(src, dst)
 
     def move(self, seq: Sequence, slot: int) -> None:
@@ -298,22 +307,26 @@ class SharedLayout:
         keeps them as a finished request's (for prefix reuse)."""
         self.tokens[slot] = list(self.tokens[seq.slot])
         self.reserved[slot] = self.reserved.pop(seq.slot)
+        self.ended[seq.slot] = self.clock()
 
     def finish(self, seq: Sequence) -> None:
-        # The row keeps its tokens until the slot is taken again (prefix reuse): all of them,
-        # whatever the buffers shrink to, since a chat's next turn comes next.
+        # The row keeps its tokens until the slot is taken again (prefix reuse).
         self.reserved.pop(seq.slot, None)
-        self._shrink(keep=len(self.tokens[seq.slot]) + 1)
+        self.ended[seq.slot] = self.clock()
+        self._shrink()
 
     def discard(self, slot: int) -> None:
         self.tokens[slot] = []
         self.reserved.pop(slot, None)
+        self.ended.pop(slot, None)
         self._shrink()
 
-    def _shrink(self, keep: int = 0) -> None:
-        """Give memory back once what the running requests reserved, and `keep` positions (what
-        the request that just finished holds), fit in a quarter of it."""
-        need = max([_FIRST_LENGTH, keep, *self.reserved.values()])
+    def _shrink(self) -> None:
+        """Give memory back once what the running requests reserved, and what the requests that
+        ended in the last ``keep_seconds`` hold (one position more), fit in a quarter of it."""
+        recent = self.clock() - self.keep_seconds
+        kept = [len(self.tokens[s]) + 1 for s, at in self.ended.items() if at >= recent]
+        need = max([_FIRST_LENGTH, *kept, *self.reserved.values()])
         if self.kv.length < 4 * need:
             return
         length = buffer_length(need, self.limit)

@@ -333,19 +333,22 @@ def _long_context(gqa_model, tmp_path) -> Path:
 
 def test_a_chats_next_turn_finds_its_whole_conversation_cached(embedded_gqa_exports, tmp_path):
     """A conversation long enough to grow the buffers past four times the first length: its next
-    turn reuses every token the last one left (the buffers used to shrink back to 512 positions
-    when it ended, and the next turn recomputed all but 511); an unrelated request that ends
-    after it gives the memory back."""
+    turn reuses every token the last one left, though a short unrelated request ended between
+    the two (the buffers used to shrink back to 512 positions when it ended, and the next turn
+    recomputed all but 511); once its tokens are older than the layout keeps them, the next
+    request that ends gives the memory back."""
     folder = embedded_gqa_exports["gguf-a4"].output
     composed = compose(folder, None, tmp_path / "two.onnx", max_slots=2)
     history = [int(t) for t in np.random.default_rng(0).integers(100, 20_000, 2100)]
     with Generator(composed, tokenizer=folder) as gen:
         engine = gen.engine
         first = engine.submit(history, GREEDY, max_new_tokens=4).result(timeout=120)
+        engine.submit([5, 6, 7], GREEDY, max_new_tokens=4).result(timeout=120)  # a chat's title
         assert _kv(gen).length > 2048
         turn = [*history, *first.token_ids, 7, 8, 9]
         second = engine.submit(turn, GREEDY, max_new_tokens=4).result(timeout=120)
         assert second.timings.cached_tokens >= len(history) + len(first.token_ids) - 2
+        engine._scheduler.layout.keep_seconds = 0.0
         engine.submit([5, 6, 7], GREEDY, max_new_tokens=4).result(timeout=120)
         assert _kv(gen).length == 512
 
