@@ -213,6 +213,7 @@ class Engine:
         chat: bool | None = None,
         system: str | None = None,
         index: int = 0,
+        prefix_reuse: bool = True,
     ) -> Request:
         """Queue one request; returns its :class:`~onnxsample.engine.request.Request` at once.
 
@@ -221,12 +222,16 @@ class Engine:
         of ``{"role": ..., "content": ...}`` messages. `stop` is one stop string or several.
         `max_new_tokens` None generates until end-of-sequence or the end of the context.
         `index` is copied into the request's events (the batch position of a
-        :class:`~onnxsample.Generator` call). Bad input raises
+        :class:`~onnxsample.Generator` call). `prefix_reuse` False computes the whole prompt
+        even where a slot holds a prefix of it (llama-server's ``cache_prompt: false``; the
+        engine's own `prefix_reuse` False does so for every request). Bad input raises
         :class:`~onnxsample.errors.InvalidParameter` here, before any work.
         """
-        return self.enqueue(
-            [self.prepare(prompt, params, max_new_tokens, stop, chat, system, index)]
-        )[0]
+        if not isinstance(prefix_reuse, bool):
+            raise InvalidParameter(f"prefix_reuse must be True or False, got {prefix_reuse!r}")
+        seq = self.prepare(prompt, params, max_new_tokens, stop, chat, system, index)
+        seq.reuse_prefix = prefix_reuse
+        return self.enqueue([seq])[0]
 
     def enqueue(self, prepared: Seq[Sequence]) -> list[Request]:
         """Queue requests made by :meth:`prepare` (any thread), all or none: without room in the

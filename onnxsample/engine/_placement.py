@@ -42,7 +42,7 @@ class Placement:
     def pick(self, seq: Sequence) -> tuple[int, int]:
         """The free slot for `seq` and how many of its cached tokens the prompt reuses."""
         rows = self.state.rows if self.fixed else (lambda slot: 0)
-        if not self.prefix_reuse or seq.wants_prompt_logprobs:
+        if not (self.prefix_reuse and seq.reuse_prefix) or seq.wants_prompt_logprobs:
             return min(self.free, key=lambda s: (rows(s), len(self.layout.held(s)), s)), 0
         room = max(len(seq.prompt) - _RECOMPUTE, 0)
         best = None

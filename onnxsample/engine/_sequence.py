@@ -75,6 +75,7 @@ class Sequence:
     t_max_predict_ms: float = 0  # > 0: end at a new line once generating took longer (ms)
     report_progress: bool = False  # an event when it gets its slot and after each prompt call
     report_timings: bool = False  # each event with the request's timings when it came
+    reuse_prefix: bool = True  # may start from a cached prefix (llama-server's cache_prompt)
     rng: np.random.Generator = field(init=False)
     _decoded: int = field(init=False, default=0)  # characters the tokens decoded to so far
 

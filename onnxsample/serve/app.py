@@ -52,7 +52,13 @@ from onnxsample.serve.schemas import (
     ChatRequest,
     CompletionRequest,
 )
-from onnxsample.serve.streaming import Job, chat_stream, completion_stream, reporting, sse
+from onnxsample.serve.streaming import (
+    Job,
+    chat_stream,
+    completion_stream,
+    request_options,
+    sse,
+)
 from onnxsample.serve.structured import constraint_field
 
 __all__ = ["CUT_MARGIN", "FINGERPRINT", "ServeSettings", "create_app"]
@@ -253,7 +259,7 @@ def create_app(
             seqs = [
                 e.prepare(prompt, p, limit, body.stop, None, None, i) for i, p in enumerate(params)
             ]
-            return endings.apply(reporting(seqs, body))
+            return endings.apply(request_options(seqs, body))
 
         seqs = await asyncio.to_thread(prepared)
         opened = None  # where the thought goes apart: whether the prompt opened it
@@ -333,7 +339,7 @@ def create_app(
                 for k, prompt in enumerate(prompts)
                 for j, p in enumerate(params)
             ]
-            endings.apply(reporting(seqs, body))
+            endings.apply(request_options(seqs, body))
             if not body.echo:
                 return seqs, {}
             return seqs, {s.index: _echo_text(e, prompts[s.index // body.n]) for s in seqs}

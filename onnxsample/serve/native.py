@@ -67,7 +67,7 @@ from onnxsample.serve.schemas import (
     DetokenizeRequest,
     TokenizeRequest,
 )
-from onnxsample.serve.streaming import reporting, sse
+from onnxsample.serve.streaming import request_options, sse
 from onnxsample.serve.structured import constraint_field
 from onnxsample.serve.tokenize import applied_template, tokenized
 from onnxsample.text.tokenizer import Tokenizer
@@ -151,7 +151,7 @@ def add_native_routes(
                 for k, prompt in enumerate(prompts)
                 for j, p in enumerate(params)
             ]
-            endings.apply(reporting(seqs, body))
+            endings.apply(request_options(seqs, body))
             texts = [e.tokenizer.decode(s.prompt, skip_special_tokens=False) for s in seqs]
             return seqs, texts
 

@@ -194,6 +194,7 @@ class SamplingFields(_Body):
     temperature_last: StrictBool | None = None  # text-generation-webui's: llama.cpp's order
     repetition_penalty: _Number | None = None
     ignore_eos: StrictBool = False
+    cache_prompt: StrictBool = True  # llama-server: false computes the whole prompt anew
     min_tokens: StrictInt = 0
     response_format: ResponseFormat | None = None
     json_schema: dict[str, Any] | None = None  # llama-server

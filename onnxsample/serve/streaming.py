@@ -171,13 +171,15 @@ def _piece(index: int, delta: dict, logprobs: dict | None = None) -> dict:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": None}
 
 
-def reporting(seqs: list, body: SamplingFields) -> list:
-    """`seqs`, which report how far their prompts are and their timings at each token when
-    `body` asks a stream for them (llama-server's ``return_progress`` and ``timings_per_token``;
-    a whole answer has nowhere to put them)."""
+def request_options(seqs: list, body: SamplingFields) -> list:
+    """`seqs` with llama-server's per-request options of `body`: they report how far their
+    prompts are and their timings at each token when a stream asks (``return_progress``,
+    ``timings_per_token``; a whole answer has nowhere to put them), and reuse a cached prefix
+    unless ``cache_prompt`` is false."""
     for seq in seqs:
         seq.report_progress = body.stream and body.return_progress
         seq.report_timings = body.stream and body.timings_per_token
+        seq.reuse_prefix = body.cache_prompt
     return seqs
 
 

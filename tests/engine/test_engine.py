@@ -17,7 +17,7 @@ import pytest
 from _engine_cases import GREEDY, LONG, PROMPTS, alone, seeded
 
 from onnxsample.engine.generator import Generator
-from onnxsample.errors import QueueFull
+from onnxsample.errors import InvalidParameter, QueueFull
 from onnxsample.params import SamplingParams
 
 
@@ -258,3 +258,7 @@ def test_prefix_reuse_computes_only_the_new_tokens(fresh):
     again = reuse.submit(chat, seeded(31), max_new_tokens=10).result(timeout=120)
     assert again.token_ids == first.token_ids  # the same prompt again: all but 2 tokens reused
     assert again.timings.cached_tokens == len(again.prompt_token_ids) - 2
+    anew = reuse.submit(chat, seeded(31), max_new_tokens=10, prefix_reuse=False)
+    assert anew.result(timeout=120).timings.cached_tokens == 0  # cache_prompt: false
+    with pytest.raises(InvalidParameter, match="prefix_reuse must be True or False"):
+        reuse.submit(chat, seeded(31), prefix_reuse=0)

@@ -32,6 +32,17 @@ def test_chat_completion(client):
     assert done.model_extra["timings"]["predicted_n"] == usage.completion_tokens
 
 
+@pytest.mark.parametrize("cache_prompt", [True, False])
+def test_cache_prompt_false_computes_the_whole_prompt(client, cache_prompt):
+    """llama-server's ``cache_prompt``: false computes the prompt anew though a slot holds it."""
+    prompt = "The same long prompt, asked twice, " * 4
+    kw = dict(model="tiny", prompt=prompt, max_tokens=2, temperature=0)
+    client.completions.create(**kw)
+    again = client.completions.create(**kw, extra_body={"cache_prompt": cache_prompt})
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert (cached == again.usage.prompt_tokens - 2) if cache_prompt else cached == 0, again.usage
+
+
 def test_streamed_chat_equals_the_whole_answer(client):
     whole = chat(client, max_tokens=12, seed=5, temperature=0.9)
     chunks = list(
