@@ -137,21 +137,23 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and self.slots.free:
-            seq = self.waiting.popleft()
+            seq = self.waiting[0]  # left waiting until placed: a failure here fails it too
             slot, reused = self.slots.pick(seq)
             need = len(seq.prompt) + (_AHEAD if seq.open_ended else seq.max_new_tokens)
             try:
                 self.layout.reserve(slot, min(need, seq.limit) if seq.limit else need)
             except OnnxSampleError as exc:
                 log.warning("request %s: %s", seq.request.id, exc)
+                self.waiting.popleft()
                 self.stats.failed += 1
                 seq.request._fail(exc)
                 self.on_change(-1, 0)
                 continue
             self.slots.take(seq, slot)
-            self.on_change(-1, -1)
             self.layout.start(seq, reused)
             self.state.assign(slot, seq.early_params or seq.params, seq.prompt)
+            self.waiting.popleft()
+            self.on_change(-1, -1)
             seq.admitted = time.perf_counter()
             seq.timings.queue_s = seq.admitted - seq.request.submitted
             seq.timings.cached_tokens = seq.computed

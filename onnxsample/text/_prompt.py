@@ -78,6 +78,12 @@ def prompt_tokens(
     ids = [int(i) for i in ids]
     if not ids:
         raise InvalidParameter("the prompt is empty after tokenisation")
+    if (past := max(ids)) >= vocab_size:  # the tokenizer's own ids: it is not the model's
+        raise InvalidParameter(
+            f"the prompt holds token {past} ({tok.decode([past], skip_special_tokens=False)!r}), "
+            f"past the model's vocabulary of {vocab_size}: this tokenizer does not belong to "
+            "this model"
+        )
     return ids
 
 

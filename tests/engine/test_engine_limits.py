@@ -15,7 +15,13 @@ from _engine_cases import GREEDY, LONG, PROMPTS, alone, seeded
 
 from onnxsample.composer import compose
 from onnxsample.engine import Engine
-from onnxsample.errors import EngineClosed, InvalidParameter, ModelError, OutOfMemory
+from onnxsample.errors import (
+    EngineClosed,
+    GenerationError,
+    InvalidParameter,
+    ModelError,
+    OutOfMemory,
+)
 from onnxsample.params import SamplingParams
 
 
@@ -174,6 +180,45 @@ def test_a_failed_kv_allocation_fails_that_request_only(models, tmp_path):
         assert running.result(timeout=60).token_ids
         after = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=5, chat=False)
         assert after.result(timeout=60).token_ids
+
+
+def test_a_fault_while_admitting_fails_that_request_and_the_engine_goes_on(fresh, monkeypatch):
+    """A bug between a request's leaving the queue and its first call (here the sampler state's
+    assign) fails that request with the reason; it used to be in no list, and never answered."""
+    engine = fresh(slots=2)
+    state_class, faults = type(engine._scheduler.state), []
+    assign = state_class.assign
+
+    def faulty(self, *args, **kwargs):
+        if not faults:
+            faults.append(1)
+            raise IndexError("index 32000 is out of bounds")
+        return assign(self, *args, **kwargs)
+
+    monkeypatch.setattr(state_class, "assign", faulty)
+    with pytest.raises(GenerationError, match="internal error: index 32000 is out of bounds"):
+        engine.submit(PROMPTS[0], GREEDY, max_new_tokens=3, chat=False).result(timeout=60)
+    assert engine.submit(PROMPTS[1], GREEDY, max_new_tokens=3, chat=False).result(timeout=60)
+
+
+def test_a_tokenizer_with_tokens_past_the_models_vocabulary_is_refused(models, tmp_path):
+    """A prompt that the tokenizer turns into an id the model does not have is refused at submit,
+    naming the token (a tokenizer with an added token that is not the model's)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    path, folder = models["gqa", 2]
+    wider = tmp_path / "wider-tokenizer"
+    shutil.copytree(folder, wider, ignore=shutil.ignore_patterns("*.onnx", "*.data"))
+    tok = Tokenizer.from_file(str(wider / "tokenizer.json"))
+    vocab = tok.get_vocab_size()
+    while tok.get_vocab_size() <= vocab:  # past the model's vocabulary (the tokenizer's own)
+        tok.add_special_tokens([AddedToken(f"<|extra{tok.get_vocab_size()}|>", special=True)])
+    tok.save(str(wider / "tokenizer.json"))
+    extra = tok.id_to_token(tok.get_vocab_size() - 1)
+    with Engine(path, tokenizer=wider, threads=1) as engine:
+        with pytest.raises(InvalidParameter, match=r"past the model's vocabulary of \d+: this "):
+            engine.submit(f"Hello {extra}", GREEDY, max_new_tokens=2, chat=False)
+        assert engine.submit("Hello", GREEDY, max_new_tokens=2, chat=False).result(timeout=60)
 
 
 def test_a_closed_engine_refuses_requests(models, layout):
