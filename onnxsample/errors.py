@@ -79,6 +79,23 @@ def check_count(name: str, value: object, low: int, high: int | None = None) -> 
         raise InvalidParameter(f"{name} must be {within}, got {value!r}")
 
 
+def count(name: str, value: object, low: int, high: int | None = None) -> int:
+    """`value` as a Python int once :func:`check_count` passes it (a numpy integer becomes one:
+    onnx's shapes take nothing else). For the package's own modules, not the API."""
+    check_count(name, value, low, high)
+    return int(value)  # type: ignore[call-overload]
+
+
+def check_flag(name: str, value: object) -> bool:
+    """`value` as a bool; InvalidParameter unless it is one (``1`` or ``"no"`` would be read
+    one way and recorded another). For the package's own modules, not the API."""
+    import numpy as np
+
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidParameter(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of `exc`'s message (its type's name where it has none): how another
     library's error is quoted in one of ours. For the package's own modules, not the API."""

@@ -127,8 +127,9 @@ class SamplingParams:
                 f"logit_bias must be a dict of token id to value, got {type(self.logit_bias).__name__}"
             )
         for token, value in self.logit_bias.items():
-            if not _is_int(token) or token < 0 or (vocab_size is not None and token >= vocab_size):
-                bound = f"in [0, {vocab_size})" if vocab_size is not None else "an integer >= 0"
+            high = vocab_size if vocab_size is not None else 2**63  # an int64 id at most
+            if not _is_int(token) or not 0 <= token < high:
+                bound = f"in [0, {vocab_size})" if vocab_size is not None else "in [0, 2**63)"
                 raise InvalidParameter(f"logit_bias token id must be {bound}, got {token!r}")
             _check_range(f"logit_bias[{token}]", value, -100.0, 100.0, "in [-100, 100]")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
@@ -226,12 +227,20 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)  # the graph's parameters are flo
 def _check_range(
     name: str, value: object, low: float, high: float, rule: str, low_open: bool = False
 ) -> None:
-    ok = _is_number(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+    try:
+        ok = _is_number(value) and math.isfinite(float(value))  # type: ignore[arg-type]
+    except OverflowError:  # an integer past every float (10**400)
+        ok = False
     if ok:
         number = float(value)  # type: ignore[arg-type]
         ok = (low < number if low_open else low <= number) and number <= high
     if not ok:
-        raise InvalidParameter(f"{name} must be {rule}, got {value}")
+        shown = (
+            str(value)
+            if len(str(value)) <= 40
+            else f"{str(value)[:20]}... ({type(value).__name__})"
+        )
+        raise InvalidParameter(f"{name} must be {rule}, got {shown}")
 
 
 def pack_sampling_params(
@@ -256,8 +265,12 @@ def pack_sampling_params(
     before it) refuses the input by name rather than draw in the other order.
     """
     chain = SamplerChain(chain)
+    check_count("max_slots", max_slots, 1)
+    check_count("max_bias", max_bias, 0)
     if len(slots) > max_slots:
         raise InvalidParameter(f"{len(slots)} slots given, more than max_slots={max_slots}")
+    if bad := [p for p in slots if p is not None and not isinstance(p, SamplingParams)]:
+        raise InvalidParameter(f"each slot is SamplingParams or None, got {type(bad[0]).__name__}")
     bias_on = "logit_bias" in chain and max_bias > 0
     arrays = _neutral_arrays(chain, max_slots, max_bias if bias_on else 0)
     for s, params in enumerate(slots):

@@ -13,8 +13,10 @@ model over 2 GB keeps its weights in one ``<name>.data`` file beside it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +41,8 @@ from onnxsample.composer._splice import reconcile_versions, splice
 from onnxsample.composer._static import fold_static
 from onnxsample.composer._write import write_single_file
 from onnxsample.composer.loading import check_model, load_model
-from onnxsample.composer.sampler_model import fallback_props
-from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.composer.sampler_model import MAX_SLOTS, fallback_props
+from onnxsample.errors import InvalidParameter, ModelError, check_flag, count
 from onnxsample.graphs.chain import DOMAIN
 from onnxsample.metadata import (
     COMPOSER_REVISION,
@@ -48,6 +50,7 @@ from onnxsample.metadata import (
     ComposedMetadata,
     composed_metadata,
 )
+from onnxsample.params import MAX_TOP_LOGPROBS
 
 __all__ = [
     "COMPOSER_REVISION",
@@ -103,8 +106,30 @@ def compose(
     control flow or data-dependent shapes (the same tokens; a decode step can be captured as a
     CUDA graph); it verifies no drafts, so ``"auto"`` then means 0.
     """
+    if progress is not None and not callable(progress):
+        raise InvalidParameter(f"progress must be a callable or None, got {progress!r}")
     stage = progress or (lambda _name: None)
     chain = SamplerChain.full() if chain is None else SamplerChain(chain)
+    max_slots = count("max_slots", max_slots, 1, MAX_SLOTS)
+    top_logprobs = count("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
+    max_bias = count("max_bias", max_bias, 0)
+    output_candidates = count("output_candidates", output_candidates, 0)
+    if draft_tokens != "auto":
+        draft_tokens = count("draft_tokens", draft_tokens, 0, MAX_DRAFT_TOKENS)
+    output_probs, allowed_tokens, prompt_logprobs, static, inline = (
+        check_flag(name, value)
+        for name, value in (
+            ("output_probs", output_probs),
+            ("allowed_tokens", allowed_tokens),
+            ("prompt_logprobs", prompt_logprobs),
+            ("static", static),
+            ("inline", inline),
+        )
+    )
+    if not isinstance(model, (str, os.PathLike)):
+        raise InvalidParameter(f"model must be a path, got {type(model).__name__}")
+    if output is not None and not isinstance(output, (str, os.PathLike)):
+        raise InvalidParameter(f"output must be a path or None, got {type(output).__name__}")
     if gather not in GATHER_MODES:
         raise InvalidParameter(f"gather must be one of {', '.join(GATHER_MODES)}, got {gather!r}")
     source = _model_file(Path(model))
@@ -292,10 +317,10 @@ def _invented(dim) -> bool:
 
 def _save(model: ir.Model, out: Path) -> None:
     """Write one file and check it; weights over 2 GB go to one `<name>.data` file beside it."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     data_name = f"{out.name}.data"
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         total = sum(
             t.const_value.nbytes for t in model.graph.initializers.values() if t.const_value
         )
@@ -311,5 +336,6 @@ def _save(model: ir.Model, out: Path) -> None:
     except OSError as exc:
         raise ModelError(f"cannot write {out}: {exc.strerror or exc}") from exc
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: the write said so already
+            tmp.unlink(missing_ok=True)
     check_model(out, proto)

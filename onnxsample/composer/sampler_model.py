@@ -53,6 +53,11 @@ IR_VERSION = 10  # opset 18 needs IR >= 8; onnxruntime 1.31 loads IR <= 11
 ROWS_DIM = "rows"
 
 
+# Sequences one graph decodes at once: past any device's batch (vLLM's max_num_seqs is 256 or
+# 1,024), and the per-slot state it makes ([slots, vocab] counts) would fill memory before use.
+MAX_SLOTS = 4096
+
+
 def sampler_config(
     chain: SamplerChain | str,
     vocab_size: int,
@@ -71,13 +76,13 @@ def sampler_config(
     """Check the build options and return the graph configuration they describe."""
     chain = SamplerChain(chain)
     check_count("vocab_size", vocab_size, 1)
-    check_count("max_slots", max_slots, 1)
+    check_count("max_slots", max_slots, 1, MAX_SLOTS)
     check_count("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
     if top_logprobs > vocab_size:
         raise InvalidParameter(
             f"top_logprobs must be <= vocab_size ({vocab_size}), got {top_logprobs}"
         )
-    check_count("max_bias", max_bias, 0)
+    check_count("max_bias", max_bias, 0, vocab_size)  # one entry a token at most
     if max_bias > 0 and "logit_bias" not in chain:
         raise InvalidParameter(f"max_bias={max_bias} needs logit_bias in the chain {str(chain)!r}")
     check_count("output_candidates", output_candidates, 0, vocab_size)
@@ -85,10 +90,10 @@ def sampler_config(
         logger.info("max_bias=0: the logit_bias sampler has no table and is left out of the graph")
     return ChainConfig(
         samplers=chain.names,
-        top_logprobs=top_logprobs,
-        max_bias=max_bias,
+        top_logprobs=int(top_logprobs),
+        max_bias=int(max_bias),
         output_probs=bool(output_probs),
-        output_candidates=output_candidates,
+        output_candidates=int(output_candidates),
         gather_rows=bool(gather_rows),
         static=bool(static),
         allowed_tokens=bool(allowed_tokens),
@@ -150,6 +155,9 @@ def build_sampler_model(
         counts_out=counts_out,
         logprobs_on_request=logprobs_on_request,
     )
+    vocab_size, max_slots = int(vocab_size), int(max_slots)  # a numpy integer's too
+    top_logprobs, max_bias = config.top_logprobs, config.max_bias
+    output_candidates = config.output_candidates
     dims = {
         "S": max_slots,
         "V": vocab_size,

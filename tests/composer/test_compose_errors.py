@@ -7,12 +7,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
 
 from onnxsample.composer import compose
 from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.metadata import composed_metadata
 
 # ---- bad models -------------------------------------------------------------------------------
 
@@ -140,12 +142,19 @@ def test_bad_models_are_refused_clearly(case, tmp_path, tiny_export):
         ({"max_slots": 0}, "max_slots must be"),
         ({"top_logprobs": 21}, "top_logprobs must be in [0, 20], got 21"),
         # a bool is not a count (Python's True == 1), a number not a chain
-        ({"max_slots": True}, "max_slots must be an integer >= 1, got True"),
+        ({"max_slots": True}, "max_slots must be in [1, 4096], got True"),
         ({"top_logprobs": True}, "top_logprobs must be"),
         ({"max_bias": True}, "max_bias must be"),
         ({"output_candidates": True}, "output_candidates must be"),
         ({"max_slots": 2.0}, "max_slots must be"),
         ({"chain": 5}, "a sampler chain is names"),
+        # sizes no graph could hold (its per-slot state would fill memory before use)
+        ({"max_slots": 10**9}, "max_slots must be in [1, 4096], got 1000000000"),
+        ({"max_bias": 10**12, "chain": "logit_bias,dist"}, "max_bias must be in [0, "),
+        # a flag that is no bool would be read one way and recorded another
+        ({"inline": 1}, "inline must be True or False, got 1"),
+        ({"static": "no"}, "static must be True or False, got 'no'"),
+        ({"progress": 5}, "progress must be a callable or None, got 5"),
     ],
 )
 def test_invalid_options(tiny_export, tmp_path, kwargs, message):
@@ -153,3 +162,29 @@ def test_invalid_options(tiny_export, tmp_path, kwargs, message):
     with pytest.raises(InvalidParameter) as info:
         compose(tiny_export.output, chain, tmp_path / "x.onnx", **kwargs)
     assert message in str(info.value)
+
+
+def test_numpy_integers_are_counts(tiny_gqa_export, tmp_path):
+    """Sizes given as numpy integers compose as Python's do (onnx's shapes refused them)."""
+    sizes = dict(max_slots=2, top_logprobs=3, max_bias=4, output_candidates=5)
+    path = compose(tiny_gqa_export.output, None, tmp_path / "np.onnx",
+                   **{k: np.int64(v) for k, v in sizes.items()})  # fmt: skip
+    meta = composed_metadata(onnx.load(path, load_external_data=False))
+    assert (meta.max_slots, meta.top_logprobs, meta.max_bias, meta.output_candidates) == (
+        2,
+        3,
+        4,
+        5,
+    )
+
+
+@pytest.mark.parametrize(("model", "message"), [(None, "model must be a path"), (3, "got int")])
+def test_a_model_that_is_no_path(tmp_path, model, message):
+    with pytest.raises(InvalidParameter, match=message):
+        compose(model, None, tmp_path / "x.onnx")
+
+
+def test_an_output_under_a_file_is_a_model_error(tiny_export, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ModelError, match=r"cannot write .*afile"):
+        compose(tiny_export.output, None, tmp_path / "afile" / "c.onnx")

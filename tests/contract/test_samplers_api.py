@@ -92,12 +92,23 @@ def test_chain_rejects_bad_names_and_lists_valid_ones(spec, message):
         ("prompt_logprobs", 21, "prompt_logprobs must be None or in [0, 20], got 21"),
         ("prompt_logprobs", -1, "prompt_logprobs must be None or in [0, 20], got -1"),
         ("ignore_eos", "yes", "ignore_eos must be a bool, got 'yes'"),
+        # an integer past every float: refused by name, not an OverflowError
+        (
+            "temperature",
+            10**400,
+            "temperature must be a finite float32 >= 0, got 10000000000000000000... (int)",
+        ),
+        (
+            "logit_bias",
+            {5: 10**400},
+            "logit_bias[5] must be in [-100, 100], got 10000000000000000000... (int)",
+        ),
     ],
 )
 def test_validate_rejects_with_vllm_style_message(field, value, message):
-    """Against a vocabulary of 100; without one, a token id's bound is its sign alone."""
+    """Against a vocabulary of 100; without one, a token id's bound is int64's."""
     if field == "logit_bias" and "token id" in message and -1 in value:
-        with pytest.raises(InvalidParameter, match=r"must be an integer >= 0, got -1$"):
+        with pytest.raises(InvalidParameter, match=r"must be in \[0, 2\*\*63\), got -1$"):
             SamplingParams(**{field: value}).validate()
     with pytest.raises(InvalidParameter) as err:
         SamplingParams(**{field: value}).validate(vocab_size=100)
@@ -231,10 +242,10 @@ def test_greedy_chain_accepts_temperature_zero():
     ("kwargs", "message"),
     [
         ({"vocab_size": 0}, "vocab_size must be an integer >= 1"),
-        ({"max_slots": 0}, "max_slots must be an integer >= 1"),
+        ({"max_slots": 0}, "max_slots must be in [1, 4096], got 0"),
         ({"top_logprobs": 21}, "top_logprobs must be in [0, 20]"),
         ({"top_logprobs": 9, "vocab_size": 8}, "top_logprobs must be <= vocab_size"),
-        ({"max_bias": -1}, "max_bias must be an integer >= 0"),
+        ({"max_bias": -1}, "max_bias must be in [0, 8], got -1"),
         ({"output_candidates": 9, "vocab_size": 8}, "output_candidates must be in [0, 8]"),
         ({"chain": "dist", "max_bias": 2}, "max_bias=2 needs logit_bias in the chain"),
         ({"chain": "dist,dist"}, "listed twice"),
@@ -246,3 +257,20 @@ def test_build_rejects_bad_options(kwargs, message):
     with pytest.raises(InvalidParameter) as err:
         build_sampler_model(chain, vocab, slots, **options)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("slots", "options", "message"),
+    [
+        ([{"temperature": 0.5}], {}, "each slot is SamplingParams or None, got dict"),
+        ([SamplingParams()], {"max_slots": "2"}, "max_slots must be an integer >= 1, got '2'"),
+        ([SamplingParams()], {"max_slots": 0}, "max_slots must be an integer >= 1, got 0"),
+        ([SamplingParams()], {"max_bias": 1.5}, "max_bias must be an integer >= 0, got 1.5"),
+        ([SamplingParams()], {"max_bias": -1}, "max_bias must be an integer >= 0, got -1"),
+    ],
+)
+def test_packing_refuses_what_no_graph_takes(slots, options, message):
+    options = {"max_slots": 2, **options}
+    with pytest.raises(InvalidParameter) as err:
+        pack_sampling_params(slots, "logit_bias,dist", **options)
+    assert str(err.value) == message
