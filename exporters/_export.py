@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onnxsample.errors import ExportError, InvalidParameter
+from onnxsample.errors import ExportError, InvalidParameter, count
 from onnxsample.exporters import _fs, _manifest, _weights, families, gguf, hf
 from onnxsample.exporters._options import (
     ACCURACY_LEVELS,
@@ -102,10 +102,12 @@ def export(
     different one is an error. `progress(stage)` is called as each of :data:`STAGES` starts.
     """
     require_export_stack()
-    if accuracy_level not in ACCURACY_LEVELS:
+    if isinstance(accuracy_level, (bool, float)) or accuracy_level not in ACCURACY_LEVELS:
         raise InvalidParameter(f"accuracy_level must be 0 or 4, got {accuracy_level!r}")
-    if verify_tokens < 0:
-        raise InvalidParameter(f"verify_tokens must be >= 0, got {verify_tokens}")
+    accuracy_level = int(accuracy_level)
+    verify_tokens = count("verify_tokens", verify_tokens, 0)
+    if progress is not None and not callable(progress):
+        raise InvalidParameter(f"progress must be a callable or None, got {progress!r}")
     check_choices(layout, precision, device, attention)
     start = time.perf_counter()
     stage = progress or (lambda _name: None)
@@ -176,6 +178,7 @@ def export(
             config, generation, tokenizer, vocab, model = _export_optimum(
                 src, info, tmp, precision, keep_hf, stage
             )
+        _write_tokenizer_json(tokenizer, tmp, src.name)
         stage("verify")
         if skip_verify:
             log.warning("%s: verify step skipped: %s", src.name, skip_verify)
@@ -275,6 +278,21 @@ def _export_gqa(
             else hf.load_hf(src.path)[0]
         )
     return config, generation, tokenizer, vocab, model
+
+
+def _write_tokenizer_json(tokenizer, tmp: Path, name: str) -> None:
+    """The export's ``tokenizer.json`` where the source has none (a SentencePiece
+    ``tokenizer.model`` alone): the fast tokenizer transformers converted it to, as
+    ``save_pretrained`` writes it; the export runs on that file alone."""
+    if (tmp / "tokenizer.json").is_file():
+        return
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise ExportError(
+            f"{name} has no tokenizer.json, and transformers reads its tokenizer as a slow one "
+            "only, which cannot be written as one"
+        )
+    backend.save(str(tmp / "tokenizer.json"))
 
 
 def _copy_hf_files(hf_dir: Path, tmp: Path) -> None:

@@ -73,6 +73,20 @@ def approximate_params(path: Path) -> int:
     return sum(p.stat().st_size for p in files) // (4 if dtype == "float32" else 2)
 
 
+# What a tokenizer is read from: its fast form, SentencePiece's model, or byte-level BPE's pair.
+_TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
+
+
+def _check_tokenizer_files(path: Path) -> None:
+    """ExportError naming what is missing when `path` holds no tokenizer transformers can read
+    (it says "Either model_file or model_proto must be specified", or less)."""
+    if not any(all((path / name).is_file() for name in files) for files in _TOKENIZER_FILES):
+        raise ExportError(
+            f"{path} has no tokenizer: it needs tokenizer.json, tokenizer.model or "
+            "vocab.json with merges.txt (copy them from the model's repository)"
+        )
+
+
 def load_hf(path: Path):
     """Load the fp32 model and its tokenizer from a local folder (never from a hub)."""
     import torch
@@ -81,6 +95,7 @@ def load_hf(path: Path):
     # transformers soft-caps attention scores (Gemma 2) in its eager attention only
     config = json.loads((path / "config.json").read_text())
     eager = {"attn_implementation": "eager"} if config.get("attn_logit_softcapping") else {}
+    _check_tokenizer_files(path)
     try:
         with quiet():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -96,6 +111,7 @@ def load_hf_config(path: Path):
     """(tokenizer, config, generation config) of a local folder, without loading its weights."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+    _check_tokenizer_files(path)
     try:
         with quiet():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

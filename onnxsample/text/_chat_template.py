@@ -99,9 +99,17 @@ def read_chat_template(value: str) -> str:
     """A chat template as options and config files give it: the jinja text itself, or a file
     holding it (as vLLM's and llama-server's ``--chat-template`` / ``--chat-template-file``);
     what is neither, or does not parse, raises :class:`InvalidParameter`."""
+    if not isinstance(value, str):
+        raise InvalidParameter(
+            f"a chat template is jinja text or a file's path, got {type(value).__name__}"
+        )
     text, path = value, Path(value).expanduser()
     if "{{" not in value and "{%" not in value:
-        if not path.is_file():
+        try:
+            is_file = path.is_file()
+        except OSError:  # a name no file system takes (too long)
+            is_file = False
+        if not is_file:
             raise InvalidParameter(
                 f"chat template {value!r} is neither a file nor jinja text ({{{{ }}}}, {{% %}})"
             )

@@ -108,7 +108,7 @@ def _check_length(tok: Tokenizer, prompt: Prompt, system: str | None, limit: int
     if isinstance(prompt, str):
         chars = len(prompt)
     elif isinstance(prompt, Seq) and all(isinstance(m, dict) for m in prompt):
-        chars = sum(len(m.get("content")) for m in prompt if isinstance(m.get("content"), str))
+        chars = sum(_content_chars(m.get("content")) for m in prompt)
     else:
         return  # token ids: their count is checked as it is
     chars += len(system or "")
@@ -121,6 +121,19 @@ def _check_length(tok: Tokenizer, prompt: Prompt, system: str | None, limit: int
             f"the prompt is {chars} characters, more than the model's context of {limit} tokens "
             f"could ever hold (at most {most} characters)"
         )
+
+
+def _content_chars(content: object) -> int:
+    """Characters of a message's content: a string, or text parts (``{"type": "text", ...}``)."""
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(
+            len(p["text"])
+            for p in content
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return 0
 
 
 def stop_strings(stop: str | Seq[str] | None) -> list[str]:

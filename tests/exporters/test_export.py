@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -394,11 +395,16 @@ def _must_not_load(*_args, **_kwargs):
             {"precision": "int3"},
             "precision must be one of auto, fp32, fp16, int8, int4, gguf, got 'int3'",
         ),
-        ({"verify_tokens": -1}, "verify_tokens must be >= 0, got -1"),
+        ({"verify_tokens": -1}, "verify_tokens must be an integer >= 0, got -1"),
+        # refused before any work, not a TypeError after the whole export
+        ({"verify_tokens": 1.5}, "verify_tokens must be an integer >= 0, got 1.5"),
+        ({"verify_tokens": None}, "verify_tokens must be an integer >= 0, got None"),
+        ({"accuracy_level": 4.0}, "accuracy_level must be 0 or 4, got 4.0"),
+        ({"progress": 5}, "progress must be a callable or None, got 5"),
     ],
 )
 def test_invalid_options(tmp_path, tiny_hf, kwargs, message):
-    with pytest.raises(InvalidParameter, match=message):
+    with pytest.raises(InvalidParameter, match=re.escape(message)):
         export(tiny_hf, tmp_path / "out", **kwargs)
 
 
@@ -417,3 +423,33 @@ def test_a_killed_exports_staging_folder_goes_with_the_next_export(tmp_path):
         (stage / "model.onnx").write_bytes(b"m")
     assert not dead.exists() and live.exists()
     assert sorted(p.name for p in out.iterdir()) == ["model.onnx"]
+
+
+def test_a_sentencepiece_model_alone_gets_a_tokenizer_json(llama_cpp, tmp_path):
+    """A Hugging Face folder with `tokenizer.model` and no `tokenizer.json` (as older Llama and
+    Mistral repositories ship): the export writes the file transformers converts it to, which
+    tokenises as transformers reads the folder (the export had none, and could not run)."""
+    import _llama_cpp_models as fixtures
+    from _hard_texts import HARD
+    from transformers import AutoTokenizer
+
+    from onnxsample.text import Tokenizer
+
+    source = tmp_path / "spm-only"
+    shutil.copytree(
+        fixtures.hf_folder("llama", llama_cpp),
+        source,
+        ignore=shutil.ignore_patterns("tokenizer.json"),
+    )
+    export(source, tmp_path / "out", verify_tokens=2)
+    ours, theirs = Tokenizer.from_folder(tmp_path / "out"), AutoTokenizer.from_pretrained(source)
+    for text in HARD:
+        assert ours.encode(text) == theirs.encode(text), text
+
+
+def test_a_folder_without_tokenizer_files_says_so(tmp_path, tiny_hf):
+    source = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_hf, source, ignore=shutil.ignore_patterns("tokenizer*", "vocab.json"))
+    with pytest.raises(ExportError, match="has no tokenizer: it needs tokenizer.json, "):
+        export(source, tmp_path / "out", verify_tokens=0)
+    assert not (tmp_path / "out").exists()

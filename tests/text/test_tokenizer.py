@@ -521,9 +521,13 @@ def test_template_variables_reach_the_template_as_transformers_passes_them(synth
         ("{% for %}", "the chat template does not parse"),
         ("EMPTY_FILE", "non-empty jinja text"),
         ("BAD_FILE", "does not parse"),
+        ("x" * 5000, "neither a file nor jinja text"),  # no file system takes the name
+        (None, "jinja text or a file's path, got NoneType"),
+        (b"{{ x }}", "jinja text or a file's path, got bytes"),
     ],
-    ids=["file", "text", "a-name", "broken-text", "empty-file", "broken-file"],
-)
+    ids=["file", "text", "a-name", "broken-text", "empty-file", "broken-file", "long", "none",
+         "bytes"],
+)  # fmt: skip
 def test_a_chat_template_option_is_a_file_or_its_text(tmp_path, given, match):
     files = {"TEMPLATE_FILE": TEMPLATE, "EMPTY_FILE": "", "BAD_FILE": "{% if %}"}
     for name, text in files.items():
@@ -597,8 +601,12 @@ def test_max_token_chars_bounds_the_text_a_token_covers(pair):
 
 @pytest.mark.parametrize(
     ("prompt", "chars"),
-    [("x" * 100_000, 100_000), ([{"role": "user", "content": "y" * 100_000}], 100_000)],
-    ids=["text", "chat"],
+    [
+        ("x" * 100_000, 100_000),
+        ([{"role": "user", "content": "y" * 100_000}], 100_000),
+        ([{"role": "user", "content": [{"type": "text", "text": "z" * 100_000}]}], 100_000),
+    ],
+    ids=["text", "chat", "text-parts"],
 )
 def test_a_prompt_too_long_for_any_tokenisation_is_refused_by_its_length(pair, prompt, chars):
     ours, _ = pair
