@@ -18,6 +18,7 @@ import copy
 import functools
 import json
 import logging
+import numbers
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,8 @@ class Tokenizer:
         """Token ids of `text` as a piece of a longer text: no BOS/EOS, and no SentencePiece space
         prefix (Llama 2, Mistral and Phi-3 start a text with one), so the tokens' bytes are the
         text's own. A grammar engine forces text with them (llguidance's tokenize)."""
+        if not isinstance(text, str):
+            raise InvalidParameter(f"text to encode must be a string, got {type(text).__name__}")
         check_unicode(text, "the text")
         return self._unprefixed.encode(text, add_special_tokens=False).ids
 
@@ -163,6 +166,8 @@ class Tokenizer:
 
     def token_id(self, text: str) -> int | None:
         """The id of the token written `text` in the vocabulary (added tokens included), or None."""
+        if not isinstance(text, str):
+            raise InvalidParameter(f"a token's text must be a string, got {type(text).__name__}")
         return self._backend.token_to_id(text)
 
     @functools.cached_property
@@ -174,9 +179,11 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         """The text of `ids` (an id past the vocabulary gives nothing, as in transformers)."""
+        if isinstance(ids, (str, bytes)):
+            raise InvalidParameter(f"token ids to decode are integers, got {type(ids).__name__}")
         try:
             text = self._backend.decode(
-                [int(i) for i in ids], skip_special_tokens=skip_special_tokens
+                [_token(i) for i in ids], skip_special_tokens=skip_special_tokens
             )
         except (OverflowError, TypeError, ValueError) as exc:
             raise InvalidParameter(
@@ -196,13 +203,13 @@ class Tokenizer:
     def piece(self, token_id: int) -> str:
         """The vocabulary's own string for one token (``Ġworld``, ``▁world``, ``<0x0A>``:
         transformers' ``convert_ids_to_tokens``); empty for an id it does not know."""
-        return self._backend.id_to_token(int(token_id)) or ""
+        return self._backend.id_to_token(_checked_token(token_id)) or ""
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (OpenAI's ``bytes``): a byte-level piece maps back
         through GPT-2's byte alphabet, a ``<0xNN>`` byte-fallback piece is that byte, a special
         token is its text; half a UTF-8 character stays half a character."""
-        piece = self._backend.id_to_token(int(token_id))
+        piece = self._backend.id_to_token(_checked_token(token_id))
         if piece is None:
             return b""
         if token_id in self._special_ids:
@@ -232,6 +239,8 @@ class Tokenizer:
         `continue_final_message` (transformers' and vLLM's) leaves the final message open: the
         text ends where that message's text does (its trailing spaces too where the template
         keeps them), so an answer continues it; it excludes `add_generation_prompt`."""
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise InvalidParameter("messages must be a non-empty list of chat messages")
         if add_generation_prompt and continue_final_message:
             raise InvalidParameter(
                 "continue_final_message and add_generation_prompt cannot both be true: send "
@@ -297,6 +306,25 @@ class Tokenizer:
             continue_final_message=continue_final_message,
         )
         return self._backend.encode(text, add_special_tokens=False).ids  # checked by render_chat
+
+
+def _token(value: object) -> int:
+    """`value` as a token id: an integer (a numpy one too), not a bool or a float (a float was
+    truncated to another token)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{value!r} is not an integer")
+    return int(value)
+
+
+def _checked_token(value: object) -> int:
+    """`value` as a token id in [0, 2**32) (the backend's), else InvalidParameter."""
+    try:
+        token = _token(value)
+    except TypeError as exc:
+        raise InvalidParameter(f"a token id must be an integer, got {value!r}") from exc
+    if not 0 <= token < 2**32:
+        raise InvalidParameter(f"a token id must be in [0, 2**32), got {token}")
+    return token
 
 
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "

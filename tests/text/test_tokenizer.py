@@ -634,3 +634,29 @@ def test_streaming_holds_back_only_what_clean_up_could_still_change(pair, text):
     assert "".join(pieces) + stream.flush() == ours.decode(ids)
     if text.startswith("The quick") and len(ids) == len(text.split()):
         assert all(pieces), pieces  # a token a word: every token's text is out at once
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda t: t.decode("12"), "token ids to decode are integers, got str"),
+        (lambda t: t.decode([1.7]), "1.7 is not an integer"),  # it was token 1
+        (lambda t: t.token_bytes(1.9), "a token id must be an integer, got 1.9"),
+        (lambda t: t.piece(-1), r"a token id must be in \[0, 2\*\*32\), got -1"),
+        (lambda t: t.token_bytes(2**70), r"a token id must be in \[0, 2\*\*32\)"),
+        (lambda t: t.token_id(None), "a token's text must be a string, got NoneType"),
+        (lambda t: t.encode_fragment(None), "text to encode must be a string, got NoneType"),
+        (
+            lambda t: t.render_chat([], add_generation_prompt=False, continue_final_message=True),
+            "messages must be a non-empty list of chat messages",
+        ),
+    ],
+    ids=["ids-as-text", "float-id", "float-bytes", "negative", "huge", "no-text", "no-fragment",
+         "no-messages"],
+)  # fmt: skip
+def test_the_tokenizers_helpers_refuse_what_is_no_token(tiny_export, call, message):
+    """A typed error naming what was wrong, not a bare OverflowError or IndexError, and never a
+    float truncated into another token."""
+    ours = Tokenizer.from_folder(tiny_export.output)
+    with pytest.raises(InvalidParameter, match=message):
+        call(ours)
