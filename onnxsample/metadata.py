@@ -16,7 +16,7 @@ from typing import Any
 
 from onnxsample._wire import LENGTH_DELIMITED, FileBytes, records
 from onnxsample.chain import SamplerChain
-from onnxsample.errors import ModelError, OnnxSampleError
+from onnxsample.errors import InvalidParameter, ModelError
 
 __all__ = [
     "COMPOSER_REVISION",
@@ -159,7 +159,7 @@ class ComposedMetadata:
                     values[key] = _parse(key, raw)
             return cls(**values)
         except (TypeError, ValueError) as exc:
-            if isinstance(exc, OnnxSampleError):
+            if isinstance(exc, ModelError):
                 raise
             raise ModelError(f"unreadable onnxsample metadata: {exc}") from exc
 
@@ -180,7 +180,10 @@ def _parse(key: str, raw: str) -> Any:
         "output_candidates",
         "draft_tokens",
     ):
-        return int(raw)
+        value = int(raw)
+        if value < (1 if key in ("max_slots", "vocab_size") else 0):
+            raise ModelError(f"unreadable onnxsample metadata: {key} is {value}")
+        return value
     if key == "kv_head_size":
         return int(raw) if raw else None
     if key in (
@@ -192,6 +195,8 @@ def _parse(key: str, raw: str) -> Any:
         "allowed_tokens",
         "counts_in_place",
     ):
+        if raw.lower() not in ("true", "false"):
+            raise ModelError(f"unreadable onnxsample metadata: {key} is {raw!r}, not true or false")
         return raw.lower() == "true"
     if key == "kv_layout" and raw not in KV_LAYOUTS:
         raise ModelError(f"unknown kv_layout {raw!r} (expected one of {', '.join(KV_LAYOUTS)})")
@@ -218,6 +223,11 @@ def composed_metadata(model: Any) -> ComposedMetadata | None:
         return ComposedMetadata.from_props(read_props(Path(model)))
     if hasattr(model, "get_modelmeta"):
         return ComposedMetadata.from_session(model)
+    if not hasattr(model, "metadata_props"):
+        raise InvalidParameter(
+            "composed_metadata reads an ONNX model, an onnx_ir model, a session or a path, got "
+            f"{type(model).__name__}"
+        )
     props = model.metadata_props
     if isinstance(props, Mapping):
         return ComposedMetadata.from_props(props)

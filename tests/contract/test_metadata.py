@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from onnxsample.chain import SamplerChain
-from onnxsample.errors import ModelError
+from onnxsample.errors import InvalidParameter, ModelError
 from onnxsample.metadata import ComposedMetadata, composed_metadata
 
 
@@ -46,6 +46,9 @@ def test_other_models_have_none(props, expected):
     assert ComposedMetadata.from_props(props) is expected
 
 
+_BASE = {"onnxsample.chain": "dist", "onnxsample.max_slots": "2", "onnxsample.vocab_size": "3"}
+
+
 @pytest.mark.parametrize(
     "props, message",
     [
@@ -61,12 +64,21 @@ def test_other_models_have_none(props, expected):
             },
             "kv_layout",
         ),
+        # values no composer writes: refused, not read as a graph of -3 slots or a False
+        ({**_BASE, "onnxsample.max_slots": "-3"}, "max_slots is -3"),
+        ({**_BASE, "onnxsample.vocab_size": "0"}, "vocab_size is 0"),
+        ({**_BASE, "onnxsample.draft_tokens": "-5"}, "draft_tokens is -5"),
+        ({**_BASE, "onnxsample.static": "yes"}, "static is 'yes', not true or false"),
     ],
 )
 def test_damaged_metadata_is_a_clear_error(props, message):
-    with pytest.raises(Exception, match=message) as info:
+    with pytest.raises(ModelError, match=message):
         ComposedMetadata.from_props(props)
-    assert isinstance(info.value, (ModelError, ValueError))
+
+
+def test_metadata_of_what_is_no_model_is_a_typed_error():
+    with pytest.raises(InvalidParameter, match="got NoneType"):
+        composed_metadata(None)
 
 
 def test_unknown_keys_are_ignored():
