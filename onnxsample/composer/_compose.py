@@ -41,7 +41,7 @@ from onnxsample.composer._splice import reconcile_versions, splice
 from onnxsample.composer._static import fold_static
 from onnxsample.composer._write import write_single_file
 from onnxsample.composer.loading import check_model, load_model
-from onnxsample.composer.sampler_model import MAX_SLOTS, fallback_props
+from onnxsample.composer.sampler_model import fallback_props
 from onnxsample.errors import InvalidParameter, ModelError, check_flag, count
 from onnxsample.graphs.chain import DOMAIN
 from onnxsample.metadata import (
@@ -110,7 +110,7 @@ def compose(
         raise InvalidParameter(f"progress must be a callable or None, got {progress!r}")
     stage = progress or (lambda _name: None)
     chain = SamplerChain.full() if chain is None else SamplerChain(chain)
-    max_slots = count("max_slots", max_slots, 1, MAX_SLOTS)
+    max_slots = count("max_slots", max_slots, 1)
     top_logprobs = count("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
     max_bias = count("max_bias", max_bias, 0)
     output_candidates = count("output_candidates", output_candidates, 0)

@@ -53,9 +53,10 @@ IR_VERSION = 10  # opset 18 needs IR >= 8; onnxruntime 1.31 loads IR <= 11
 ROWS_DIM = "rows"
 
 
-# Sequences one graph decodes at once: past any device's batch (vLLM's max_num_seqs is 256 or
-# 1,024), and the per-slot state it makes ([slots, vocab] counts) would fill memory before use.
-MAX_SLOTS = 4096
+# The most [slots, vocab] (or [slots, max_bias]) entries of a graph's per-slot state (penalty
+# counts, masks, the bias table): 8 GB of int32, past which it would fill a machine's memory
+# before its first step.
+MAX_SLOT_ENTRIES = 2**31
 
 
 def sampler_config(
@@ -76,13 +77,23 @@ def sampler_config(
     """Check the build options and return the graph configuration they describe."""
     chain = SamplerChain(chain)
     check_count("vocab_size", vocab_size, 1)
-    check_count("max_slots", max_slots, 1, MAX_SLOTS)
+    check_count("max_slots", max_slots, 1)
+    if max_slots * vocab_size > MAX_SLOT_ENTRIES:
+        raise InvalidParameter(
+            f"max_slots must be at most {MAX_SLOT_ENTRIES // vocab_size} for a vocabulary of "
+            f"{vocab_size} (its per-slot state is [slots, vocab]), got {max_slots}"
+        )
     check_count("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
     if top_logprobs > vocab_size:
         raise InvalidParameter(
             f"top_logprobs must be <= vocab_size ({vocab_size}), got {top_logprobs}"
         )
-    check_count("max_bias", max_bias, 0, vocab_size)  # one entry a token at most
+    check_count("max_bias", max_bias, 0)
+    if max_slots * max_bias > MAX_SLOT_ENTRIES:
+        raise InvalidParameter(
+            f"max_bias must be at most {MAX_SLOT_ENTRIES // max_slots} for {max_slots} slots "
+            f"(its table is [slots, max_bias]), got {max_bias}"
+        )
     if max_bias > 0 and "logit_bias" not in chain:
         raise InvalidParameter(f"max_bias={max_bias} needs logit_bias in the chain {str(chain)!r}")
     check_count("output_candidates", output_candidates, 0, vocab_size)
@@ -285,8 +296,13 @@ def sampler_feeds(
     `allowed` (bool [S, V], or [S, 1] for no constraint) one built with ``allowed_tokens``.
     """
     chain = SamplerChain(chain)
-    logits = np.asarray(logits, dtype=np.float32)
-    vocab = logits.shape[1]
+    try:
+        logits = np.asarray(logits, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameter(f"logits must be numbers, float32 [rows, vocab]: {exc}") from None
+    if logits.ndim != 2:
+        raise InvalidParameter(f"logits must be [rows, vocab], got shape {logits.shape}")
+    rows_given, vocab = logits.shape
     size = max_slots if max_slots is not None else len(slots)
     feeds = {"logits": logits}
     feeds.update(pack_sampling_params(slots, chain, size, max_bias=max_bias, vocab_size=vocab))
@@ -295,16 +311,32 @@ def sampler_feeds(
         for s, params in enumerate(slots):
             rows[s] = 0 if params is None else s + 1
     else:
-        rows = np.asarray(row_index, dtype=np.int64)
+        rows = _per_slot("row_index", row_index, size, np.int64)
+        if (rows < 0).any() or (rows >= rows_given).any():
+            raise InvalidParameter(f"row_index must index the {rows_given} rows of logits")
     feeds["sampler.row_index"] = rows
     if "dist" in chain:
-        u = np.full(size, 0.5) if uniform is None else np.asarray(uniform)
+        u = (
+            np.full(size, 0.5)
+            if uniform is None
+            else _per_slot("uniform", uniform, size, np.float64)
+        )
+        if not ((u >= 0) & (u <= 1)).all():
+            raise InvalidParameter("uniform must be in [0, 1]")
         feeds["sampler.uniform"] = u.astype(np.float32)
     if "penalties" in chain:
         empty = np.zeros((size, vocab), dtype=bool)
-        feeds["sampler.prompt_mask"] = empty if prompt_mask is None else prompt_mask.astype(bool)
-        counts = np.zeros((size, vocab), dtype=np.int32) if output_counts is None else output_counts
-        feeds["sampler.output_counts"] = counts.astype(np.int32)
+        feeds["sampler.prompt_mask"] = (
+            empty
+            if prompt_mask is None
+            else _per_slot("prompt_mask", prompt_mask, size, bool, vocab)
+        )
+        counts = (
+            np.zeros((size, vocab), dtype=np.int32)
+            if output_counts is None
+            else _per_slot("output_counts", output_counts, size, np.int32, vocab)
+        )
+        feeds["sampler.output_counts"] = counts
     if (prompt_rows is None) != (prompt_targets is None):
         raise InvalidParameter("prompt_rows and prompt_targets go together")
     if prompt_rows is not None:
@@ -313,6 +345,20 @@ def sampler_feeds(
     if allowed is not None:
         feeds["sampler.allowed"] = np.asarray(allowed, dtype=bool)
     return feeds
+
+
+def _per_slot(name: str, value, size: int, dtype, vocab: int | None = None) -> np.ndarray:
+    """`value` as `dtype` [size] (or [size, vocab]), else InvalidParameter naming it."""
+    shape = (size,) if vocab is None else (size, vocab)
+    try:
+        array = np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise InvalidParameter(
+            f"{name} must be {np.dtype(dtype).name} {list(shape)}: {exc}"
+        ) from None
+    if array.shape != shape:
+        raise InvalidParameter(f"{name} must be {list(shape)}, got shape {array.shape}")
+    return array
 
 
 def sampler_session(

@@ -11,6 +11,7 @@ from onnxsample import (
     SamplingParams,
     build_sampler_model,
     pack_sampling_params,
+    sampler_feeds,
 )
 
 FULL = "logit_bias,penalties,temperature,top_k,top_p,min_p,typical_p,dist"
@@ -242,10 +243,10 @@ def test_greedy_chain_accepts_temperature_zero():
     ("kwargs", "message"),
     [
         ({"vocab_size": 0}, "vocab_size must be an integer >= 1"),
-        ({"max_slots": 0}, "max_slots must be in [1, 4096], got 0"),
+        ({"max_slots": 0}, "max_slots must be an integer >= 1, got 0"),
         ({"top_logprobs": 21}, "top_logprobs must be in [0, 20]"),
         ({"top_logprobs": 9, "vocab_size": 8}, "top_logprobs must be <= vocab_size"),
-        ({"max_bias": -1}, "max_bias must be in [0, 8], got -1"),
+        ({"max_bias": -1}, "max_bias must be an integer >= 0, got -1"),
         ({"output_candidates": 9, "vocab_size": 8}, "output_candidates must be in [0, 8]"),
         ({"chain": "dist", "max_bias": 2}, "max_bias=2 needs logit_bias in the chain"),
         ({"chain": "dist,dist"}, "listed twice"),
@@ -274,3 +275,20 @@ def test_packing_refuses_what_no_graph_takes(slots, options, message):
     with pytest.raises(InvalidParameter) as err:
         pack_sampling_params(slots, "logit_bias,dist", **options)
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize(
+    ("logits", "options", "message"),
+    [
+        (np.zeros(5), {}, r"logits must be \[rows, vocab\], got shape \(5,\)"),
+        ([["a"]], {}, "logits must be numbers"),
+        (np.zeros((2, 5)), {"uniform": [0.5, 0.5]}, r"uniform must be \[1\], got shape \(2,\)"),
+        (np.zeros((2, 5)), {"uniform": [1.5]}, r"uniform must be in \[0, 1\]"),
+        (np.zeros((2, 5)), {"row_index": [7]}, "row_index must index the 2 rows of logits"),
+        (np.zeros((2, 5)), {"prompt_mask": [[1]]}, r"prompt_mask must be \[1, 5\]"),
+    ],
+)
+def test_sampler_feeds_refuse_what_the_model_cannot_take(logits, options, message):
+    """A typed error naming the input, not numpy's IndexError or a feed the session refuses."""
+    with pytest.raises(InvalidParameter, match=message):
+        sampler_feeds("penalties,dist", logits, [SamplingParams()], **options)
