@@ -248,6 +248,7 @@ def _export_gqa(
         generation.save_pretrained(tmp)
     else:
         tokenizer, config, generation = hf.load_hf_config(src.path)
+        _check_tokenizer_json(tokenizer, src.path)
         spec, weights = _weights.read_hf(src.path)
         _copy_hf_files(src.path, tmp)
     if spec.max_positions < int(getattr(config, "max_position_embeddings", 0) or 0):
@@ -278,6 +279,16 @@ def _export_gqa(
             else hf.load_hf(src.path)[0]
         )
     return config, generation, tokenizer, vocab, model
+
+
+def _check_tokenizer_json(tokenizer, folder: Path) -> None:
+    """ExportError, before any work, when `folder` has no ``tokenizer.json`` and transformers
+    reads its tokenizer as a slow one only (no fast form to write one from)."""
+    if not (folder / "tokenizer.json").is_file() and not hasattr(tokenizer, "backend_tokenizer"):
+        raise ExportError(
+            f"{folder} has no tokenizer.json, and transformers reads its tokenizer as a slow one "
+            "only, which cannot be written as one"
+        )
 
 
 def _write_tokenizer_json(tokenizer, tmp: Path, name: str) -> None:
@@ -321,6 +332,11 @@ def _reuse(
     if existing is None:
         return None
     if _manifest.manifest_matches(existing, key) and (out / existing["files"]["model"]).is_file():
+        if not (out / "tokenizer.json").is_file():  # a folder's tokenizer.model, not converted
+            raise DifferentExport(
+                f"{out} holds this export without its tokenizer.json, which it cannot run "
+                "without; pass --force to export it anew"
+            )
         log.info("reusing the export in %s", out)
         return existing
     what = ", ".join(

@@ -130,10 +130,11 @@ class SamplingParams:
             high = vocab_size if vocab_size is not None else 2**63  # an int64 id at most
             if not _is_int(token) or not 0 <= token < high:
                 bound = f"in [0, {vocab_size})" if vocab_size is not None else "in [0, 2**63)"
-                raise InvalidParameter(f"logit_bias token id must be {bound}, got {token!r}")
+                raise InvalidParameter(f"logit_bias token id must be {bound}, got {_shown(token)}")
             _check_range(f"logit_bias[{token}]", value, -100.0, 100.0, "in [-100, 100]")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 2**64):
-            raise InvalidParameter(f"seed must be an integer in [0, 2**64), got {self.seed!r}")
+            shown = repr(self.seed) if isinstance(self.seed, str) else _shown(self.seed)
+            raise InvalidParameter(f"seed must be an integer in [0, 2**64), got {shown}")
         if not isinstance(self.temperature_last, (bool, np.bool_)):
             raise InvalidParameter(
                 f"temperature_last must be a bool, got {self.temperature_last!r}"
@@ -224,6 +225,15 @@ def temperature_moves(
 _FLOAT32_MAX = float(np.finfo(np.float32).max)  # the graph's parameters are float32
 
 
+def _shown(value: object) -> str:
+    """`value` for a message: an integer past 128 bits by its size (``str`` refuses past 4,300
+    digits), anything else cut to 40 characters."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    text = str(value)
+    return text if len(text) <= 40 else f"{text[:20]}... ({type(value).__name__})"
+
+
 def _check_range(
     name: str, value: object, low: float, high: float, rule: str, low_open: bool = False
 ) -> None:
@@ -235,12 +245,7 @@ def _check_range(
         number = float(value)  # type: ignore[arg-type]
         ok = (low < number if low_open else low <= number) and number <= high
     if not ok:
-        shown = (
-            str(value)
-            if len(str(value)) <= 40
-            else f"{str(value)[:20]}... ({type(value).__name__})"
-        )
-        raise InvalidParameter(f"{name} must be {rule}, got {shown}")
+        raise InvalidParameter(f"{name} must be {rule}, got {_shown(value)}")
 
 
 def pack_sampling_params(

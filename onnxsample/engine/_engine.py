@@ -31,7 +31,7 @@ from onnxsample.engine._drafter import (
     speculation,
 )
 from onnxsample.engine._kv_concat import ConcatLayout
-from onnxsample.engine._kv_shared import SharedKV, SharedLayout, kv_specs
+from onnxsample.engine._kv_shared import KEEP_SECONDS, SharedKV, SharedLayout, kv_specs
 from onnxsample.engine._loaded import load_model
 from onnxsample.engine._options import checked_options, positions_limit
 from onnxsample.engine._requests import Requests
@@ -319,6 +319,7 @@ class Engine:
                 self.limit,
                 fixed=self.cuda_graph,
                 rows=state.rows,
+                keep_seconds=KEEP_SECONDS if self.prefix_reuse else 0.0,  # nothing would reuse
             )
         else:
             if self.max_len is not None:
@@ -343,11 +344,12 @@ class Engine:
     def _wake(self) -> None:
         self._inbox.put(_WAKE)
 
-    def _intake(self, block: bool) -> bool:
-        """Move submitted requests to the scheduler; True when asked to close."""
+    def _intake(self, block: bool, timeout: float | None = None) -> bool:
+        """Move submitted requests to the scheduler (waiting for one when `block`, up to
+        `timeout` seconds); True when asked to close."""
         closing = False
         try:
-            item = self._inbox.get(block=block)
+            item = self._inbox.get(block=block, timeout=timeout if block else None)
             while True:
                 if item is _CLOSE:
                     closing = True
@@ -363,7 +365,8 @@ class Engine:
         try:
             while True:
                 idle = not self._scheduler.busy and not closing
-                closing = self._intake(block=idle) or closing
+                wake = self._scheduler.idle() if idle else None  # memory back while idle too
+                closing = self._intake(block=idle, timeout=wake) or closing
                 if closing and self._cancel_on_close:
                     for seq in [*self._scheduler.waiting, *self._scheduler.prefilling]:
                         seq.request.cancel()

@@ -21,8 +21,8 @@ through raw pointers (row r starts at ``data_ptr() + r * row_bytes``), the same 
 The buffers hold a row for every slot from the first request on and grow in positions on demand
 (doubling, contents copied); an allocation that fails leaves the old buffers in place and fails only
 the request that asked. When the requests that needed a long buffer have ended, it shrinks back
-(to what the running requests reserved and what the requests that ended in the last
-``KEEP_SECONDS`` hold, at least 512 positions): a conversation's next turn finds its whole history
+(when a request ends, or the engine has nothing to run: to what the running requests reserved
+and what the requests that ended in the last ``KEEP_SECONDS`` hold, at least 512 positions): a conversation's next turn finds its whole history
 cached, however long, and one long prompt does not keep every slot's memory for good. Older
 finished requests' cached tokens past the new length are dropped (prefix reuse keeps what fits).
 
@@ -198,6 +198,7 @@ class SharedLayout:
         fixed: bool = False,
         rows: Callable[[], int] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        keep_seconds: float = KEEP_SECONDS,
     ) -> None:
         self.kv, self.slots, self.pad, self.limit = kv, slots, pad, limit
         self.fixed = fixed
@@ -205,7 +206,7 @@ class SharedLayout:
         self.reserved: dict[int, int] = {}  # positions each running request asked for
         self.tokens: list[list[int]] = [[] for _ in range(slots)]
         self.decoding: set[int] = set()
-        self.clock, self.keep_seconds = clock, KEEP_SECONDS
+        self.clock, self.keep_seconds = clock, keep_seconds
         self.ended: dict[int, float] = {}  # when each free row's request ended (kept tokens)
 
     def held(self, slot: int) -> list[int]:
@@ -321,11 +322,22 @@ class SharedLayout:
         self.ended.pop(slot, None)
         self._shrink()
 
+    def idle(self) -> float | None:
+        """The engine has nothing to run: shrink if the kept tokens allow, and return in how many
+        seconds the next kept row stops holding the buffers' length (None: none does), when
+        this is to be called again, so an idle engine gives its memory back too."""
+        self._shrink()
+        if self.kv.length < 4 * _FIRST_LENGTH or not self.ended:
+            return None
+        return max(0.0, min(self.ended.values()) + self.keep_seconds - self.clock()) + 0.01
+
     def _shrink(self) -> None:
         """Give memory back once what the running requests reserved, and what the requests that
         ended in the last ``keep_seconds`` hold (one position more), fit in a quarter of it."""
         recent = self.clock() - self.keep_seconds
-        kept = [len(self.tokens[s]) + 1 for s, at in self.ended.items() if at >= recent]
+        for slot in [s for s, at in self.ended.items() if at < recent]:
+            del self.ended[slot]  # its tokens stay while they fit, as any older row's
+        kept = [len(self.tokens[s]) + 1 for s in self.ended]
         need = max([_FIRST_LENGTH, *kept, *self.reserved.values()])
         if self.kv.length < 4 * need:
             return

@@ -78,7 +78,9 @@ class Placement:
             return 0
         movers = sorted((s for s in running if s.slot >= target), key=lambda s: -s.slot)
         moved = 0
-        for seq, low in zip(movers, [f for f in self.free if f < target], strict=False):
+        # into the free rows holding the fewest cached tokens: a kept conversation stays
+        lows = sorted((f for f in self.free if f < target), key=lambda f: len(self.layout.held(f)))
+        for seq, low in zip(movers, lows, strict=False):
             try:  # the device copies first: if one fails, nothing else has changed
                 self.layout.copy(seq.slot, low)
                 self.state.copy(seq.slot, low)

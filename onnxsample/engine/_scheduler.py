@@ -122,6 +122,11 @@ class Scheduler:
         self._prefill()
         self._decode()
 
+    def idle(self) -> float | None:
+        """Nothing runs: let the KV layout give memory back; seconds until it may again."""
+        idle = getattr(self.layout, "idle", None)
+        return idle() if idle is not None else None
+
     def release(self) -> None:
         """Drop the session's runner, the cache and the slot state (the engine is closing)."""
         self.runner = self.layout = self.state = None  # type: ignore[assignment]
@@ -137,7 +142,7 @@ class Scheduler:
 
     def _admit(self) -> None:
         while self.waiting and self.slots.free:
-            seq = self.waiting[0]  # left waiting until placed: a failure here fails it too
+            seq = self.waiting[0]
             slot, reused = self.slots.pick(seq)
             need = len(seq.prompt) + (_AHEAD if seq.open_ended else seq.max_new_tokens)
             try:
@@ -149,11 +154,16 @@ class Scheduler:
                 seq.request._fail(exc)
                 self.on_change(-1, 0)
                 continue
-            self.slots.take(seq, slot)
-            self.layout.start(seq, reused)
-            self.state.assign(slot, seq.early_params or seq.params, seq.prompt)
             self.waiting.popleft()
             self.on_change(-1, -1)
+            self.slots.take(seq, slot)
+            try:
+                self.layout.start(seq, reused)
+                self.state.assign(slot, seq.early_params or seq.params, seq.prompt)
+            except Exception as exc:  # a bug: this request fails, the others go on
+                log.exception("request %s could not start", seq.request.id)
+                self._fail(seq, GenerationError(f"internal error: {exc}"))
+                continue
             seq.admitted = time.perf_counter()
             seq.timings.queue_s = seq.admitted - seq.request.submitted
             seq.timings.cached_tokens = seq.computed

@@ -97,12 +97,12 @@ def test_chain_rejects_bad_names_and_lists_valid_ones(spec, message):
         (
             "temperature",
             10**400,
-            "temperature must be a finite float32 >= 0, got 10000000000000000000... (int)",
+            "temperature must be a finite float32 >= 0, got an integer of 1329 bits",
         ),
         (
             "logit_bias",
             {5: 10**400},
-            "logit_bias[5] must be in [-100, 100], got 10000000000000000000... (int)",
+            "logit_bias[5] must be in [-100, 100], got an integer of 1329 bits",
         ),
     ],
 )
@@ -292,3 +292,11 @@ def test_sampler_feeds_refuse_what_the_model_cannot_take(logits, options, messag
     """A typed error naming the input, not numpy's IndexError or a feed the session refuses."""
     with pytest.raises(InvalidParameter, match=message):
         sampler_feeds("penalties,dist", logits, [SamplingParams()], **options)
+
+
+@pytest.mark.parametrize("field", ["temperature", "seed", "logit_bias"])
+def test_an_integer_str_cannot_print_is_named_by_its_size(field):
+    """Past 4,300 digits Python's str() refuses an integer: the message gives its size instead."""
+    value = {10**5000: 1.0} if field == "logit_bias" else 10**5000
+    with pytest.raises(InvalidParameter, match="got an integer of 16610 bits"):
+        SamplingParams(**{field: value}).validate()

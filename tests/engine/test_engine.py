@@ -254,6 +254,8 @@ def test_prefix_reuse_computes_only_the_new_tokens(fresh):
     assert first.timings.cached_tokens == 0
     assert second.timings.cached_tokens >= len(first.prompt_token_ids) - 2
     assert turns["plain"][1].timings.cached_tokens == 0
+    if hasattr(plain._scheduler.layout, "keep_seconds"):  # nothing reuses what it would keep
+        assert plain._scheduler.layout.keep_seconds == 0
     assert second.token_ids == turns["plain"][1].token_ids
     again = reuse.submit(chat, seeded(31), max_new_tokens=10).result(timeout=120)
     assert again.token_ids == first.token_ids  # the same prompt again: all but 2 tokens reused

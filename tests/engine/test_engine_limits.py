@@ -184,20 +184,26 @@ def test_a_failed_kv_allocation_fails_that_request_only(models, tmp_path):
 
 def test_a_fault_while_admitting_fails_that_request_and_the_engine_goes_on(fresh, monkeypatch):
     """A bug between a request's leaving the queue and its first call (here the sampler state's
-    assign) fails that request with the reason; it used to be in no list, and never answered."""
+    assign) fails that request with the reason, and no other: one that runs meanwhile goes on.
+    (It used to be in no list, and never answered.)"""
     engine = fresh(slots=2)
+    alone = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=40, chat=False).result(timeout=60)
     state_class, faults = type(engine._scheduler.state), []
     assign = state_class.assign
 
     def faulty(self, *args, **kwargs):
-        if not faults:
-            faults.append(1)
+        if faults == ["armed"]:
+            faults.append("raised")
             raise IndexError("index 32000 is out of bounds")
         return assign(self, *args, **kwargs)
 
     monkeypatch.setattr(state_class, "assign", faulty)
+    running = engine.submit(PROMPTS[1], GREEDY, max_new_tokens=40, chat=False)
+    next(iter(running))
+    faults.append("armed")
     with pytest.raises(GenerationError, match="internal error: index 32000 is out of bounds"):
         engine.submit(PROMPTS[0], GREEDY, max_new_tokens=3, chat=False).result(timeout=60)
+    assert running.result(timeout=60).token_ids == alone.token_ids
     assert engine.submit(PROMPTS[1], GREEDY, max_new_tokens=3, chat=False).result(timeout=60)
 
 

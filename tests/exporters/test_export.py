@@ -445,6 +445,9 @@ def test_a_sentencepiece_model_alone_gets_a_tokenizer_json(llama_cpp, tmp_path):
     ours, theirs = Tokenizer.from_folder(tmp_path / "out"), AutoTokenizer.from_pretrained(source)
     for text in HARD:
         assert ours.encode(text) == theirs.encode(text), text
+    (tmp_path / "out" / "tokenizer.json").unlink()  # as exports of such folders were written
+    with pytest.raises(ExportError, match="without its tokenizer.json, .* pass --force"):
+        export(source, tmp_path / "out", verify_tokens=2)
 
 
 def test_a_folder_without_tokenizer_files_says_so(tmp_path, tiny_hf):
