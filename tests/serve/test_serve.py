@@ -638,6 +638,258 @@ def test_the_chat_page_streams_an_answer_in_chromium(port, chromium, tmp_path):
     assert len(set(Image.open(shot).convert("L").getdata())) > 8
 
 
+# Installed before the chat page's own script: every request body the page sends is kept in
+# window.__bodies, and window.__break() ends the chat answer streaming now as a dropped
+# connection does (its body fails with the TypeError fetch gives; the request itself is closed).
+RECORD_REQUESTS = """
+window.__bodies = [];
+const fetched = window.fetch;
+window.fetch = async function (url, options) {
+  if (options && options.body) window.__bodies.push(JSON.parse(options.body));
+  const response = await fetched.apply(this, arguments);
+  if (!response.ok || !String(url).includes("/chat/")) return response;
+  const reader = response.body.getReader();
+  let broken = false;
+  const body = new ReadableStream({
+    start(stream) {
+      window.__break = () => {
+        broken = true;
+        reader.cancel();
+        stream.error(new TypeError("network error"));
+      };
+    },
+    async pull(stream) {
+      const { value, done } = await reader.read();
+      if (broken) return;
+      if (done) stream.close();
+      else stream.enqueue(value);
+    },
+    cancel(reason) { return reader.cancel(reason); },
+  });
+  return new Response(body, { status: response.status, headers: response.headers });
+};
+"""
+
+# Runs `action` in the page the moment the first answer on it shows text (or, for "stop-at-once",
+# the moment its bubble appears): no wait between the page and the test decides the timing.
+WHEN_THE_ANSWER_SHOWS = """
+const [action] = arguments;
+const box = document.getElementById("messages");
+new MutationObserver((_, observer) => {
+  const answer = box.querySelector(".message.assistant");
+  if (!answer || (!answer.textContent && action !== "stop-at-once")) return;
+  observer.disconnect();
+  if (action === "break") window.__break();
+  else document.getElementById(action === "clear" ? "clear" : "stop").click();
+}).observe(box, { subtree: true, childList: true, characterData: true });
+"""
+
+
+def _open_recording(driver, port: int):
+    """The chat page with RECORD_REQUESTS, once it has asked for the model (named or not)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": RECORD_REQUESTS})
+    driver.get(f"http://127.0.0.1:{port}/")
+    wait = WebDriverWait(driver, 60)
+    wait.until(lambda d: d.find_element(By.ID, "model").text != "loading…")
+    return wait
+
+
+def _set(driver, field: str, value: str) -> None:
+    driver.execute_script(
+        "document.getElementById(arguments[0]).value = arguments[1]", field, value
+    )
+
+
+def _send(driver, wait, question: str | None = None) -> None:
+    """Click Send (after typing `question`, if given) and wait until the turn is over."""
+    from selenium.webdriver.common.by import By
+
+    if question is not None:
+        _set(driver, "input", question)
+    driver.find_element(By.ID, "send").click()
+    wait.until(lambda d: d.find_element(By.ID, "send").get_attribute("disabled") is None)
+
+
+def _sent(driver) -> list[list[tuple[str, str]]]:
+    """The messages of each chat request the page sent: (role, content)."""
+    bodies = driver.execute_script("return window.__bodies")
+    return [[(m["role"], m["content"]) for m in b["messages"]] for b in bodies if "messages" in b]
+
+
+def _page(driver) -> list[tuple[str, str]]:
+    """What #messages shows: each element's class and text."""
+    return driver.execute_script(
+        "return [...document.querySelectorAll('#messages > *')].map(e => [e.className, e.textContent])"
+    )
+
+
+def _cancelled(port: int) -> float:
+    name = 'onnxsample_requests_total{finish_reason="cancelled"}'
+    lines = [
+        line for line in get(port, "/metrics")[1].decode().splitlines() if line.startswith(name)
+    ]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+# (id, the server's options, what breaks the second turn, what mends it before it is sent again)
+FAILED_TURNS = [
+    ("over-the-context", ["--max-len", "96"], "long question", "short question"),
+    ("api-key", ["--api-key", "k3y"], "no key", "key"),
+    ("schema-not-json", [], "bad schema", "text"),
+    ("stopped-before-any-answer", [], "stop at once", None),
+]
+
+
+@pytest.mark.parametrize(
+    ("server_args", "breaks", "mends"),
+    [case[1:] for case in FAILED_TURNS],
+    ids=[case[0] for case in FAILED_TURNS],
+)
+def test_a_failed_turn_on_the_chat_page_stays_out_of_the_conversation(
+    models, chromium, server_args, breaks, mends
+):
+    """A turn that gets no answer (a 400, a 401, a schema the page cannot send, Stop before the
+    first token) is shown as failed, its question goes back into the box, and the next request
+    holds the conversation as it was before it: user and assistant turns alternating."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = chromium
+    with served(models["two"], "--threads", "1", "--served-model-name", "tiny", *server_args) as s:
+        wait = _open_recording(driver, s.port)
+        _set(driver, "max_tokens", "4")
+        if breaks == "no key":
+            _set(driver, "api_key", "k3y")
+        _send(driver, wait, "Hello.")
+        question = "Tell me more."
+        if breaks == "long question":
+            question = "word " * 80
+        elif breaks == "no key":
+            _set(driver, "api_key", "")
+        elif breaks == "bad schema":
+            Select(driver.find_element(By.ID, "format")).select_by_value("json_schema")
+            _set(driver, "schema", "{not json")
+        elif breaks == "stop at once":
+            driver.execute_script(WHEN_THE_ANSWER_SHOWS, "stop-at-once")
+        _send(driver, wait, question)
+        failed = [(kind, text) for kind, text in _page(driver) if kind.startswith("message")]
+        box = driver.find_element(By.ID, "input").get_attribute("value")
+        if mends == "short question":
+            _set(driver, "input", "And now?")
+        elif not box:  # (the question is to be back in the box; asked again all the same)
+            _set(driver, "input", question)
+        if mends == "key":
+            _set(driver, "api_key", "k3y")
+        elif mends == "text":
+            Select(driver.find_element(By.ID, "format")).select_by_value("text")
+        again = driver.find_element(By.ID, "input").get_attribute("value").strip()
+        _send(driver, wait)  # what the box holds: the question again, or the one put instead
+        shown = [(kind, text) for kind, text in _page(driver) if kind.startswith("message")]
+    first = shown[1][1]
+    assert _sent(driver)[-1] == [("user", "Hello."), ("assistant", first), ("user", again)]
+    assert shown[-2] == ("message user", again) and shown[-1][0] == "message assistant", shown
+    assert failed[-2] == ("message user failed", question.strip()), failed
+    assert failed[-1][0] == "message error", failed
+    assert "left out of the conversation" in failed[-1][1], failed
+    assert box == question.strip()
+
+
+@pytest.mark.parametrize("action", ["stop", "clear", "break"])
+def test_an_answer_ended_mid_stream_on_the_chat_page(port, chromium, action):
+    """Stop, New conversation or a broken connection while an answer streams: the request is
+    cancelled on the server; what was shown is the assistant's turn after Stop or the break (said
+    under it) and nothing of it is left after New conversation, which starts anew."""
+    from selenium.webdriver.common.by import By
+
+    driver = chromium
+    wait = _open_recording(driver, port)
+    _set(driver, "max_tokens", "400")
+    _set(driver, "temperature", "0")
+    cancelled = _cancelled(port)
+    driver.execute_script(WHEN_THE_ANSWER_SHOWS, action)
+    _send(driver, wait, "Write a long story about the sea.")
+    wait.until(lambda d: _cancelled(port) > cancelled)
+    shown = _page(driver)
+    if action == "clear":
+        assert shown == []
+    else:
+        [answer] = driver.find_elements(By.CSS_SELECTOR, ".message.assistant")
+        partial = driver.execute_script("return arguments[0].textContent", answer)
+        note = driver.find_element(By.CSS_SELECTOR, ".note").text
+        assert partial and not driver.find_elements(By.CSS_SELECTOR, ".message.error"), shown
+        said = "stopped" if action == "stop" else "the connection to the server broke"
+        assert said in note, note
+    _set(driver, "max_tokens", "4")
+    _send(driver, wait, "What is 2+2?")
+    before = [] if action == "clear" else [("user", "Write a long story about the sea."),
+                                           ("assistant", partial)]  # fmt: skip
+    assert _sent(driver)[-1] == [*before, ("user", "What is 2+2?")]
+
+
+@pytest.mark.parametrize("how", ["keydown", "ime"])
+def test_the_enter_that_ends_an_ime_composition_does_not_send(port, chromium, how):
+    """Enter that picks the words of a composition (Japanese, Chinese) is the IME's, as
+    llama.cpp's web UI keeps it; an Enter after it sends."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    driver = chromium
+    wait = _open_recording(driver, port)
+    _set(driver, "max_tokens", "2")
+    box = driver.find_element(By.ID, "input")
+    box.click()
+    if how == "keydown":  # as the browser fires it when a composition ends on Enter
+        _set(driver, "input", "日本語の")
+        driver.execute_script(
+            "arguments[0].dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', "
+            "keyCode: 229, isComposing: true, bubbles: true, cancelable: true}))",
+            box,
+        )
+    else:  # an IME composing in Chromium itself, then Enter
+        driver.execute_cdp_cmd(
+            "Input.imeSetComposition", {"text": "にほん", "selectionStart": 3, "selectionEnd": 3}
+        )
+        driver.execute_cdp_cmd(
+            "Input.dispatchKeyEvent",
+            {"type": "rawKeyDown", "key": "Enter", "code": "Enter", "windowsVirtualKeyCode": 13},
+        )
+        driver.execute_cdp_cmd("Input.insertText", {"text": "日本"})
+    import time
+
+    time.sleep(1)
+    assert _sent(driver) == [] and _page(driver) == []
+    typed = box.get_attribute("value")
+    assert typed.startswith("日本"), typed
+    box.send_keys(Keys.ENTER)
+    wait.until(lambda d: d.find_element(By.ID, "send").get_attribute("disabled") is None)
+    wait.until(lambda d: _sent(d) == [[("user", typed.strip())]])
+
+
+@pytest.mark.parametrize(
+    ("server_args", "max_tokens", "said"),
+    [([], "5", "cut at the max tokens limit (5)"), (["--max-len", "64"], "200", "context (64")],
+    ids=["max-tokens", "context"],
+)
+def test_an_answer_cut_short_says_so_on_the_chat_page(
+    models, chromium, server_args, max_tokens, said
+):
+    """finish_reason "length": a line under the answer says Max tokens or the context cut it."""
+    from selenium.webdriver.common.by import By
+
+    driver = chromium
+    with served(models["two"], "--threads", "1", "--served-model-name", "tiny", *server_args) as s:
+        wait = _open_recording(driver, s.port)
+        _set(driver, "max_tokens", max_tokens)
+        _set(driver, "temperature", "0")
+        _send(driver, wait, "Tell me a story.")
+        note = driver.find_element(By.CSS_SELECTOR, ".timings + .note").text
+    assert said in note, note
+    assert driver.find_element(By.CSS_SELECTOR, ".message.assistant").text
+
+
 def test_the_end_of_sequence_token_counts_as_generated(client, port, tiny_gqa_export):
     """As vLLM's usage and generation-token counter and llama-server's predicted_n count it:
     the end-of-sequence token that ended a choice is one of its completion tokens, whole and
