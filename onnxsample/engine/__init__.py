@@ -14,7 +14,7 @@ from onnxsample.engine._engine import (
     DEFAULT_PREFILL_CHUNK,
     Engine,
 )
-from onnxsample.engine._scheduler import Stats
+from onnxsample.engine._stats import Stats
 from onnxsample.engine.generator import Generator
 from onnxsample.engine.request import (
     Completion,

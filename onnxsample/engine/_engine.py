@@ -36,9 +36,10 @@ from onnxsample.engine._loaded import load_model
 from onnxsample.engine._options import checked_options, positions_limit
 from onnxsample.engine._requests import Requests
 from onnxsample.engine._runner import Runner
-from onnxsample.engine._scheduler import Scheduler, Stats
+from onnxsample.engine._scheduler import Scheduler
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import SlotState, slots_symbolic
+from onnxsample.engine._stats import Stats
 from onnxsample.engine.request import Request
 from onnxsample.errors import EngineClosed, GenerationError, InvalidParameter, QueueFull
 from onnxsample.params import SamplingParams

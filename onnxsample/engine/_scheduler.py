@@ -22,7 +22,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -33,6 +32,7 @@ from onnxsample.engine._post_sampling import post_sampling
 from onnxsample.engine._runner import Runner
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import SlotState
+from onnxsample.engine._stats import Stats
 from onnxsample.errors import GenerationError, InvalidParameter, OnnxSampleError, first_line
 
 log = logging.getLogger(__name__)
@@ -47,25 +47,6 @@ _FIRST = (
 _DRAFTED = tuple(name.replace("sampler.", "sampler.draft_") for name in _FIRST)
 # Positions reserved beyond the prompt for a request without its own token limit (it grows later).
 _AHEAD = 256
-
-
-@dataclass
-class Stats:
-    """What the engine has done since it started (only its thread writes these)."""
-
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    prefill_calls: int = 0
-    decode_steps: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generated_tokens: int = 0
-    drafted_tokens: int = 0  # speculative decoding: draft tokens verified
-    accepted_tokens: int = 0  # ... and kept
-    fallback_tokens: int = 0  # a static chain's tokens past its candidates, drawn on the host
-    moved: int = 0  # sequences moved to a lower slot (fewer rows a step, CUDA graphs)
-    finished: int = 0
-    failed: int = 0
 
 
 _PATIENCE = 4  # steps a prompt may wait behind shorter ones before its next chunk goes first
