@@ -23,6 +23,7 @@ from onnxsample.engine.request import (  # noqa: E402
     Timings,
 )
 from onnxsample.errors import (  # noqa: E402
+    ContextExceeded,
     EngineClosed,
     ExportError,
     GenerationError,
@@ -67,6 +68,7 @@ __all__ = [
     "Completion",
     "ComposedMetadata",
     "Constraint",
+    "ContextExceeded",
     "Engine",
     "EngineClosed",
     "ExportError",

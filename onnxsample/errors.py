@@ -7,6 +7,7 @@ says what was wrong and, where there is one, the allowed range. The CLI prints t
 from __future__ import annotations
 
 __all__ = [
+    "ContextExceeded",
     "EngineClosed",
     "ExportError",
     "GenerationError",
@@ -25,6 +26,17 @@ class OnnxSampleError(Exception):
 
 class InvalidParameter(OnnxSampleError, ValueError):
     """A sampling parameter or option is outside its allowed range."""
+
+
+class ContextExceeded(InvalidParameter):
+    """The prompt's `prompt_tokens` do not fit the `context` positions a sequence may hold (the
+    model's context or ``max_len``); the server answers it as llama-server does
+    (``exceed_context_size_error``, ``n_prompt_tokens``, ``n_ctx``) with OpenAI's code
+    ``context_length_exceeded``."""
+
+    def __init__(self, message: str, prompt_tokens: int, context: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens, self.context = prompt_tokens, context
 
 
 class ExportError(OnnxSampleError):

@@ -22,6 +22,7 @@ PUBLIC = [
     "Completion",
     "ComposedMetadata",
     "Constraint",
+    "ContextExceeded",
     "Engine",
     "EngineClosed",
     "ExportError",

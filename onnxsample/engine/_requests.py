@@ -17,7 +17,7 @@ import numpy as np
 from onnxsample.engine._sequence import Sequence
 from onnxsample.engine._slots import check_params
 from onnxsample.engine.request import Request
-from onnxsample.errors import InvalidParameter
+from onnxsample.errors import ContextExceeded, InvalidParameter
 from onnxsample.metadata import ComposedMetadata
 from onnxsample.params import SamplingParams
 from onnxsample.text import TextStream, Tokenizer
@@ -86,9 +86,11 @@ class Requests:
                 if self.max_len == self.limit
                 else f"the model's context of {self.limit} tokens"
             )
-            raise InvalidParameter(
+            raise ContextExceeded(
                 f"the prompt is {len(ids)} tokens, which does not fit {room} "
-                f"(it must be at most {self.limit - 1})"
+                f"(it must be at most {self.limit - 1})",
+                prompt_tokens=len(ids),
+                context=self.limit,
             )
         matcher = None
         if params.constraint is not None:

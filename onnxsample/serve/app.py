@@ -216,6 +216,8 @@ def create_app(
     async def models() -> dict:
         return {"object": "list", "data": [model_card()]}
 
+    app.get("/models", include_in_schema=False)(models)  # llama-server's alias
+
     @app.get("/v1/models/{name:path}")  # OpenAI's retrieve; a served name may hold a slash
     async def model(name: str) -> dict:
         check_model(name)
@@ -309,6 +311,8 @@ def create_app(
             "usage": convert.usage(done, [seqs[0].prompt]),
             "timings": choices[0]["timings"],  # llama-server's place for them (the first choice)
         }
+
+    app.post("/chat/completions", include_in_schema=False)(chat)  # llama-server's alias
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from onnxsample.errors import (
+    ContextExceeded,
     EngineClosed,
     GenerationError,
     InvalidParameter,
@@ -68,30 +69,42 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict | None = None,
+        extra: dict | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers or {}
+        self.headers, self.extra = headers or {}, extra or {}
 
 
 def error_body(
-    status: int, message: str, param: str | None = None, code: str | None = None
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    extra: dict | None = None,
 ) -> dict:
-    """OpenAI's error object: an answer's body, or a stream's last event."""
+    """OpenAI's error object: an answer's body, or a stream's last event; `extra` adds or
+    replaces fields (llama-server's ``type`` and numbers for a prompt past the context)."""
     return {
         "error": {
             "message": message,
             "type": _TYPES.get(status, "invalid_request_error"),
             "param": param,
             "code": code or status,
+            **(extra or {}),
         }
     }
 
 
 def error_response(
-    status: int, message: str, param: str | None = None, code: str | None = None, headers=None
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers=None,
+    extra: dict | None = None,
 ) -> JSONResponse:
-    body = error_body(status, message, param, code)
+    body = error_body(status, message, param, code, extra)
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -125,7 +138,12 @@ def from_library(exc: OnnxSampleError, names: dict[str, str] | None = None) -> A
         if words:  # the parameter a message starts with, or what its first words stand for
             first = words.group(1)
             param = _PARAMS.get(f"{first} {words.group(2)}", _PARAMS.get(first, first))
-        return APIError(400, message, param=(names or {}).get(param, param))
+        param = (names or {}).get(param, param)
+        if isinstance(exc, ContextExceeded):  # OpenAI's code; llama-server's type and numbers
+            extra = {"type": "exceed_context_size_error", "n_prompt_tokens": exc.prompt_tokens,
+                     "n_ctx": exc.context}  # fmt: skip
+            return APIError(400, message, param, code="context_length_exceeded", extra=extra)
+        return APIError(400, message, param=param)
     if isinstance(exc, (OutOfMemory, EngineClosed)):
         return APIError(503, message, code="unavailable")
     if isinstance(exc, (GenerationError, ModelError)):
@@ -175,12 +193,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(APIError)
     async def _api(_request: Request, exc: APIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers)
+        return error_response(exc.status, exc.message, exc.param, exc.code, exc.headers, exc.extra)
 
     @app.exception_handler(OnnxSampleError)
     async def _library(request: Request, exc: OnnxSampleError) -> JSONResponse:
         err = from_library(exc, request_names(request))
-        return error_response(err.status, err.message, err.param, err.code, err.headers)
+        return error_response(err.status, err.message, err.param, err.code, err.headers, err.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

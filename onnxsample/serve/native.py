@@ -99,6 +99,8 @@ def add_native_routes(
             data["n_predict"] = 1  # llama-server samples one token even then
         if isinstance(data, dict) and type(data.get("seed")) is int and data["seed"] in _RANDOM:
             data["seed"] = None  # llama-server's default seed: a random one each request
+        if isinstance(data, dict):
+            _read_as_off(data)
         body = _validated(data)
         check_model(body.model)
         extra = body.model_extra if body.model_extra is not None else {}
@@ -214,6 +216,28 @@ def _json(raw: bytes) -> Any:
         raise APIError(400, f"the body is not JSON: {exc}") from None
     except RecursionError:  # nested deeper than the parser goes
         raise APIError(400, "the body is not JSON this server reads: nested too deeply") from None
+
+
+# Values llama-server reads as "off" (its samplers skip them), and the value that says so here:
+# (field, is off, neutral value). A negative temperature is greedy there, as 0 is.
+_OFF = (
+    ("temperature", lambda v: v < 0, 0.0),
+    ("top_k", lambda v: v < 0, 0),
+    ("top_p", lambda v: v > 1, 1.0),
+    ("typical_p", lambda v: v > 1, 1.0),
+    ("min_p", lambda v: v < 0, 0.0),
+    ("n_probs", lambda v: v < 0, 0),
+)
+
+
+def _read_as_off(data: dict) -> None:
+    """`data` with the values llama-server takes as a sampler switched off (``top_k: -1``,
+    ``top_p: 1.5``, ``temperature: -1``: greedy) set to ours, so its clients' requests work
+    unchanged; a value out of range in any other way is still refused."""
+    for name, off, neutral in _OFF:
+        value = data.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and off(value):
+            data[name] = neutral
 
 
 # llama-server's LLAMA_DEFAULT_SEED (a uint32, so -1 too): a random seed, as its clients send it.

@@ -34,7 +34,7 @@ __all__ = [
 def shutdown_chunk() -> dict:
     """The error a stream ends with when the stopping server cut it."""
     err = shutdown_error()
-    return error_body(err.status, err.message, err.param, err.code)
+    return error_body(err.status, err.message, err.param, err.code, err.extra)
 
 
 def cut_by_shutdown(completion: Completion, stopping: Callable[[], bool]) -> bool:
@@ -61,7 +61,7 @@ def error_chunk(exc: BaseException, names: dict[str, str] | None = None) -> dict
     a 400 naming its field, by the request's `names` for it), or an internal error."""
     if isinstance(exc, OnnxSampleError):
         err = from_library(exc, names)
-        return error_body(err.status, err.message, err.param, err.code)
+        return error_body(err.status, err.message, err.param, err.code, err.extra)
     return error_body(500, f"internal error: {type(exc).__name__}")
 
 

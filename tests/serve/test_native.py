@@ -60,6 +60,26 @@ def test_an_answer_has_llama_servers_fields(port):
     assert code == 200 and plain["content"] == whole["content"]
 
 
+@pytest.mark.parametrize(
+    ("off", "neutral"),
+    [
+        ({"temperature": -1}, {"temperature": 0}),  # greedy, as 0
+        ({"top_k": -5, "seed": 3}, {"top_k": 0, "seed": 3}),
+        ({"top_p": 1.5, "seed": 3}, {"top_p": 1.0, "seed": 3}),
+        ({"typical_p": 2, "seed": 3}, {"typical_p": 1.0, "seed": 3}),
+        ({"min_p": -0.5, "seed": 3}, {"min_p": 0.0, "seed": 3}),
+        ({"n_probs": -1, "temperature": 0}, {"temperature": 0}),
+    ],
+)
+def test_values_llama_server_reads_as_off_are_read_so(port, off, neutral):
+    """llama-server's clients send a sampler switched off as a value past its range (its samplers
+    skip it): the same answer as the neutral value, not a 400."""
+    body = {"prompt": "Once upon a time", "n_predict": 6, "ignore_eos": True}
+    given, expected = complete(port, {**body, **off}), complete(port, {**body, **neutral})
+    assert given["content"] == expected["content"]
+    assert "completion_probabilities" not in given
+
+
 @pytest.mark.parametrize("seed", [-1, 0xFFFFFFFF])
 def test_llama_servers_default_seed_draws_a_random_one(port, seed):
     """llama-server's LLAMA_DEFAULT_SEED (a uint32: clients send -1): each request its own seed."""

@@ -960,3 +960,14 @@ def test_ignore_eos_is_each_peers_own(port, tiny_gqa_export):
     code, error = post(port, "/completion", json.dumps(crowded).encode())
     assert code == 400 and error["error"]["param"] == "ignore_eos", error
     assert "compose it with --max-bias" in error["error"]["message"], error
+
+
+def test_a_base_url_without_v1_reaches_the_same_routes(port):
+    """llama-server answers /models and /chat/completions too: a client configured without /v1
+    works against either server."""
+    bare = openai.OpenAI(base_url=f"http://127.0.0.1:{port}", api_key="none", max_retries=0)
+    assert [m.id for m in bare.models.list()] == ["tiny"]
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, seed=1)
+    answer = bare.chat.completions.create(**kw).choices[0].message.content
+    full = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    assert answer == full.chat.completions.create(**kw).choices[0].message.content

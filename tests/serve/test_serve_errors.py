@@ -50,9 +50,26 @@ def test_invalid_values_are_400_naming_the_parameter(client, kwargs, param, mess
     assert info.value.status_code == 400 and "Traceback" not in error["message"]
 
 
-def test_a_prompt_longer_than_the_context(client):
-    with pytest.raises(openai.BadRequestError, match=r"\d+ tokens, which does not fit .* 512"):
-        client.completions.create(model="tiny", prompt="word " * 600, max_tokens=2)
+@pytest.mark.parametrize("route", ["completions", "chat", "native"])
+def test_a_prompt_longer_than_the_context(client, port, route):
+    """OpenAI's code and llama-server's type and numbers (its web UI reads the type), on every
+    route."""
+    long = "word " * 600
+    if route == "native":
+        status, body = post(port, "/completion", json.dumps({"prompt": long}).encode())
+        assert status == 400, body
+        error = body["error"]
+    else:
+        with pytest.raises(openai.BadRequestError, match=r"\d+ tokens, which does not fit") as info:
+            if route == "completions":
+                client.completions.create(model="tiny", prompt=long, max_tokens=2)
+            else:
+                messages = [{"role": "user", "content": long}]
+                client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+        error = info.value.body
+    assert error["type"] == "exceed_context_size_error", error
+    assert error["code"] == "context_length_exceeded", error
+    assert error["n_ctx"] == 512 and error["n_prompt_tokens"] > 512, error
 
 
 def test_unknown_model_is_404(client):

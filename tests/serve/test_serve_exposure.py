@@ -54,6 +54,8 @@ def test_allowed_host_widens_what_is_answered(models):
 OPEN = [("GET", "/health"), ("GET", "/"), ("HEAD", "/"), ("GET", "/static/chat.js")]
 KEYED = [
     ("GET", "/v1/models"),
+    ("GET", "/models"),
+    ("POST", "/chat/completions"),
     ("GET", "/metrics"),
     ("GET", "/docs"),
     ("GET", "/openapi.json"),
