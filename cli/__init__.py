@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -10,7 +11,7 @@ import threading
 import typer
 
 from onnxsample.cli import _options as opt
-from onnxsample.cli._ui import err
+from onnxsample.cli._ui import ReaderGone, err
 from onnxsample.cli.bench import bench
 from onnxsample.cli.compose import compose
 from onnxsample.cli.export import export
@@ -61,7 +62,8 @@ def _terminate(_signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run a command; any error a user can cause becomes one line and exit status 1;
-    Ctrl-C ends it with status 130, SIGTERM with 143, each after the command's own clean-up.
+    Ctrl-C ends it with status 130, SIGTERM with 143, each after the command's own clean-up; a
+    closed stdout (``| head``) with 141, quietly, as SIGPIPE ends a process.
     (`serve` hands both signals to its server while it serves.)"""
     from onnxsample.errors import OnnxSampleError
 
@@ -71,6 +73,9 @@ def main(argv: list[str] | None = None) -> None:
         code = app(args=argv, prog_name="onnxsample", standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
+    except ReaderGone:  # stdout's reader went (`| head`): quietly, as SIGPIPE ends llama-cli
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        sys.exit(141)
     except typer.TyperException as exc:  # usage errors: unknown option, bad value, ...
         _error(exc.format_message())
     except (typer.Abort, KeyboardInterrupt):
@@ -84,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if main_thread and previous is not None:  # None: a handler set outside Python
             signal.signal(signal.SIGTERM, previous)
+    if code == 130:  # typer returns a KeyboardInterrupt as this status
+        err.print("[red]interrupted[/]")
     sys.exit(code if isinstance(code, int) else 0)
 
 

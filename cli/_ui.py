@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 from rich.console import Console
@@ -11,6 +12,21 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 # Results go to stdout; progress, logs and errors to stderr so that stdout stays parseable.
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
+
+
+class ReaderGone(BaseException):
+    """stdout's reader went (``| head``): the command ends quietly with 141, as SIGPIPE ends a
+    process (not an OSError: click and typer would make it status 1)."""
+
+
+def write(text: str) -> None:
+    """`text` on stdout as it is, at once (a pipe reads an answer as it comes); no markup, emoji
+    codes or control characters rewritten, as a console would."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise ReaderGone from None
 
 
 # The stages' labels: an export's (exporters.STAGES) and a composition's (composer.STAGES), as

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from onnxsample.cli import _options as opt
-from onnxsample.cli._ui import PREPARE_LABELS, err, out, stages
+from onnxsample.cli._ui import PREPARE_LABELS, err, stages, write
 from onnxsample.engine import DEFAULT_PREFILL_CHUNK
 from onnxsample.errors import InvalidParameter
 
@@ -229,30 +229,32 @@ def run(
     limit = None if max_new_tokens == -1 else max_new_tokens  # llama-cli's -1: no limit
     kwargs = dict(max_new_tokens=limit, stop=list(stop), chat=chat, system=system)
     streaming = stream is not False and not json_output and len(prompt) == 1
+    with generator:  # closed (its requests cancelled) however this ends: Ctrl-C, a closed pipe
+        _answer(generator, prompt, params, kwargs, streaming, json_output, logprobs, limit)
+
+
+def _answer(generator, prompt, params, kwargs, streaming, json_output, logprobs, limit) -> None:
+    """Generate and print: the answers' text on stdout as the model wrote it (no markup, emoji
+    codes or control characters rewritten), everything else on stderr."""
     if streaming:
         completions, printed = [], False
         try:
             for event in generator.stream(list(prompt), params, **kwargs):
-                out.print(event.text, end="", markup=False, highlight=False, soft_wrap=True)
+                write(event.text)
                 printed = printed or bool(event.text)
                 if event.completion is not None:
                     completions.append(event.completion)
         finally:
             if printed or completions:
-                out.print()  # the text's line ends, before an error's line too
+                write("\n")  # the text's line ends, before an error's line too
     else:
         completions = generator.generate(list(prompt), params, **kwargs)
     for c in completions:
         if json_output:
-            out.print(
-                json.dumps(c.to_json(), ensure_ascii=False),
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
+            write(json.dumps(c.to_json(), ensure_ascii=False) + "\n")
         elif not streaming:
             header = f"[{c.index}] " if len(prompt) > 1 else ""
-            out.print(header + c.text, markup=False, highlight=False, soft_wrap=True)
+            write(header + c.text + "\n")
         if logprobs and not json_output:
             _print_logprobs(generator.tokenizer, c)
         cut_short = c.finish_reason == "stop" or (

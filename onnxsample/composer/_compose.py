@@ -18,6 +18,7 @@ import importlib.metadata
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -317,7 +318,9 @@ def _invented(dim) -> bool:
 
 def _save(model: ir.Model, out: Path) -> None:
     """Write one file and check it; weights over 2 GB go to one `<name>.data` file beside it."""
-    tmp = out.with_name(f".{out.name}.partial")
+    # this process's own: two composing the same file at once each write theirs, and the last
+    # rename wins (a shared name had one write into the other's file, and its rename fail)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.partial")
     data_name = f"{out.name}.data"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

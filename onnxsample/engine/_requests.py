@@ -95,7 +95,8 @@ class Requests:
         matcher = None
         if params.constraint is not None:
             matcher = self.grammars.matcher(params.constraint.grammar_text())
-        seed = params.seed if params.seed is not None else np.random.SeedSequence().entropy
+        # a random seed below 2**53: reported in JSON, it must survive a double (JavaScript, jq)
+        seed = params.seed if params.seed is not None else np.random.SeedSequence().entropy % 2**53
         seed = int(seed) % 2**64  # a numpy integer's modulo overflows
         request = Request(f"req-{next(_ids)}", index, self.wake)
         return Sequence(

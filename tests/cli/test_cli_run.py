@@ -7,10 +7,13 @@ import hashlib
 import json
 import re
 import shutil
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
 from _cli import case_file, run_cli
+from _http import BIN
 
 
 @pytest.fixture(scope="session")
@@ -345,3 +348,47 @@ def test_an_error_after_streamed_text_is_on_a_line_of_its_own(run_folder, capsys
     )  # fmt: skip
     assert code == 1 and "\nerror: invalid constraint" in err, (out, err)
     assert out and out.endswith("\n"), out
+
+
+@pytest.mark.parametrize("mode", [[], ["--no-stream"], ["--json"]])
+def test_the_answer_is_printed_as_the_model_wrote_it(run_folder, capsys, mode):
+    """stdout carries the text itself: an emoji code stays a code and a control character stays
+    (a console rewrote `:smile:` as an emoji and dropped control characters)."""
+    answer = ":smile:\x07"
+    argv = ["run", str(run_folder), "-p", "Hi", "--no-chat", "-t", "1", "--choice", answer]
+    code, out, err = run_cli(capsys, *argv, *mode)
+    assert code == 0, err
+    assert (json.loads(out)["text"] if mode == ["--json"] else out) == (
+        answer if mode == ["--json"] else answer + "\n"
+    )
+
+
+@pytest.mark.parametrize(("how", "status"), [("SIGINT", 130), ("SIGTERM", 143), ("pipe", 141)])
+def test_a_run_stopped_while_it_decodes_ends_cleanly(embedded_gqa_exports, how, status):
+    """Ctrl-C, `kill` or a reader gone (`| head -c 1`) mid-answer: the engine is stopped before the
+    process ends, with the shell's status (it aborted with 134: "terminate called without an
+    active exception", the engine's thread still inside ONNX Runtime)."""
+    folder = embedded_gqa_exports["gguf-a4"].output
+    argv = [str(BIN), "run", str(folder), "-p", "1, 2, 3, 4, 5,", "--no-chat", "-n", "400",
+            "--temperature", "0", "-t", "1"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    try:
+        assert proc.stdout.read(1), "no answer came"  # it decodes now
+        if how == "pipe":
+            proc.stdout.close()
+        else:
+            proc.send_signal(getattr(signal, how))
+        err = proc.stderr.read()
+        assert proc.wait(timeout=120) == status, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in err and "terminate called" not in err, err
+    if how == "SIGINT":
+        assert "interrupted" in err, err
