@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -41,6 +42,16 @@ def run(
     prompt: Annotated[
         list[str],
         typer.Option("--prompt", "-p", help="A prompt; repeat -p to run several as one batch."),
+    ] = (),
+    file: Annotated[
+        list[str],
+        typer.Option(
+            "--file",
+            "-f",
+            help="A prompt read from a file (UTF-8, as it is: its last newline too), - for "
+            "stdin, as llama-cli's -f; repeatable, after the -p prompts.",
+            show_default=False,
+        ),
     ] = (),
     temperature: Annotated[
         float,
@@ -178,9 +189,10 @@ def run(
     from onnxsample.params import SamplingParams
     from onnxsample.prepare import prepare
 
+    prompt = [*prompt, *(_read_prompt(name) for name in file)]
     if not prompt:
         taken = f" ({str(model)!r} was read as the model)" if model and not model.exists() else ""
-        raise InvalidParameter(f"give at least one prompt with -p TEXT{taken}")
+        raise InvalidParameter(f"give at least one prompt with -p TEXT or -f FILE{taken}")
     if stream and (json_output or len(prompt) > 1):
         raise InvalidParameter(
             "--stream prints one prompt's text as it is decoded: with --json or several prompts "
@@ -270,6 +282,23 @@ def _answer(generator, prompt, params, kwargs, streaming, json_output, logprobs,
                 highlight=False,
             )
     _print_timings(generator, completions)
+
+
+def _read_prompt(name: str) -> str:
+    """The prompt in file `name` (``-``: stdin), read as UTF-8 text."""
+    try:
+        data = sys.stdin.buffer.read() if name == "-" else Path(name).expanduser().read_bytes()
+    except OSError as exc:
+        raise InvalidParameter(
+            f"cannot read the prompt file {name}: {exc.strerror or exc}"
+        ) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        where = "stdin" if name == "-" else name
+        raise InvalidParameter(
+            f"the prompt in {where} is not UTF-8 text (byte {exc.start}: {data[exc.start]:#04x})"
+        ) from None
 
 
 def _print_logprobs(tokenizer, completion) -> None:

@@ -392,3 +392,35 @@ def test_a_run_stopped_while_it_decodes_ends_cleanly(embedded_gqa_exports, how, 
     assert "Traceback" not in err and "terminate called" not in err, err
     if how == "SIGINT":
         assert "interrupted" in err, err
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_a_prompt_from_a_file_or_stdin_is_that_text(
+    run_folder, capsys, monkeypatch, tmp_path, source
+):
+    """`-f FILE` (`-`: stdin), as llama-cli's: the same answer as the text given with -p."""
+    import io
+
+    text = "Hello there\nfriend"
+    (tmp_path / "q.txt").write_text(text, encoding="utf-8")
+    if source == "stdin":
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+    base = ["run", str(run_folder), "--no-chat", "--json", "-n", "6", "--seed", "2", "-t", "1"]
+    code, out, err = run_cli(
+        capsys, *base, "-f", "-" if source == "stdin" else str(tmp_path / "q.txt")
+    )
+    assert code == 0, err
+    code, given, err = run_cli(capsys, *base, "-p", text)
+    assert json.loads(out)["token_ids"] == json.loads(given)["token_ids"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(None, "cannot read the prompt file"), (b"ab\xff", "is not UTF-8 text (byte 2: 0xff)")],
+)
+def test_a_prompt_file_that_cannot_be_read_says_so(run_folder, capsys, tmp_path, content, message):
+    path = tmp_path / "q.txt"
+    if content is not None:
+        path.write_bytes(content)
+    code, _out, err = run_cli(capsys, "run", str(run_folder), "-f", str(path))
+    assert code == 1 and message in err, err
