@@ -446,13 +446,13 @@ def test_a_sentencepiece_model_alone_gets_a_tokenizer_json(llama_cpp, tmp_path):
     for text in HARD:
         assert ours.encode(text) == theirs.encode(text), text
     (tmp_path / "out" / "tokenizer.json").unlink()  # as exports of such folders were written
-    with pytest.raises(ExportError, match="without its tokenizer.json, .* pass --force"):
+    with pytest.raises(ExportError, match=r"without its tokenizer\.json, .* pass --force"):
         export(source, tmp_path / "out", verify_tokens=2)
 
 
 def test_a_folder_without_tokenizer_files_says_so(tmp_path, tiny_hf):
     source = tmp_path / "no-tokenizer"
     shutil.copytree(tiny_hf, source, ignore=shutil.ignore_patterns("tokenizer*", "vocab.json"))
-    with pytest.raises(ExportError, match="has no tokenizer: it needs tokenizer.json, "):
+    with pytest.raises(ExportError, match=r"has no tokenizer: it needs tokenizer\.json, "):
         export(source, tmp_path / "out", verify_tokens=0)
     assert not (tmp_path / "out").exists()
