@@ -22,6 +22,8 @@ class ReaderGone(BaseException):
 def write(text: str) -> None:
     """`text` on stdout as it is, at once (a pipe reads an answer as it comes); no markup, emoji
     codes or control characters rewritten, as a console would."""
+    if sys.stdout is None:  # started with stdout closed (>&-): nobody reads it
+        raise ReaderGone
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

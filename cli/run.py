@@ -48,8 +48,8 @@ def run(
         typer.Option(
             "--file",
             "-f",
-            help="A prompt read from a file (UTF-8, as it is: its last newline too), - for "
-            "stdin, as llama-cli's -f; repeatable, after the -p prompts.",
+            help="A prompt read from a file (UTF-8, one trailing newline dropped), - for stdin, "
+            "as llama-cli's -f; repeatable, after the -p prompts.",
             show_default=False,
         ),
     ] = (),
@@ -285,7 +285,10 @@ def _answer(generator, prompt, params, kwargs, streaming, json_output, logprobs,
 
 
 def _read_prompt(name: str) -> str:
-    """The prompt in file `name` (``-``: stdin), read as UTF-8 text."""
+    """The prompt in file `name` (``-``: stdin), read as UTF-8 text without one trailing newline
+    (an editor's; llama-cli's ``-f`` drops it too)."""
+    if name == "-" and sys.stdin is None:
+        raise InvalidParameter("-f - reads the prompt from stdin, which is closed")
     try:
         data = sys.stdin.buffer.read() if name == "-" else Path(name).expanduser().read_bytes()
     except OSError as exc:
@@ -293,7 +296,7 @@ def _read_prompt(name: str) -> str:
             f"cannot read the prompt file {name}: {exc.strerror or exc}"
         ) from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removesuffix("\n")
     except UnicodeDecodeError as exc:
         where = "stdin" if name == "-" else name
         raise InvalidParameter(

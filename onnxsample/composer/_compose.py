@@ -208,6 +208,19 @@ def compose(
     return out
 
 
+def _remove_dead_partials(out: Path) -> None:
+    """Temporary files of compositions of `out` whose process is gone (killed mid-write: SIGKILL,
+    the OOM killer), which nothing else would remove."""
+    for path in out.parent.glob(f".{out.name}.*.partial"):
+        try:
+            os.kill(int(path.name[len(out.name) + 2 :].split(".")[0]), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        except (ValueError, OSError):  # not ours, or a process of another user: left alone
+            continue
+
+
 def _check_drafts(draft_tokens, output_probs: bool, output_candidates: int) -> None:
     """Refuse a draft width out of range, or drafts with outputs of one position per slot
     ("auto" is checked once it is resolved: 0 needs no check)."""
@@ -321,6 +334,7 @@ def _save(model: ir.Model, out: Path) -> None:
     # this process's own: two composing the same file at once each write theirs, and the last
     # rename wins (a shared name had one write into the other's file, and its rename fail)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{threading.get_ident()}.partial")
+    _remove_dead_partials(out)
     data_name = f"{out.name}.data"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,8 @@ def choice_params(
             "be combined with response_format or another output constraint"
         )
     constraint = constraint or tools
-    base = body.seed if body.seed is not None else secrets.randbits(63)
+    # a random base below 2**53 - n: every choice's seed, reported in JSON, survives a double
+    base = body.seed if body.seed is not None else secrets.randbits(53) % (2**53 - body.n)
     choices = []
     for i in range(body.n):
         params = SamplingParams(

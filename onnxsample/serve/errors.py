@@ -188,6 +188,10 @@ def invalid_body(errors: list[dict], content_type: str | None = None) -> tuple[s
     return (f"{path}: {detail}" if path else detail), (where[0] if where else None)
 
 
+# llama-server's names of OpenAI routes without /v1 (they read JSON bodies only, as those do)
+_OPENAI_ALIASES = ("/chat/completions", "/models")
+
+
 def install(app: FastAPI) -> None:
     """Every error the app can meet, answered in OpenAI's shape."""
 
@@ -203,7 +207,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # the OpenAI routes read JSON bodies only; llama-server's read any body as JSON
-        sent = request.headers.get("content-type") if request.url.path.startswith("/v1/") else None
+        openai_route = request.url.path.startswith("/v1/") or request.url.path in _OPENAI_ALIASES
+        sent = request.headers.get("content-type") if openai_route else None
         message, param = invalid_body(list(exc.errors()), sent)
         return error_response(400, message, param=param)
 

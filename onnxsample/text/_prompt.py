@@ -6,7 +6,7 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from onnxsample.errors import InvalidParameter
+from onnxsample.errors import ContextExceeded, InvalidParameter
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["Prompt", "prompt_tokens", "stop_strings"]
@@ -117,9 +117,11 @@ def _check_length(tok: Tokenizer, prompt: Prompt, system: str | None, limit: int
         return  # (a dict of every piece: half a second for a 262k vocabulary)
     most = 4 * limit * tok.max_token_chars
     if chars > most:
-        raise InvalidParameter(
+        raise ContextExceeded(
             f"the prompt is {chars} characters, more than the model's context of {limit} tokens "
-            f"could ever hold (at most {most} characters)"
+            f"could ever hold (at most {most} characters)",
+            prompt_tokens=-(-chars // (4 * tok.max_token_chars)),  # at least this many
+            context=limit,
         )
 
 

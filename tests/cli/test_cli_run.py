@@ -401,10 +401,10 @@ def test_a_prompt_from_a_file_or_stdin_is_that_text(
     """`-f FILE` (`-`: stdin), as llama-cli's: the same answer as the text given with -p."""
     import io
 
-    text = "Hello there\nfriend"
-    (tmp_path / "q.txt").write_text(text, encoding="utf-8")
+    text = "Hello there\nfriend"  # saved by an editor: one newline more, which -f drops
+    (tmp_path / "q.txt").write_text(text + "\n", encoding="utf-8")
     if source == "stdin":
-        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode())))
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(text.encode() + b"\n")))
     base = ["run", str(run_folder), "--no-chat", "--json", "-n", "6", "--seed", "2", "-t", "1"]
     code, out, err = run_cli(
         capsys, *base, "-f", "-" if source == "stdin" else str(tmp_path / "q.txt")

@@ -188,3 +188,16 @@ def test_an_output_under_a_file_is_a_model_error(tiny_export, tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(ModelError, match=r"cannot write .*afile"):
         compose(tiny_export.output, None, tmp_path / "afile" / "c.onnx")
+
+
+def test_a_dead_compositions_temporary_file_goes_with_the_next(tiny_export, tmp_path):
+    """Each process writes its own temporary file (two composing one file at once collided on a
+    shared one); one a killed process left is removed by the next composition, one of a process
+    still running is not."""
+    dead = tmp_path / ".c.onnx.999999999.1.partial"  # no such process
+    live = tmp_path / f".c.onnx.{os.getpid()}.7.partial"  # a composition running now
+    for path in (dead, live):
+        path.write_bytes(b"x" * 64)
+    compose(tiny_export.output, None, tmp_path / "c.onnx")
+    assert not dead.exists() and live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "c.onnx"]

@@ -84,8 +84,9 @@ def test_values_llama_server_reads_as_off_are_read_so(port, off, neutral):
 def test_llama_servers_default_seed_draws_a_random_one(port, seed):
     """llama-server's LLAMA_DEFAULT_SEED (a uint32: clients send -1): each request its own seed."""
     body = {"prompt": "Once upon a time", "n_predict": 2, "seed": seed}
-    seeds = {complete(port, body)["generation_settings"]["seed"] for _ in range(2)}
-    assert len(seeds) == 2 and seed not in seeds, seeds
+    seeds = {complete(port, body)["generation_settings"]["seed"] for _ in range(4)}
+    assert len(seeds) == 4 and seed not in seeds, seeds
+    assert all(0 <= s < 2**53 for s in seeds), seeds  # JSON's doubles hold them (JavaScript, jq)
 
 
 @pytest.mark.parametrize(

@@ -371,10 +371,12 @@ def test_inputs_that_once_reached_a_500(port, path, body, param):
         assert why in data["error"]["message"], data
 
 
-def test_a_body_sent_as_another_content_type_is_told_so(port):
-    """The OpenAI routes read JSON bodies (llama-server's read any body as JSON)."""
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/chat/completions"])
+def test_a_body_sent_as_another_content_type_is_told_so(port, path):
+    """The OpenAI routes read JSON bodies (llama-server's read any body as JSON), their aliases
+    without /v1 too."""
     body = json.dumps({"messages": CHAT, "max_tokens": 2}).encode()
-    code, data = post(port, "/v1/chat/completions", body, {"Content-Type": "text/plain"})
+    code, data = post(port, path, body, {"Content-Type": "text/plain"})
     assert code == 400, data
     assert data["error"]["message"] == (
         "the request body must be a JSON object (Content-Type: application/json; got 'text/plain')"

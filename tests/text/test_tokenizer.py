@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from onnxsample.errors import InvalidParameter, ModelError
+from onnxsample.errors import ContextExceeded, InvalidParameter, ModelError
 from onnxsample.text import TextStream, Tokenizer, prompt_tokens, read_chat_template
 from onnxsample.text._chat_template import fold_system
 
@@ -610,8 +610,9 @@ def test_max_token_chars_bounds_the_text_a_token_covers(pair):
 )
 def test_a_prompt_too_long_for_any_tokenisation_is_refused_by_its_length(pair, prompt, chars):
     ours, _ = pair
-    with pytest.raises(InvalidParameter, match=f"the prompt is {chars} characters"):
+    with pytest.raises(ContextExceeded, match=f"the prompt is {chars} characters") as info:
         prompt_tokens(ours, prompt, None, None, 10**6, limit=8)
+    assert info.value.context == 8 and info.value.prompt_tokens > 8  # at least that many
 
 
 @pytest.mark.parametrize(

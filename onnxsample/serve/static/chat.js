@@ -174,6 +174,8 @@ async function ask(question) {
         }
       }
     }
+    // a stream that ends without saying how (no finish_reason, no error) was cut off
+    if (finish === null) throw new Error("the answer ended before it finished");
   } catch (error) {
     failure = error;
   } finally {
