@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Collection, Iterator
 from pathlib import Path
 
+from onnxsample._process import alive
 from onnxsample.errors import ExportError
 
 log = logging.getLogger(__name__)
@@ -126,15 +127,5 @@ def _remove_abandoned(output: Path) -> None:
             pid = int((stage / _OWNER).read_text())
         except (OSError, ValueError):
             continue  # not ours to judge (an older layout, or one being created)
-        if not _alive(pid):
+        if not alive(pid):
             shutil.rmtree(stage, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import onnx_ir as ir
 
+from onnxsample._process import alive
 from onnxsample.chain import SamplerChain
 from onnxsample.composer._fold_codes import fold_weight_codes
 from onnxsample.composer._in_place import counts_in_place
@@ -212,13 +213,10 @@ def _remove_dead_partials(out: Path) -> None:
     """Temporary files of compositions of `out` whose process is gone (killed mid-write: SIGKILL,
     the OOM killer), which nothing else would remove."""
     for path in out.parent.glob(f".{out.name}.*.partial"):
-        try:
-            os.kill(int(path.name[len(out.name) + 2 :].split(".")[0]), 0)
-        except ProcessLookupError:
+        pid = path.name[len(out.name) + 2 :].split(".")[0]
+        if pid.isdigit() and not alive(int(pid)):  # another name is not ours to judge
             with contextlib.suppress(OSError):
                 path.unlink()
-        except (ValueError, OSError):  # not ours, or a process of another user: left alone
-            continue
 
 
 def _check_drafts(draft_tokens, output_probs: bool, output_candidates: int) -> None:
