@@ -199,8 +199,11 @@ def chat_stream(
     done: list[Completion] = []
 
     async def chunks() -> AsyncIterator[dict]:
+        # with tools the answer may be calls alone: its content stays null (as OpenAI streams it)
+        # until text arrives, so the assembled stream's message is the unstreamed one
+        opening = {"role": "assistant", "content": "" if plan is None else None}
         for seq in job.seqs:
-            yield job.chunk(_piece(seq.index, {"role": "assistant", "content": ""}))
+            yield job.chunk(_piece(seq.index, opening))
         watch = ToolWatch(plan, len(job.requests)) if plan is not None else None
         thoughts = [ThoughtStream(opened) for _ in job.requests] if opened is not None else None
         written = [""] * len(job.requests)  # each choice's text so far

@@ -169,6 +169,9 @@ def test_required_tool_calls_streamed_and_not(client):
     )
     calls = streamed_calls(chunks)
     assert calls
+    # the message the client assembles has no content, as the unstreamed one
+    assert choice.message.content is None
+    assert all(c.choices[0].delta.content is None for c in chunks if c.choices)
     for call in calls:
         assert call["deltas"] > 1, "the arguments come in fragments as they are written"
         _check_call(call["name"], call["arguments"])
