@@ -30,6 +30,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from onnxsample.text import join_text_parts
+
 
 def _not_a_bool(value: Any) -> Any:
     if isinstance(value, bool):  # pydantic's lax float reads true as 1.0
@@ -251,13 +253,19 @@ class ChatMessage(_Body):
         return data
 
     def text(self) -> str:
-        """The message as one string: text parts joined by a newline, as llama-server and vLLM
-        join them for a template that takes a string; other parts are refused upstream."""
+        """The message as one string: text parts joined as llama-server and vLLM join them for a
+        template that takes a string; other parts are refused upstream."""
+        content = self.template_content()
+        return content if isinstance(content, str) else join_text_parts(content)
+
+    def template_content(self) -> str | list[dict]:
+        """The content as the chat template gets it: a string, or its text parts as a list (the
+        tokenizer joins them for a template that takes a string)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "\n".join(part.text or "" for part in self.content)
+        return [{"type": "text", "text": part.text or ""} for part in self.content]
 
 
 class FunctionDefinition(_Body):

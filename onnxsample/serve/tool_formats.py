@@ -215,7 +215,8 @@ class NativeFormat:
         out: list[dict] = []
         for m in body.messages:
             role = "system" if m.role == "developer" else m.role
-            message: dict[str, Any] = {"role": role, "content": m.text()}
+            content = m.text() if m.role == "tool" else m.template_content()
+            message: dict[str, Any] = {"role": role, "content": content}
             if m.role == "assistant" and m.tool_calls:
                 calls = []
                 for c in m.tool_calls:

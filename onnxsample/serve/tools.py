@@ -323,7 +323,7 @@ def envelope_messages(
     system message already there)."""
     messages = []
     for m in body.messages:
-        text = m.text()
+        text = m.template_content()
         if m.role == "assistant" and m.tool_calls:
             calls = [
                 {"name": c.function.name, "arguments": call_arguments(c.function.arguments)}
@@ -332,13 +332,13 @@ def envelope_messages(
             text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
         role = "system" if m.role == "developer" else m.role
         if m.role == "tool":
-            response = {"tool_call_id": m.tool_call_id, "content": text}
+            response = {"tool_call_id": m.tool_call_id, "content": m.text()}
             text = json.dumps({"tool_response": response}, ensure_ascii=False)
             role = tool_role
         messages.append({"role": role, "content": text})
     if plan is not None:
         if messages and messages[0]["role"] == "system":
-            messages[0]["content"] = f"{messages[0]['content']}\n\n{plan.system_text()}"
+            messages[0]["content"] = f"{body.messages[0].text()}\n\n{plan.system_text()}"
         else:
             messages.insert(0, {"role": "system", "content": plan.system_text()})
     return messages

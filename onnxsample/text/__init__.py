@@ -6,7 +6,11 @@ strings, and turning a prompt (text, ids or chat messages) into token ids. It ma
 ``errors`` from the package: the engine and the server build on it, never the reverse.
 """
 
-from onnxsample.text._chat_template import check_chat_template, read_chat_template
+from onnxsample.text._chat_template import (
+    check_chat_template,
+    join_text_parts,
+    read_chat_template,
+)
 from onnxsample.text._prompt import Prompt, prompt_tokens, stop_strings
 from onnxsample.text._stops import StopMatcher
 from onnxsample.text._stream import TextStream
@@ -18,6 +22,7 @@ __all__ = [
     "TextStream",
     "Tokenizer",
     "check_chat_template",
+    "join_text_parts",
     "prompt_tokens",
     "read_chat_template",
     "stop_strings",

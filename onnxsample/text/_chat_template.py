@@ -18,9 +18,14 @@ __all__ = [
     "check_chat_template",
     "compile_template",
     "fold_system",
+    "has_text_parts",
+    "is_text_parts",
+    "join_text_parts",
+    "joined_text_parts",
     "read_chat_template",
     "renders_system",
     "renders_tool",
+    "takes_text_parts",
 ]
 
 _NEEDLE = "<system message probe>"
@@ -147,6 +152,68 @@ def renders_tool(render: Callable[[list[dict]], str]) -> bool:
         return _NEEDLE in render(probe)
     except Exception:
         return False
+
+
+class _Parts(list):
+    """A message's content parts that note whether a template reads them as a list."""
+
+    read = False
+
+    def __iter__(self):  # a for loop, selectattr, map, join
+        self.read = True
+        return super().__iter__()
+
+    def __getitem__(self, index):  # content[0]
+        self.read = True
+        return super().__getitem__(index)
+
+
+def takes_text_parts(render: Callable[[list[dict]], str]) -> bool:
+    """Whether a template reads a message's content as OpenAI's list of parts, `render` rendering
+    messages with it (llama.cpp's ``supports_typed_content``: the template iterates or indexes the
+    content, and the text of its part appears in the output). Such a template gets the parts as
+    they came, so it joins them as it means to; another gets them joined by
+    :func:`join_text_parts`."""
+    parts = _Parts([{"type": "text", "text": _NEEDLE}])
+    try:
+        text = render([{"role": "user", "content": parts}])
+    except Exception:
+        return False
+    return parts.read and _NEEDLE in text
+
+
+def join_text_parts(parts: list[dict]) -> str:
+    """Text parts as one string for a template that takes a string: a newline between them, none
+    before the first text (llama.cpp's ``concat_content_parts``; vLLM's newline too)."""
+    text = ""
+    for part in parts:
+        text = f"{text}\n{part['text']}" if text else part["text"]
+    return text
+
+
+def is_text_parts(content: object) -> bool:
+    """Whether a message's content is a list of text parts (OpenAI's ``{"type": "text", "text":
+    ...}``)."""
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    )
+
+
+def has_text_parts(messages: list[dict]) -> bool:
+    """Whether a message's content is a list of text parts."""
+    return any(isinstance(m, dict) and is_text_parts(m.get("content")) for m in messages)
+
+
+def joined_text_parts(messages: list[dict]) -> list[dict]:
+    """`messages` with every content that is a list of text parts joined by
+    :func:`join_text_parts`."""
+    return [
+        {**m, "content": join_text_parts(m["content"])}
+        if isinstance(m, dict) and is_text_parts(m.get("content"))
+        else m
+        for m in messages
+    ]
 
 
 def fold_system(messages: list[dict]) -> list[dict]:

@@ -7,6 +7,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from onnxsample.errors import ContextExceeded, InvalidParameter
+from onnxsample.text._chat_template import is_text_parts
 from onnxsample.text.tokenizer import Tokenizer
 
 __all__ = ["Prompt", "prompt_tokens", "stop_strings"]
@@ -88,15 +89,12 @@ def prompt_tokens(
 
 
 def _message(m: dict) -> dict:
-    """A chat message with its content as a string: text parts (OpenAI's ``{"type": "text",
-    "text": ...}``) joined by a newline, as the server and its peers join them."""
+    """A chat message, checked: its content a string or a list of text parts (OpenAI's
+    ``{"type": "text", "text": ...}``, which the tokenizer gives the template as it reads them)."""
     content = m.get("content")
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content
+    if not isinstance(m.get("role"), str) or not (
+        isinstance(content, str) or is_text_parts(content)
     ):
-        m = {**m, "content": "\n".join(p["text"] for p in content)}
-    if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
         raise InvalidParameter(
             "each chat message needs a string 'role' and a 'content' that is a string or a list "
             "of text parts"

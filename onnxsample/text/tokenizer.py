@@ -29,8 +29,11 @@ from onnxsample.text._chat_template import (
     check_chat_template,
     compile_template,
     fold_system,
+    has_text_parts,
+    joined_text_parts,
     renders_system,
     renders_tool,
+    takes_text_parts,
 )
 from onnxsample.text._hf_folder import read_folder
 
@@ -73,6 +76,7 @@ class Tokenizer:
             log.warning("%s", self._template_error)
         self._folds_system = self._writes_no_system()
         self._writes_tool: bool | None = None  # writes_tool_messages, probed when first asked
+        self._takes_parts: bool | None = None  # takes_text_parts, probed when first needed
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -89,7 +93,7 @@ class Tokenizer:
         other = copy.copy(self)
         other.chat_template, other._template, other._template_error = template, compiled, None
         other._folds_system = other._writes_no_system()
-        other._writes_tool = None
+        other._writes_tool = other._takes_parts = None
         return other
 
     @property
@@ -101,6 +105,14 @@ class Tokenizer:
                 lambda probe: self._render(probe, add_generation_prompt=False)
             )
         return self._writes_tool
+
+    def _reads_parts(self) -> bool:
+        """Whether the template joins a message's text parts itself (else they come joined)."""
+        if self._takes_parts is None:
+            self._takes_parts = takes_text_parts(
+                lambda probe: self._render(probe, add_generation_prompt=False)
+            )
+        return self._takes_parts
 
     def _writes_no_system(self) -> bool:
         """A template that drops system messages, or refuses them: chats then fold them into the
@@ -232,7 +244,9 @@ class Tokenizer:
         """The chat template applied to `messages` (and `tools`, in OpenAI's shape, for a template
         that writes them), as text. For a template that writes no system message (Phi-3's,
         Gemma 2's), a system message's text starts the next user message, as llama.cpp renders
-        it. `variables` are more of the template's variables (``enable_thinking``: vLLM's and
+        it. A content that is a list of text parts (OpenAI's) goes to a template that reads such
+        a list as it is, so the template joins the parts as it means to, and to another joined
+        by newlines (as llama.cpp renders them). `variables` are more of the template's variables (``enable_thinking``: vLLM's and
         llama-server's ``chat_template_kwargs``, transformers' keyword arguments); one of the names
         the template is given already raises :class:`InvalidParameter`.
 
@@ -255,6 +269,8 @@ class Tokenizer:
             )
         if continue_final_message:
             messages = _tag_final(messages)
+        if has_text_parts(messages) and (self._folds_system or not self._reads_parts()):
+            messages = joined_text_parts(messages)
         if self._folds_system:
             messages = fold_system(messages)
         try:

@@ -321,13 +321,25 @@ BOS_FIRST = (
 )
 
 
+# Gemma 3's way: a message's content may be a list of parts, which the template joins itself.
+PARTS = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.content is string %}"
+    "{{ m.content | trim }}{% else %}{% for p in m.content %}{% if p.type == 'text' %}"
+    "{{ p.text | trim }}{% endif %}{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
 @pytest.mark.parametrize(
-    ("family", "template"), [("phi3", None), ("qwen3", None), ("llama3", BOS_FIRST)]
+    ("family", "template"),
+    [("phi3", None), ("qwen3", None), ("llama3", BOS_FIRST), ("qwen3", PARTS)],
+    ids=["phi3", "qwen3", "llama3-bos-first", "qwen3-parts"],
 )
 def test_apply_template_answers_as_llama_server(family, template, llama_cpp, tmp_path):
     """`/apply-template` on the same file (or template): llama-server's text, the BOS a template
-    writes left out where the vocabulary adds one (Llama 3's); the chat route's ids are that
-    text tokenised as llama-server tokenises a prompt."""
+    writes left out where the vocabulary adds one (Llama 3's), a message's text parts joined by
+    a template that reads them as a list (Gemma 3's) or else by newlines; the chat route's ids
+    are that text tokenised as llama-server tokenises a prompt."""
     path = models.gguf(family, "Q8_0", llama_cpp)
     theirs_args, ours_args = ("--jinja",), ()
     if template is not None:
@@ -339,6 +351,8 @@ def test_apply_template_answers_as_llama_server(family, template, llama_cpp, tmp
     bodies.append({"messages": CHATS[1], "add_generation_prompt": False})
     parts = [{"type": "text", "text": "Name a fruit."}, {"type": "text", "text": "Be brief."}]
     bodies.append({"messages": [{"role": "user", "content": parts}]})  # joined by a newline
+    parts = [{"type": "text", "text": ""}, {"type": "text", "text": " Go. "}]
+    bodies.append({"messages": [{"role": "user", "content": parts}]})  # or by the template
     folder = export_beside(path, "Q8_0").output
     with (
         LlamaServer(llama_cpp, path, args=theirs_args) as theirs,

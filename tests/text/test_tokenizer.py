@@ -491,6 +491,47 @@ def test_a_template_without_system_turns_gets_the_system_prompt_in_the_users(
     assert tokenizer.render_chat(CHATS[1]) == want
 
 
+# A template that reads a content given as a list of parts (Gemma 3's: each part's text trimmed,
+# nothing between them), and one that takes strings alone.
+PARTS = ("{% for m in messages %}<{{ m['role'] }}>{% if m['content'] is string %}{{ m['content'] }}"
+         "{% else %}{% for p in m['content'] %}{{ p['text'] | trim }}{% endfor %}{% endif %}|"
+         "{% endfor %}")  # fmt: skip
+STRINGS = "{% for m in messages %}{{ '<' + m['role'] + '>' + m['content'] + '|' }}{% endfor %}"
+REPR = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}|{% endfor %}"
+
+
+def _parts(*texts: str) -> list[dict]:
+    return [{"type": "text", "text": t} for t in texts]
+
+
+@pytest.mark.parametrize(
+    ("template", "messages", "want"),
+    [
+        (PARTS, [(U, _parts("Hi ", " there"))], "<user>Hithere|"),
+        (PARTS, [(S, "Be brief."), (U, _parts("a", "b"))], "<system>Be brief.|<user>ab|"),
+        (STRINGS, [(U, _parts("Hi", "there"))], "<user>Hi\nthere|"),
+        (REPR, [(U, _parts("Hi", "there"))], "<user>Hi\nthere|"),
+        (STRINGS, [(U, _parts("", "Go", ""))], "<user>Go\n|"),  # llama.cpp's joining
+        (PHI3, [(S, "Be brief."), (U, _parts("Hi", "there"))],
+         "<|endoftext|><|user|>\nBe brief.\nHi\nthere<|end|>\n"),  # folded: joined first
+    ],
+    ids=["template-joins", "with-system", "string-template", "printed-content", "empty-parts",
+         "folded-system"],
+)  # fmt: skip
+def test_text_parts_reach_a_template_that_reads_them_and_are_joined_for_another(
+    synthetic, template, messages, want
+):
+    """OpenAI's content parts as llama.cpp renders them: a template that iterates a content
+    (``supports_typed_content``) gets the list and joins the parts as it means to; another gets
+    them joined by newlines (none before the first text), the library's prompts as the
+    server's."""
+    tokenizer = Tokenizer.from_folder(synthetic["gpt2-legacy"]).with_chat_template(template)
+    chat = [{"role": r, "content": c} for r, c in messages]
+    assert tokenizer.render_chat(chat, add_generation_prompt=False) == want
+    ids = prompt_tokens(tokenizer, chat, None, None, tokenizer.vocab_size)
+    assert ids == tokenizer.apply_chat_template(chat)
+
+
 def test_template_variables_reach_the_template_as_transformers_passes_them(synthetic):
     """vLLM's and llama-server's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``):
     transformers' keyword arguments of apply_chat_template; the names the template is given
