@@ -231,7 +231,7 @@ def create_app(
         endings = Endings.read(body.model_extra, fields=False)  # n_indent, t_max_predict_ms
         # llama-server's: the final distribution's probabilities, when there are logprobs
         post_sampling = take_post_sampling(body.model_extra or {}) and bool(body.logprobs)
-        refuse_unsupported(body.model_extra, route="chat", sampling=body)
+        refuse_unsupported(body.model_extra, route="chat", sampling=body, context=e.limit)
         tools.check_text_only(body)
         native = tools.native_format(e.tokenizer)
         plan = tools.plan_tools(body, native)
@@ -320,7 +320,7 @@ def create_app(
         check_model(body.model)
         apply_llama_names(body)  # n_predict, repeat_penalty: llama-server's names
         endings = Endings.read(body.model_extra, fields=False)  # n_indent, t_max_predict_ms
-        refuse_unsupported(body.model_extra, route="completion", sampling=body)
+        refuse_unsupported(body.model_extra, route="completion", sampling=body, context=e.limit)
         prompts = convert.prompts(body.prompt)
         n_logprobs = body.logprobs
         if n_logprobs is not None and not 0 <= n_logprobs <= e.meta.top_logprobs:

@@ -228,15 +228,27 @@ def order_refusal(value: Any, body: Any) -> str | None:
     )
 
 
-def window_refusal(value: Any, body: Any) -> str | None:
+def _whole(value: Any, context: int | None) -> bool:
+    """Whether a penalties' window of `value` tokens covers every sequence: -1, or at least the
+    `context` (no sequence is longer), which llama-server also takes where it refuses -1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return False
+    return value == -1 or (context is not None and value >= context)
+
+
+def _whole_window(context: int | None) -> str:
+    return "-1" if context is None else f"-1 or at least the context, {context}"
+
+
+def window_refusal(value: Any, body: Any, context: int | None = None) -> str | None:
     """Why llama-server's ``repeat_last_n`` `value` would change `body`'s answer here, or None:
-    penalties here count the whole sequence (llama-server's -1), and a window changes nothing
-    when no penalty is on."""
-    if value is None or (value == -1 and not isinstance(value, bool)):
+    penalties here count the whole sequence (llama-server's -1, or a window of the `context`),
+    and a window changes nothing when no penalty is on."""
+    if value is None or _whole(value, context):
         return None
     if "penalties" not in samplers_on(body):
         return None
-    return "penalties count the whole sequence: send -1"
+    return f"penalties count the whole sequence: send {_whole_window(context)}"
 
 
 def apply_llama_defaults(body: Any, chain: SamplerChain) -> None:
@@ -288,11 +300,15 @@ def apply_llama_names(body: Any) -> None:
             body.temperature_last = True  # llama.cpp's order: the temperature after the cuts
 
 
-def penalty_refusal(value: Any, body: Any) -> str | None:
+def penalty_refusal(value: Any, body: Any, context: int | None = None) -> str | None:
     """Why llama-server's ``repeat_penalty`` `value` would change `body`'s answer here, or None:
-    llama-server counts the last 64 tokens unless ``repeat_last_n`` says otherwise, and at -1
-    (the whole sequence, prompt included) its rule is ``repetition_penalty``'s."""
+    llama-server counts the last 64 tokens unless ``repeat_last_n`` says otherwise, and over the
+    whole sequence (-1, or a window of the `context`; prompt included) its rule is
+    ``repetition_penalty``'s."""
     extra = body.model_extra or {}
-    if value in (None, 1, 1.0) or any(extra.get(w) == -1 for w in _WINDOWS):
+    if value in (None, 1, 1.0) or any(_whole(extra.get(w), context) for w in _WINDOWS):
         return None
-    return "llama-server counts the last 64 tokens: send repeat_last_n -1, or repetition_penalty"
+    return (
+        f"llama-server counts the last 64 tokens: send repeat_last_n {_whole_window(context)}, "
+        "or repetition_penalty"
+    )

@@ -122,7 +122,7 @@ def add_native_routes(
             body, e.meta.chain
         )  # llama-server's sampling where the request sets none
         apply_llama_names(body)  # n_predict, repeat_penalty, samplers
-        refuse_unsupported(extra, route="native", sampling=body)
+        refuse_unsupported(extra, route="native", sampling=body, context=e.limit)
         n_probs = n_probs or 0
         post_sampling = post_sampling and n_probs > 0  # llama-server's: only with n_probs
         bound = e.meta.top_logprobs

@@ -89,14 +89,15 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
 }
 # llama-server's, read with the request's sampling fields: (why it would change the answer, or None).
-_BY_REQUEST: dict[str, Callable[[Any, Any], str | None]] = {
-    "samplers": order_refusal,
+# (value, request, the server's context)
+_BY_REQUEST: dict[str, Callable[[Any, Any, int | None], str | None]] = {
+    "samplers": lambda v, body, _: order_refusal(v, body),
     "repeat_penalty": penalty_refusal,
     "repeat_last_n": window_refusal,
     "penalty_last_n": window_refusal,
-    "n_cmpl": lambda v, body: None if v is None or v == body.n else "use n",
+    "n_cmpl": lambda v, body, _: None if v is None or v == body.n else "use n",
     # OpenAI's: n samples of which the best n are returned; with as many as n, all of them (vLLM)
-    "best_of": lambda v, body: None if _is(1)(v) or _is(body.n)(v) else "ask for n choices",
+    "best_of": lambda v, body, _: None if _is(1)(v) or _is(body.n)(v) else "ask for n choices",
 }
 # A chat's own (vLLM); a text completion takes its `echo` and its prompt's special tokens as
 # fields of its own.
@@ -143,17 +144,20 @@ _TABLES = {
 }
 
 
-def refuse_unsupported(extra: dict[str, Any] | None, *, route: str, sampling: Any = None) -> None:
+def refuse_unsupported(
+    extra: dict[str, Any] | None, *, route: str, sampling: Any = None, context: int | None = None
+) -> None:
     """A 400 naming the first field of `extra` (a request's fields the server does not
     implement) that a peer honours on `route` (``chat``, ``completion``, ``native`` (llama-server's
     ``/completion``), ``tokenize`` of text, ``tokenize_chat``, ``apply_template``) and that is not at its neutral value. `sampling`, the
     request of a completion route, is what llama-server's ``samplers`` and ``repeat_last_n`` are
-    read against (:mod:`~onnxsample.serve.llama_fields`)."""
+    read against (:mod:`~onnxsample.serve.llama_fields`), with the server's `context` (a
+    penalties' window that long is the whole sequence)."""
     table = _TABLES[route]
     for name, value in (extra or {}).items():
         if name in table and not table[name][0](value):
             raise APIError(400, f"{name} is not supported ({table[name][1]})", param=name)
         check = _BY_REQUEST.get(name) if sampling is not None else None
-        why = check(value, sampling) if check is not None else None
+        why = check(value, sampling, context) if check is not None else None
         if why is not None:
             raise APIError(400, f"{name} is not supported ({why})", param=name)

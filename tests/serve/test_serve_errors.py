@@ -595,6 +595,8 @@ BY_REQUEST = [
     ({"repeat_last_n": 64}, None),  # no penalty on: the window changes nothing
     ({"repeat_last_n": 0, "repeat_penalty": 1.0, "presence_penalty": 0}, None),
     ({"repeat_last_n": -1, "repetition_penalty": 1.3}, None),  # the whole sequence, as here
+    ({"repeat_last_n": 512, "repetition_penalty": 1.3}, None),  # the context: the whole too
+    ({"repeat_last_n": 511, "repetition_penalty": 1.3}, "repeat_last_n"),
     ({"repeat_last_n": 64, "presence_penalty": 0.5}, "repeat_last_n"),
     ({"penalty_last_n": 0, "repetition_penalty": 1.3}, "penalty_last_n"),
     ({"samplers": WEB_UI_ORDER, "top_k": 40}, None),  # temperature 1: its place changes nothing
@@ -650,6 +652,18 @@ def test_llama_servers_order_and_window_are_read_with_the_request(port, fields, 
     ]
 
 
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"repeat_penalty": 1.3}, "send repeat_last_n -1 or at least the context, 512, or "),
+    ({"repeat_last_n": 64, "presence_penalty": 0.5}, "send -1 or at least the context, 512)"),
+])  # fmt: skip
+def test_a_refused_window_says_what_gives_the_same_answer_on_both_servers(port, fields, message):
+    """A window as long as the context counts whole sequences here, and llama-server (which
+    refuses -1 on its own routes' schema) takes it too: one request for both."""
+    body = {"prompt": "Once upon a time", "max_tokens": 2, **fields}
+    code, data = post(port, "/v1/completions", json.dumps(body).encode())
+    assert code == 400 and message in data["error"]["message"], data
+
+
 @pytest.mark.parametrize(("fields", "pair"), [
     # the temperature could go last; typical_p before top_p is what no order of ours gives
     ({"samplers": "kypmt", "typical_p": 0.9, "top_p": 0.95, "temperature": 0.7},
@@ -684,6 +698,8 @@ def test_max_tokens_minus_one_is_llama_servers_no_limit(port, path):
     ({"n_predict": 5}, {"max_tokens": 5}),
     ({"n_predict": -1}, {"max_tokens": -1}),
     ({"repeat_penalty": 1.5, "repeat_last_n": -1, "max_tokens": 12},
+     {"repetition_penalty": 1.5, "max_tokens": 12}),
+    ({"repeat_penalty": 1.5, "repeat_last_n": 4096, "max_tokens": 12},
      {"repetition_penalty": 1.5, "max_tokens": 12}),
     ({"repeat_penalty": 1.5, "penalty_last_n": -1, "max_tokens": 12, "temperature": 0.7,
       "samplers": ["penalties", "temperature"]},
