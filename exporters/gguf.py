@@ -219,12 +219,28 @@ def check_architecture(info: GGUFInfo, *, optimum: bool = True, what: str = "the
     if info.architecture not in GGUF_SUPPORTED_ARCHITECTURES:
         raise ExportError(
             f"GGUF architecture {info.architecture!r} is not supported; supported: "
-            + ", ".join(
-                sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
-            )
+            + ", ".join(_exportable(GGUF_SUPPORTED_ARCHITECTURES))
         )
     if optimum:
         check_model_type(info.architecture, f"GGUF architecture {info.architecture!r}")
+
+
+def _exportable(readable: object) -> list[str]:
+    """The GGUF architectures an export takes: the gqa layout's families, and of those
+    transformers reads (`readable`), the ones optimum exports as a decoder with a KV cache that
+    are not a mixture of experts (refused whatever reads them)."""
+    from onnxsample.exporters.families import GGUF_ARCHITECTURES
+    from onnxsample.exporters.hf import check_model_type
+
+    def optimum_exports(architecture: str) -> bool:
+        try:
+            check_model_type(architecture, architecture)
+        except ExportError:
+            return False
+        return True
+
+    others = {a for a in readable if a not in ("general", "tokenizer") and "moe" not in a}
+    return sorted(set(GGUF_ARCHITECTURES) | {a for a in others if optimum_exports(a)})
 
 
 def gguf_tokenizer(path: Path, folder: Path):

@@ -50,6 +50,15 @@ class LoadedModel:
     concurrency: int  # sequences that can run together
 
 
+def _is_gguf(path: Path) -> bool:
+    """Whether `path` starts as a GGUF file does (its magic), whatever its name."""
+    try:
+        with path.open("rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
 def load_model(
     path: Path,
     *,
@@ -74,6 +83,11 @@ def load_model(
         )
     if not path.is_file():
         raise ModelError(f"no such composed model: {path}")
+    if _is_gguf(path):
+        raise ModelError(
+            f"{path} is a GGUF file: run what onnxsample.prepare({str(path)!r}) exports and "
+            "composes of it (or `onnxsample export` it)"
+        )
     if cuda_graph is None:
         cuda_graph = captured_by_default(path, provider, speculative)
     if cuda_graph:

@@ -88,13 +88,18 @@ def test_a_messages_text_parts_are_its_text_joined_by_newlines(engine):
     [
         (None, {}, InvalidParameter, "model must be the path of a composed .onnx file"),
         ("{folder}", {}, ModelError, "is a folder: give its composed model"),
+        ("{gguf}", {}, ModelError, "is a GGUF file: run what onnxsample.prepare("),
         ("{path}", {"max_len": 10**6}, InvalidParameter,
          "max_len must be at most the model's context (512 positions), got 1000000"),
     ],
 )  # fmt: skip
-def test_an_engine_refuses_what_it_cannot_open(models, layout, model, options, error, message):
+def test_an_engine_refuses_what_it_cannot_open(
+    models, layout, model, options, error, message, tmp_path
+):
     path, folder = models[layout, 4]
-    given = {"{folder}": str(folder), "{path}": str(path)}.get(model, model)
+    gguf = tmp_path / "model.gguf"  # a GGUF's magic and version: ONNX Runtime's parse error else
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    given = {"{folder}": str(folder), "{path}": str(path), "{gguf}": str(gguf)}.get(model, model)
     with pytest.raises(error) as info:
         Engine(given, tokenizer=folder, threads=1, **options)
     assert message in str(info.value)
