@@ -146,14 +146,21 @@ async def collect(
                 ended.add(k)
                 requests[k].cancel()
 
+    def cancel() -> None:
+        task.cancel()
+        for request in requests:
+            request.cancel()
+
     task = asyncio.create_task(gather())
-    while not task.done():
-        finished, _ = await asyncio.wait({task}, timeout=0.25)
-        if not finished and await http.is_disconnected():
-            task.cancel()
-            for request in requests:
-                request.cancel()
-            raise ClientGone
+    try:
+        while not task.done():
+            finished, _ = await asyncio.wait({task}, timeout=0.25)
+            if not finished and await http.is_disconnected():
+                cancel()
+                raise ClientGone
+    except asyncio.CancelledError:  # the handler itself cancelled (Ray Serve's, as its client
+        cancel()  # goes): the requests with it, or they run on for nobody
+        raise
     task.result()  # raises the requests' error, if any
     if stopping() and any(c.finish_reason == "cancelled" for c in done.values()):
         raise shutdown_error()

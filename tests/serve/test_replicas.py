@@ -9,6 +9,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -148,6 +149,32 @@ def test_a_client_that_goes_away_frees_its_replicas_slot(replicas):
         time.sleep(0.2)
 
 
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot(replicas):
+    """Not streamed: Serve cancels the replica's handler when its client goes, and the request
+    goes with it (it ran on to its 3,000 tokens for nobody, its slot taken for a minute and
+    more)."""
+    body = json.dumps({"model": "smol", "prompt": "Once upon a time", "max_tokens": 3000,
+                       "ignore_eos": True}).encode()  # fmt: skip
+    sock = socket.create_connection(("127.0.0.1", replicas.port), timeout=60)
+    try:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            + b"Content-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        deadline = time.monotonic() + 60
+        while sum(_slots_busy_everywhere(replicas.port).values()) < 1:
+            assert time.monotonic() < deadline, "the request never took a slot"
+            time.sleep(0.2)
+    finally:
+        sock.close()
+    deadline = time.monotonic() + 30
+    while sum((busy := _slots_busy_everywhere(replicas.port)).values()) > 0:
+        assert time.monotonic() < deadline, f"the slot stayed busy: {busy}"
+        time.sleep(0.2)
+
+
 def test_an_overload_burst_is_refused_at_once_not_left_hanging(replicas):
     """2 replicas x 8 slots, 24 waiting at the proxy: of 80 long requests at once, the rest are
     refused with 503 (Serve's queue) or 429 (a replica's), none time out."""
@@ -176,6 +203,42 @@ def test_stopping_the_command_stops_every_ray_process_it_started(replicas):
     stop(replicas)
     deadline = time.monotonic() + 30
     while left := [p for p in started if alive(p)]:
+        assert time.monotonic() < deadline, [_cmdline(p) for p in left]
+        time.sleep(0.5)
+
+
+def _in_session(leader: int) -> list[int]:
+    """The processes running in `leader`'s session (Ray's daemons too, once orphaned)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split() if stat else []
+        if fields and int(fields[3]) == leader and fields[0] != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_while_ray_starts_stops_everything(model, sig):
+    """Ctrl-C in Ray's start was ignored (the command went on to serve), SIGTERM there left
+    Ray's agents running: both stop the command, and every process it started, at once."""
+    command = [str(BIN), "serve", str(model), *ARGS, *RAY, "--port", str(free_port())]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        for line in proc.stderr:  # the model is composed: Ray's start is next
+            if line.startswith("starting 2 replicas"):
+                break
+        time.sleep(2)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        proc.kill()
+        proc.stderr.close()
+    deadline = time.monotonic() + 30
+    while left := _in_session(proc.pid):
         assert time.monotonic() < deadline, [_cmdline(p) for p in left]
         time.sleep(0.5)
 
@@ -218,13 +281,25 @@ def _cmdline(pid: int) -> str:
         (["--replica-cpus", "2"], "--replica-cpus is for Ray Serve replicas: give --replicas"),
         (["--target-ongoing-requests", "3"], "--target-ongoing-requests is for Ray Serve"),
         (["--replicas", "2", "--shutdown-grace", "1"], "--shutdown-grace is for one server process"),
+        (["--replicas", "2", "--max-queue", "0"], "waiting at Ray Serve's proxy: at least 1"),
+        (["--replicas", "2", "--port", "{taken}"], "cannot listen on 127.0.0.1:"),
+        (["--replicas", "2", "--max-len", "100000"], "max_len must be at most the model's context"),
     ],
     ids=["min-over-max", "min-without-max", "max-without-min", "target-without-autoscaling",
-         "cpus-without-replicas", "target-without-replicas", "grace-with-replicas"],
+         "cpus-without-replicas", "target-without-replicas", "grace-with-replicas",
+         "no-queue", "port-taken", "max-len-past-context"],
 )  # fmt: skip
 def test_bad_scaling_is_one_line_and_exit_1(model, args, message):
-    done = subprocess.run([str(BIN), "serve", str(model), *args], capture_output=True, text=True)
+    """Refused before Ray starts (a taken port failed 15 s later in a traceback; a bad max_len in
+    every replica, its cause left in Ray's logs)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        args = [str(taken.getsockname()[1]) if a == "{taken}" else a for a in args]
+        done = subprocess.run([str(BIN), "serve", str(model), *args], capture_output=True,
+                              text=True)  # fmt: skip
     assert done.returncode == 1 and message in done.stderr and "Traceback" not in done.stderr
+    assert "starting" not in done.stderr, "Ray was started"
 
 
 def test_without_the_ray_extra_replicas_name_the_extra(model):
@@ -298,6 +373,10 @@ def test_app_builder_autoscales_between_min_and_max(model):
         ({"model": "M", "row_buckets": "false"}, "row_buckets=False needs cuda_graph"),
         ({"model": "M", "chat_template": "chatml"}, "neither a file nor jinja text"),
         ({"model": "M", "allowed_origins": "app.example"}, "'app.example' is not an origin"),
+        ({"model": "M", "threads": "0"}, "threads must be an integer >= 1, got 0"),
+        ({"model": "M", "max_len": "-5"}, "max_len must be None or an integer >= 2, got -5"),
+        ({"model": "M", "max_len": "100000"}, r"at most the model's context \(8192 positions\)"),
+        ({"model": "M", "prefill_chunk": "-1"}, "prefill_chunk must be None or an integer >= 1"),
     ],
     ids=[
         "no-model",
@@ -312,6 +391,10 @@ def test_app_builder_autoscales_between_min_and_max(model):
         "fixed-rows-uncaptured",
         "chat-template-name",
         "origin-without-scheme",
+        "no-threads",
+        "negative-max-len",
+        "max-len-past-context",
+        "negative-prefill-chunk",
     ],
 )
 def test_app_builder_refuses_bad_arguments(model, args, message):
