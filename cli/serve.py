@@ -296,6 +296,12 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
             "pip install 'onnxsample[ray]'"
         ) from None
 
+    if max_queue < 1:  # Serve's queue at the proxy is at least one request (or unbounded)
+        raise InvalidParameter(
+            "--max-queue with --replicas is the requests waiting at Ray Serve's proxy: at least 1"
+        )
+    if ray_address is None:  # the local Ray's proxy listens there: a taken port fails late
+        _listen(host, port).close()
     replica_cpus = 1.0 if replica_cpus is None else replica_cpus
     scaling = ray_serve.Scaling(
         replicas=replicas or min_replicas or 1,
@@ -303,7 +309,7 @@ def _serve_replicas(model: Path | None, *, host: str, port: int, threads: int | 
         min_replicas=min_replicas,
         max_replicas=max_replicas,
         target_ongoing_requests=target_ongoing_requests,
-        max_queued=max(1, max_queue),
+        max_queued=max_queue,
     )
     scaling.check()
     composed, name = _prepared(model, max_slots, served_model_name, how)

@@ -30,25 +30,25 @@ class ModelInfo:
             raise ModelError(f"no such tokenizer folder: {folder}")
         tokenizer = Tokenizer.from_folder(folder)
         ids: set[int] = set()
-        context = None
         manifest = _json(folder / "onnxsample.json")
         ids.update(manifest.get("tokens", {}).get("eos_token_ids", []))
-        context = manifest.get("model", {}).get("max_position_embeddings") or None
         for name in ("generation_config.json", "config.json"):
-            data = _json(folder / name)
-            eos = data.get("eos_token_id")
+            eos = _json(folder / name).get("eos_token_id")
             ids.update([eos] if isinstance(eos, int) else eos or [])
-            if name == "config.json" and context is None:
-                context = data.get("max_position_embeddings")
-        genai = _json(folder / "genai_config.json")
-        if genai:
-            model = genai.get("model", {})
-            eos = model.get("eos_token_id")
-            ids.update([eos] if isinstance(eos, int) else eos or [])
-            context = context or model.get("context_length")
+        eos = _json(folder / "genai_config.json").get("model", {}).get("eos_token_id")
+        ids.update([eos] if isinstance(eos, int) else eos or [])
         if tokenizer.eos_token_id is not None:
             ids.add(int(tokenizer.eos_token_id))
-        return cls(tokenizer, frozenset(int(i) for i in ids), int(context) if context else None)
+        return cls(tokenizer, frozenset(int(i) for i in ids), context_length(folder))
+
+
+def context_length(folder: Path) -> int | None:
+    """The context length the files in `folder` give (the manifest's, the model config's, genai's),
+    None when none does."""
+    context = _json(folder / "onnxsample.json").get("model", {}).get("max_position_embeddings")
+    context = context or _json(folder / "config.json").get("max_position_embeddings")
+    context = context or _json(folder / "genai_config.json").get("model", {}).get("context_length")
+    return int(context) if context else None
 
 
 def _json(path: Path) -> dict:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from onnxsample.engine._model_info import context_length
 from onnxsample.errors import InvalidParameter
 
-__all__ = ["checked_options", "positions_limit"]
+__all__ = ["check_ahead", "check_threads", "checked_options", "positions_limit"]
 
 
 def checked_options(model: Any, max_len: Any, max_queue: Any, prefill_chunk: Any) -> int | None:
@@ -31,6 +32,24 @@ def checked_options(model: Any, max_len: Any, max_queue: Any, prefill_chunk: Any
         ):
             raise InvalidParameter(f"{name} must be None or an integer >= {low}, got {value!r}")
     return prefill_chunk
+
+
+def check_threads(threads: Any) -> None:
+    """:class:`InvalidParameter` unless `threads` (ONNX Runtime's intra-op threads) is None or an
+    integer >= 1."""
+    if threads is not None and (
+        not isinstance(threads, int) or isinstance(threads, bool) or threads < 1
+    ):
+        raise InvalidParameter(f"threads must be an integer >= 1, got {threads!r}")
+
+
+def check_ahead(model: Path, *, threads: Any, max_len: Any, prefill_chunk: Any) -> None:
+    """What an engine of `model` refuses of these options, checked where none is loaded (the
+    builder of replicas, which would each fail to start): bad numbers, a `max_len` past the
+    model's context."""
+    checked_options(model, max_len, None, prefill_chunk)
+    check_threads(threads)
+    positions_limit(context_length(model.parent), max_len)
 
 
 def positions_limit(context: int | None, max_len: int | None) -> int:

@@ -15,6 +15,7 @@ import logging
 import os
 from pathlib import Path
 
+from onnxsample.engine._options import check_threads
 from onnxsample.errors import InvalidParameter, ModelError, RuntimeUnavailable, first_line
 from onnxsample.metadata import ComposedMetadata, composed_metadata
 
@@ -86,8 +87,7 @@ def create_session(
 
     global _warned_fallback
     require_provider(provider)
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise InvalidParameter(f"threads must be an integer >= 1, got {threads!r}")
+    check_threads(threads)
     levels = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

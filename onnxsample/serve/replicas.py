@@ -20,6 +20,7 @@ filesystem, or the same copy step on each node).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from ray import serve
 
 from onnxsample.engine import DEFAULT_NGRAM, DEFAULT_PREFILL_CHUNK, Engine
 from onnxsample.engine._drafter import speculation
+from onnxsample.engine._options import check_ahead
 from onnxsample.engine._session import captured_by_default, check_cuda_graph
 from onnxsample.errors import InvalidParameter, ModelError, OnnxSampleError
 from onnxsample.metadata import composed_metadata
@@ -165,7 +167,10 @@ def build_application(options: ReplicaOptions, scaling: Scaling | None = None) -
     meta = composed_metadata(options.model)
     if meta is None:
         raise ModelError(f"{options.model} is not a composed model: run onnxsample compose first")
-    # the speculative, CUDA-graph and template settings fail here, not in every replica
+    # the engine's numbers, speculative, CUDA-graph and template settings fail here, not in
+    # every replica (whose error Serve keeps in its logs: serve.run says only that it failed)
+    check_ahead(Path(options.model), threads=options.threads, max_len=options.max_len,
+                prefill_chunk=options.prefill_chunk)  # fmt: skip
     speculation(meta, options.speculative, options.draft_tokens, options.ngram)
     if options.chat_template is not None:
         check_chat_template(options.chat_template)
@@ -262,25 +267,45 @@ def run(
     local = address is None
     quiet = {"log_level": "WARNING", "enable_access_log": False}
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    if local:
-        cpus = max(os.cpu_count() or 1, math.ceil(scaling.most * scaling.cpus))
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False,
-                 logging_level=logging.WARNING, configure_logging=False)  # fmt: skip
-    else:
-        ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
-    # After ray.init, which installs handlers of its own: a signal ends the wait below, and the
-    # finally block stops the app (and the local Ray) in order.
-    stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A signal ends whichever wait it comes in (Ray's start, the replicas' loading, serving), and
+    # the finally block stops the app (and the local Ray) in order.
+    stop, deploying = threading.Event(), threading.Event()
+
+    def on_signal(*_) -> None:
+        stop.set()
+        if deploying.is_set():
+            raise _Stopped  # out of serve.run's wait for the replicas, which takes minutes
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, on_signal) for s in signals}
     try:
+        with _signals_kept():
+            if local:
+                cpus = max(os.cpu_count() or 1, math.ceil(scaling.most * scaling.cpus))
+                ray.init(address="local", num_cpus=cpus, include_dashboard=False,
+                         logging_level=logging.WARNING, configure_logging=False)  # fmt: skip
+            else:
+                ray.init(address=address, logging_level=logging.WARNING, configure_logging=False)
+        for s in signals:  # set again: a part of Ray may have set its own
+            signal.signal(s, on_signal)
+        if stop.is_set():
+            return
         serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
+        deploying.set()
         try:
-            serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
+            if not stop.is_set():
+                serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
         except RuntimeError as exc:  # a replica that failed to start: its error, in one line
             raise OnnxSampleError(f"the replicas failed to start: {_first_line(exc)}") from None
+        finally:
+            deploying.clear()
+        if stop.is_set():
+            return
         on_ready()
         while not stop.wait(0.5):
             pass
+    except _Stopped:  # a signal while the replicas loaded
+        pass
     finally:
         try:
             if local:
@@ -291,6 +316,27 @@ def run(
             ray.shutdown()
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+class _Stopped(Exception):
+    """A signal came while the replicas were deploying."""
+
+
+@contextlib.contextmanager
+def _signals_kept():
+    """Ray's start without its SIGTERM handlers (one exits mid-start, leaving the agents it had
+    started running; the local node's kills its processes and exits): the command's own stay, so
+    a SIGTERM then stops Ray as one after the start does."""
+    from ray._private import utils
+
+    own = getattr(utils, "set_sigterm_handler", None)
+    if own is not None:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        if own is not None:
+            utils.set_sigterm_handler = own
 
 
 def _replica_name() -> str:
