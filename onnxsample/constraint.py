@@ -33,8 +33,9 @@ _JSON_DEFAULTS = {"whitespace_flexible": False, "item_separator": ", ", "key_sep
 class Constraint:
     """One request's output constraint. Build it with the class methods:
 
-    ``Constraint.json_schema(schema)`` (a dict or its JSON text), ``Constraint.json_object()``
-    (any JSON object), ``Constraint.regex(pattern)``, ``Constraint.grammar(text)`` (Lark, or GBNF
+    ``Constraint.json_schema(schema)`` (a dict or its JSON text; an object schema that names its
+    properties takes no other keys unless ``additionalProperties`` says so, as llama.cpp and vLLM
+    read it), ``Constraint.json_object()`` (any JSON object), ``Constraint.regex(pattern)``, ``Constraint.grammar(text)`` (Lark, or GBNF
     as llama.cpp writes it) and ``Constraint.choice(["yes", "no"])``.
     """
 
@@ -102,7 +103,7 @@ class Constraint:
 
         self.validate()
         if self.kind in ("json_schema", "json_object"):
-            schema = self.value if self.kind == "json_schema" else {"type": "object"}
+            schema = _closed(self.value) if self.kind == "json_schema" else {"type": "object"}
             try:
                 return llguidance.LLMatcher.grammar_from_json_schema(
                     schema, defaults=_JSON_DEFAULTS
@@ -127,6 +128,37 @@ class Constraint:
             return "json_object"
         shown = json.dumps(self.value) if self.kind != "choice" else json.dumps(list(self.value))
         return f"{self.kind}({shown[:60]}{'…' if len(shown) > 60 else ''})"
+
+
+def _closed(schema: Any, in_all_of: bool = False) -> Any:
+    """`schema` with every object schema that names its properties closed to other keys where it
+    says nothing of them (``additionalProperties: false``), as llama.cpp's converter and vLLM's
+    default backend read it; JSON Schema's own default (other keys allowed) gave a small model
+    room to add keys of its own. An ``allOf`` and its branches stay open: each branch names part
+    of the object's keys."""
+    if not isinstance(schema, dict):
+        return schema
+    closed: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _MAPS and isinstance(value, dict):  # name: schema
+            closed[key] = {name: _closed(sub) for name, sub in value.items()}
+        elif key in _LISTS and isinstance(value, list):
+            closed[key] = [_closed(sub, key == "allOf") for sub in value]
+        elif key in _SCHEMAS:
+            closed[key] = _closed(value)
+        else:  # a value (const, enum, default, x-guidance...), kept as it is
+            closed[key] = value
+    names = "properties" in schema or "patternProperties" in schema
+    if names and not in_all_of and "additionalProperties" not in schema and "allOf" not in schema:
+        closed["additionalProperties"] = False
+    return closed
+
+
+# a schema's keywords that hold schemas: by name, in a list, or one
+_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SCHEMAS = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+            "propertyNames", "unevaluatedProperties", "unevaluatedItems", "additionalItems")  # fmt: skip
 
 
 # GBNF's escapes of a code point (llama.cpp's), and an escaped backslash, read as pairs

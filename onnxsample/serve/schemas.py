@@ -161,7 +161,8 @@ class StructuredOutputs(_Body):
     json_object: StrictBool | None = None
     whitespace_pattern: str | None = None  # refused: not supported
     structural_tag: Any = None  # refused: not supported
-    disable_additional_properties: StrictBool | None = None  # refused when true: not supported
+    # objects that name their properties take no other keys unless they say so, either way
+    disable_additional_properties: StrictBool | None = None
 
     def model_dump(self, **kwargs) -> dict[str, Any]:  # the API's names
         dumped = super().model_dump(**kwargs)

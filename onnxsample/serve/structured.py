@@ -39,10 +39,6 @@ def constraint_of(body: SamplingFields) -> Constraint | None:
             getattr(outputs, "structural_tag", None),
             "use a JSON schema, a regex or a grammar",
         ),
-        "structured_outputs.disable_additional_properties": (
-            getattr(outputs, "disable_additional_properties", None) or None,
-            "set additionalProperties: false in the schema",
-        ),
     }
     for name, (value, why) in unsupported.items():
         if value is not None:

@@ -227,6 +227,42 @@ def test_a_draft_is_cut_before_end_of_sequence(engine):
     assert all(matcher.consume(t) for t in tokens) and matcher.done
 
 
+_A = {"a": {"type": "integer"}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "text", "taken"),
+    [
+        ({"type": "object", "properties": _A}, '{"a": 1}', True),
+        ({"type": "object", "properties": _A}, '{"a": 1, "b": 2}', False),
+        ({"type": "object", "properties": _A, "additionalProperties": True}, '{"a": 1, "b": 2}',
+         True),
+        ({"type": "object", "properties": {"o": {"type": "object", "properties": _A}}},
+         '{"o": {"a": 1, "b": 2}}', False),
+        ({"type": "array", "items": {"type": "object", "properties": _A}}, '[{"a": 1, "c": 3}]',
+         False),
+        ({"$defs": {"A": {"type": "object", "properties": _A}}, "$ref": "#/$defs/A"},
+         '{"a": 1, "b": 2}', False),
+        ({"type": "object", "properties": {"properties": {"type": "integer"}}},  # a key's name
+         '{"properties": 1}', True),
+        ({"type": "object"}, '{"b": 2}', True),  # no properties named: any object
+    ],
+    ids=["named", "other-key", "other-keys-allowed", "nested", "in-items", "in-defs",
+         "a-key-named-properties", "any-object"],
+)  # fmt: skip
+def test_an_object_takes_only_the_keys_it_names_unless_it_says_otherwise(
+    engine, schema, text, taken
+):
+    """As llama.cpp's converter and vLLM's default backend read a schema (JSON Schema's own
+    default lets other keys in: a small model added keys of its own)."""
+    tokenizer = engine.tokenizer
+    vocabulary = GrammarVocabulary(tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    matcher = vocabulary.matcher(Constraint.json_schema(schema).grammar_text())
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    whole = matcher.valid_prefix(tokens) == tokens
+    assert (whole and all(matcher.consume(t) for t in tokens) and matcher.done) == taken
+
+
 def test_a_model_without_the_mask_refuses_constraints(tiny_gqa_export, tmp_path):
     path = compose(tiny_gqa_export.output, None, tmp_path / "plain.onnx", max_slots=2)
     params = SamplingParams(constraint=Constraint.json_object())

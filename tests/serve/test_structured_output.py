@@ -115,14 +115,6 @@ def test_schema_fields_on_chat(client, extra):
             {"extra_body": {"structured_outputs": {"regex": "a", "whitespace_pattern": " "}}},
             "whitespace_pattern is not supported",
         ),
-        (
-            {
-                "extra_body": {
-                    "structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}
-                }
-            },
-            "disable_additional_properties is not supported",
-        ),
         ({"extra_body": {"guided_whitespace_pattern": " "}}, "guided_whitespace_pattern"),
         (
             {"response_format": {"type": "json_object"}, "extra_body": {"guided_regex": "a"}},
