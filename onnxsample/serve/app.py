@@ -185,6 +185,10 @@ def create_app(
 
     app.head("/health", include_in_schema=False)(health)  # load balancers' probes
 
+    @app.get("/version")  # vLLM's
+    async def version() -> dict:
+        return {"version": __version__}
+
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -199,6 +203,8 @@ def create_app(
             "object": "model",
             "created": state.loaded_at,
             "owned_by": "onnxsample",
+            "root": str(engine().path),  # vLLM's: the model served under the name
+            "parent": None,
             "max_model_len": engine().limit,
         }
 

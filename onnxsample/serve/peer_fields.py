@@ -65,6 +65,7 @@ _BOTH: dict[str, tuple[Callable[[Any], bool], str]] = {
     "structural_tag": (_absent, "use response_format, a grammar or tools"),
     "vllm_xargs": (_absent, "this server has no custom extensions"),
     "prompt_embeds": (_absent, "send text or token ids"),
+    "priority": (_is(0), "requests are served first come, first served"),  # vLLM's default too
     # llama-server
     "mirostat": (_is(0), "use top_k, top_p, min_p or typical_p"),
     "dynatemp_range": (_is(0), "the temperature is fixed per request"),

@@ -9,6 +9,7 @@ response is cancelled when its socket closes (`merged_events`' ``finally``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -23,6 +24,8 @@ from onnxsample.serve.errors import APIError, ClientGone
 from onnxsample.serve.metrics import Metrics
 
 __all__ = ["SHUTDOWN", "collect", "enqueue", "merged_events", "shutdown_error"]
+
+log = logging.getLogger(__name__)
 
 
 def enqueue(engine: Engine, seqs: list, metrics: Metrics, many: str = "n") -> list[Request]:
@@ -41,9 +44,36 @@ def enqueue(engine: Engine, seqs: list, metrics: Metrics, many: str = "n") -> li
 def _finished(metrics: Metrics, completion: Completion, ended: bool = False) -> None:
     """Count a finished request: `ended` when the server ended its answer at a repeated tool
     call (the engine reports it cancelled; the client reads ``tool_calls``)."""
-    t = completion.timings
     reason = "tool_calls" if ended and completion.finish_reason == "cancelled" else None
     metrics.requests.labels(reason or completion.finish_reason).inc()
+    _count_tokens(metrics, completion)
+
+
+_COUNTING: set[asyncio.Task] = set()  # the counts still to come of requests whose client left
+
+
+def _count_when_done(metrics: Metrics, requests: list[Request]) -> None:
+    """Count the tokens of `requests`, which their client left (they are counted as cancelled
+    already), once the engine has ended them: it computed their prompts and tokens all the
+    same."""
+
+    async def count() -> None:
+        for request in requests:
+            try:
+                _count_tokens(metrics, await request.aresult())
+            except Exception as exc:  # its error reached nobody: the tokens are not known
+                log.debug("request %s failed after its client left: %s", request.id, exc)
+
+    try:
+        task = asyncio.get_running_loop().create_task(count())
+    except RuntimeError:  # no event loop: the server is gone, and its metrics with it
+        return
+    _COUNTING.add(task)
+    task.add_done_callback(_COUNTING.discard)
+
+
+def _count_tokens(metrics: Metrics, completion: Completion) -> None:
+    t = completion.timings
     metrics.prompt_tokens.inc(t.prompt_tokens)
     metrics.cached_tokens.inc(t.cached_tokens)
     metrics.generated_tokens.inc(convert.predicted(completion))
@@ -122,6 +152,8 @@ async def merged_events(
                 metrics.requests.labels("cancelled").inc()
         for task in tasks:
             task.cancel()
+        if left := [r for k, r in enumerate(requests) if k not in finished]:
+            _count_when_done(metrics, left)
 
 
 async def collect(

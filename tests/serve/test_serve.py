@@ -13,6 +13,7 @@ import openai
 import pytest
 from _http import chat, get, metric_value, open_chat_page, post, served
 
+import onnxsample
 from onnxsample.text import Tokenizer
 
 
@@ -322,6 +323,10 @@ def test_tokenize_detokenize_models_metrics_and_the_page(port, client):
     assert (
         client.models.retrieve("tiny").max_model_len == client.models.list().data[0].max_model_len
     )
+    card = client.models.retrieve("tiny")  # vLLM's fields: the file served, no parent
+    assert card.root.endswith(".onnx") and card.parent is None
+    code, version = get(port, "/version")
+    assert code == 200 and json.loads(version) == {"version": onnxsample.__version__}
     with pytest.raises(openai.NotFoundError, match="'gpt-9' does not exist"):
         client.models.retrieve("gpt-9")
     assert get(port, "/health", "HEAD") == (200, b"")  # a load balancer's probe

@@ -505,6 +505,7 @@ PEER_FIELDS = [
     ("structural_tag", '{"type": "structural_tag"}', None),
     ("vllm_xargs", {"k": 1}, None),
     ("prompt_embeds", "AAAA", None),
+    ("priority", 5, 0),  # vLLM's first-come scheduler refuses it too
     ("mirostat", 2, 0),
     ("dry_multiplier", 0.8, 0),
     ("xtc_probability", 0.5, 0),

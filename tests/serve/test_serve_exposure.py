@@ -133,6 +133,8 @@ def test_a_chunked_body_over_the_limit_is_413(port):
 
 
 def test_a_client_gone_before_its_response_is_counted_and_logs_nothing(models):
+    """Counted as cancelled, and its prompt and the tokens the engine wrote for it counted too
+    (they were left out: a long answer cut by its client counted 0 tokens)."""
     with served(models["two"], "--threads", "1") as server:
         name = 'onnxsample_requests_total{finish_reason="cancelled"}'
         assert name not in get(server.port, "/metrics")[1].decode()
@@ -146,13 +148,18 @@ def test_a_client_gone_before_its_response_is_counted_and_logs_nothing(models):
             + f"Content-Length: {len(body)}\r\n\r\n".encode()
             + body
         )
-        while metric_value(server.port, "onnxsample_slots_busy") < 1:
+        itl = "onnxsample_inter_token_latency_seconds_count"  # counted as tokens come
+        while metric_value(server.port, itl) < 8:
             time.sleep(0.05)
         sock.close()
         deadline = time.monotonic() + 30
         while name not in get(server.port, "/metrics")[1].decode():
             assert time.monotonic() < deadline, "the cancelled request was not counted"
             time.sleep(0.1)
+        while metric_value(server.port, "onnxsample_generation_tokens_total") < 9:
+            assert time.monotonic() < deadline, "the cancelled request's tokens were not counted"
+            time.sleep(0.1)
+        assert metric_value(server.port, "onnxsample_prompt_tokens_total") > 0
     said = server.stdout.read()
     assert "Traceback" not in said and "ERROR" not in said, said
 
