@@ -9,7 +9,9 @@ from typing import Any
 from onnxsample.engine._model_info import context_length
 from onnxsample.errors import InvalidParameter
 
-__all__ = ["check_ahead", "check_threads", "checked_options", "positions_limit"]
+__all__ = ["UNBOUNDED", "check_ahead", "check_threads", "checked_options", "positions_limit"]
+
+UNBOUNDED = 2**62  # the positions of a model that names no context, given no max_len
 
 
 def checked_options(model: Any, max_len: Any, max_queue: Any, prefill_chunk: Any) -> int | None:
@@ -59,4 +61,4 @@ def positions_limit(context: int | None, max_len: int | None) -> int:
         raise InvalidParameter(
             f"max_len must be at most the model's context ({context} positions), got {max_len}"
         )
-    return min(x for x in (context, max_len, 2**62) if x)
+    return min(x for x in (context, max_len, UNBOUNDED) if x)

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from onnxsample.chain import CUTS, GREEDY_BELOW, SAMPLER_NAMES, SamplerChain
+from onnxsample.engine._options import UNBOUNDED
 from onnxsample.errors import InvalidParameter
 from onnxsample.params import samplers_on
 
@@ -237,7 +238,9 @@ def _whole(value: Any, context: int | None) -> bool:
 
 
 def _whole_window(context: int | None) -> str:
-    return "-1" if context is None else f"-1 or at least the context, {context}"
+    if context is None or context >= UNBOUNDED:  # a model that names no context
+        return "-1"
+    return f"-1 or at least the context, {context}"
 
 
 def window_refusal(value: Any, body: Any, context: int | None = None) -> str | None:

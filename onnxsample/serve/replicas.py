@@ -268,13 +268,17 @@ def run(
     quiet = {"log_level": "WARNING", "enable_access_log": False}
     logging.getLogger("ray.serve").setLevel(logging.WARNING)
     # A signal ends whichever wait it comes in (Ray's start, the replicas' loading, serving), and
-    # the finally block stops the app (and the local Ray) in order.
-    stop, deploying = threading.Event(), threading.Event()
+    # the finally block stops what was started (the app, the local Ray) in order. While the
+    # replicas load, it interrupts serve.run as Ctrl-C does (the one exception Ray's waits let
+    # through); otherwise it only sets `stop`.
+    stop = threading.Event()
+    state = {"deploying": False, "serve": False, "deployed": False}
 
     def on_signal(*_) -> None:
         stop.set()
-        if deploying.is_set():
-            raise _Stopped  # out of serve.run's wait for the replicas, which takes minutes
+        if state["deploying"]:
+            state["deploying"] = False
+            raise KeyboardInterrupt
 
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.signal(s, on_signal) for s in signals}
@@ -291,35 +295,34 @@ def run(
         if stop.is_set():
             return
         serve.start(http_options={"host": host, "port": port}, logging_config=quiet)
-        deploying.set()
+        state["serve"] = True
+        if stop.is_set():
+            return
         try:
-            if not stop.is_set():
-                serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
+            state["deploying"] = state["deployed"] = True
+            serve.run(app, name=APP_NAME, route_prefix="/", logging_config=quiet)
+            state["deploying"] = False
         except RuntimeError as exc:  # a replica that failed to start: its error, in one line
             raise OnnxSampleError(f"the replicas failed to start: {_first_line(exc)}") from None
-        finally:
-            deploying.clear()
         if stop.is_set():
             return
         on_ready()
         while not stop.wait(0.5):
             pass
-    except _Stopped:  # a signal while the replicas loaded
-        pass
+    except KeyboardInterrupt:
+        if not stop.is_set():  # not the command's signal
+            raise
     finally:
+        state["deploying"] = False
         try:
-            if local:
+            if state["serve"] and local:
                 serve.shutdown()
-            else:
+            elif state["deployed"]:  # on a cluster: this command's app, not its Serve
                 serve.delete(APP_NAME)
         finally:
-            ray.shutdown()
+            ray.shutdown()  # what a failed start left too (it never starts one)
             for s, handler in previous.items():
                 signal.signal(s, handler)
-
-
-class _Stopped(Exception):
-    """A signal came while the replicas were deploying."""
 
 
 @contextlib.contextmanager

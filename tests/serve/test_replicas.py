@@ -221,10 +221,16 @@ def _in_session(leader: int) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_a_signal_while_ray_starts_stops_everything(model, sig):
+@pytest.mark.parametrize(
+    ("sig", "phase"),
+    [(signal.SIGINT, "ray"), (signal.SIGTERM, "ray"), (signal.SIGINT, "replicas"),
+     (signal.SIGTERM, "replicas")],
+    ids=["ctrl-c-ray", "sigterm-ray", "ctrl-c-replicas", "sigterm-replicas"],
+)  # fmt: skip
+def test_a_signal_while_ray_starts_stops_everything(model, sig, phase):
     """Ctrl-C in Ray's start was ignored (the command went on to serve), SIGTERM there left
-    Ray's agents running: both stop the command, and every process it started, at once."""
+    Ray's agents running, and while the replicas loaded either waited for them: each stops the
+    command, and every process it started, at once."""
     command = [str(BIN), "serve", str(model), *ARGS, *RAY, "--port", str(free_port())]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -232,8 +238,16 @@ def test_a_signal_while_ray_starts_stops_everything(model, sig):
             if line.startswith("starting 2 replicas"):
                 break
         time.sleep(2)
+        deadline = time.monotonic() + 120
+        while phase == "replicas" and not any(
+            "ServeReplica" in _cmdline(p) for p in _in_session(proc.pid)
+        ):
+            assert time.monotonic() < deadline and proc.poll() is None, "no replica started"
+            time.sleep(0.1)
         proc.send_signal(sig)
         assert proc.wait(timeout=120) == 0
+        said = proc.stderr.read()
+        assert "Traceback" not in said, said
     finally:
         proc.kill()
         proc.stderr.close()
