@@ -27,6 +27,7 @@ __all__ = [
     "MAX_TOP_LOGPROBS",
     "SamplingParams",
     "pack_sampling_params",
+    "sampler_fields",
     "samplers_on",
     "temperature_moves",
 ]
@@ -324,6 +325,12 @@ _OWNER = {
     "presence_penalty": "penalties",
     "frequency_penalty": "penalties",
 }
+
+
+def sampler_fields(sampler: str) -> tuple[str, ...]:
+    """The fields of :class:`SamplingParams` that set the chain's `sampler` (``penalties``: the
+    three penalties)."""
+    return tuple(name for name, owner in _OWNER.items() if owner == sampler)
 
 
 def samplers_on(source: Any) -> dict[str, Any]:

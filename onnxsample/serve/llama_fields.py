@@ -29,7 +29,7 @@ from typing import Any
 from onnxsample.chain import CUTS, GREEDY_BELOW, SAMPLER_NAMES, SamplerChain
 from onnxsample.engine._options import UNBOUNDED
 from onnxsample.errors import InvalidParameter
-from onnxsample.params import samplers_on
+from onnxsample.params import sampler_fields, samplers_on
 
 __all__ = [
     "LLAMA_DEFAULTS",
@@ -198,14 +198,10 @@ def order_refusal(value: Any, body: Any) -> str | None:
     for name in _NOT_HERE:
         if name in listed:
             return f"it lists {name}, which this server does not have"
-    on = samplers_on(body)
+    on = samplers_on(body)  # what the list leaves out is off (apply_llama_names)
     for name in on:
-        if listed.count(name) != 1:
-            twice = listed.count(name) > 1
-            return (
-                f"it lists {name} twice" if twice else
-                f"it leaves out {name}, which the request sets: llama-server would skip it"
-            )  # fmt: skip
+        if listed.count(name) > 1:
+            return f"it lists {name} twice"
     order = _ORDER_LAST if _last(body) else _ORDER
     pair = _misordered(listed, on, order)
     if pair is None:
@@ -279,9 +275,10 @@ def apply_llama_defaults(body: Any, chain: SamplerChain) -> None:
 
 def apply_llama_names(body: Any) -> None:
     """Set `body`'s fields from llama-server's names for them (``n_predict``, -1 for no limit;
-    ``repeat_penalty``), and ``temperature_last`` where the order ``samplers`` lists gives the
-    distribution of that order only; :class:`InvalidParameter` where a name contradicts its
-    field."""
+    ``repeat_penalty``), turn off a sampler ``samplers`` leaves out (llama-server builds its chain
+    from the list alone: ``[]`` is a draw from the model's own distribution), and set
+    ``temperature_last`` where the order it lists gives the distribution of that order only;
+    :class:`InvalidParameter` where a name contradicts its field."""
     extra = body.model_extra or {}
     for name, (fields, kind) in _ALIASES.items():
         value = extra.get(name)
@@ -296,6 +293,11 @@ def apply_llama_names(body: Any) -> None:
                 raise InvalidParameter(f"{name} is {value} but {field} is {given}: send one")
         setattr(body, fields[0], value)
     listed = _listed(extra.get("samplers"))
+    if isinstance(listed, list):  # llama-server builds its chain from the list alone
+        for name in samplers_on(body):
+            if name not in listed:
+                for field in sampler_fields(name):
+                    setattr(body, field, None)  # off: a sampler the list leaves out is skipped
     if getattr(body, "temperature_last", None) is None and isinstance(listed, list):
         on = samplers_on(body)
         once = all(listed.count(name) == 1 for name in on)
@@ -310,6 +312,8 @@ def penalty_refusal(value: Any, body: Any, context: int | None = None) -> str | 
     ``repetition_penalty``'s."""
     extra = body.model_extra or {}
     if value in (None, 1, 1.0) or any(_whole(extra.get(w), context) for w in _WINDOWS):
+        return None
+    if "penalties" not in samplers_on(body):  # off: samplers leaves them out
         return None
     return (
         f"llama-server counts the last 64 tokens: send repeat_last_n {_whole_window(context)}, "

@@ -95,8 +95,11 @@ def add_native_routes(
             data["logit_bias"] = await asyncio.to_thread(_logit_bias, e.tokenizer, given)
         if isinstance(data, dict) and _has_mixed(data.get("prompt")):
             data["prompt"] = await asyncio.to_thread(_unmixed, e.tokenizer, data["prompt"])
-        if isinstance(data, dict) and type(data.get("n_predict")) is int and data["n_predict"] == 0:
-            data["n_predict"] = 1  # llama-server samples one token even then
+        zero = (
+            isinstance(data, dict) and type(data.get("n_predict")) is int and data["n_predict"] == 0
+        )
+        if zero:
+            data["n_predict"] = 1  # llama-server samples one token even then (and says 0)
         if isinstance(data, dict) and type(data.get("seed")) is int and data["seed"] in _RANDOM:
             data["seed"] = None  # llama-server's default seed: a random one each request
         if isinstance(data, dict):
@@ -160,8 +163,9 @@ def add_native_routes(
         seqs, texts = await asyncio.to_thread(prepared)
         requests = enqueue(e, seqs, metrics, "n" if body.n > 1 else "prompt")
         shaped = Answer(
-            e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings
-        )
+            e.tokenizer, seqs, texts, stops, n_probs, return_tokens, model_name, limit, endings,
+            context=e.limit, n_predict=0 if zero else None,
+        )  # fmt: skip
         if body.stream:
             return sse(shaped.stream(requests, metrics, stopping, request_names(request)))
         done = await collect(requests, request, metrics, stopping)

@@ -113,8 +113,16 @@ class Answer:
         model: str,
         limit: int | None,
         endings: Endings,
+        *,
+        context: int | None = None,
+        n_predict: int | None = None,
     ) -> None:
+        """`context`: the positions a sequence may hold (an answer that fills them is
+        ``truncated``, as llama-server says); `n_predict`: the limit the request gave, where the
+        `limit` run is another (llama-server's 0 samples one token all the same)."""
         self.tokenizer, self.endings = tokenizer, endings
+        self.context = context
+        self.n_predict = n_predict if n_predict is not None else -1 if limit is None else limit
         self.seqs = {s.index: s for s in seqs}
         self.texts = {s.index: t for s, t in zip(seqs, texts, strict=True)}
         self.stops, self.n_probs, self.return_tokens = stops, n_probs, return_tokens
@@ -177,14 +185,18 @@ class Answer:
             "tokens_evaluated": len(c.prompt_token_ids),
             "generation_settings": generation_settings(
                 params,
-                n_predict=-1 if self.limit is None else self.limit,
+                n_predict=self.n_predict,
                 seed=c.seed,
                 stop=self.stops,
                 stream=streamed,
             ),
             "prompt": self.texts[c.index],
             "has_new_line": "\n" in c.text,
-            "truncated": False,  # a prompt over the context is refused, never cut
+            # llama-server's: the answer ran into the end of the context (a prompt over it is
+            # refused, never cut)
+            "truncated": c.finish_reason == "length"
+            and self.context is not None
+            and len(c.prompt_token_ids) + len(ended) >= self.context,
             "stop_type": _STOP_TYPES[c.finish_reason],
             "stopping_word": self._stopping_word(c),
             # the positions left in the cache: the last token was never fed back

@@ -58,7 +58,14 @@ def answers(llama_cpp) -> dict[str, tuple[dict, dict]]:
             "no/such",
         ],
     }
-    requests = {**{k: {**v, **GREEDY} for k, v in BODIES.items()}, "fields": fields}
+    # llama.vim's ring warm-up: extra chunks into the cache, no sampler, nothing to answer
+    warm = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "prompt": "",
+            "input_extra": [{"text": "def twice(x):\n    return 2 * x\n", "time": [1, 2],
+                             "filename": "util.py"}],
+            "n_predict": 0, "temperature": 0.0, "samplers": [], "stream": False,
+            "cache_prompt": True, "t_max_prompt_ms": 1, "t_max_predict_ms": 1,
+            "response_fields": [""]}  # fmt: skip
+    requests = {**{k: {**v, **GREEDY} for k, v in BODIES.items()}, "fields": fields, "warm": warm}
     found: dict[str, list] = {k: [] for k in requests}
     with served(folder, "--threads", "1", "--max-len", str(CONTEXT)) as ours:
         for name, body in requests.items():
@@ -93,7 +100,14 @@ def test_response_fields_and_a_zero_n_predict_are_llama_servers(answers):
     keys = ["content", "tokens_cached", "generation_settings/n_predict", "timings/prompt_n"]
     assert sorted(mine) == sorted(theirs) == sorted(keys)
     assert mine["timings/prompt_n"] == theirs["timings/prompt_n"] > 0
+    assert mine["generation_settings/n_predict"] == theirs["generation_settings/n_predict"] == 0
     assert mine["tokens_cached"] == theirs["tokens_cached"]  # the prompt: one token, not fed back
+
+
+def test_llama_vims_warm_up_is_answered_as_llama_server_answers_it(answers):
+    """Its empty `samplers` beside a temperature was a 400, so the editor's context never
+    reached the cache."""
+    assert answers["warm"] == ({}, {})
 
 
 def test_a_file_without_fim_tokens_is_a_501_as_on_llama_server(llama_cpp):

@@ -236,7 +236,7 @@ def test_several_prompts_get_a_list_in_order(port):
         ("return_tokens", 1),
         ("echo", True),
         ("mirostat", 2),
-        ("samplers", ["min_p"]),  # the temperature (0.7) on but left out
+        ("samplers", ["temperature", "temperature"]),  # the temperature (0.7) twice
         ("repeat_penalty", 1.3),  # over llama-server's 64-token window
         ("response_fields", "content"),
         ("n_indent", -1),
@@ -278,7 +278,8 @@ def test_a_body_that_is_not_json_is_a_400(port):
 
 def test_code_completion_fields_are_llama_servers(port, models):
     """``response_fields`` keeps the paths it names (keyed by the path), ``n_predict`` 0 samples
-    one token, ``t_max_prompt_ms`` changes nothing (llama-server does not implement it), and
+    one token (and says 0), an answer the context ends is ``truncated``, ``t_max_prompt_ms``
+    changes nothing (llama-server does not implement it), and
     ``n_indent`` and ``t_max_predict_ms`` end the text as the token limit does."""
     body = {"prompt": "Once upon a time", "n_predict": 6, "temperature": 0, "ignore_eos": True}
     whole = complete(port, body)
@@ -291,6 +292,11 @@ def test_code_completion_fields_are_llama_servers(port, models):
     assert complete(port, {**body, "t_max_prompt_ms": 1})["content"] == whole["content"]
     one = complete(port, {**body, "n_predict": 0})
     assert one["tokens_predicted"] == 1 and one["stop_type"] == "limit"
+    assert one["generation_settings"]["n_predict"] == 0  # as asked, as llama-server says
+    assert whole["truncated"] is False  # its n_predict ended it
+    full = complete(port, {**body, "n_predict": -1})  # the context (512 positions) ends it
+    assert full["tokens_evaluated"] + full["tokens_predicted"] == 512
+    assert full["truncated"] is True and full["stop_type"] == "limit"
     # every token a new line: the second line is empty, so less indented than 1 (its new line
     # is no space), and llama-server's check of it comes a token later
     tokenizer = Tokenizer.from_folder(models["four"].parent)

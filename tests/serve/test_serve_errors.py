@@ -618,7 +618,6 @@ BY_REQUEST = [
     ({"samplers": "tkp", "top_p": 0.9, "temperature": 0.7, "temperature_last": True}, "samplers"),
     ({"samplers": "kptm", "top_p": 0.9, "min_p": 0.1, "temperature": 0.7}, "samplers"),
     ({"samplers": ["top_p", "top_k"], "top_p": 0.9, "top_k": 40}, "samplers"),
-    ({"samplers": ["temperature"], "top_k": 40}, "samplers"),  # llama-server would skip top_k
     ({"samplers": ["top_k", "top_k"], "top_k": 40}, "samplers"),
     ({"samplers": ["top_k", "adaptive_p"]}, "samplers"),
     ({"samplers": 3}, "samplers"),
@@ -663,6 +662,24 @@ def test_a_refused_window_says_what_gives_the_same_answer_on_both_servers(port, 
     body = {"prompt": "Once upon a time", "max_tokens": 2, **fields}
     code, data = post(port, "/v1/completions", json.dumps(body).encode())
     assert code == 400 and message in data["error"]["message"], data
+
+
+@pytest.mark.parametrize(("fields", "skipped"), [
+    ({"samplers": ["temperature"], "top_k": 40, "temperature": 0.7}, ["top_k"]),
+    ({"samplers": ["top_k"], "top_k": 3, "temperature": 0.5}, ["temperature"]),  # drawn at 1
+    ({"samplers": [], "temperature": 0, "top_p": 0.5}, ["temperature", "top_p"]),  # llama.vim's
+    ({"samplers": "kt", "top_k": 5, "temperature": 0.8, "repeat_penalty": 1.3},
+     ["repeat_penalty"]),  # left out: neither its window nor its rule matters
+])  # fmt: skip
+def test_a_sampler_the_list_leaves_out_is_skipped_as_llama_server_skips_it(port, fields, skipped):
+    """llama-server builds its chain from `samplers` alone: the same answer for the same seed as
+    the request without the samplers it leaves out (a 400 refused llama.vim's warm-up)."""
+    body = {"prompt": "Once upon a time", "max_tokens": 6, "seed": 7, **fields}
+    code, data = post(port, "/v1/completions", json.dumps(body).encode())
+    assert code == 200, data
+    plain = {k: v for k, v in body.items() if k != "samplers" and k not in skipped}
+    code, alone = post(port, "/v1/completions", json.dumps(plain).encode())
+    assert code == 200 and data["choices"][0]["text"] == alone["choices"][0]["text"]
 
 
 @pytest.mark.parametrize(("fields", "pair"), [
