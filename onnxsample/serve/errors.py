@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from onnxsample.errors import (
     ContextExceeded,
@@ -217,7 +218,8 @@ def install(app: FastAPI) -> None:
         return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(ClientGone)
-    async def _gone(_request: Request, _exc: ClientGone) -> Response:
+    @app.exception_handler(ClientDisconnect)  # gone before its body was read whole
+    async def _gone(_request: Request, _exc: Exception) -> Response:
         return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
 
     @app.exception_handler(Exception)

@@ -132,6 +132,24 @@ def test_a_chunked_body_over_the_limit_is_413(port):
     assert code == 413 and "over" in json.loads(body)["error"]["message"]
 
 
+@pytest.mark.parametrize("path", ["/tokenize", "/completion", "/infill", "/v1/completions"])
+def test_a_client_gone_in_the_middle_of_its_body_logs_nothing(models, path):
+    """llama-server's routes read the body themselves: starlette's ClientDisconnect was logged as
+    an unexpected error, with two tracebacks."""
+    with served(models["two"], "--threads", "1") as server:
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            'Content-Length: 1000\r\n\r\n{"content":'.encode()
+        )
+        time.sleep(0.3)  # the body's first bytes read, the rest never to come
+        sock.close()
+        time.sleep(0.3)
+        assert get(server.port, "/health")[0] == 200
+    said = server.stdout.read()
+    assert "Traceback" not in said and "ERROR" not in said, said
+
+
 def test_a_client_gone_before_its_response_is_counted_and_logs_nothing(models):
     """Counted as cancelled, and its prompt and the tokens the engine wrote for it counted too
     (they were left out: a long answer cut by its client counted 0 tokens)."""
