@@ -306,6 +306,29 @@ def test_choices_are_taken_literally(engine, option):
     assert matcher.done
 
 
+@pytest.mark.parametrize(("option", "other"), [("a|b", "b"), ("x.", "xy"), ("(y)", "y"),
+                                               ("a+", "aa"), ("[0-9]", "5")])  # fmt: skip
+def test_a_choice_is_no_pattern(engine, option, other):
+    """Its characters are text: what they would match as a regex is refused."""
+    tokenizer = engine.tokenizer
+    vocabulary = GrammarVocabulary(tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    matcher = vocabulary.matcher(Constraint.choice([option]).grammar_text())
+    tokens = tokenizer.encode(other, add_special_tokens=False)
+    assert matcher.valid_prefix(tokens) != tokens
+
+
+def test_a_long_list_of_choices_compiles_as_its_regex_does(engine):
+    """60,000 options took 22 s as one grammar rule (a request that held the server's thread
+    pool and its shutdown for minutes): as a regex, what a regex of them costs."""
+    tokenizer = engine.tokenizer
+    vocabulary = GrammarVocabulary(tokenizer, engine.meta.vocab_size, engine.info.eos_ids)
+    options = [f"option {i}" for i in range(60_000)]
+    matcher = vocabulary.matcher(Constraint.choice(options).grammar_text())
+    for token in tokenizer.encode("option 41999", add_special_tokens=False):
+        assert matcher.consume(token)
+    assert matcher.done
+
+
 def test_a_token_the_grammar_refuses_never_reaches_the_text(engine):
     """Whatever let it through (a mask is the graph's, a host's or a draft's choice is not), a
     refused token fails the sequence before it is taken: the text never holds what does not
