@@ -35,8 +35,8 @@ def inspect(
 ) -> None:
     """Summarise a model: inputs and outputs, sampler chain and slots, op counts, size, metadata
     (a GGUF file: its model, tensor types, how it exports, its tokenizer)."""
+    from onnxsample._gguf_file import is_gguf
     from onnxsample.composer.inspection import inspect_model
-    from onnxsample.exporters._source import is_gguf
 
     given = [
         name for name, on in (("--port", port is not None), ("--no-browser", no_browser)) if on

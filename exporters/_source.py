@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from onnxsample._gguf_file import is_gguf
 from onnxsample.errors import ExportError
 from onnxsample.exporters import _fs
 from onnxsample.exporters.embedded import EMBEDDED_NAME, embedded_gguf
@@ -19,7 +20,6 @@ SourceKind = Literal["embedded", "gguf", "hf"]
 
 # Something like "HuggingFaceTB/SmolLM2-135M-Instruct": a hub id, not a path on this machine.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_GGUF_MAGIC = b"GGUF"
 # A part of a split GGUF as llama.cpp names them (gguf-split, convert_hf_to_gguf.py --split-max-*):
 # PREFIX-00001-of-00003.gguf; llama.cpp opens the first and finds the others by name.
 _SPLIT = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$", re.IGNORECASE)
@@ -151,15 +151,6 @@ def resolve_source(source: str | Path | None) -> Source:
         raise ExportError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
     parts = split_parts(path)
     return Source("gguf", path, _SPLIT.match(path.name)["prefix"] if parts else path.stem, parts)
-
-
-def is_gguf(path: Path) -> bool:
-    """Whether `path` is a readable file that starts with GGUF's magic bytes."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == _GGUF_MAGIC
-    except OSError:  # a folder, or not readable
-        return False
 
 
 def split_parts(path: Path, count: int | None = None) -> tuple[Path, ...]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onnxsample._gguf_file import GGUF_MAGIC
 from onnxsample.errors import ExportError
 
 __all__ = [
@@ -150,7 +151,7 @@ def _open_one(path: Path, arrays: bool = True):
 
     with open(path, "rb") as f:
         magic, version = f.read(4), f.read(4)
-    if magic != b"GGUF":
+    if magic != GGUF_MAGIC:
         raise ExportError(f"{path.name} is not a GGUF file (it does not start with 'GGUF')")
     number = int.from_bytes(version, "little")
     if number & 0xFFFF == 0:  # a big-endian file, as gguf reads it

@@ -35,8 +35,9 @@ class Constraint:
 
     ``Constraint.json_schema(schema)`` (a dict or its JSON text; an object schema that names its
     properties takes no other keys unless ``additionalProperties`` says so, as llama.cpp and vLLM
-    read it), ``Constraint.json_object()`` (any JSON object), ``Constraint.regex(pattern)``, ``Constraint.grammar(text)`` (Lark, or GBNF
-    as llama.cpp writes it) and ``Constraint.choice(["yes", "no"])``.
+    read it), ``Constraint.json_object()`` (any JSON object), ``Constraint.regex(pattern)``,
+    ``Constraint.grammar(text)`` (Lark, or GBNF as llama.cpp writes it) and
+    ``Constraint.choice(["yes", "no"])``.
     """
 
     kind: ConstraintKind

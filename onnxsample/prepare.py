@@ -200,7 +200,7 @@ def _is_source(path: Path) -> bool:
     """Whether `path` is what ``onnxsample export`` reads rather than an export: a .gguf file, or a
     Hugging Face folder (its config.json without a model.onnx beside it)."""
     if path.is_file():
-        from onnxsample.exporters._source import is_gguf
+        from onnxsample._gguf_file import is_gguf
 
         return path.suffix.lower() == ".gguf" or is_gguf(path)
     return path.is_dir() and (path / "config.json").is_file() and not (path / "model.onnx").exists()

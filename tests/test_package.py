@@ -123,9 +123,13 @@ def test_running_a_composed_model_imports_no_graph_builder():
 ROOT = Path(__file__).resolve().parents[1]
 # Each room and the parts of the package it may import (besides itself); "contract" is the shared
 # top: chain, params, metadata, errors, and its private helpers (_wire: protobuf's wire format,
-# which metadata reads with; _memory: the heap trim; _process: whether a process runs).
+# which metadata reads with; _memory: the heap trim; _process: whether a process runs;
+# _gguf_file: whether a file is a GGUF).
 # docs/design.md draws the same picture.
-_CONTRACT = {"chain", "constraint", "params", "metadata", "errors", "_wire", "_memory", "_process"}
+_CONTRACT = {
+    "chain", "constraint", "params", "metadata", "errors", "_wire", "_memory", "_process",
+    "_gguf_file",
+}  # fmt: skip
 _ALLOWED = {
     "onnxsample/text": {"errors"},
     "onnxsample/engine": _CONTRACT | {"text"},
@@ -133,7 +137,7 @@ _ALLOWED = {
     "onnxsample/serve": _CONTRACT | {"engine", "text"},
     "graphs": {"chain", "graphs"},
     # a GGUF's tokenizer is written from its metadata and read back as the runtime reads it
-    "exporters": {"errors", "text", "_process"},
+    "exporters": {"errors", "text", "_process", "_gguf_file"},
 }
 _ROOM_NAME = {"graphs": "graphs", "exporters": "exporters"}
 

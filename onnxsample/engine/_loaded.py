@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from onnxsample._gguf_file import is_gguf
 from onnxsample.engine import _session
 from onnxsample.engine._model_info import ModelInfo
 from onnxsample.engine._session import (
@@ -50,15 +51,6 @@ class LoadedModel:
     concurrency: int  # sequences that can run together
 
 
-def _is_gguf(path: Path) -> bool:
-    """Whether `path` starts as a GGUF file does (its magic), whatever its name."""
-    try:
-        with path.open("rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
 def load_model(
     path: Path,
     *,
@@ -83,7 +75,7 @@ def load_model(
         )
     if not path.is_file():
         raise ModelError(f"no such composed model: {path}")
-    if _is_gguf(path):
+    if is_gguf(path):
         raise ModelError(
             f"{path} is a GGUF file: run what onnxsample.prepare({str(path)!r}) exports and "
             "composes of it (or `onnxsample export` it)"

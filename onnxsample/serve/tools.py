@@ -323,19 +323,19 @@ def envelope_messages(
     system message already there)."""
     messages = []
     for m in body.messages:
-        text = m.template_content()
+        content = m.template_content()  # a string, or text parts the tokenizer joins or passes
         if m.role == "assistant" and m.tool_calls:
             calls = [
                 {"name": c.function.name, "arguments": call_arguments(c.function.arguments)}
                 for c in m.tool_calls
             ]
-            text = json.dumps({"tool_calls": calls}, ensure_ascii=False)
+            content = json.dumps({"tool_calls": calls}, ensure_ascii=False)
         role = "system" if m.role == "developer" else m.role
         if m.role == "tool":
             response = {"tool_call_id": m.tool_call_id, "content": m.text()}
-            text = json.dumps({"tool_response": response}, ensure_ascii=False)
+            content = json.dumps({"tool_response": response}, ensure_ascii=False)
             role = tool_role
-        messages.append({"role": role, "content": text})
+        messages.append({"role": role, "content": content})
     if plan is not None:
         if messages and messages[0]["role"] == "system":
             messages[0]["content"] = f"{body.messages[0].text()}\n\n{plan.system_text()}"

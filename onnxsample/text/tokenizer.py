@@ -246,9 +246,10 @@ class Tokenizer:
         Gemma 2's), a system message's text starts the next user message, as llama.cpp renders
         it. A content that is a list of text parts (OpenAI's) goes to a template that reads such
         a list as it is, so the template joins the parts as it means to, and to another joined
-        by newlines (as llama.cpp renders them). `variables` are more of the template's variables (``enable_thinking``: vLLM's and
-        llama-server's ``chat_template_kwargs``, transformers' keyword arguments); one of the names
-        the template is given already raises :class:`InvalidParameter`.
+        by newlines (as llama.cpp renders them). `variables` are more of the template's
+        variables (``enable_thinking``: vLLM's and llama-server's ``chat_template_kwargs``,
+        transformers' keyword arguments); one of the names the template is given already raises
+        :class:`InvalidParameter`.
 
         `continue_final_message` (transformers' and vLLM's) leaves the final message open: the
         text ends where that message's text does (its trailing spaces too where the template
